@@ -1,0 +1,100 @@
+"""The contract every GEMM backend implements, shared by the runtime dispatcher and the tuner.
+
+A backend is one module ``aiter_gemm/backends/<libtype>.py`` exposing ``BACKEND``, an instance of a :class:`Backend`
+subclass whose ``name`` equals the CSV ``libtype``. The runtime imports it lazily, the first time a tuned row or the
+default heuristic needs it, so importing ``aiter_gemm`` never imports an optional backend's dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from aiter_gemm.device import DeviceIdentity
+
+# run(a, b, bias, otype, scale_a, scale_b, scale_c) -> out
+#   a: (M, K), b: (N, K) (nn.Linear layout), any strides; bias: (N,) or None; out: (M, N) of dtype otype.
+#   scale_*: per-tensor float32 scalars or None (scale_c multiplies the output, as cuBLASLt's D scale does).
+Runner = Callable[
+    [torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.dtype,
+     Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]],
+    torch.Tensor,
+]
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One GEMM as the tuned CSVs key it (the untuned columns): out = A @ B.T (+ bias)."""
+
+    M: int
+    N: int
+    K: int
+    bias: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    otype: torch.dtype = torch.bfloat16
+    scaleAB: bool = False
+    bpreshuffle: bool = False
+
+    def with_m(self, m: int) -> "GemmProblem":
+        return GemmProblem(m, self.N, self.K, self.bias, self.dtype, self.otype, self.scaleAB, self.bpreshuffle)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+    def min_bytes(self) -> int:
+        """Fewest bytes moved: A and B read once, out written once (bias ignored: N elements)."""
+        isz, osz = _itemsize(self.dtype), _itemsize(self.otype)
+        return (self.M * self.K + self.N * self.K) * isz + self.M * self.N * osz
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What a tuned row names: backend ``libtype``, its ``solidx``, ``splitK`` and ``kernelName`` (backend-defined)."""
+
+    libtype: str
+    solidx: int = -1
+    splitK: int = 0
+    kernelName: str = ""
+
+
+class Backend:
+    """Base class: subclasses set ``name`` and override what they support."""
+
+    name: str = ""
+    #: True for vendor BLASLt libraries (cublaslt, hipblaslt): screened first by the tuner, and the default for
+    #: pre-shuffled weights (AITER's ``solidx -1``: the library's own heuristic choice).
+    is_blaslt: bool = False
+    #: Among backends whose ``default_for`` accepts a shape, the highest priority is the heuristic default.
+    default_priority: int = 0
+
+    def is_available(self) -> bool:
+        """Whether this backend can run on this machine at all (dependencies present, right vendor)."""
+        return True
+
+    def unavailable_reason(self) -> str:
+        return ""
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
+        """A runner for ``solution`` on ``problem``, with everything per-shape prepared once; None if this solution
+        cannot run here (unknown kernel, stale library version, shape unsupported): the dispatcher treats that as a
+        miss and warns. Called once per (shape, solution); the runner is called per GEMM and must be cheap, do no
+        host sync and no file I/O (it may run inside CUDA graph capture)."""
+        raise NotImplementedError
+
+    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        """The solution the heuristic default path would use for ``problem`` when no tuned row matches, or None if
+        this backend should not be the default for it."""
+        return None
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> Sequence[Solution]:
+        """Every solution the tuner should time for ``problem`` on ``device`` (the config space, pruned of what
+        cannot run). Must be the same set ``prepare`` accepts, so tuner and runtime agree."""
+        return ()

@@ -1,0 +1,104 @@
+"""Backend ``torch``: ``F.linear`` for 16/32-bit inputs, ``torch._scaled_mm`` for fp8 with per-tensor scales.
+
+Always available (CPU, CUDA, ROCm); it is the heuristic default of last resort. ``solidx`` is unused (0).
+fp8 goes through ``_scaled_mm`` only where it can run (a GPU, N and K multiples of 16, as cuBLASLt's fp8 path
+requires); elsewhere, and if ``_scaled_mm`` raises once, through a float32 dequantize-and-multiply fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.dtypes import FP8_DTYPES
+
+log = logging.getLogger(__name__)
+
+_LINEAR = Solution("torch", 0, 0, "F.linear")
+_SCALED_MM = Solution("torch", 0, 0, "_scaled_mm")
+
+
+def _apply_scales(out: torch.Tensor, scale_a, scale_b, scale_c) -> torch.Tensor:
+    for s in (scale_a, scale_b, scale_c):
+        if s is not None:
+            out = out * s.to(torch.float32)
+    return out
+
+
+def run_linear(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
+    """F.linear in the input dtype, then scales (if any) and the cast to ``otype``."""
+    if scale_a is None and scale_b is None and scale_c is None:
+        out = F.linear(a, b, bias)
+        return out if out.dtype == otype else out.to(otype)
+    out = _apply_scales(F.linear(a, b).float(), scale_a, scale_b, scale_c)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(otype)
+
+
+def run_dequant(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
+    """Reference-quality fp8 path: upcast to float32, multiply, scale, add bias, cast. Runs anywhere."""
+    out = _apply_scales(a.float() @ b.float().t(), scale_a, scale_b, scale_c)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(otype)
+
+
+def _scaled_mm_runner() -> Runner:
+    """``torch._scaled_mm`` with a permanent switch to :func:`run_dequant` if this build/device rejects it."""
+    state = {"broken": False}
+    one = {}
+
+    def run(a, b, bias, otype, scale_a, scale_b, scale_c):
+        if not state["broken"]:
+            try:
+                if scale_a is None or scale_b is None:
+                    ones = one.get(a.device)
+                    if ones is None:
+                        ones = one[a.device] = torch.ones((), dtype=torch.float32, device=a.device)
+                    scale_a = ones if scale_a is None else scale_a
+                    scale_b = ones if scale_b is None else scale_b
+                fused_bias = bias is not None and bias.dtype == otype and otype in (torch.bfloat16, torch.float16)
+                out = torch._scaled_mm(
+                    a.contiguous(), b.contiguous().t(), scale_a=scale_a, scale_b=scale_b,
+                    bias=bias if fused_bias else None, out_dtype=otype, scale_result=scale_c,
+                )
+                if bias is not None and not fused_bias:
+                    out = (out.float() + bias.float()).to(otype)
+                return out
+            except RuntimeError as exc:
+                state["broken"] = True
+                log.warning("torch._scaled_mm failed (%s); using the float32 dequantize fallback from now on", exc)
+        return run_dequant(a, b, bias, otype, scale_a, scale_b, scale_c)
+
+    return run
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    default_priority = 0
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
+        if problem.bpreshuffle:  # a pre-shuffled weight is a BLASLt layout torch cannot read
+            return None
+        if problem.dtype in FP8_DTYPES:
+            if device.is_gpu and problem.N % 16 == 0 and problem.K % 16 == 0:
+                return _scaled_mm_runner()
+            return run_dequant
+        return run_linear
+
+    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        if problem.bpreshuffle:
+            return None
+        return _SCALED_MM if problem.dtype in FP8_DTYPES else _LINEAR
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        sol = self.default_for(problem, device)
+        return [sol] if sol is not None else []
+
+
+BACKEND = TorchBackend()

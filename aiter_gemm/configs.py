@@ -1,0 +1,260 @@
+"""Tuned and untuned CSV configs: parsed once into typed rows, merged from several files, indexed by key.
+
+Merge rules (README documents them): the key is a kind's untuned columns plus ``gfx`` and ``cu_num``; on a duplicate
+key the row with the lowest positive ``us`` wins and ties go to the earlier path; rows whose ``us`` is <= 0, empty or
+NaN are dropped with a warning; a missing path is skipped with a warning, every path missing is an error; an empty or
+header-only file is valid; unknown columns are kept; a file without ``gfx`` applies to any arch with that ``cu_num``;
+malformed rows raise :class:`ConfigError` naming the file, line and column. Input files are only ever read.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from aiter_gemm.dtypes import parse_dtype
+
+log = logging.getLogger(__name__)
+
+BF16_UNTUNED_COLUMNS = ("M", "N", "K", "bias", "dtype", "outdtype", "scaleAB", "bpreshuffle")
+BF16_TUNED_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS,
+                      "libtype", "solidx", "splitK", "us", "kernelName", "err_ratio", "tflops", "bw")
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used as written; names the file, line (1-based, header = 1) and column."""
+
+    def __init__(self, path: str, line: int, column: str | None, message: str) -> None:
+        where = f"{path}:{line}" + (f", column {column!r}" if column else "")
+        super().__init__(f"{where}: {message}")
+        self.path, self.line, self.column = path, line, column
+
+
+def parse_int(text: str) -> int:
+    return int(text)
+
+
+def parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "1"):
+        return True
+    if low in ("false", "0"):
+        return False
+    raise ValueError(f"expected True/False/1/0, got {text!r}")
+
+
+def parse_str(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class Column:
+    """A typed column; ``default`` (already typed) makes it optional in untuned shape lists."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Which columns key a config kind, and which typed value columns its tuned rows must carry."""
+
+    kind: str
+    key: tuple[Column, ...]
+    values: tuple[Column, ...] = ()  # typed + validated in tuned files; optional ones get their default
+    time_column: str = "us"
+
+
+def _dtype_col(name: str, default: Any = None) -> Column:
+    return Column(name, parse_dtype, default)
+
+
+_MNK = (Column("M", parse_int), Column("N", parse_int), Column("K", parse_int))
+_BMNK = (Column("B", parse_int), *_MNK)
+_KERNEL_VALUES = (Column("kernelId", parse_int, -1), Column("splitK", parse_int, 0),
+                  Column("kernelName", parse_str, ""))
+
+SPECS: dict[str, TableSpec] = {
+    spec.kind: spec
+    for spec in (
+        TableSpec(
+            "GEMM_BF16",
+            key=(*_MNK, Column("bias", parse_bool, False), _dtype_col("dtype", torch.bfloat16),
+                 _dtype_col("outdtype"), Column("scaleAB", parse_bool, False),
+                 Column("bpreshuffle", parse_bool, False)),
+            values=(Column("libtype", parse_str), Column("solidx", parse_int, -1), Column("splitK", parse_int, 0),
+                    Column("kernelName", parse_str, "")),
+        ),
+        TableSpec("GEMM_A8W8", key=(*_MNK, _dtype_col("q_dtype_w", torch.int8)), values=_KERNEL_VALUES),
+        TableSpec("GEMM_A8W8_BPRESHUFFLE", key=(*_MNK, _dtype_col("q_dtype_w", torch.int8)), values=_KERNEL_VALUES),
+        TableSpec("GEMM_A8W8_BLOCKSCALE", key=_MNK, values=_KERNEL_VALUES),
+        TableSpec("GEMM_A4W4", key=_MNK, values=_KERNEL_VALUES),
+        TableSpec("A8W8_BATCHED_GEMM", key=_BMNK, values=_KERNEL_VALUES),
+        TableSpec("BF16_BATCHED_GEMM", key=_BMNK, values=_KERNEL_VALUES),
+        TableSpec(
+            "FMOE",
+            key=(Column("token", parse_int), Column("model_dim", parse_int), Column("inter_dim", parse_int),
+                 Column("expert", parse_int), Column("topk", parse_int), Column("act_type", parse_str),
+                 _dtype_col("dtype"), _dtype_col("q_dtype_a"), _dtype_col("q_dtype_w"), Column("q_type", parse_str),
+                 Column("use_g1u1", parse_bool), Column("doweight_stage1", parse_bool)),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class TunedRow:
+    """One tuned row: typed key and values, every column as written (``fields``), and where it came from."""
+
+    key: tuple
+    gfx: str | None  # None: the file has no gfx column (or an empty cell): any arch with this cu_num
+    cu_num: int
+    us: float
+    values: Mapping[str, Any]
+    fields: Mapping[str, str]
+    source: str
+    line: int
+
+
+class ConfigTable:
+    """An immutable merged index ``(gfx, cu_num, key) -> TunedRow`` of one config kind."""
+
+    def __init__(self, spec: TableSpec, rows: Mapping[tuple, TunedRow], sources: Sequence[str]) -> None:
+        self.spec = spec
+        self._rows = MappingProxyType(dict(rows))
+        self.sources = tuple(sources)
+
+    def lookup(self, gfx: str, cu_num: int, key: tuple) -> TunedRow | None:
+        """The row for ``key`` on this device: an arch-specific row first, then one from a file without ``gfx``."""
+        rows = self._rows
+        return rows.get((gfx, cu_num, key)) or rows.get((None, cu_num, key))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self):
+        return iter(self._rows.values())
+
+
+def _cell(row: list[str], idx: dict[str, int], name: str) -> str | None:
+    i = idx.get(name)
+    return None if i is None else row[i].strip()
+
+
+def _parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool = False) -> Any:
+    """Typed value of one cell; an absent or empty cell takes the column default (unless ``strict``) or is an error."""
+    if not text:
+        if col.default is not None and not strict:
+            return col.default
+        raise ConfigError(path, line, col.name, "missing required column" if text is None else "empty value")
+    try:
+        return col.parse(text)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(path, line, col.name, f"bad value {text!r}: {exc}") from None
+
+
+def _read(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """Header (stripped) and non-blank data rows with their 1-based line numbers; errors on a ragged row."""
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header: list[str] = []
+        rows: list[tuple[int, list[str]]] = []
+        for rec in reader:
+            if not rec or all(not c.strip() for c in rec):
+                continue
+            if not header:
+                header = [c.strip() for c in rec]
+                if len(set(header)) != len(header):
+                    raise ConfigError(path, reader.line_num, None, f"duplicate column names in header {header}")
+                continue
+            if len(rec) != len(header):
+                raise ConfigError(path, reader.line_num, None,
+                                  f"wrong field count: {len(rec)} fields for {len(header)} columns")
+            rows.append((reader.line_num, rec))
+    return header, rows
+
+
+def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
+    header, data = _read(path)
+    if not header:
+        return  # an empty file is valid
+    idx = {name: i for i, name in enumerate(header)}
+    # Tuned rows need every key column (defaults are for untuned shape lists only); value columns may default.
+    must = [c.name for c in spec.key] + [c.name for c in spec.values if c.default is None] + ["cu_num",
+                                                                                              spec.time_column]
+    for name in must:
+        if name not in idx:
+            raise ConfigError(path, 1, name, "missing required column")
+    cu_col = Column("cu_num", parse_int)
+    dropped: list[int] = []
+    for line, rec in data:
+        key = tuple(_parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
+        cu_num = _parse_cell(path, line, cu_col, _cell(rec, idx, "cu_num"))
+        us_text = _cell(rec, idx, spec.time_column) or ""
+        try:
+            us = float(us_text) if us_text else math.nan
+        except ValueError:
+            raise ConfigError(path, line, spec.time_column, f"bad value {us_text!r}: not a number") from None
+        if not (us > 0) or math.isinf(us):
+            dropped.append(line)
+            continue
+        values = {c.name: _parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
+        fields = {name: rec[i].strip() for name, i in idx.items()}
+        yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
+                       MappingProxyType(fields), path, line)
+    if dropped:
+        log.warning("%s: dropped %d row(s) whose %r is empty, NaN, infinite or <= 0 (lines %s)",
+                    path, len(dropped), spec.time_column, ", ".join(map(str, dropped[:10])) +
+                    (" ..." if len(dropped) > 10 else ""))
+
+
+def load_table(kind: str, paths: Sequence[str | os.PathLike]) -> ConfigTable:
+    """Merge the tuned CSVs ``paths`` (earlier paths win ties) into one :class:`ConfigTable` of ``kind``."""
+    spec = SPECS[kind]
+    merged: dict[tuple, TunedRow] = {}
+    found: list[str] = []
+    for p in map(str, paths):
+        if not os.path.isfile(p):
+            log.warning("aiter_gemm: %s config %s not found; skipped", kind, p)
+            continue
+        found.append(p)
+        for row in _parse_tuned_file(spec, p):
+            k = (row.gfx, row.cu_num, row.key)
+            old = merged.get(k)
+            if old is None or row.us < old.us:  # strict: a tie keeps the earlier path / earlier line
+                merged[k] = row
+    if not found:
+        raise FileNotFoundError(f"aiter_gemm: no {kind} config file exists among {list(map(str, paths))}")
+    return ConfigTable(spec, merged, found)
+
+
+def load_untuned(path: str | os.PathLike, kind: str = "GEMM_BF16") -> list[tuple]:
+    """Typed keys of an untuned shape list (``M,N,K`` at least; missing or empty columns take their defaults; an
+    absent ``outdtype`` follows ``dtype``). Duplicates are kept once, in file order."""
+    spec = SPECS[kind]
+    path = str(path)
+    header, data = _read(path)
+    idx = {name: i for i, name in enumerate(header)}
+    for c in spec.key:
+        if c.default is None and c.name not in idx and c.name != "outdtype":
+            raise ConfigError(path, 1, c.name, "missing required column")
+    keys: dict[tuple, None] = {}
+    for line, rec in data:
+        vals: dict[str, Any] = {}
+        for c in spec.key:
+            text = _cell(rec, idx, c.name)
+            if c.name == "outdtype" and not text:
+                vals[c.name] = vals["dtype"]
+            else:
+                vals[c.name] = _parse_cell(path, line, c, text)
+        keys[tuple(vals.values())] = None
+    return list(keys)

@@ -1,0 +1,109 @@
+"""Safe writes of files that several processes share: a file lock, a merge with what is there, an atomic rename.
+
+Used by shape capture (tensor-parallel ranks appending one untuned CSV) and by the tuner's checkpoints. A reader
+never sees a half-written file and a killed writer leaves the previous complete file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import tempfile
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from filelock import FileLock
+
+Row = dict[str, str]
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a temp file beside ``path``, fsync it, then rename over ``path`` (atomic on POSIX)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():  # keep the permissions a user gave the file
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, timeout: float = 120.0) -> Iterator[None]:
+    """Hold the inter-process lock guarding ``path`` (a ``<path>.lock`` file beside it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock", timeout=timeout):
+        yield
+
+
+def read_csv_rows(path: str | os.PathLike) -> tuple[list[str], list[Row]]:
+    """Header and rows of a CSV (empty lists for a missing or empty file). Values are kept as written."""
+    path = Path(path)
+    if not path.exists():
+        return [], []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [dict(r) for r in reader]
+        return list(reader.fieldnames or []), rows
+
+
+def render_csv(header: Sequence[str], rows: Iterable[Mapping[str, object]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(header), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def merge_csv_rows(
+    path: str | os.PathLike,
+    header: Sequence[str],
+    rows: Iterable[Mapping[str, object]],
+    key_cols: Sequence[str] | Callable[[Row], Hashable],
+    replace: Callable[[Row, Row], bool] | None = None,
+) -> tuple[int, int]:
+    """Merge ``rows`` into the CSV at ``path`` under its lock and write it back atomically.
+
+    Rows already in the file are kept (their values and column order untouched; columns only ``header`` has are
+    appended). A new row whose key (``key_cols`` values, stripped, or ``key_cols(row)`` when it is a function) is
+    absent is appended; one whose key is present replaces the old row only if ``replace(old, new)`` says so.
+    Returns (appended, replaced).
+    """
+    new_rows = [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in rows]
+
+    def key(r: Row) -> Hashable:
+        if callable(key_cols):
+            return key_cols(r)
+        return tuple(str(r.get(c, "")).strip() for c in key_cols)
+
+    with locked(path):
+        old_header, old_rows = read_csv_rows(path)
+        out_header = list(old_header) + [c for c in header if c not in old_header]
+        index = {key(r): i for i, r in enumerate(old_rows)}
+        appended = replaced = 0
+        for r in new_rows:
+            k = key(r)
+            if k not in index:
+                index[k] = len(old_rows)
+                old_rows.append(r)
+                appended += 1
+            elif replace is not None and replace(old_rows[index[k]], r):
+                old_rows[index[k]] = r
+                replaced += 1
+        if appended or replaced or not Path(path).exists():
+            atomic_write_text(path, render_csv(out_header, old_rows))
+        return appended, replaced

@@ -1,0 +1,1 @@
+"""Triton kernels used by the backends in :mod:`aiter_gemm.backends`."""

@@ -1,0 +1,47 @@
+"""Shared test set-up: the Triton interpreter on CPU-only machines, the ``gpu`` marker, a clean runtime per test."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Must happen before any Triton kernel is defined (kernel modules read it at import): CPU-only machines run
+# Triton kernels through the interpreter, on CPU tensors.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+HAS_GPU = torch.cuda.is_available()
+_AITER_VARS = ("AITER_CONFIG_", "AITER_TUNE_GEMM", "AITER_UNTUNED_GEMM_FILE", "AITER_LOG_TUNED_CONFIG",
+               "AITER_GEMM_ARCH", "AITER_GEMM_CU_NUM")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA/ROCm GPU; this machine has none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    """The device tests run on: the GPU when there is one, else the CPU."""
+    return "cuda" if HAS_GPU else "cpu"
+
+
+@pytest.fixture
+def clean_runtime(monkeypatch):
+    """No AITER_* variable from the caller's shell; the runtime reloaded before and after the test."""
+    import aiter_gemm
+
+    for name in list(os.environ):
+        if name.startswith(_AITER_VARS):
+            monkeypatch.delenv(name)
+    aiter_gemm.reload_configs()
+    yield monkeypatch
+    monkeypatch.undo()
+    aiter_gemm.reload_configs()

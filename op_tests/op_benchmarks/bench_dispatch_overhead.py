@@ -1,0 +1,113 @@
+"""Per-call cost that ``gemm_a16w16`` adds over calling torch directly, on tiny tensors (host time dominates).
+
+For an exact hit, a padded hit and a default decision, time N calls of ``F.linear`` and N calls of
+``gemm_a16w16`` back to back, R times, and report the median of the per-call differences (interleaving cancels
+drift from other load on the machine). Also times the ``torch.ops`` custom-op path that compiled graphs use.
+
+    python -m op_tests.op_benchmarks.bench_dispatch_overhead [--device cuda] [--out results/dispatch_overhead.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import aiter_gemm
+from aiter_gemm.configs import BF16_TUNED_COLUMNS
+
+N, K = 64, 64
+
+
+def per_call_us(fn, n: int, sync) -> float:
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def measure(fn_ref, fn, n: int, repeats: int, sync) -> tuple[float, float, float]:
+    for _ in range(3):  # warm-up: decisions made, caches filled
+        per_call_us(fn_ref, n // 10 + 1, sync)
+        per_call_us(fn, n // 10 + 1, sync)
+    refs, outs, diffs = [], [], []
+    for _ in range(repeats):
+        r = per_call_us(fn_ref, n, sync)
+        o = per_call_us(fn, n, sync)
+        refs.append(r)
+        outs.append(o)
+        diffs.append(o - r)
+    return statistics.median(refs), statistics.median(outs), statistics.median(diffs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--out", default=None, help="CSV to write (default: results/dispatch_overhead_<device>.csv)")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    ident = aiter_gemm.current_device_identity(on_gpu=dev.type == "cuda")
+    tmp = Path(tempfile.mkdtemp()) / "overhead_tuned.csv"
+    dname = str(dtype)
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(BF16_TUNED_COLUMNS)
+        for m in (8, 16):  # M=8: exact hit; M=13 pads to 16 at gl0
+            w.writerow([ident.gfx, ident.cu_num, m, N, K, False, dname, dname, False, False, "torch", 0, 0, 1.0,
+                        "F.linear", 0.0, 0.0, 0.0])
+    os.environ["AITER_CONFIG_GEMM_BF16"] = str(tmp)
+    aiter_gemm.reload_configs()
+
+    b = torch.randn(N, K, device=dev, dtype=dtype)
+    cases = {"exact": 8, "padded_gl0": 13, "default": 100}  # 100 pads to 112 / 128: no row
+    rows = []
+    for case, m in cases.items():
+        a = torch.randn(m, K, device=dev, dtype=dtype)
+        cfg = aiter_gemm.get_GEMM_A16W16_config(m, N, K, False, dtype, dtype)
+        assert cfg["matched"] == case and cfg["libtype"] == "torch", cfg
+        ref, ours, added = measure(lambda a=a: F.linear(a, b), lambda a=a: aiter_gemm.gemm_a16w16(a, b),
+                                   args.calls, args.repeats, sync)
+        rows.append(dict(path="eager gemm_a16w16", case=case, M=m, N=N, K=K, torch_us=ref, call_us=ours,
+                         added_us=added))
+    a = torch.randn(8, K, device=dev, dtype=dtype)
+    op = torch.ops.aiter_gemm.gemm_a16w16
+    ref, ours, added = measure(lambda: F.linear(a, b), lambda: op(a, b), args.calls // 4, args.repeats, sync)
+    rows.append(dict(path="torch.ops custom op", case="exact", M=8, N=N, K=K, torch_us=ref, call_us=ours,
+                     added_us=added))
+
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or platform.machine()
+    meta = dict(device=name, torch=torch.__version__, python=platform.python_version(),
+                date=time.strftime("%Y-%m-%d"), calls=args.calls, repeats=args.repeats)
+    out = Path(args.out or Path(__file__).parent / "results" / f"dispatch_overhead_{dev.type}.csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[*meta, *rows[0]])
+        w.writeheader()
+        for r in rows:
+            w.writerow({**meta, **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}})
+    print(f"# {meta}")
+    print(f"{'path':22} {'case':11} {'torch us':>9} {'ours us':>9} {'added us':>9}")
+    for r in rows:
+        print(f"{r['path']:22} {r['case']:11} {r['torch_us']:9.3f} {r['call_us']:9.3f} {r['added_us']:9.3f}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

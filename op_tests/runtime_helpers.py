@@ -1,0 +1,50 @@
+"""Helpers shared by the runtime tests: a recording fake backend and tuned-CSV writers."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from aiter_gemm.backends import Backend
+
+BF16_HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName\n"
+
+
+class FakeBackend(Backend):
+    """Runs F.linear and records every (problem, solution) it prepared; knobs for default/blaslt/rejection."""
+
+    def __init__(self, name: str, *, default_max_m: int = 0, priority: int = 0, blaslt: bool = False,
+                 reject_solidx: int | None = None) -> None:
+        self.name = name
+        self.default_priority = priority
+        self.is_blaslt = blaslt
+        self.default_max_m = default_max_m
+        self.reject_solidx = reject_solidx
+        self.prepared: list = []
+        self.calls = 0
+
+    def prepare(self, problem, solution, device):
+        if self.reject_solidx is not None and solution.solidx == self.reject_solidx:
+            return None
+        self.prepared.append((problem, solution))
+
+        def run(a, b, bias, otype, scale_a, scale_b, scale_c):
+            self.calls += 1
+            return F.linear(a, b, bias).to(otype)
+
+        return run
+
+    def default_for(self, problem, device):
+        from aiter_gemm.backends.base import Solution
+
+        if problem.M <= self.default_max_m or (self.is_blaslt and problem.bpreshuffle):
+            return Solution(self.name, -1, 0, "fake-default")
+        return None
+
+
+def bf16_row(M, N, K, libtype="torch", us=1.0, *, gfx="cpu", cu_num=None, bias=False, dtype="torch.float32",
+             outdtype=None, solidx=0, kernel="k") -> str:
+    import os
+
+    cu = os.cpu_count() if cu_num is None else cu_num
+    return (f"{gfx},{cu},{M},{N},{K},{bias},{dtype},{outdtype or dtype},False,False,{libtype},{solidx},0,{us},"
+            f"{kernel}\n")

@@ -1,0 +1,189 @@
+"""Config loading and merge rules: duplicates, bad times, missing files, extra columns, gfx-less files, bad rows."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiter_gemm
+from aiter_gemm.configs import ConfigError, load_table, load_untuned
+from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.settings import CONFIG_KINDS, default_config_dir, load_settings
+from op_tests.runtime_helpers import BF16_HEADER, bf16_row
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "reference" / "aiter_configs"
+KEY = (64, 96, 80, False, torch.float32, torch.float32, False, False)
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_duplicate_key_lowest_positive_us_wins(tmp_path):
+    a = write(tmp_path, "a.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 5.0, kernel="slow"))
+    b = write(tmp_path, "b.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 2.0, kernel="fast"))
+    for paths in ([a, b], [b, a]):
+        row = load_table("GEMM_BF16", paths).lookup("cpu", row_cu(), KEY)
+        assert row.values["kernelName"] == "fast" and row.us == 2.0
+
+
+def test_duplicate_key_tie_goes_to_earlier_path(tmp_path):
+    a = write(tmp_path, "a.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 2.0, kernel="first"))
+    b = write(tmp_path, "b.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 2.0, kernel="second"))
+    assert load_table("GEMM_BF16", [a, b]).lookup("cpu", row_cu(), KEY).values["kernelName"] == "first"
+    assert load_table("GEMM_BF16", [b, a]).lookup("cpu", row_cu(), KEY).values["kernelName"] == "second"
+
+
+@pytest.mark.parametrize("bad_us", ["0", "-1", "", "nan", "NaN", "inf"])
+def test_non_positive_or_missing_us_dropped_with_warning(tmp_path, caplog, bad_us):
+    p = write(tmp_path, "t.csv", BF16_HEADER + bf16_row(64, 96, 80, us=bad_us) + bf16_row(65, 96, 80, us=3.0))
+    with caplog.at_level(logging.WARNING):
+        table = load_table("GEMM_BF16", [p])
+    assert len(table) == 1 and table.lookup("cpu", row_cu(), KEY) is None
+    assert "dropped 1 row" in caplog.text and p in caplog.text
+
+
+def test_missing_path_skipped_all_missing_is_error(tmp_path, caplog):
+    good = write(tmp_path, "good.csv", BF16_HEADER + bf16_row(64, 96, 80))
+    missing = str(tmp_path / "nope.csv")
+    with caplog.at_level(logging.WARNING):
+        assert len(load_table("GEMM_BF16", [missing, good])) == 1
+    assert "nope.csv" in caplog.text and "not found" in caplog.text
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        load_table("GEMM_BF16", [missing, str(tmp_path / "nope2.csv")])
+
+
+@pytest.mark.parametrize("text", ["", BF16_HEADER, "\n\n", BF16_HEADER + "\n"])
+def test_empty_or_header_only_file_is_valid(tmp_path, text):
+    assert len(load_table("GEMM_BF16", [write(tmp_path, "e.csv", text)])) == 0
+
+
+def test_extra_columns_kept_and_returned(tmp_path, clean_runtime):
+    header = BF16_HEADER.strip() + ",note,err_ratio\n"
+    p = write(tmp_path, "x.csv", header + bf16_row(64, 96, 80).strip() + ",hello,0.0\n")
+    row = load_table("GEMM_BF16", [p]).lookup("cpu", row_cu(), KEY)
+    assert row.fields["note"] == "hello"
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", p)
+    aiter_gemm.reload_configs()
+    cfg = aiter_gemm.get_GEMM_A16W16_config(64, 96, 80, False, torch.float32, torch.float32)
+    assert cfg["note"] == "hello" and cfg["matched"] == "exact" and cfg["source"] == p
+
+
+def test_file_without_gfx_applies_to_any_arch_with_that_cu_num(tmp_path):
+    header = BF16_HEADER.split(",", 1)[1]
+    p = write(tmp_path, "nogfx.csv", header + bf16_row(64, 96, 80, cu_num=304).split(",", 1)[1])
+    table = load_table("GEMM_BF16", [p])
+    assert table.lookup("gfx942", 304, KEY) is not None and table.lookup("sm_90", 304, KEY) is not None
+    assert table.lookup("gfx942", 80, KEY) is None
+
+
+def test_arch_specific_row_preferred_over_gfx_less_row(tmp_path):
+    nogfx = write(tmp_path, "a.csv", BF16_HEADER.split(",", 1)[1] + bf16_row(64, 96, 80, us=1.0, cu_num=8,
+                                                                               kernel="any").split(",", 1)[1])
+    own = write(tmp_path, "b.csv", BF16_HEADER + bf16_row(64, 96, 80, us=9.0, gfx="sm_90", cu_num=8, kernel="own"))
+    table = load_table("GEMM_BF16", [nogfx, own])
+    assert table.lookup("sm_90", 8, KEY).values["kernelName"] == "own"
+    assert table.lookup("gfx942", 8, KEY).values["kernelName"] == "any"
+
+
+@pytest.mark.parametrize(
+    ("row", "line", "column", "message"),
+    [
+        ("cpu,2,6x4,96,80,False,torch.float32,torch.float32,False,False,torch,0,0,1.0,k\n", 3, "M", "bad value"),
+        ("cpu,2,64,96,80,False,torch.float33,torch.float32,False,False,torch,0,0,1.0,k\n", 3, "dtype", "unknown dtype"),
+        ("cpu,2,64,96,80,False,__import__('os'),torch.float32,False,False,torch,0,0,1.0,k\n", 3, "dtype",
+         "unknown dtype"),
+        ("cpu,2,64,96,80,False,torch.float32,torch.float32,False,False,torch,0,0,1.0\n", 3, None, "wrong field count"),
+        ("cpu,2,64,96,80,maybe,torch.float32,torch.float32,False,False,torch,0,0,1.0,k\n", 3, "bias", "bad value"),
+        ("cpu,2,64,96,80,False,torch.float32,torch.float32,False,False,torch,zero,0,1.0,k\n", 3, "solidx", "bad value"),
+        ("cpu,2,64,96,80,False,torch.float32,torch.float32,False,False,torch,0,0,fast,k\n", 3, "us", "not a number"),
+        ("cpu,2,64,96,80,False,torch.float32,torch.float32,False,False,,0,0,1.0,k\n", 3, "libtype", "empty value"),
+    ],
+)
+def test_malformed_row_names_file_line_column(tmp_path, row, line, column, message):
+    p = write(tmp_path, "bad.csv", BF16_HEADER + bf16_row(1, 96, 80) + row)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_table("GEMM_BF16", [p])
+    err = info.value
+    assert (err.path, err.line, err.column) == (p, line, column)
+    assert f"{p}:{line}" in str(err)
+
+
+@pytest.mark.parametrize("missing", ["M", "dtype", "libtype", "us", "cu_num"])
+def test_missing_required_column(tmp_path, missing):
+    cols = BF16_HEADER.strip().split(",")
+    i = cols.index(missing)
+    vals = bf16_row(64, 96, 80).strip().split(",")
+    p = write(tmp_path, "m.csv", ",".join(cols[:i] + cols[i + 1:]) + "\n" + ",".join(vals[:i] + vals[i + 1:]) + "\n")
+    with pytest.raises(ConfigError, match="missing required column") as info:
+        load_table("GEMM_BF16", [p])
+    assert info.value.column == missing and info.value.line == 1
+
+
+def test_dtype_table_spellings():
+    for names, dt in [(("torch.bfloat16", "bf16"), torch.bfloat16), (("torch.float16", "f16", "fp16"), torch.float16),
+                      (("torch.float32", "f32"), torch.float32), (("torch.int8", "i8"), torch.int8),
+                      (("torch.float8_e4m3fn",), torch.float8_e4m3fn),
+                      (("torch.float8_e4m3fnuz",), torch.float8_e4m3fnuz)]:
+        for n in names:
+            assert parse_dtype(n) is dt
+    with pytest.raises(KeyError):
+        parse_dtype("torch.complex64")
+
+
+def test_settings_paths_colon_separated_and_defaults(tmp_path):
+    s = load_settings({"AITER_CONFIG_GEMM_BF16": "/a.csv:/b.csv", "AITER_CONFIG_FMOE": ""})
+    assert s.config_paths["GEMM_BF16"] == ("/a.csv", "/b.csv")
+    for kind, (_, fname) in CONFIG_KINDS.items():
+        if kind != "GEMM_BF16":
+            assert s.config_paths[kind] == (str(default_config_dir() / fname),)
+            assert Path(s.config_paths[kind][0]).is_file(), "every kind ships a (header-only) default file"
+    with pytest.raises(ValueError, match="AITER_GEMM_CU_NUM"):
+        load_settings({"AITER_GEMM_CU_NUM": "many"})
+
+
+def test_every_shipped_default_config_loads():
+    s = load_settings({})
+    for kind in CONFIG_KINDS:
+        load_table(kind, s.config_paths[kind])
+
+
+def _sha(paths):
+    return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths}
+
+
+def _reference_csvs():
+    if not SHARED.is_dir():
+        return []
+    return sorted(SHARED.rglob("*.csv"))
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"AITER reference configs not present at {SHARED}")
+@pytest.mark.parametrize("path", _reference_csvs(), ids=lambda p: p.name)
+def test_every_aiter_reference_csv_loads_and_indexes(path):
+    kind = ("GEMM_A8W8_BLOCKSCALE" if "blockscale" in path.name else "GEMM_A8W8" if "a8w8" in path.name
+            else "GEMM_BF16")
+    before = _sha([path])
+    header = path.read_text().splitlines()[0].split(",")
+    if "us" in [h.strip() for h in header]:
+        table = load_table(kind, [path])
+        for row in table:
+            assert table.lookup(row.gfx, row.cu_num, row.key) is row
+            assert math.isfinite(row.us) and row.us > 0
+    else:
+        assert load_untuned(path, kind)
+    assert _sha([path]) == before
+
+
+def row_cu() -> int:
+    import os
+
+    return os.cpu_count()

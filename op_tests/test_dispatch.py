@@ -1,0 +1,189 @@
+"""Dispatch: AITER's lookup order on AITER's own CSV, padding, defaults, unavailable backends, caching, logging."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiter_gemm
+from aiter_gemm import backends, get_padded_m
+from op_tests.runtime_helpers import BF16_HEADER, FakeBackend, bf16_row
+
+FIXTURE = Path(__file__).parent / "fixtures" / "aiter_bf16_tuned_gemm.csv"
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "gl0", "gl1"),
+    [(1, 4096, 16, 1), (0, 4096, 0, 1), (16, 4096, 16, 16), (17, 4096, 32, 32), (250, 4096, 256, 256),
+     (257, 4096, 288, 512), (1000, 4096, 1024, 1024), (1025, 4096, 1088, 2048), (4096, 4096, 4096, 4096),
+     (4097, 4096, 4224, 8192), (9000, 8192, 9088, 8192), (9000, 4096, 9088, 16384), (8193, 4097, 8320, 8192)],
+)
+def test_get_padded_m_matches_aiter(M, N, gl0, gl1):
+    assert get_padded_m(M, N, 64, 0) == gl0
+    assert get_padded_m(M, N, 64, 1) == gl1
+
+
+@pytest.fixture
+def aiter_csv(clean_runtime):
+    """AITER's gfx950 CSV, the device pretending to be a 256-CU gfx950, fake asm/opus backends (flydsl stays absent)."""
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(FIXTURE))
+    clean_runtime.setenv("AITER_GEMM_ARCH", "gfx950")
+    clean_runtime.setenv("AITER_GEMM_CU_NUM", "256")
+    fakes = {name: FakeBackend(name) for name in ("asm", "opus")}
+    for b in fakes.values():
+        backends.register_backend(b)
+    aiter_gemm.reload_configs()
+    yield fakes
+    for name in fakes:
+        backends.unregister_backend(name)
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "K", "matched", "libtype", "line"),
+    [
+        (64, 256, 5120, "exact", "asm", 2),
+        (256, 256, 5120, "exact", "opus", 8),
+        (66, 256, 5120, "padded_gl0", "asm", 3),  # 66 -> 80
+        (3, 6144, 2048, "padded_gl0", "asm", 40),  # 3 -> 16
+        (33, 256, 5120, "padded_gl1", "asm", 2),  # 33 -> 48 (no row) -> 64
+        (133, 2048, 6144, "padded_gl1", "opus", 67),  # 133 -> 144 (no row) -> 256
+        (3, 6144, 3072, "default", "torch", None),  # both padded rows are flydsl: unavailable here -> default
+        (5, 777, 5120, "default", "torch", None),  # no row at all
+    ],
+)
+def test_lookup_on_aiter_csv(aiter_csv, M, N, K, matched, libtype, line):
+    cfg = aiter_gemm.get_GEMM_A16W16_config(M, N, K, False, "torch.bfloat16", torch.float32)
+    assert (cfg["matched"], cfg["libtype"], cfg["line"]) == (matched, libtype, line)
+    assert cfg["gfx"] == "gfx950" and cfg["cu_num"] == 256
+    if matched != "default":
+        assert cfg["source"] == str(FIXTURE)
+        assert isinstance(cfg["solidx"], int) and cfg["us"] > 0
+
+
+def test_hit_runs_the_row_backend_and_result_is_correct(aiter_csv):
+    a, b = torch.randn(66, 5120, dtype=BF16), torch.randn(256, 5120, dtype=BF16)
+    out = aiter_gemm.gemm_a16w16(a, b, otype=F32)
+    assert out.dtype == F32 and aiter_csv["asm"].calls == 1
+    (problem, sol), = aiter_csv["asm"].prepared
+    assert (problem.M, sol.solidx, sol.kernelName) == (66, 7, "_ZN5aiter39bf16gemm_fp32bf16_tn_80x64_splitk_cleanE")
+    torch.testing.assert_close(out, (a.float() @ b.float().t()), rtol=2e-2, atol=2e-1)
+
+
+def test_unavailable_libtype_warns_once(aiter_csv, caplog):
+    with caplog.at_level(logging.WARNING, logger="aiter_gemm"):
+        for m in (3, 4, 9):
+            aiter_gemm.get_GEMM_A16W16_config(m, 6144, 3072, False, BF16, F32)
+    assert caplog.text.count("libtype 'flydsl'") == 1
+
+
+def test_rejected_solution_is_a_miss_naming_file_and_line(clean_runtime, tmp_path, caplog):
+    p = tmp_path / "t.csv"
+    p.write_text(BF16_HEADER + bf16_row(16, 96, 80, "fake", 1.0, solidx=13) + bf16_row(32, 96, 80, "fake", 1.0))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(p))
+    backends.register_backend(FakeBackend("fake", reject_solidx=13))
+    try:
+        aiter_gemm.reload_configs()
+        with caplog.at_level(logging.WARNING, logger="aiter_gemm"):
+            exact = aiter_gemm.get_GEMM_A16W16_config(16, 96, 80, False, F32)
+        # the exact row (solidx 13) is rejected; M=16 pads to 16 at gl0 (same key, skipped) and 16 at gl1 -> default
+        assert exact["matched"] == "default"
+        assert f"{p}:2" in caplog.text
+        padded = aiter_gemm.get_GEMM_A16W16_config(17, 96, 80, False, F32)
+        assert (padded["matched"], padded["libtype"], padded["line"]) == ("padded_gl0", "fake", 3)
+    finally:
+        backends.unregister_backend("fake")
+
+
+def test_default_prefers_highest_priority_backend_that_accepts(clean_runtime):
+    skinny = FakeBackend("fakeskinny", default_max_m=4, priority=10)
+    backends.register_backend(skinny)
+    try:
+        aiter_gemm.reload_configs()
+        assert aiter_gemm.get_GEMM_A16W16_config(4, 64, 64, False, F32)["libtype"] == "fakeskinny"
+        assert aiter_gemm.get_GEMM_A16W16_config(5, 64, 64, False, F32)["libtype"] == "torch"
+    finally:
+        backends.unregister_backend("fakeskinny")
+
+
+def test_preshuffled_weight_needs_blaslt(clean_runtime):
+    with pytest.raises(RuntimeError, match="pre-shuffled weight needs a BLASLt backend"):
+        aiter_gemm.get_GEMM_A16W16_config(4, 64, 64, False, F32, bpreshuffle=True)
+    blaslt = FakeBackend("fakeblaslt", blaslt=True, priority=1)
+    backends.register_backend(blaslt)
+    try:
+        aiter_gemm.reload_configs()
+        cfg = aiter_gemm.get_GEMM_A16W16_config(4, 64, 64, False, F32, bpreshuffle=True)
+        assert (cfg["libtype"], cfg["solidx"]) == ("fakeblaslt", -1)
+        w = torch.randn(64, 64)
+        w.is_shuffled = True
+        aiter_gemm.gemm_a16w16(torch.randn(4, 64), w)
+        assert blaslt.calls == 1
+    finally:
+        backends.unregister_backend("fakeblaslt")
+
+
+def test_decision_cached_and_reload_rereads_files(clean_runtime, tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text(BF16_HEADER)
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(p))
+    fake = FakeBackend("fake")
+    backends.register_backend(fake)
+    try:
+        aiter_gemm.reload_configs()
+        a, b = torch.randn(8, 80), torch.randn(96, 80)
+        aiter_gemm.gemm_a16w16(a, b)
+        p.write_text(BF16_HEADER + bf16_row(8, 96, 80, "fake"))
+        aiter_gemm.gemm_a16w16(a, b)
+        assert fake.calls == 0, "files are read once: a changed file needs reload_configs()"
+        assert len(aiter_gemm.get_dispatcher()._fast) == 1
+        aiter_gemm.reload_configs()
+        aiter_gemm.gemm_a16w16(a, b)
+        aiter_gemm.gemm_a16w16(a, b)
+        assert fake.calls == 2 and len(fake.prepared) == 1, "prepared once per shape, run per call"
+    finally:
+        backends.unregister_backend("fake")
+
+
+def test_env_read_once_until_reload(clean_runtime, tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text(BF16_HEADER + bf16_row(8, 96, 80, "torch", gfx="sm_90", cu_num=132))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(p))
+    aiter_gemm.reload_configs()
+    assert aiter_gemm.get_GEMM_A16W16_config(8, 96, 80, False, F32)["matched"] == "default"
+    clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
+    clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
+    assert aiter_gemm.get_GEMM_A16W16_config(8, 96, 80, False, F32)["matched"] == "default"
+    aiter_gemm.reload_configs()
+    assert aiter_gemm.get_GEMM_A16W16_config(8, 96, 80, False, F32)["matched"] == "exact"
+    assert aiter_gemm.current_device_identity().gfx == "sm_90"
+
+
+def test_log_tuned_config_once_per_shape(clean_runtime, caplog):
+    clean_runtime.setenv("AITER_LOG_TUNED_CONFIG", "1")
+    aiter_gemm.reload_configs()
+    a, b = torch.randn(8, 80), torch.randn(96, 80)
+    with caplog.at_level(logging.INFO, logger="aiter_gemm"):
+        for _ in range(3):
+            aiter_gemm.gemm_a16w16(a, b)
+        aiter_gemm.gemm_a16w16(torch.randn(9, 80), b)
+    lines = [r.getMessage() for r in caplog.records if "matched=" in r.getMessage()]
+    assert len(lines) == 2 and "M=8 N=96 K=80" in lines[0] and "libtype=torch" in lines[0]
+    assert "source=default heuristic" in lines[0]
+
+
+def test_import_loads_no_optional_backend():
+    code = ("import sys, aiter_gemm; bad = [m for m in ('triton', 'nvmath', 'ray', 'aiter_gemm.backends.triton', "
+            "'aiter_gemm.backends.skinny', 'aiter_gemm.backends.cublaslt') if m in sys.modules]; print(bad); "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_unknown_libtype_reports_reason():
+    b = backends.get_backend("no_such_lib")
+    assert not b.is_available() and "no backend module" in b.unavailable_reason()

@@ -1,0 +1,27 @@
+"""Install ``aiter_gemm`` (runtime) and ``gradlib`` (tuner); ``configs/`` ships as ``aiter_gemm/configs``."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="aiter_gemm",
+    version="0.1.0",
+    description="Tuned-GEMM dispatch runtime and tuner for LLM inference (AITER-compatible configs)",
+    python_requires=">=3.10",
+    packages=find_packages(include=["aiter_gemm", "aiter_gemm.*", "gradlib", "gradlib.*"]) + ["aiter_gemm.configs"],
+    package_dir={"aiter_gemm.configs": "configs"},
+    package_data={"aiter_gemm.configs": ["*.csv", "*.json", "*/*.csv", "*/*.json", "*/*/*.json", "*/*/*.csv"]},
+    install_requires=[
+        "torch>=2.4",  # install the CPU or GPU build you want first (README); this range keeps it
+        "triton>=3.0; platform_system == 'Linux'",
+        "numpy",
+        "pandas",
+        "tqdm",
+        "filelock",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "ruff"],
+        "cuda": ["nvmath-python>=0.5"],
+        "ray": ["ray[default]>=2.9"],
+    },
+    entry_points={"console_scripts": []},
+)
