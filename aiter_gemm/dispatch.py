@@ -208,18 +208,19 @@ class Dispatcher:
         """out (..., N) = A (..., K) @ B (N, K).T (+ bias): the eager path, one dict lookup after the first call.
 
         Measured on CPU: building and hashing this key is ~0.4 us, the rest of the added cost is two Python calls."""
-        key = (A.shape, B.shape, A.dtype, B.dtype, otype, bias is None, scale_a is None and scale_b is None,
-               A.is_cuda, getattr(B, "is_shuffled", False) is True)
+        key = (A.shape, B.shape, A.dtype, B.dtype, otype, bias is None,
+               scale_a is None and scale_b is None and scale_c is None, A.is_cuda,
+               getattr(B, "is_shuffled", False) is True)
         fast = self._fast.get(key)
         if fast is None:
-            fast = self._fast_miss(key, A, B, bias, otype, scale_a, scale_b)
+            fast = self._fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
         runner, out_dtype, shape2d, out_shape = fast
         if shape2d is None:
             return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
         return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
 
-    def _fast_miss(self, key: tuple, A, B, bias, otype, scale_a, scale_b) -> tuple:
-        problem = problem_of(A, B, bias, otype, scale_a, scale_b, key[8])
+    def _fast_miss(self, key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tuple:
+        problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[8])
         dec = self.decide(problem, key[7])
         flat = A.dim() == 2
         fast = (dec.runner, problem.otype, None if flat else (problem.M, problem.K),
@@ -229,7 +230,8 @@ class Dispatcher:
 
 
 def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype | None,
-               scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, bpreshuffle: bool = False) -> GemmProblem:
+               scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, scale_c: torch.Tensor | None = None,
+               bpreshuffle: bool = False) -> GemmProblem:
     """Validate the operands of ``gemm_a16w16`` and return their :class:`GemmProblem` (errors name the tensor)."""
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise TypeError(f"gemm_a16w16: A and B must be tensors, got {type(A).__name__} and {type(B).__name__}")
@@ -253,7 +255,8 @@ def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otyp
     if not A.dtype.is_floating_point:
         raise ValueError(f"gemm_a16w16: A {tuple(A.shape)} has dtype {A.dtype}; expected a floating dtype")
     return GemmProblem(M=math.prod(A.shape[:-1]), N=N, K=K, bias=bias is not None, dtype=A.dtype,
-                       otype=otype or A.dtype, scaleAB=scale_a is not None or scale_b is not None,
+                       otype=otype or A.dtype,
+                       scaleAB=scale_a is not None or scale_b is not None or scale_c is not None,
                        bpreshuffle=bpreshuffle)
 
 

@@ -41,10 +41,13 @@ class FakeBackend(Backend):
         return None
 
 
-def bf16_row(M, N, K, libtype="torch", us=1.0, *, gfx="cpu", cu_num=None, bias=False, dtype="torch.float32",
+def bf16_row(M, N, K, libtype="torch", us=1.0, *, gfx=None, cu_num=None, bias=False, dtype="torch.float32",
              outdtype=None, solidx=0, kernel="k") -> str:
-    import os
+    """A tuned row, by default for the device this process dispatches on (the GPU if any, else the CPU)."""
+    import aiter_gemm
 
-    cu = os.cpu_count() if cu_num is None else cu_num
+    ident = aiter_gemm.current_device_identity()
+    gfx = ident.gfx if gfx is None else gfx
+    cu = ident.cu_num if cu_num is None else cu_num
     return (f"{gfx},{cu},{M},{N},{K},{bias},{dtype},{outdtype or dtype},False,False,{libtype},{solidx},0,{us},"
             f"{kernel}\n")

@@ -31,15 +31,15 @@ def test_duplicate_key_lowest_positive_us_wins(tmp_path):
     a = write(tmp_path, "a.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 5.0, kernel="slow"))
     b = write(tmp_path, "b.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 2.0, kernel="fast"))
     for paths in ([a, b], [b, a]):
-        row = load_table("GEMM_BF16", paths).lookup("cpu", row_cu(), KEY)
+        row = load_table("GEMM_BF16", paths).lookup(row_gfx(), row_cu(), KEY)
         assert row.values["kernelName"] == "fast" and row.us == 2.0
 
 
 def test_duplicate_key_tie_goes_to_earlier_path(tmp_path):
     a = write(tmp_path, "a.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 2.0, kernel="first"))
     b = write(tmp_path, "b.csv", BF16_HEADER + bf16_row(64, 96, 80, "torch", 2.0, kernel="second"))
-    assert load_table("GEMM_BF16", [a, b]).lookup("cpu", row_cu(), KEY).values["kernelName"] == "first"
-    assert load_table("GEMM_BF16", [b, a]).lookup("cpu", row_cu(), KEY).values["kernelName"] == "second"
+    assert load_table("GEMM_BF16", [a, b]).lookup(row_gfx(), row_cu(), KEY).values["kernelName"] == "first"
+    assert load_table("GEMM_BF16", [b, a]).lookup(row_gfx(), row_cu(), KEY).values["kernelName"] == "second"
 
 
 @pytest.mark.parametrize("bad_us", ["0", "-1", "", "nan", "NaN", "inf"])
@@ -47,7 +47,7 @@ def test_non_positive_or_missing_us_dropped_with_warning(tmp_path, caplog, bad_u
     p = write(tmp_path, "t.csv", BF16_HEADER + bf16_row(64, 96, 80, us=bad_us) + bf16_row(65, 96, 80, us=3.0))
     with caplog.at_level(logging.WARNING):
         table = load_table("GEMM_BF16", [p])
-    assert len(table) == 1 and table.lookup("cpu", row_cu(), KEY) is None
+    assert len(table) == 1 and table.lookup(row_gfx(), row_cu(), KEY) is None
     assert "dropped 1 row" in caplog.text and p in caplog.text
 
 
@@ -69,7 +69,7 @@ def test_empty_or_header_only_file_is_valid(tmp_path, text):
 def test_extra_columns_kept_and_returned(tmp_path, clean_runtime):
     header = BF16_HEADER.strip() + ",note,err_ratio\n"
     p = write(tmp_path, "x.csv", header + bf16_row(64, 96, 80).strip() + ",hello,0.0\n")
-    row = load_table("GEMM_BF16", [p]).lookup("cpu", row_cu(), KEY)
+    row = load_table("GEMM_BF16", [p]).lookup(row_gfx(), row_cu(), KEY)
     assert row.fields["note"] == "hello"
     clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", p)
     aiter_gemm.reload_configs()
@@ -184,6 +184,8 @@ def test_every_aiter_reference_csv_loads_and_indexes(path):
 
 
 def row_cu() -> int:
-    import os
+    return aiter_gemm.current_device_identity().cu_num
 
-    return os.cpu_count()
+
+def row_gfx() -> str:
+    return aiter_gemm.current_device_identity().gfx

@@ -7,18 +7,25 @@ import torch
 
 import aiter_gemm
 
-# Tolerances against a float32 (CPU: float64) reference, by (input dtype, output dtype), with the reason.
+# Tolerances against a float64 reference, by (input dtype, output dtype). Inputs are N(0, 1), so |out| ~ sqrt(K):
+# atol is (per-unit error) * sqrt(K), applied where |out| is small; rtol where it is large.
 TOLERANCES = {
-    # fp32 accumulation of K products; fp32 output: errors ~ K * eps32 * |x|, far below 1e-4 for K <= 4100.
-    (torch.float32, torch.float32): dict(rtol=1e-4, atol=1e-4),
-    # 16-bit inputs are exact in fp32; the fp32 output then only carries accumulation-order differences.
-    (torch.bfloat16, torch.float32): dict(rtol=1e-2, atol=5e-2),
-    (torch.float16, torch.float32): dict(rtol=1e-2, atol=5e-2),
-    # bf16 output: 8 mantissa bits -> half-ulp relative error 2^-9 ~ 2e-3, plus accumulation order; |out| ~ sqrt(K).
-    (torch.bfloat16, torch.bfloat16): dict(rtol=1.6e-2, atol=1e-1),
-    # fp16 output: 11 mantissa bits -> 2^-12 relative; accumulation order dominates on CPU.
-    (torch.float16, torch.float16): dict(rtol=1e-2, atol=5e-2),
+    # fp32 accumulate, fp32 out: accumulation-order error ~ sqrt(K) * 2^-24 * |out|; 1e-4 leaves a wide margin.
+    (torch.float32, torch.float32): dict(rtol=1e-4, unit_atol=1e-5),
+    # 16-bit inputs are exact in fp32 and the output is fp32 (never rounded through 16 bits): order error only.
+    (torch.bfloat16, torch.float32): dict(rtol=2e-3, unit_atol=2e-4),
+    (torch.float16, torch.float32): dict(rtol=2e-3, unit_atol=2e-4),
+    # bf16 out: half-ulp 2^-9 of |out|, plus cuBLAS's reduced-precision (bf16) split-K reductions, which torch
+    # allows by default: a few bf16 ulps.
+    (torch.bfloat16, torch.bfloat16): dict(rtol=1.6e-2, unit_atol=1.6e-2),
+    # fp16 out: half-ulp 2^-12 of |out|, plus reduced-precision split-K reductions (fp16): a few ulps.
+    (torch.float16, torch.float16): dict(rtol=4e-3, unit_atol=4e-3),
 }
+
+
+def tolerance(dtype, otype, K) -> dict:
+    tol = TOLERANCES[(dtype, otype)]
+    return dict(rtol=tol["rtol"], atol=tol["unit_atol"] * K**0.5)
 
 
 def reference(a, b, bias, otype):
@@ -39,7 +46,7 @@ def test_matches_reference(device, M, N, K, dtype, otype, with_bias):
     bias = torch.randn(N, dtype=dtype, device=device) if with_bias else None
     out = aiter_gemm.gemm_a16w16(a, b, bias, otype=otype if otype != dtype else None)
     assert out.shape == (M, N) and out.dtype == otype
-    torch.testing.assert_close(out, reference(a, b, bias, otype), **TOLERANCES[(dtype, otype)])
+    torch.testing.assert_close(out, reference(a, b, bias, otype), **tolerance(dtype, otype, K))
 
 
 @pytest.mark.parametrize("lead", [(2, 3), (1, 1, 5), (4,)])

@@ -28,6 +28,9 @@ def test_first_dispatch_inside_graph_capture(clean_runtime, tmp_path, capture_sh
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     xs = [torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16) for m in (64, 50, 1, 3, 300)]
+    # cuBLAS creates its handle on first use, which cannot happen inside a capture: warm it up (as any real
+    # capture does) on an unrelated shape, so every shape below is still first seen inside the capture.
+    torch.nn.functional.linear(torch.randn(8, 32, device="cuda"), torch.randn(16, 32, device="cuda"))
     torch.cuda.synchronize()
 
     def forbidden(*args, **kwargs):

@@ -29,6 +29,34 @@ def _apply_scales(out: torch.Tensor, scale_a, scale_b, scale_c) -> torch.Tensor:
     return out
 
 
+def run_plain(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
+    """The common case (no scales, output in the input dtype): F.linear and nothing else on the hot path."""
+    return F.linear(a, b, bias)
+
+
+def run_float32_out(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
+    """16-bit inputs, fp32 output without rounding through 16 bits: upcast (CPU, or where mm(out_dtype=) fails)."""
+    return F.linear(a.float(), b.float(), None if bias is None else bias.float())
+
+
+def _mm_out_fp32_runner() -> Runner:
+    """``torch.mm(a, b.T, out_dtype=float32)`` (fp32 accumulate and output from bf16/fp16 on CUDA, torch >= 2.8),
+    switching for good to :func:`run_float32_out` if this build rejects it."""
+    state = {"broken": False}
+
+    def run(a, b, bias, otype, scale_a, scale_b, scale_c):
+        if not state["broken"]:
+            try:
+                out = torch.mm(a, b.t(), out_dtype=torch.float32)
+                return out if bias is None else out.add_(bias)
+            except (TypeError, RuntimeError, NotImplementedError) as exc:
+                state["broken"] = True
+                log.warning("torch.mm(out_dtype=float32) failed (%s); upcasting to float32 from now on", exc)
+        return run_float32_out(a, b, bias, otype, scale_a, scale_b, scale_c)
+
+    return run
+
+
 def run_linear(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
     """F.linear in the input dtype, then scales (if any) and the cast to ``otype``."""
     if scale_a is None and scale_b is None and scale_c is None:
@@ -89,6 +117,10 @@ class TorchBackend(Backend):
             if device.is_gpu and problem.N % 16 == 0 and problem.K % 16 == 0:
                 return _scaled_mm_runner()
             return run_dequant
+        if not problem.scaleAB and problem.otype == problem.dtype:
+            return run_plain
+        if not problem.scaleAB and problem.otype == torch.float32 and problem.dtype in (torch.bfloat16, torch.float16):
+            return _mm_out_fp32_runner() if device.is_gpu else run_float32_out
         return run_linear
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
