@@ -20,7 +20,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "ruff"],
-        "cuda": ["nvmath-python>=0.5"],
+        "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
         "ray": ["ray[default]>=2.9"],
     },
     entry_points={"console_scripts": []},

@@ -1,0 +1,280 @@
+"""Typed layer over nvmath-python's raw cuBLASLt bindings (``nvmath.bindings.cublasLt``) for the ``cublaslt`` backend.
+
+Everything that touches the library lives here: the library version and one handle per process, the matmul plan
+(operation descriptor plus matrix layouts of one GEMM), heuristic queries, algorithm configuration get/set and
+``cublasLtMatmulAlgoCheck``. An algorithm is carried around as the 64 raw bytes of its ``cublasLtMatmulAlgo_t``
+(immutable, hashable; cuBLASLt documents the struct as trivially serializable for one library version).
+
+Row-major torch tensors seen as column-major cuBLAS matrices: ``out(M, N) = a(M, K) @ b(N, K).T`` is
+``out.T(N, M) = op(b) @ a.T`` with ``A := b`` stored (K, N) ld=K and op(A)=T, ``B := a`` stored (K, M) ld=K and
+op(B)=N, ``D := out`` stored (N, M) ld=N. That is the "TN" form cuBLASLt's fp8 kernels require.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from aiter_gemm.backends.base import GemmProblem
+
+ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8]
+
+# cudaDataType_t / cublasComputeType_t / cublasOperation_t values (library ABI constants, also in nvmath's enums).
+_CUDA_DTYPE: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
+for _name, _code in (("float8_e4m3fn", 28), ("float8_e5m2", 29)):
+    if hasattr(torch, _name):
+        _CUDA_DTYPE[getattr(torch, _name)] = _code
+_FP8_CUDA = frozenset(_CUDA_DTYPE[d] for d in _CUDA_DTYPE if d.itemsize == 1)
+COMPUTE_32F = 68
+CUDA_R_32F = 0
+OP_N, OP_T = 0, 1
+
+#: Config attributes that together identify an algorithm (cublasLtMatmulAlgoConfigAttributes_t), in key order.
+CONFIG_FIELDS = (
+    "ID", "TILE_ID", "SPLITK_NUM", "REDUCTION_SCHEME", "CTA_SWIZZLING", "CUSTOM_OPTION", "STAGES_ID",
+    "INNER_SHAPE_ID", "CLUSTER_SHAPE_ID",
+)
+
+
+class LibraryUnavailable(RuntimeError):
+    """cuBLASLt cannot be used in this process; the message says why."""
+
+
+class AlgoRejected(RuntimeError):
+    """``cublasLtMatmulAlgoCheck`` (or a config setter) refused an algorithm for a plan."""
+
+
+def supported_reason(problem: GemmProblem) -> str:
+    """Why this backend cannot run ``problem`` at all, or "" if the dtype combination is one it supports.
+
+    bf16/fp16 in with the same type or fp32 out; fp8 e4m3 in (cuBLASLt has no e5m2 x e5m2 kernels) with
+    bf16/fp16/fp32 out. Per-tensor scales only for fp8 (cuBLASLt's A/B scale pointers apply to fp8 operands only).
+    """
+    if min(problem.M, problem.N, problem.K) < 1:
+        return f"empty GEMM M={problem.M} N={problem.N} K={problem.K}"
+    din, dout = problem.dtype, problem.otype
+    if din in (torch.bfloat16, torch.float16):
+        if dout not in (din, torch.float32):
+            return f"{din} input supports {din} or torch.float32 output, not {dout}"
+        if problem.scaleAB:
+            return "per-tensor scales are only supported for fp8 inputs"
+        return ""
+    if din is getattr(torch, "float8_e4m3fn", None):
+        if dout not in (torch.bfloat16, torch.float16, torch.float32):
+            return f"fp8 input supports bf16/fp16/fp32 output, not {dout}"
+        return ""
+    return f"input dtype {din} is not supported (bf16, fp16, float8_e4m3fn are)"
+
+
+def load_library() -> "LtLibrary":
+    """The process-wide cuBLASLt access object; raises :class:`LibraryUnavailable` with the reason."""
+    if torch.version.cuda is None or torch.version.hip is not None:
+        raise LibraryUnavailable("this torch build is not a CUDA build (cuBLASLt is NVIDIA-only)")
+    if not torch.cuda.is_available():
+        raise LibraryUnavailable("no CUDA device is visible to torch")
+    try:
+        from nvmath.bindings import cublasLt as lt  # noqa: PLC0415 - optional dependency, imported on first use
+    except ImportError as exc:
+        raise LibraryUnavailable(
+            f"nvmath-python is not importable ({exc}); install it with: pip install 'aiter_gemm[cuda]'"
+        ) from exc
+    try:
+        return LtLibrary(lt)
+    except Exception as exc:  # driver missing, library not found: nvmath raises several types
+        raise LibraryUnavailable(f"cuBLASLt could not be loaded through nvmath-python: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class AlgoInfo:
+    """One algorithm as a heuristic query or a check reports it."""
+
+    raw: bytes  # the 64-byte cublasLtMatmulAlgo_t
+    workspace: int  # bytes it needs
+    waves: float  # heuristic's waves count (0 when unknown)
+
+
+class MatmulPlan:
+    """Operation descriptor and layouts of one GEMM (see module docstring for the transposed mapping).
+
+    Owned cuBLASLt objects are destroyed when the plan is garbage collected. Per-call pointer attributes
+    (bias, A/B scales) are set through :meth:`set_pointer`, which is why a plan belongs to one runner.
+    """
+
+    def __init__(self, lib: "LtLibrary", problem: GemmProblem) -> None:
+        lt = lib.lt
+        self.problem = problem
+        self.lib = lib
+        tin, tout = _CUDA_DTYPE[problem.dtype], _CUDA_DTYPE[problem.otype]
+        M, N, K = problem.M, problem.N, problem.K
+        self.desc = lt.matmul_desc_create(COMPUTE_32F, CUDA_R_32F)
+        self.a_layout = lt.matrix_layout_create(tin, K, N, K)  # weight b(N, K) row-major
+        self.b_layout = lt.matrix_layout_create(tin, K, M, K)  # activation a(M, K) row-major
+        self.d_layout = lt.matrix_layout_create(tout, N, M, N)  # out(M, N) row-major
+        self._finalizer = weakref.finalize(
+            self, _destroy_plan, lt, self.desc, (self.a_layout, self.b_layout, self.d_layout)
+        )
+        A = lt.MatmulDescAttribute
+        self._set_desc(A.TRANSA, OP_T)
+        self._set_desc(A.TRANSB, OP_N)
+        if problem.bias:
+            self._set_desc(A.EPILOGUE, int(lt.Epilogue.BIAS))
+        # One int64 host cell per pointer attribute, written per call: no allocation on the hot path.
+        self._ptr_cells = {name: np.zeros(1, dtype=np.int64) for name in ("BIAS_POINTER", "A_SCALE_POINTER",
+                                                                           "B_SCALE_POINTER")}
+        self._ptr_attr = {name: int(getattr(A, name)) for name in self._ptr_cells}
+        self._ptr_addr = {name: cell.ctypes.data for name, cell in self._ptr_cells.items()}
+        self.is_fp8 = tin in _FP8_CUDA
+
+    def _set_desc(self, attr: Any, value: int) -> None:
+        lt = self.lib.lt
+        buf = np.array([value], dtype=lt.get_matmul_desc_attribute_dtype(attr))
+        lt.matmul_desc_set_attribute(self.desc, int(attr), buf.ctypes.data, buf.itemsize)
+
+    def set_pointer(self, name: str, ptr: int) -> None:
+        """Set device-pointer attribute ``name`` (BIAS_POINTER, A_SCALE_POINTER, B_SCALE_POINTER); 0 = none."""
+        self._ptr_cells[name][0] = ptr
+        self.lib.lt.matmul_desc_set_attribute(self.desc, self._ptr_attr[name], self._ptr_addr[name], 8)
+
+    def layouts(self) -> tuple[int, int, int, int, int]:
+        """(desc, A, B, C, D) handles in the order the cuBLASLt calls take them (C and D share a layout)."""
+        return self.desc, self.a_layout, self.b_layout, self.d_layout, self.d_layout
+
+
+def _destroy_plan(lt: Any, desc: int, layouts: tuple[int, ...]) -> None:
+    for layout in layouts:
+        lt.matrix_layout_destroy(layout)
+    lt.matmul_desc_destroy(desc)
+
+
+class LtLibrary:
+    """cuBLASLt as loaded by nvmath: its version, one handle, and the queries the backend needs."""
+
+    def __init__(self, lt: Any) -> None:
+        self.lt = lt
+        self.version = int(lt.get_version())
+        self._handle: int | None = None
+        self._lock = threading.Lock()
+        self._cfg_dtype = {f: lt.get_matmul_algo_config_attribute_dtype(getattr(lt.MatmulAlgoConfigAttribute, f))
+                           for f in CONFIG_FIELDS}
+
+    @property
+    def handle(self) -> int:
+        """One cuBLASLt handle for the process: it holds no device memory and cuBLASLt calls are thread safe."""
+        if self._handle is None:
+            with self._lock:
+                if self._handle is None:
+                    self._handle = int(self.lt.create())
+        return self._handle
+
+    def plan(self, problem: GemmProblem) -> MatmulPlan:
+        return MatmulPlan(self, problem)
+
+    # ---- heuristic and check -------------------------------------------------------------------------------
+    def heuristic(self, plan: MatmulPlan, *, workspace: int, reduction_mask: int | None = None,
+                  count: int = 32) -> list[AlgoInfo]:
+        """``cublasLtMatmulAlgoGetHeuristic`` under one preference: up to ``count`` algorithms, best first."""
+        lt = self.lt
+        pref = lt.matmul_preference_create()
+        try:
+            P = lt.MatmulPreferenceAttribute
+            self._set_pref(pref, P.MAX_WORKSPACE_BYTES, workspace)
+            if reduction_mask is not None:
+                self._set_pref(pref, P.REDUCTION_SCHEME_MASK, reduction_mask)
+            results = np.zeros(count, dtype=lt.matmul_heuristic_result_dtype)
+            returned = np.zeros(1, dtype=np.int32)
+            try:
+                lt.matmul_algo_get_heuristic(self.handle, *plan.layouts(), pref, count, results.ctypes.data,
+                                             returned.ctypes.data)
+            except lt.cuBLASLtError:  # CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this shape/preference
+                return []
+        finally:
+            lt.matmul_preference_destroy(pref)
+        out = []
+        for r in results[: int(returned[0])]:
+            if int(r["state"]) == 0:
+                out.append(AlgoInfo(r["algo"].tobytes(), int(r["workspace_size"]), float(r["waves_count"])))
+        return out
+
+    def _set_pref(self, pref: int, attr: Any, value: int) -> None:
+        lt = self.lt
+        buf = np.array([value], dtype=lt.get_matmul_preference_attribute_dtype(attr))
+        lt.matmul_preference_set_attribute(pref, int(attr), buf.ctypes.data, buf.itemsize)
+
+    def check(self, plan: MatmulPlan, raw: bytes) -> AlgoInfo:
+        """``cublasLtMatmulAlgoCheck``: the algorithm's workspace need on ``plan``; :class:`AlgoRejected` if invalid."""
+        lt = self.lt
+        algo = _algo_array(raw)
+        result = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
+        try:
+            lt.matmul_algo_check(self.handle, *plan.layouts(), algo.ctypes.data, result.ctypes.data)
+        except lt.cuBLASLtError as exc:
+            raise AlgoRejected(str(exc)) from None
+        if int(result[0]["state"]) != 0:
+            raise AlgoRejected(f"check state {int(result[0]['state'])}")
+        return AlgoInfo(algo.tobytes(), int(result[0]["workspace_size"]), float(result[0]["waves_count"]))
+
+    # ---- algorithm attributes ------------------------------------------------------------------------------
+    def config(self, raw: bytes) -> dict[str, int]:
+        """The algorithm's configuration attributes (CONFIG_FIELDS) as plain ints."""
+        lt = self.lt
+        algo = _algo_array(raw)
+        out = {}
+        for field in CONFIG_FIELDS:
+            buf = np.zeros(1, dtype=self._cfg_dtype[field])
+            lt.matmul_algo_config_get_attribute(algo.ctypes.data, int(getattr(lt.MatmulAlgoConfigAttribute, field)),
+                                                buf.ctypes.data, buf.itemsize, 0)
+            out[field] = int(buf[0])
+        return out
+
+    def with_config(self, raw: bytes, **changes: int) -> bytes:
+        """A copy of the algorithm with some configuration attributes changed (no validity check: see check)."""
+        lt = self.lt
+        algo = _algo_array(raw)
+        for field, value in changes.items():
+            buf = np.array([value], dtype=self._cfg_dtype[field])
+            try:
+                lt.matmul_algo_config_set_attribute(algo.ctypes.data,
+                                                    int(getattr(lt.MatmulAlgoConfigAttribute, field)),
+                                                    buf.ctypes.data, buf.itemsize)
+            except lt.cuBLASLtError as exc:
+                raise AlgoRejected(f"cannot set {field}={value}: {exc}") from None
+        return algo.tobytes()
+
+    def cap(self, raw: bytes, name: str) -> int:
+        """One capability attribute (``cublasLtMatmulAlgoCapAttributes_t`` member ``name``) of the algorithm."""
+        lt = self.lt
+        attr = getattr(lt.MatmulAlgoCapAttribute, name)
+        algo = _algo_array(raw)
+        buf = np.zeros(1, dtype=lt.get_matmul_algo_cap_attribute_dtype(attr))
+        lt.matmul_algo_cap_get_attribute(algo.ctypes.data, int(attr), buf.ctypes.data, buf.itemsize, 0)
+        return int(buf[0])
+
+    def tile_dims(self, tile_id: int) -> tuple[int, int] | None:
+        """(rows, cols) of a ``cublasLtMatmulTile_t`` id from its enum name (``TILE_128x64``), None if unknown."""
+        try:
+            name = self.lt.MatmulTile(tile_id).name
+        except ValueError:
+            return None
+        dims = name.removeprefix("TILE_").split("x")
+        return (int(dims[0]), int(dims[1])) if len(dims) == 2 and all(d.isdigit() for d in dims) else None
+
+    def cluster_id(self, shape: str) -> int | None:
+        """The ``cublasLtClusterShape_t`` id of ``"2x1x1"``-style ``shape``, None if this library lacks it."""
+        member = getattr(self.lt.ClusterShape, f"SHAPE_{shape}", None)
+        return None if member is None else int(member)
+
+
+def _algo_array(raw: bytes) -> np.ndarray:
+    if len(raw) != ALGO_BYTES:
+        raise ValueError(f"a cublasLtMatmulAlgo_t is {ALGO_BYTES} bytes, got {len(raw)}")
+    return np.frombuffer(raw, dtype=np.uint8).copy()
+
+
+def algo_buffer(raw: bytes) -> np.ndarray:
+    """A private, writable host copy of the algorithm struct whose address cuBLASLt calls can take."""
+    return _algo_array(raw)
