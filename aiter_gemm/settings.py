@@ -51,6 +51,8 @@ class Settings:
     log_tuned_config: bool = False  # AITER_LOG_TUNED_CONFIG
     arch: str | None = None  # AITER_GEMM_ARCH
     cu_num: int | None = None  # AITER_GEMM_CU_NUM
+    # AITER_GEMM_TRITON_CONFIGS folders (colon-separated), then the shipped configs/triton: per-device Triton JSONs.
+    triton_config_dirs: tuple[str, ...] = ()
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -79,6 +81,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_tuned_config=_flag(env, "AITER_LOG_TUNED_CONFIG"),
         arch=env.get("AITER_GEMM_ARCH", "").strip() or None,
         cu_num=cu_num,
+        triton_config_dirs=tuple(p for p in env.get("AITER_GEMM_TRITON_CONFIGS", "").split(":") if p.strip())
+        + (str(default_config_dir() / "triton"),),
     )
 
 
