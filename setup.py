@@ -23,5 +23,5 @@ setup(
         "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
         "ray": ["ray[default]>=2.9"],
     },
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["gemm-tuner=gradlib.gemm_tuner:main"]},
 )

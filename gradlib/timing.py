@@ -1,0 +1,168 @@
+"""Timing one GEMM runner: warm-up, rotating input buffers larger than the last-level cache, CUDA-graph replay (or
+CUDA events, or ``perf_counter`` on CPU), median over repetitions.
+
+Why rotating buffers: a weight that stays in the H100's 50 MB L2 between calls is read at L2 speed, which no model
+sees (each layer's weight is evicted by the other layers). The sets of (A, B, bias, out) cycled through occupy at
+least twice the cache (the cache is not a perfect LRU: with 2x, at most about half of one set can survive).
+The cache size is measured from the device (``torch.cuda.get_device_properties().L2_cache_size``; on CPU the largest
+cache level in sysfs), never assumed.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Without a readable cache size on CPU: 32 MiB, the LLC of a typical server socket slice (only sizes buffers).
+_CPU_CACHE_FALLBACK = 32 << 20
+# Rotating sets per shape at most: enough for 2x a 50 MB L2 with 1 MB sets; more only costs memory and setup time.
+MAX_SETS = 128
+# Rotating buffers may use at most this fraction of the free device memory (the reference and outputs need the rest).
+MEMORY_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How hard to time a candidate. ``target_us`` sets how many calls one timed repetition runs, so the event
+    timer's ~0.5 us resolution stays under 1% (GPU); ``budget_s`` cuts the repetitions (to no fewer than 3) of a
+    candidate whose repetitions would take longer than that."""
+
+    warmup: int
+    reps: int
+    target_us: float
+    use_graph: bool = True
+    budget_s: float = 2.0
+
+
+# Phase 1 (BLASLt screening): AITER's reduced warm-up; accuracy is not checked.
+SCREEN = TimingConfig(warmup=2, reps=5, target_us=200.0, budget_s=0.5)
+# Phase 2: full warm-up, 21 repetitions (odd: the median is one measurement).
+FULL = TimingConfig(warmup=10, reps=21, target_us=1000.0, budget_s=2.0)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median microseconds per call, how they were measured, and the rotating-set count used."""
+
+    us: float
+    method: str  # "graph", "events" or "cpu"
+    n_sets: int
+    samples: int
+
+
+def cache_bytes(device: torch.device) -> int:
+    """Last-level cache size of ``device``: the GPU's L2 from its properties, the CPU's largest cache from sysfs."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        size = int(getattr(props, "L2_cache_size", 0) or 0)
+        if size <= 0:
+            raise RuntimeError(f"torch reports no L2_cache_size for {props.name}; cannot size rotating buffers")
+        return size
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return best or _CPU_CACHE_FALLBACK
+
+
+def rotating_sets(set_bytes: int, cache: int, free_bytes: int | None) -> int:
+    """How many buffer sets of ``set_bytes`` to cycle so they span 2x ``cache``, within the memory budget."""
+    want = max(1, math.ceil(2 * cache / max(set_bytes, 1)))
+    if free_bytes is not None:
+        want = min(want, max(1, int(free_bytes * MEMORY_FRACTION) // max(set_bytes, 1)))
+    return min(want, MAX_SETS)
+
+
+def time_runner(call: Callable[[int], object], n_sets: int, device: torch.device, cfg: TimingConfig) -> Timing:
+    """Median time of ``call(i)`` (runs the candidate on buffer set ``i``), on ``device``'s stream or CPU."""
+    if device.type == "cuda":
+        return _time_cuda(call, n_sets, cfg)
+    return _time_cpu(call, n_sets, cfg)
+
+
+def _time_cpu(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) -> Timing:
+    t0 = time.perf_counter()
+    for i in range(cfg.warmup):
+        call(i % n_sets)
+    est = (time.perf_counter() - t0) / max(cfg.warmup, 1)
+    reps = max(3, min(cfg.reps, int(cfg.budget_s / max(est, 1e-9))))  # >= 3: a median of fewer means little
+    samples = []
+    for i in range(reps):
+        t = time.perf_counter()
+        call((cfg.warmup + i) % n_sets)
+        samples.append((time.perf_counter() - t) * 1e6)
+    return Timing(statistics.median(samples), "cpu", n_sets, len(samples))
+
+
+def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) -> Timing:
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    # Warm-up on the capture stream: JIT compilation, cuBLAS workspaces, every buffer set touched once.
+    with torch.cuda.stream(stream):
+        for i in range(max(cfg.warmup, n_sets)):
+            call(i % n_sets)
+    stream.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record(stream)
+        for i in range(n_sets):
+            call(i)
+        end.record(stream)
+    end.synchronize()
+    est_us = max(start.elapsed_time(end) * 1e3 / n_sets, 0.1)
+    # Calls per repetition: enough to last target_us (<= 2000), a multiple of n_sets so every set is read equally.
+    calls = max(1, min(2000, math.ceil(cfg.target_us / est_us)))
+    calls = max(n_sets, calls - calls % n_sets)
+    # A very slow candidate (a bad config on a big shape) gets fewer repetitions: it cannot win anyway.
+    reps = max(3, min(cfg.reps, int(cfg.budget_s * 1e6 / (calls * est_us))))
+    if cfg.use_graph:
+        try:
+            return _time_graph(call, n_sets, calls, stream, reps)
+        except RuntimeError as exc:  # a runner that syncs or allocates host memory cannot be captured
+            log.debug("CUDA graph capture failed (%s); timing with events", exc)
+            torch.cuda.synchronize()
+    samples = []
+    with torch.cuda.stream(stream):
+        for _ in range(reps):
+            start.record(stream)
+            for i in range(calls):
+                call(i % n_sets)
+            end.record(stream)
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return Timing(statistics.median(samples), "events", n_sets, len(samples))
+
+
+def _time_graph(call: Callable[[int], object], n_sets: int, calls: int, stream: torch.cuda.Stream,
+                reps: int) -> Timing:
+    """Capture ``calls`` launches in one graph and time its replays: no Python or launch overhead in the result,
+    as in a served model captured with CUDA graphs."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(calls):
+            call(i % n_sets)
+    graph.replay()  # first replay uploads the graph
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return Timing(statistics.median(samples), "graph", n_sets, len(samples))

@@ -1,0 +1,116 @@
+"""Fake backends for the tuner's tests, registered on import (``--plugin gradlib_fakes``): spawned workers import
+this module too, so every process sees the same backends.
+
+``fake`` (not BLASLt): one candidate per behaviour in :data:`FAKE_BEHAVIOURS` (solidx = position).
+``fakelt`` (BLASLt, screened in phase 1): solidx 0 returns zeros fastest (passes screening, fails accuracy),
+solidx 1 raises, solidx 2..20 are correct with 0.1 ms more sleep per step, 21..26 are correct but sleep 50 ms
+(screened out: the 20 fastest that ran are 0 and 2..20, with a 25x margin against machine load).
+``fakeslow``: one correct candidate sleeping 20 ms per call (keeps a run busy long enough to be killed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.nn.functional as F
+
+from aiter_gemm.backends import register_backend
+from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.device import DeviceIdentity
+
+
+def exact(a, b, bias, otype, sa, sb, sc):
+    """A correct GEMM (float32 math, so it matches the reference on any CPU)."""
+    out = F.linear(a.float(), b.float())
+    for s in (sa, sb, sc):
+        if s is not None:
+            out = out * s
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(otype)
+
+
+def sleeping(seconds: float):
+    def run(a, b, bias, otype, sa, sb, sc):
+        time.sleep(seconds)
+        return exact(a, b, bias, otype, sa, sb, sc)
+    return run
+
+
+def zeros(a, b, bias, otype, sa, sb, sc):
+    return torch.zeros(a.shape[0], b.shape[0], dtype=otype, device=a.device)
+
+
+def nans(a, b, bias, otype, sa, sb, sc):
+    out = exact(a, b, bias, otype, sa, sb, sc)
+    out[0, 0] = float("nan")
+    return out
+
+
+def raises(a, b, bias, otype, sa, sb, sc):
+    raise RuntimeError("fake kernel launch failure")
+
+
+def hangs(a, b, bias, otype, sa, sb, sc):
+    time.sleep(3600)
+
+
+def exits(a, b, bias, otype, sa, sb, sc):
+    os._exit(7)
+
+
+def sigkills(a, b, bias, otype, sa, sb, sc):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wrong_shape(a, b, bias, otype, sa, sb, sc):
+    return exact(a, b, bias, otype, sa, sb, sc)[:, :-1]
+
+
+FAKE_BEHAVIOURS = {
+    "good_fast": exact, "good_slow": sleeping(0.005), "zeros": zeros, "nan": nans, "raises": raises,
+    "hangs": hangs, "exits": exits, "sigkill": sigkills, "wrong_shape": wrong_shape, "unpreparable": None,
+}
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return [Solution("fake", i, 0, n) for i, n in enumerate(FAKE_BEHAVIOURS)]
+
+    def prepare(self, problem, solution, device):
+        return FAKE_BEHAVIOURS.get(solution.kernelName)
+
+
+class FakeLtBackend(Backend):
+    name = "fakelt"
+    is_blaslt = True
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return [Solution("fakelt", i, 0, f"lt{i}") for i in range(27)]
+
+    def prepare(self, problem, solution, device):
+        i = solution.solidx
+        if i == 0:
+            return zeros
+        if i == 1:
+            return raises
+        return sleeping(0.0001 * (i - 2)) if i <= 20 else sleeping(0.05)
+
+
+class FakeSlowBackend(Backend):
+    name = "fakeslow"
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return [Solution("fakeslow", 0, 0, "slow")]
+
+    def prepare(self, problem, solution, device):
+        return sleeping(0.02)
+
+
+for _b in (FakeBackend(), FakeLtBackend(), FakeSlowBackend()):
+    register_backend(_b)
