@@ -90,6 +90,8 @@ class Dispatcher:
                 self._recorder.close()
             self._recorder = ShapeRecorder(self.settings.untuned_file, self.settings.capture_flush_s) \
                 if self.settings.tune_gemm else None
+            for backend in backends.loaded_backends():
+                backend.on_reload()
             # The main table loads now, not at the first GEMM, so a first GEMM inside CUDA graph capture does no
             # file I/O (a bad file raises here, naming file, line and column).
             self.table("GEMM_BF16")

@@ -86,9 +86,10 @@ def test_unavailable_libtype_warns_once(aiter_csv, caplog):
 
 def test_rejected_solution_is_a_miss_naming_file_and_line(clean_runtime, tmp_path, caplog):
     p = tmp_path / "t.csv"
-    p.write_text(BF16_HEADER + bf16_row(16, 96, 80, "fake", 1.0, solidx=13) + bf16_row(32, 96, 80, "fake", 1.0))
+    p.write_text(BF16_HEADER + bf16_row(16, 96, 80, "rt_fake", 1.0, solidx=13)
+                 + bf16_row(32, 96, 80, "rt_fake", 1.0))
     clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(p))
-    backends.register_backend(FakeBackend("fake", reject_solidx=13))
+    backends.register_backend(FakeBackend("rt_fake", reject_solidx=13))
     try:
         aiter_gemm.reload_configs()
         with caplog.at_level(logging.WARNING, logger="aiter_gemm"):
@@ -97,9 +98,9 @@ def test_rejected_solution_is_a_miss_naming_file_and_line(clean_runtime, tmp_pat
         assert exact["matched"] == "default"
         assert f"{p}:2" in caplog.text
         padded = aiter_gemm.get_GEMM_A16W16_config(17, 96, 80, False, F32)
-        assert (padded["matched"], padded["libtype"], padded["line"]) == ("padded_gl0", "fake", 3)
+        assert (padded["matched"], padded["libtype"], padded["line"]) == ("padded_gl0", "rt_fake", 3)
     finally:
-        backends.unregister_backend("fake")
+        backends.unregister_backend("rt_fake")
 
 
 def test_default_prefers_highest_priority_backend_that_accepts(clean_runtime):
@@ -134,13 +135,13 @@ def test_decision_cached_and_reload_rereads_files(clean_runtime, tmp_path):
     p = tmp_path / "t.csv"
     p.write_text(BF16_HEADER)
     clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(p))
-    fake = FakeBackend("fake")
+    fake = FakeBackend("rt_fake")
     backends.register_backend(fake)
     try:
         aiter_gemm.reload_configs()
         a, b = torch.randn(8, 80), torch.randn(96, 80)
         aiter_gemm.gemm_a16w16(a, b)
-        p.write_text(BF16_HEADER + bf16_row(8, 96, 80, "fake"))
+        p.write_text(BF16_HEADER + bf16_row(8, 96, 80, "rt_fake"))
         aiter_gemm.gemm_a16w16(a, b)
         assert fake.calls == 0, "files are read once: a changed file needs reload_configs()"
         assert len(aiter_gemm.get_dispatcher()._fast) == 1
@@ -149,7 +150,7 @@ def test_decision_cached_and_reload_rereads_files(clean_runtime, tmp_path):
         aiter_gemm.gemm_a16w16(a, b)
         assert fake.calls == 2 and len(fake.prepared) == 1, "prepared once per shape, run per call"
     finally:
-        backends.unregister_backend("fake")
+        backends.unregister_backend("rt_fake")
 
 
 def test_env_read_once_until_reload(clean_runtime, tmp_path):

@@ -11,13 +11,14 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+import sys
 import threading
 
 from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
 
 __all__ = [
     "Backend", "GemmProblem", "Runner", "Solution", "UnavailableBackend",
-    "get_backend", "known_backends", "available_backends", "register_backend", "unregister_backend",
+    "get_backend", "known_backends", "loaded_backends", "available_backends", "register_backend", "unregister_backend",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,17 @@ def get_backend(name: str) -> Backend:
             if backend is None:
                 backend = _loaded[name] = _load(name)
     return backend
+
+
+def loaded_backends() -> list[Backend]:
+    """The backends imported so far, through the registry or directly (imports nothing)."""
+    found = {id(b): b for b in (*_loaded.values(), *_registered.values())}
+    for name in _module_names():
+        module = sys.modules.get(f"{__name__}.{name}")
+        backend = getattr(module, "BACKEND", None)
+        if isinstance(backend, Backend):
+            found[id(backend)] = backend
+    return list(found.values())
 
 
 def known_backends() -> list[str]:

@@ -94,6 +94,10 @@ class Backend:
         this backend should not be the default for it."""
         return None
 
+    def on_reload(self) -> None:
+        """Forget what was derived from config files or settings (parsed JSON, ...): ``reload_configs()`` calls it
+        on every backend already loaded."""
+
     def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> Sequence[Solution]:
         """Every solution the tuner should time for ``problem`` on ``device`` (the config space, pruned of what
         cannot run). Must be the same set ``prepare`` accepts, so tuner and runtime agree."""

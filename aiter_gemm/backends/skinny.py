@@ -1,0 +1,186 @@
+"""Backend ``skinny``: GEMV-like split-K Triton kernels for M <= 16 (decode), :mod:`aiter_gemm.kernels.skinny`.
+
+``solidx`` selects the variant (0 ``fma``, 1 ``fma_2pass``, 2 ``fma_atomic``, 3 ``dot``, 4 ``dot_2pass``,
+5 ``dot_atomic``; the kernel module's docstring describes each). ``kernelName`` names the whole launch
+(``fma_BN16_BK512_SK1_W4_S1``: variant, BLOCK_SIZE_N, BLOCK_SIZE_K, split-K factor, warps, stages); it must agree
+with ``solidx``. A row with an empty ``kernelName`` gets the heuristic tile for its ``solidx`` variant (split-K
+from the row's ``splitK``). ``splitK`` mirrors ``NUM_KSPLIT``.
+
+It is the heuristic default (priority above torch's) on GPUs for the shapes :func:`is_skinny_default_shape` accepts,
+computed from the device's SM/CU count; never on the CPU, where it only runs under the Triton interpreter for tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+import triton
+
+from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
+from aiter_gemm.backends.triton import smem_limit
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, SUPPORTED_DTYPES, SUPPORTED_OTYPES
+from aiter_gemm.kernels.skinny import MAX_M, VARIANTS, SkinnyConfig, default_skinny_config, launch_skinny
+
+log = logging.getLogger(__name__)
+
+# The FMA variants keep BM*BN*BK float32 accumulators in registers: at most this many per thread (255 is the cap;
+# the tile of B in flight and addresses need the rest).
+_MAX_ACC_REGS = 64
+# Split-K is searched only while the slabs alone give fewer than 2 programs per SM, up to 4 programs per SM with the
+# splits: on the H100 no split beat the one-pass kernels once N / BLOCK_SIZE_N >= 2 * SMs, and beyond 4 programs per
+# SM splits only add partial-sum traffic (explore sweep, BENCHMARKS.md).
+_SPLIT_BELOW_PROGRAMS_PER_CU = 2
+_MAX_PROGRAMS_PER_CU = 4
+
+
+def config_supported(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: torch.dtype = torch.bfloat16
+                     ) -> bool:
+    """Whether ``cfg`` can run (M, N, K) on ``arch``: M <= 16, FMA accumulators fit registers, dot stages fit shared
+    memory, each K split owns at least one BLOCK_SIZE_K tile."""
+    isz = torch.empty((), dtype=dtype).element_size()
+    if M > MAX_M or cfg.smem_bytes(isz) > smem_limit(arch):
+        return False
+    if not cfg.variant.use_dot and cfg.acc_regs_per_thread(M) > _MAX_ACC_REGS:
+        return False
+    return cfg.NUM_KSPLIT <= triton.cdiv(K, cfg.BLOCK_SIZE_K)
+
+
+def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dtype = torch.bfloat16
+                 ) -> list[SkinnyConfig]:
+    """The tuner's skinny space at (M, N, K): every variant, tiles BN 8..64 x BK 128..1024, warps 4/8 (4 with
+    split-K), stages; split-K 2..16 only where the slabs underfill the GPU (see above); pruned by
+    :func:`config_supported`."""
+    if M > MAX_M:
+        return []
+    space: list[SkinnyConfig] = []
+    for var in VARIANTS.values():
+        bns = (16, 32, 64) if var.use_dot else (8, 16, 32)
+        bks = (128, 256, 512) if var.use_dot else (128, 256, 512, 1024)
+        stage_opts = ((3, 4) if var.splits_k else (2, 3, 4)) if var.use_dot else (1, 2)
+        warp_opts = (4,) if var.splits_k else (4, 8)  # every split-K winner of the sweep ran 4 warps
+        for bn in bns:
+            programs = triton.cdiv(N, bn)
+            if not var.splits_k:
+                splits = [1]
+            elif programs < _SPLIT_BELOW_PROGRAMS_PER_CU * cu_num:
+                splits = [s for s in (2, 4, 8, 16) if programs * s <= _MAX_PROGRAMS_PER_CU * cu_num]
+            else:
+                splits = []
+            for bk in bks:
+                for warps in warp_opts:
+                    for stages in stage_opts:
+                        for sk in splits:
+                            space.append(SkinnyConfig(var.solidx, bn, bk, sk, warps, stages))
+    return [c for c in space if config_supported(c, M, N, K, arch, dtype)]
+
+
+def is_skinny_default_shape(M: int, N: int, K: int, cu_num: int) -> bool:
+    """Where the skinny heuristic default replaces F.linear (H100 sweep, BENCHMARKS.md): decode M <= 16, a weight of
+    >= 8M elements (16 MB in bf16; below that launch cost, not bandwidth, decides and nothing was measured), K a
+    multiple of 8 (16-byte rows for vector loads), and either M == 1 or enough columns that the default ``dot``
+    needs no split-K (at N=1280 on 132 SMs the two-pass ``dot`` lost to F.linear by 1-6% for M = 2..8, while the
+    M == 1 split ``fma`` won by 7%)."""
+    if M > MAX_M or K % 8 or N * K < (8 << 20):
+        return False
+    return M == 1 or default_skinny_config(M, N, K, cu_num).NUM_KSPLIT == 1
+
+
+def _problem_supported(problem: GemmProblem) -> bool:
+    return (problem.M <= MAX_M and problem.dtype in SUPPORTED_DTYPES and problem.otype in SUPPORTED_OTYPES
+            and not problem.scaleAB and not problem.bpreshuffle and min(problem.M, problem.N, problem.K) > 0)
+
+
+def select_config(problem: GemmProblem, solution: Solution, cu_num: int) -> SkinnyConfig:
+    """The config a row names, else the heuristic tile for its ``solidx`` variant; ValueError if inconsistent."""
+    name = solution.kernelName.strip()
+    if name and name != "auto":
+        cfg = SkinnyConfig.from_name(name)
+        if solution.solidx >= 0 and solution.solidx != cfg.solidx:
+            raise ValueError(f"solidx {solution.solidx} ({VARIANTS.get(solution.solidx)}) disagrees with kernelName "
+                             f"variant {cfg.variant.name} (solidx {cfg.solidx})")
+        return cfg
+    cfg = default_skinny_config(problem.M, problem.N, problem.K, cu_num)
+    if solution.solidx < 0 or solution.solidx == cfg.solidx:
+        return cfg
+    if solution.solidx not in VARIANTS:
+        raise ValueError(f"skinny solidx {solution.solidx} is not one of {sorted(VARIANTS)}")
+    var = VARIANTS[solution.solidx]
+    split = max(2, solution.splitK, cfg.NUM_KSPLIT) if var.splits_k else 1
+    # dot: the dot default's tile (32 rows, BK 128 x 4 stages). FMA: 8 rows and BK so that BM * 8 * BK / 128
+    # threads = 64 accumulators per thread (BK 1024 at M=1, 64 at M=16).
+    bk = 128 if var.use_dot else 1024 // triton.next_power_of_2(problem.M)
+    while var.splits_k and bk > 16 and triton.cdiv(problem.K, bk) < split:  # every split needs a BK tile
+        bk //= 2
+    split = min(split, triton.cdiv(problem.K, bk))
+    if var.splits_k and split < 2:
+        raise ValueError(f"K={problem.K} is too short to split for variant {var.name}")
+    return replace(cfg, solidx=var.solidx, NUM_KSPLIT=split, BLOCK_SIZE_N=32 if var.use_dot else 8, BLOCK_SIZE_K=bk,
+                   num_warps=4, num_stages=4 if var.use_dot else 1)
+
+
+def _availability() -> str:
+    if INTERPRET or torch.cuda.is_available():
+        return ""
+    return "skinny backend needs a CUDA/ROCm GPU or TRITON_INTERPRET=1"
+
+
+def make_runner(cfg: SkinnyConfig) -> Runner:
+    """A runner launching ``cfg``; per-tensor scales, if a caller passes them, are applied in float32 afterwards."""
+
+    def run(a, b, bias, otype, scale_a=None, scale_b=None, scale_c=None):
+        if scale_a is None and scale_b is None and scale_c is None:
+            return launch_skinny(a, b, bias, otype, cfg)
+        out = launch_skinny(a, b, None, torch.float32, cfg)
+        for s in (scale_a, scale_b, scale_c):
+            if s is not None:
+                out = out * s.to(torch.float32)
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(otype)
+
+    return run
+
+
+class SkinnyBackend(Backend):
+    name = "skinny"
+    default_priority = 10
+
+    def is_available(self) -> bool:
+        return not _availability()
+
+    def unavailable_reason(self) -> str:
+        return _availability()
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
+        if not _problem_supported(problem) or (device.kind == "cpu" and not INTERPRET):
+            return None
+        try:
+            cfg = select_config(problem, solution, device.cu_num)
+        except ValueError as exc:
+            log.warning("skinny: cannot use solidx=%d kernelName=%r: %s", solution.solidx, solution.kernelName, exc)
+            return None
+        if not config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype):
+            log.warning("skinny: config %s cannot run M=%d N=%d K=%d on %s", cfg.name, problem.M, problem.N,
+                        problem.K, device.gfx)
+            return None
+        return make_runner(cfg)
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        if not _problem_supported(problem):
+            return []
+        space = config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)
+        return [Solution(self.name, c.solidx, c.NUM_KSPLIT, c.name) for c in space]
+
+    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        if not device.is_gpu or not _problem_supported(problem):
+            return None
+        if not is_skinny_default_shape(problem.M, problem.N, problem.K, device.cu_num):
+            return None
+        cfg = default_skinny_config(problem.M, problem.N, problem.K, device.cu_num)
+        return Solution(self.name, cfg.solidx, cfg.NUM_KSPLIT, cfg.name)
+
+
+BACKEND = SkinnyBackend()

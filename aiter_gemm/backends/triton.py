@@ -1,0 +1,283 @@
+"""Backend ``triton``: the Triton GEMM of :mod:`aiter_gemm.kernels.gemm_a16w16` with AITER-style JSON configs.
+
+Config selection (AITER's Triton convention), for a GEMM of shape (M, N, K) on arch ``{arch}`` (``sm_90``, ``gfx942``):
+
+1. a tuned CSV row's ``kernelName`` naming a config (``BM128_BN128_BK64_GM8_SK1_W8_S3``; suffix ``_TMA`` for the
+   Hopper persistent TMA kernel, ``_TMAF`` for it with flattened loops; see
+   :class:`~aiter_gemm.kernels.gemm_a16w16.GemmConfig`) wins;
+2. else (``kernelName`` empty or ``auto``, as AITER writes) ``configs/triton/{arch}-GEMM-A16W16-N={N}-K={K}.json``,
+   then ``configs/triton/{arch}-GEMM-A16W16.json``: the first key ``M_LEQ_<x>`` (ascending x) with M <= x, else
+   ``any``; values ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``NUM_KSPLIT``, ``num_warps``, ``num_stages`` and the
+   optional Hopper key ``TMA_PERSISTENT`` (bool). AMD-only keys of AITER's files (``waves_per_eu``, ``kpack``,
+   ``matrix_instr_nonkdim``, ``cache_modifier``) are accepted and ignored; ``TMA_FLATTEN`` (bool) flattens the
+   persistent kernel's loops;
+3. else a built-in default (:func:`~aiter_gemm.kernels.gemm_a16w16.default_config`).
+
+``solidx`` is unused (candidates write 0); ``splitK`` in a row mirrors the config's ``NUM_KSPLIT`` (informational:
+the config decides). The tuner's search space is :func:`config_space`; :func:`config_supported` is the single test
+of what can run (shared memory, TMA availability, split sizes) used by both ``candidates`` and ``prepare``.
+This backend is not a heuristic default: on the H100 it was 0.92-1.15x ``F.linear`` at M <= 64 and 0.69-1.06x above,
+never consistently faster over a region (BENCHMARKS.md); tuned rows select it where it wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import triton
+
+from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.kernels.gemm_a16w16 import (
+    INTERPRET,
+    SUPPORTED_DTYPES,
+    SUPPORTED_OTYPES,
+    GemmConfig,
+    default_config,
+    launch_gemm_a16w16,
+    tma_available,
+)
+
+log = logging.getLogger(__name__)
+
+# Shared memory a block may use, by arch (bytes). Hopper: 227 KiB; Ampere A100: 163 KiB; Ada/consumer: 99 KiB;
+# CDNA3 (MI300): 64 KiB LDS; CDNA4 (MI350): 160 KiB. Unknown GPUs get the conservative 99 KiB; the interpreter none.
+SMEM_PER_BLOCK: dict[str, int] = {
+    "sm_90": 227 * 1024, "sm_100": 227 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024,
+    "gfx942": 64 * 1024, "gfx950": 160 * 1024, "cpu": 1 << 30,
+}
+_DEFAULT_SMEM = 99 * 1024
+# SM/CU count when a caller gives none (only affects which split-K factors are worth searching).
+_DEFAULT_CU = {"sm_90": 132, "gfx942": 304, "gfx950": 256}
+
+_REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "NUM_KSPLIT", "num_warps",
+                  "num_stages")
+_OPTIONAL_KEYS = ("TMA_PERSISTENT", "TMA_FLATTEN")
+_IGNORED_KEYS = frozenset({"waves_per_eu", "matrix_instr_nonkdim", "cache_modifier", "kpack", "SPLITK_BLOCK_SIZE"})
+
+
+def _config_dirs() -> tuple[Path, ...]:
+    """Folders searched for JSON configs: ``AITER_GEMM_TRITON_CONFIGS`` entries, then the shipped ``configs/triton``
+    (the runtime's settings, read once at import / ``reload_configs()``)."""
+    from aiter_gemm.ops import get_dispatcher
+
+    return tuple(Path(p) for p in get_dispatcher().settings.triton_config_dirs)
+
+
+def _is_tma_arch(arch: str) -> bool:
+    """NVIDIA sm_90 and newer have TMA (the bulk tensor copy engine)."""
+    if not arch.startswith("sm_"):
+        return False
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    return bool(digits) and int(digits) >= 90
+
+
+def smem_limit(arch: str) -> int:
+    return SMEM_PER_BLOCK.get(arch, _DEFAULT_SMEM)
+
+
+def config_supported(cfg: GemmConfig, M: int, N: int, K: int, arch: str, dtype: torch.dtype = torch.bfloat16
+                     ) -> bool:
+    """Whether ``cfg`` can run (M, N, K) on ``arch``: fits shared memory, TMA only where it exists and rows are
+    16-byte aligned, and every K split owns at least one ``BLOCK_SIZE_K`` tile."""
+    isz = torch.empty((), dtype=dtype).element_size()
+    if cfg.smem_bytes(isz) > smem_limit(arch):
+        return False
+    if cfg.TMA_PERSISTENT and (INTERPRET or not _is_tma_arch(arch) or (K * isz) % 16 != 0):
+        return False
+    return cfg.NUM_KSPLIT <= triton.cdiv(K, cfg.BLOCK_SIZE_K)
+
+
+def _tiles(M: int) -> list[tuple[int, int, int]]:
+    """(BM, BN, num_warps) tiles worth trying at M: BM near M (16..256), accumulators <= 128 registers per thread."""
+    if M <= 16:
+        bms = (16,)
+    elif M <= 32:
+        bms = (16, 32)
+    elif M <= 64:
+        bms = (32, 64)
+    elif M <= 128:
+        bms = (64, 128)
+    else:
+        bms = (64, 128, 256)
+    out = []
+    for bm in bms:
+        for bn in (32, 64, 128, 256):
+            if bm * bn > 128 * 256 or (bm == 256 and bn < 64):
+                continue
+            out.append((bm, bn, 8 if bm * bn >= 128 * 128 else 4))
+    return out
+
+
+def config_space(M: int, N: int, K: int, arch: str, cu_num: int | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> list[GemmConfig]:
+    """The tuner's search space at (M, N, K) on ``arch``, pruned by :func:`config_supported` (shared memory first).
+
+    Split-K (2..16) is searched only when the output tiles alone fill less than one wave of ``cu_num`` SMs and each
+    split keeps >= 512 of K; the persistent TMA kernel only on TMA archs, for BM >= 64, without split-K."""
+    cu = cu_num or _DEFAULT_CU.get(arch, 108)
+    space: list[GemmConfig] = []
+    for bm, bn, warps in _tiles(M):
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        splits = [1] + [s for s in (2, 4, 8, 16) if tiles * s <= 2 * cu and K // s >= 512] if tiles < cu else [1]
+        for bk in (64, 128) if bm * bn >= 128 * 128 else (64, 128, 256):
+            for stages in (3, 4) if bm >= 64 else (3, 4, 5):
+                gm = 8 if M >= 256 else 1
+                for sk in splits:
+                    space.append(GemmConfig(bm, bn, bk, gm, sk, warps, stages))
+                if bm >= 64:
+                    space.append(GemmConfig(bm, bn, bk, gm, 1, warps, stages, True))
+                    space.append(GemmConfig(bm, bn, bk, gm, 1, warps, stages, True, True))
+    return [c for c in dict.fromkeys(space) if config_supported(c, M, N, K, arch, dtype)]
+
+
+def _parse_entry(path: Path, key: str, value: object) -> GemmConfig:
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: key {key!r}: expected an object of config values, got {type(value).__name__}")
+    unknown = set(value) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS) - _IGNORED_KEYS
+    missing = [k for k in _REQUIRED_KEYS if k not in value]
+    if unknown or missing:
+        raise ValueError(f"{path}: key {key!r}: unknown fields {sorted(unknown)}, missing fields {missing}")
+    try:
+        ints = {k: int(value[k]) for k in _REQUIRED_KEYS}
+        if any(int(value[k]) != value[k] for k in _REQUIRED_KEYS):
+            raise ValueError("values must be integers")
+        return GemmConfig(**ints, TMA_PERSISTENT=bool(value.get("TMA_PERSISTENT", False)),
+                          FLATTEN=bool(value.get("TMA_FLATTEN", False)))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: key {key!r}: {exc}") from None
+
+
+@functools.cache
+def _load_table(path_str: str) -> tuple[tuple[float, GemmConfig], ...]:
+    """Parse one JSON file into ``(M bound, config)`` pairs sorted ascending (``any`` = +inf last); () if absent."""
+    path = Path(path_str)
+    if not path.is_file():
+        return ()
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be an object of 'M_LEQ_<x>'/'any' keys")
+    table = []
+    for key, value in data.items():
+        if key == "any":
+            bound = math.inf
+        elif key.startswith("M_LEQ_") and key[6:].isdigit():
+            bound = float(int(key[6:]))
+        else:
+            raise ValueError(f"{path}: key {key!r} is neither 'M_LEQ_<int>' nor 'any'")
+        table.append((bound, _parse_entry(path, key, value)))
+    return tuple(sorted(table, key=lambda t: t[0]))
+
+
+def json_config(M: int, N: int, K: int, arch: str, config_dirs: Sequence[Path] | None = None) -> GemmConfig | None:
+    """The JSON config for (M, N, K) on ``arch``: the first N-K file (over the folders, in order) with a matching key,
+    else the first arch file with one, else None."""
+    dirs = _config_dirs() if config_dirs is None else config_dirs
+    for name in (f"{arch}-GEMM-A16W16-N={N}-K={K}.json", f"{arch}-GEMM-A16W16.json"):
+        for folder in dirs:
+            for bound, cfg in _load_table(str(Path(folder) / name)):
+                if M <= bound:
+                    return cfg
+    return None
+
+
+def clear_config_cache() -> None:
+    """Forget parsed JSON files (the backend's :meth:`on_reload`, so ``reload_configs()`` re-reads them)."""
+    _load_table.cache_clear()
+
+
+def select_config(problem: GemmProblem, solution: Solution, arch: str) -> GemmConfig:
+    """The config a row names (``kernelName``; ValueError if malformed), else the JSON one, else the built-in default.
+
+    A JSON config that cannot run this shape (the TMA kernel on rows that are not 16-byte aligned, or in the
+    interpreter) degrades to the same tile on the classic kernel rather than failing."""
+    name = solution.kernelName.strip()
+    if name and name != "auto":
+        return GemmConfig.from_name(name)
+    M, N, K = problem.M, problem.N, problem.K
+    cfg = json_config(M, N, K, arch) or default_config(M, N, K)
+    if cfg.TMA_PERSISTENT and not config_supported(cfg, M, N, K, arch, problem.dtype):
+        cfg = replace(cfg, TMA_PERSISTENT=False, FLATTEN=False)
+    return cfg
+
+
+def _availability() -> str:
+    """Empty when runnable: a GPU Triton can target, or the interpreter (CPU tensors)."""
+    if INTERPRET or torch.cuda.is_available():
+        return ""
+    return "triton backend needs a CUDA/ROCm GPU or TRITON_INTERPRET=1"
+
+
+def _problem_supported(problem: GemmProblem) -> bool:
+    return (problem.dtype in SUPPORTED_DTYPES and problem.otype in SUPPORTED_OTYPES and not problem.scaleAB
+            and not problem.bpreshuffle and min(problem.M, problem.N, problem.K) > 0)
+
+
+def make_runner(cfg: GemmConfig, num_sms: int) -> Runner:
+    """A runner launching ``cfg``; per-tensor scales, if a caller passes them, are applied in float32 afterwards."""
+    tma_sms = num_sms if cfg.TMA_PERSISTENT and tma_available() else 0
+
+    def run(a, b, bias, otype, scale_a=None, scale_b=None, scale_c=None):
+        if scale_a is None and scale_b is None and scale_c is None:
+            out = torch.empty((a.shape[0], b.shape[0]), dtype=otype, device=a.device)
+            return launch_gemm_a16w16(a, b, bias, out, cfg, tma_sms)
+        out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
+        out = launch_gemm_a16w16(a, b, None, out, cfg, tma_sms)
+        for s in (scale_a, scale_b, scale_c):
+            if s is not None:
+                out = out * s.to(torch.float32)
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(otype)
+
+    return run
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    default_priority = 0
+
+    def on_reload(self) -> None:
+        clear_config_cache()
+
+    def is_available(self) -> bool:
+        return not _availability()
+
+    def unavailable_reason(self) -> str:
+        return _availability()
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
+        if not _problem_supported(problem) or (device.kind == "cpu" and not INTERPRET):
+            return None
+        try:
+            cfg = select_config(problem, solution, device.gfx)
+        except ValueError as exc:
+            log.warning("triton: cannot use kernelName %r: %s", solution.kernelName, exc)
+            return None
+        if not config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype):
+            log.warning("triton: config %s cannot run M=%d N=%d K=%d on %s (shared memory/TMA/split-K)",
+                        cfg.name, problem.M, problem.N, problem.K, device.gfx)
+            return None
+        return make_runner(cfg, device.cu_num if device.is_gpu else 0)
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        if not _problem_supported(problem):
+            return []
+        space = config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)
+        return [Solution(self.name, 0, c.NUM_KSPLIT, c.name) for c in space]
+
+    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        return None
+
+
+BACKEND = TritonBackend()

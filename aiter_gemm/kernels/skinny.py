@@ -1,0 +1,288 @@
+"""Skinny GEMM ``C = A @ B.T (+ bias)`` for M <= 16 (decode): GEMV-like kernels that stream the weight once.
+
+At M <= 16 the weight B (N, K) is almost all the bytes (M=1, N=K=4096: 32 MiB of B against 8 KiB of A), so the job
+is to read B at full HBM bandwidth: each program owns ``BLOCK_SIZE_N`` rows of B and a slab of K, loads
+``[BLOCK_SIZE_N, BLOCK_SIZE_K]`` tiles with K contiguous (16-byte vector loads), and enough programs run to fill
+every SM (split-K when ``N / BLOCK_SIZE_N`` alone is too few). Six variants, selected by ``solidx``:
+
+======  ==============  ============================================================================================
+solidx  name            what it does
+======  ==============  ============================================================================================
+0       ``fma``         CUDA-core multiply-adds into a ``[BM, BN, BK]`` float32 register accumulator, reduced over K
+                        once at the end; whole K per program, one launch, deterministic.
+1       ``fma_2pass``   as ``fma`` but split-K: float32 partials to a workspace, then a reduce kernel that adds them
+                        in split order, adds the bias and casts (two launches, deterministic).
+2       ``fma_atomic``  as ``fma`` but split-K with float32 ``atomic_add`` into a zeroed float32 buffer (the output
+                        itself for fp32 output, else a workspace cast by a second kernel); summation order varies.
+3       ``dot``         tensor-core ``tl.dot`` on A padded to 16 rows (M <= 16 rows of real data); whole K, one launch.
+4       ``dot_2pass``   ``dot`` with the deterministic two-pass split-K reduction of ``fma_2pass``.
+5       ``dot_atomic``  ``dot`` with the float32 atomic split-K reduction of ``fma_atomic``.
+======  ==============  ============================================================================================
+
+``fma`` keeps ``BM * BN * BK / (32 * num_warps)`` float32 accumulators per thread (M rows padded to a power of two),
+so its tiles shrink as M grows; ``dot`` pays for padding M to 16 with tensor-core work that is free at these sizes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, check_operands, splitk_reduce
+
+MAX_M = 16
+
+# Reduction modes of the kernel's epilogue.
+_STORE, _PARTIALS, _ATOMIC = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SkinnyVariant:
+    """A skinny kernel variant: its ``solidx``, name, compute unit (dot or FMA) and split-K reduction."""
+
+    solidx: int
+    name: str
+    use_dot: bool
+    reduction: int  # _STORE (no split), _PARTIALS (two-pass) or _ATOMIC
+
+    @property
+    def splits_k(self) -> bool:
+        return self.reduction != _STORE
+
+    @property
+    def deterministic(self) -> bool:
+        return self.reduction != _ATOMIC
+
+
+VARIANTS: dict[int, SkinnyVariant] = {v.solidx: v for v in (
+    SkinnyVariant(0, "fma", False, _STORE),
+    SkinnyVariant(1, "fma_2pass", False, _PARTIALS),
+    SkinnyVariant(2, "fma_atomic", False, _ATOMIC),
+    SkinnyVariant(3, "dot", True, _STORE),
+    SkinnyVariant(4, "dot_2pass", True, _PARTIALS),
+    SkinnyVariant(5, "dot_atomic", True, _ATOMIC),
+)}
+
+
+def block_m(M: int, use_dot: bool) -> int:
+    """Rows of A a program holds: M rounded up to a power of two (16 for ``tl.dot``, whose tiles are >= 16)."""
+    return 16 if use_dot else triton.next_power_of_2(M)
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """A skinny kernel launch: ``variant`` (solidx) and tile; ``name`` is its CSV ``kernelName`` spelling."""
+
+    solidx: int = 0
+    BLOCK_SIZE_N: int = 16
+    BLOCK_SIZE_K: int = 512
+    NUM_KSPLIT: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self) -> None:
+        if self.solidx not in VARIANTS:
+            raise ValueError(f"skinny solidx {self.solidx} is not one of {sorted(VARIANTS)}")
+        var = VARIANTS[self.solidx]
+        for field in ("BLOCK_SIZE_N", "BLOCK_SIZE_K"):
+            v = getattr(self, field)
+            if v < (16 if var.use_dot else 1) or v & (v - 1):
+                raise ValueError(f"{field}={v} must be a power of two (>= 16 for the dot variants)")
+        if var.splits_k != (self.NUM_KSPLIT > 1):
+            raise ValueError(f"variant {var.name} needs NUM_KSPLIT {'> 1' if var.splits_k else '== 1'}, "
+                             f"got {self.NUM_KSPLIT}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"bad num_warps/num_stages in {self!r}")
+
+    @property
+    def variant(self) -> SkinnyVariant:
+        return VARIANTS[self.solidx]
+
+    @property
+    def name(self) -> str:
+        return (f"{self.variant.name}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_SK{self.NUM_KSPLIT}"
+                f"_W{self.num_warps}_S{self.num_stages}")
+
+    @classmethod
+    def from_name(cls, name: str) -> SkinnyConfig:
+        """Parse a ``kernelName`` like ``fma_BN16_BK512_SK1_W4_S1`` (variant name first, as in :data:`VARIANTS`)."""
+        m = _NAME_RE.fullmatch(name.strip())
+        by_name = {v.name: v.solidx for v in VARIANTS.values()}
+        if m is None or m.group(1) not in by_name:
+            raise ValueError(f"skinny kernelName {name!r} does not match '<variant>_BN<n>_BK<k>_SK<s>_W<w>_S<st>' "
+                             f"with variant one of {sorted(by_name)} (e.g. 'fma_BN16_BK512_SK1_W4_S1')")
+        var, bn, bk, sk, w, st = m.groups()
+        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st))
+
+    def acc_regs_per_thread(self, M: int) -> int:
+        """float32 accumulator registers per thread (the FMA variants' 3-D accumulator; the dot's [16, BN])."""
+        bm = block_m(M, self.variant.use_dot)
+        elems = bm * self.BLOCK_SIZE_N * (1 if self.variant.use_dot else self.BLOCK_SIZE_K)
+        return max(1, elems // (32 * self.num_warps))
+
+    def smem_bytes(self, itemsize: int = 2) -> int:
+        """Shared memory of the dot variants' pipeline (FMA variants load straight to registers)."""
+        if not self.variant.use_dot:
+            return 0
+        return self.num_stages * (MAX_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
+
+
+_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)")
+
+
+@triton.jit
+def _skinny_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bn, stride_bk,
+    stride_cs, stride_cm, stride_cn,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    k_tiles_per_split = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), NUM_KSPLIT)
+    k_start = pid_k * k_tiles_per_split * BLOCK_SIZE_K
+    k_len = min(K - k_start, k_tiles_per_split * BLOCK_SIZE_K)
+
+    offs_m = tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    m_mask = offs_m < M
+    offs_bn = offs_n % N  # wrap rows past N: B loads stay unmasked along N (C stores are masked)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_bn[:, None] * stride_bn + (k_start + offs_k)[None, :] * stride_bk
+
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    else:
+        acc3 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+    for ki in tl.range(0, tl.cdiv(k_len, BLOCK_SIZE_K), num_stages=NUM_STAGES):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=m_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_mask = offs_k[None, :] < k_len - ki * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask, other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask, other=0.0)
+        if USE_DOT:
+            if UPCAST_DOT:
+                acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(b), acc)
+        else:
+            # Elementwise accumulate; the cross-thread reduction over K happens once, after the loop.
+            acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)
+
+    c_mask = m_mask[:, None] & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if REDUCTION == 0:  # whole K here: bias, cast, store
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    elif REDUCTION == 1:  # float32 partials of split pid_k
+        tl.store(c_ptrs, acc, mask=c_mask)
+    else:  # float32 atomics into a zeroed buffer; split 0 contributes the bias
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+            acc += tl.where(pid_k == 0, bias, 0.0)[None, :]
+        tl.atomic_add(c_ptrs, acc, mask=c_mask, sem="relaxed")
+
+
+def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype,
+                  config: SkinnyConfig) -> torch.Tensor:
+    """Run ``config`` on validated operands (M <= 16) and return the (M, N) ``otype`` output."""
+    M, K = a.shape
+    N = b.shape[0]
+    cfg = config
+    var = cfg.variant
+    split = cfg.NUM_KSPLIT
+    out_is_buffer = var.reduction == _ATOMIC and otype == torch.float32
+    if var.reduction == _STORE:
+        target = out = torch.empty((M, N), dtype=otype, device=a.device)
+        strides = (0, out.stride(0), out.stride(1))
+    elif var.reduction == _PARTIALS:
+        target = torch.empty((split, M, N), dtype=torch.float32, device=a.device)
+        strides = (target.stride(0), target.stride(1), target.stride(2))
+    else:
+        target = torch.zeros((M, N), dtype=torch.float32, device=a.device)
+        strides = (0, target.stride(0), target.stride(1))
+    grid = (triton.cdiv(N, cfg.BLOCK_SIZE_N), split)
+    _skinny_kernel[grid](
+        a, b, bias if bias is not None else a, target, M, N, K,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
+        BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction,
+        HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
+        EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if var.reduction == _STORE or out_is_buffer:
+        return target
+    out = torch.empty((M, N), dtype=otype, device=a.device)
+    if var.reduction == _PARTIALS:
+        return splitk_reduce(target, bias, out)
+    return splitk_reduce(target.unsqueeze(0), None, out)  # atomic sum already holds the bias: cast only
+
+
+def default_skinny_config(M: int, N: int, K: int, cu_num: int) -> SkinnyConfig:
+    """Heuristic config from the SM/CU count, chosen on two H100 sweeps (BENCHMARKS.md).
+
+    M == 1, K >= 4096: ``fma`` on 8-row slabs with BK 1024 (within 4% of the best measured on every shape); split-K
+    (two-pass, BK 512) while the slabs alone give fewer than 3 programs per SM (N=1280: 160 -> 4 splits).
+    M == 1, K < 4096: ``dot`` on 32-row slabs, BK 128 x 4 stages.
+    M >= 2: ``dot`` on 32-row slabs. With at most one slab per SM, each program must keep more bytes in flight:
+    BK 512 x 3 stages (N=4096: 128 slabs on 132 SMs); else BK 128 x 4 stages up to K=2048 and BK 256 x 3 beyond.
+    Split-K (two-pass) while fewer than a third of the SMs get a slab."""
+    if M == 1 and K >= 4096:
+        programs = triton.cdiv(N, 8)
+        split = 1
+        while programs * split < 3 * cu_num and K // (2 * split) >= 2 * 512:
+            split *= 2
+        if split == 1:
+            return SkinnyConfig(0, 8, 1024, 1, 4, 1)
+        return SkinnyConfig(1, 8, 512, split, 4, 1)
+    programs = triton.cdiv(N, 32)
+    if M == 1 or (programs > cu_num and K <= 2048):
+        bk, stages = 128, 4
+    elif programs > cu_num:
+        bk, stages = 256, 3
+    else:
+        bk, stages = 512, 3
+    split = 1
+    while 3 * programs * split < cu_num and K // (2 * split) >= 2 * bk:
+        split *= 2
+    return SkinnyConfig(3 if split == 1 else 4, 32, bk, split, 4, stages)
+
+
+def skinny_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                otype: torch.dtype | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
+    """``a @ b.T (+ bias)`` for M <= 16 in ``otype`` (default ``a.dtype``) with ``config`` (default heuristic)."""
+    otype = a.dtype if otype is None else otype
+    check_operands(a, b, bias, otype)
+    M, K = a.shape
+    N = b.shape[0]
+    if M > MAX_M:
+        raise ValueError(f"skinny_gemm supports M <= {MAX_M}; got a {tuple(a.shape)} {a.dtype}")
+    cu_num = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 1
+    return launch_skinny(a, b, bias, otype, config or default_skinny_config(M, N, K, cu_num))
+
+
+def skinny_gemm_ref(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                    otype: torch.dtype | None = None) -> torch.Tensor:
+    """Float32 reference: upcast, multiply, add bias, cast to ``otype``."""
+    out = a.float() @ b.float().t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(a.dtype if otype is None else otype)

@@ -1,0 +1,145 @@
+"""Backend ``skinny``: every variant on odd decode shapes (interpreter on CPU, bf16/fp16 on a GPU), bias, output
+dtypes, split-K, the kernelName/solidx encoding, the config space and the GPU-only default heuristic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiter_gemm.backends import get_backend
+from aiter_gemm.backends import skinny as sb
+from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.kernels.skinny import VARIANTS, SkinnyConfig, launch_skinny, skinny_gemm, skinny_gemm_ref
+
+HAS_GPU = torch.cuda.is_available()
+DEV = "cuda" if HAS_GPU else "cpu"
+H100 = DeviceIdentity("sm_90", 132, "cuda", "H100")
+CPU = DeviceIdentity("cpu", 2, "cpu", "cpu")
+IDENT = H100 if HAS_GPU else CPU
+
+# Relative Frobenius error against the float32 reference, by output dtype: products of 16-bit inputs are exact in
+# float32 and sums stay float32 (atomics included), so the error is the output's rounding (bf16 unit roundoff 2^-8,
+# fp16 2^-11); fp32 output only differs by summation order.
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "output has non-finite values"
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def _config(solidx: int, split: int, K: int) -> SkinnyConfig:
+    """A small tile of variant ``solidx``; split-K variants use ``split`` (odd: 3). BK 64 leaves a ragged K tail
+    at K=97/200; 512 at K=4100 keeps the interpreter to ~9 iterations per program (plus a 4-element tail)."""
+    var = VARIANTS[solidx]
+    bk = 512 if K > 1000 else 64
+    return SkinnyConfig(solidx, 16 if var.use_dot else 8, bk, split if var.splits_k else 1, 4, 2 if var.use_dot else 1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype,otype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                                         (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("solidx", sorted(VARIANTS))
+@pytest.mark.parametrize("M,N,K", [(1, 97, 200), (3, 200, 4100), (16, 97, 200), (5, 64, 97)])
+def test_every_variant_matches_reference(M, N, K, solidx, dtype, otype, bias):
+    torch.manual_seed(M * 7919 + N * 31 + K + solidx)
+    a = torch.randn(M, K, dtype=dtype, device=DEV)
+    b = torch.randn(N, K, dtype=dtype, device=DEV)
+    bvec = torch.randn(N, dtype=dtype, device=DEV) if bias else None
+    out = launch_skinny(a, b, bvec, otype, _config(solidx, 3, K))
+    assert out.shape == (M, N) and out.dtype == otype
+    assert _rel_err(out, skinny_gemm_ref(a, b, bvec, torch.float32)) < TOL[otype]
+
+
+@pytest.mark.parametrize("M", [1, 16])
+def test_default_config_and_strided_operands(M):
+    a = torch.randn(200, M, dtype=torch.float16, device=DEV).t()  # (M, 200), K not unit-stride
+    b = torch.randn(97, 400, dtype=torch.float16, device=DEV)[:, ::2]
+    out = skinny_gemm(a, b, None, torch.float32)
+    assert _rel_err(out, skinny_gemm_ref(a, b, None, torch.float32)) < TOL[torch.float32]
+
+
+def test_rejects_m_above_16():
+    a = torch.randn(17, 64, dtype=torch.bfloat16, device=DEV)
+    b = torch.randn(32, 64, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match=r"M <= 16.*\(17, 64\)"):
+        skinny_gemm(a, b)
+
+
+@pytest.mark.parametrize("name", ["fma_BN16_BK512_SK1_W4_S1", "dot_atomic_BN32_BK256_SK4_W4_S3",
+                                  "fma_2pass_BN8_BK1024_SK16_W8_S1"])
+def test_kernel_name_round_trip(name):
+    assert SkinnyConfig.from_name(name).name == name
+
+
+@pytest.mark.parametrize("name", ["", "fma", "gemv_BN16_BK512_SK1_W4_S1", "fma_BN16_BK512_SK4_W4_S1",
+                                  "dot_2pass_BN16_BK512_SK1_W4_S3", "dot_BN8_BK512_SK1_W4_S3",
+                                  "fma_BN12_BK512_SK1_W4_S1"])
+def test_kernel_name_rejects_malformed(name):
+    with pytest.raises(ValueError):
+        SkinnyConfig.from_name(name)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 1280, 8192), (8, 97, 4100)])
+def test_config_space_fits(M, N, K):
+    space = sb.config_space(M, N, K, "sm_90", 132)
+    solidxs = {c.solidx for c in space}
+    # FMA tiles shrink with M (64 accumulators per thread): at M=16 only the one-pass 8-warp ones remain.
+    assert solidxs == set(VARIANTS) if M <= 8 else solidxs >= {v for v in VARIANTS if VARIANTS[v].use_dot}
+    for c in space:
+        assert c.smem_bytes() <= 227 * 1024 and c.NUM_KSPLIT <= -(-K // c.BLOCK_SIZE_K)
+        assert c.variant.use_dot or c.acc_regs_per_thread(M) <= 64
+    assert sb.config_space(17, N, K, "sm_90", 132) == []
+
+
+def test_registered_and_default_only_on_gpu():
+    backend = get_backend("skinny")
+    assert backend.name == "skinny" and backend.is_available(), backend.unavailable_reason()
+    assert backend.default_priority > 0
+    decode = GemmProblem(1, 4096, 4096)
+    assert backend.default_for(decode, CPU) is None  # never the CPU default, even under the interpreter
+    sol = backend.default_for(decode, H100)
+    assert sol is not None and sol.libtype == "skinny" and SkinnyConfig.from_name(sol.kernelName).solidx == sol.solidx
+    assert backend.default_for(GemmProblem(17, 4096, 4096), H100) is None
+    assert backend.default_for(GemmProblem(1, 4096, 4096, scaleAB=True), H100) is None
+    assert backend.default_for(GemmProblem(1, 4096, 4096, dtype=torch.float32, otype=torch.float32), H100) is None
+
+
+def test_default_splits_k_when_columns_underfill_the_gpu():
+    """Few output columns on many SMs: the heuristic splits K; many columns: one pass, no workspace."""
+    few = SkinnyConfig.from_name(sb.BACKEND.default_for(GemmProblem(1, 1280, 8192), H100).kernelName)
+    many = SkinnyConfig.from_name(sb.BACKEND.default_for(GemmProblem(1, 28672, 4096), H100).kernelName)
+    assert few.NUM_KSPLIT > 1 and many.NUM_KSPLIT == 1
+    # M > 1 with too few columns would need the two-pass dot split, which lost to F.linear on the H100: no default.
+    assert sb.BACKEND.default_for(GemmProblem(4, 1280, 8192), H100) is None
+    assert sb.BACKEND.default_for(GemmProblem(4, 4096, 4096), H100) is not None
+    assert sb.BACKEND.default_for(GemmProblem(1, 1024, 1024), H100) is None  # 2 MB weight: F.linear
+
+
+def test_prepare_solidx_and_kernel_name():
+    problem = GemmProblem(4, 97, 200)
+    assert sb.BACKEND.prepare(problem, Solution("skinny", 3, 1, "fma_BN16_BK512_SK1_W4_S1"), IDENT) is None
+    assert sb.BACKEND.prepare(problem, Solution("skinny", 9, 0, ""), IDENT) is None
+    assert sb.BACKEND.prepare(GemmProblem(17, 97, 200), Solution("skinny", 0, 0, ""), IDENT) is None
+    a = torch.randn(4, 200, dtype=torch.bfloat16, device=DEV)
+    b = torch.randn(97, 200, dtype=torch.bfloat16, device=DEV)
+    ref = skinny_gemm_ref(a, b, None, torch.float32)
+    for solidx in sorted(VARIANTS):  # a row with only solidx (+ splitK) set gets that variant's heuristic tile
+        run = sb.BACKEND.prepare(problem, Solution("skinny", solidx, 2, ""), IDENT)
+        assert run is not None, solidx
+        assert _rel_err(run(a, b, None, torch.bfloat16, None, None, None), ref) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("M,N,K", [(2, 97, 4100)])
+def test_candidates_all_prepare(M, N, K):
+    problem = GemmProblem(M, N, K)
+    cands = sb.BACKEND.candidates(problem, IDENT)
+    assert cands and all(sb.BACKEND.prepare(problem, s, IDENT) is not None for s in cands)
+    if HAS_GPU:  # run a sample of the space on the GPU
+        a = torch.randn(M, K, dtype=torch.bfloat16, device=DEV)
+        b = torch.randn(N, K, dtype=torch.bfloat16, device=DEV)
+        ref = skinny_gemm_ref(a, b, None, torch.float32)
+        for sol in cands[::15]:
+            out = sb.BACKEND.prepare(problem, sol, IDENT)(a, b, None, torch.bfloat16, None, None, None)
+            assert _rel_err(out, ref) < TOL[torch.bfloat16], sol.kernelName
