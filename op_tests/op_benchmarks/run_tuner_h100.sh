@@ -24,6 +24,7 @@ TIME_LIMIT=${TIME_LIMIT:-420}
 BENCH=${BENCH:-1}
 MP=${MP:-1}
 NSETS=${NSETS:-}
+EXCLUDE_N=${EXCLUDE_N:-}  # e.g. "128256,16032": leave out the lm_head projections
 EXTRA=${EXTRA:-}
 LOG="$OUT/tune.log"
 SHAPES=/tmp/tuner_shapes.csv  # not under $OUT: at most 8 files come back
@@ -35,7 +36,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 # shape_list OUT TUNED_FILE LIST...: the shipped lists (M restricted to $NSETS when set); with TUNED_FILE only the
 # shapes that file has a row for on this device.
 shape_list() {
-    python3 - "$NSETS" "$@" <<'PY'
+    python3 - "$NSETS" "$EXCLUDE_N" "$@" <<'PY'
 import sys
 import aiter_gemm
 from aiter_gemm.backends.base import GemmProblem
@@ -43,10 +44,11 @@ from aiter_gemm.capture import untuned_row
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, load_untuned
 from aiter_gemm.fileio import atomic_write_text, render_csv
 from gradlib.results import tuned_problems
-nsets, out, tuned, lists = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+nsets, exclude, out, tuned, lists = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 ms = {int(m) for m in nsets.split(",") if m.strip()}
+skip_n = {int(n) for n in exclude.split(",") if n.strip()}
 probs = [GemmProblem(*k) for name in lists for k in load_untuned(f"configs/model_configs/{name}_untuned_gemm.csv")]
-probs = [p for p in dict.fromkeys(probs) if not ms or p.M in ms]
+probs = [p for p in dict.fromkeys(probs) if (not ms or p.M in ms) and p.N not in skip_n]
 if tuned != "-":
     have = tuned_problems(tuned, aiter_gemm.current_device_identity(True))
     probs = [p for p in probs if p in have]
