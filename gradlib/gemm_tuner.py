@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "CPU-only machine 'all' is torch only, name triton to time it interpreted)")
     srch.add_argument("--errRatio", type=float, default=0.05, help="max fraction of output elements outside the "
                       "dtype's tolerance for a candidate to win (default 0.05)")
+    srch.add_argument("--min_gain", type=float, default=1.02, help="a winner other than torch must be this many "
+                      "times faster than F.linear, else torch is kept (default 1.02: H100 timing noise, see "
+                      "BENCHMARKS.md); 1.0 keeps the plain fastest")
     srch.add_argument("--screen_top", type=int, default=20, help="BLASLt solutions kept after phase 1 (20)")
     srch.add_argument("--screen_libtypes", default="", help="comma list of non-BLASLt backends to screen in phase 1 "
                       "as well (their --screen_top fastest go to phase 2): faster on large config spaces, off by "
@@ -95,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = ap.add_argument_group("execution")
     run.add_argument("--mp", type=int, default=None, help="worker processes, one per GPU (default: every visible "
                      "GPU; 1 on CPU)")
+    add_ray_argument(run)
     run.add_argument("--timeout", type=float, default=60.0, help="seconds one candidate may take, JIT compilation "
                      "included, before its worker is killed and it is recorded failed (60)")
     run.add_argument("--plugin", action="append", default=[], help="module to import in every process before "
@@ -226,9 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_shapes:
             sys.stdout.write(render_csv(BF16_UNTUNED_COLUMNS, [untuned_row(p) for p in problems]))
             return EXIT_OK
+        if args.min_gain < 1.0:
+            raise UsageError("--min_gain must be >= 1.0")
         if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1) or args.screen_top < 1:
             raise UsageError("--batch and --screen_top must be >= 1, --timeout > 0, 0 <= --errRatio <= 1")
-        devices = worker_devices(args.mp)
+        devices = executor_devices(args)
         on_gpu = devices[0] is not None
         # CPU: Triton kernels run only interpreted, and the variable must be set before a kernel module is imported
         # (in the workers, and here for the availability check, without leaking into a caller's process).
@@ -242,9 +248,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return tune(args, problems, libtypes, build_executor(args, devices, plugins, env))
 
 
+def add_ray_argument(group: argparse._ArgumentGroup) -> None:
+    """``--ray ADDRESS``: shared by every tuner CLI that builds its executor with :func:`build_executor`."""
+    group.add_argument("--ray", metavar="ADDRESS", default=None,
+                       help="run on a Ray cluster instead of local processes: 'auto' (the cluster 'ray start' "
+                       "started on this machine), HOST:6379, ray://HOST:10001 (Ray client), or 'local' (a private "
+                       "one-machine Ray instance); one actor per cluster GPU (--mp caps it). Needs "
+                       "pip install 'aiter_gemm[ray]' on the driver and every node")
+
+
+def executor_devices(args: argparse.Namespace) -> list[str | None]:
+    """One entry per worker slot (None: a CPU worker): the local GPUs for ``--mp``, the cluster's with ``--ray``."""
+    if not getattr(args, "ray", None):
+        return worker_devices(args.mp)
+    from gradlib.ray_executor import ray_worker_devices  # ImportError (no Ray) -> exit 2 with the install hint
+
+    try:
+        devices = ray_worker_devices(args.ray, args.mp)
+    except (ConnectionError, ValueError) as exc:
+        raise UsageError(f"--ray {args.ray}: {exc}") from None
+    if devices[0] is not None and not torch.cuda.is_available():
+        # --libtype is resolved against the backends this process can load: here that would silently be torch only.
+        raise UsageError(f"--ray {args.ray}: the cluster's actors run on GPUs but this driver sees none; run the "
+                         "tuner on a GPU node of the cluster (backend availability is checked on the driver)")
+    return devices
+
+
 def build_executor(args: argparse.Namespace, devices: list[str | None], plugins: list[str],
                    env: dict[str, str | None]) -> Executor:
-    """The executor of this run: the ``--mp`` process pool, one worker per device (a Ray executor goes here)."""
+    """The executor of this run: Ray actors with ``--ray``, else the ``--mp`` process pool (one worker per
+    device). ``devices`` comes from :func:`executor_devices`."""
+    if getattr(args, "ray", None):
+        from gradlib.ray_executor import RayExecutor
+
+        return RayExecutor(args.ray, devices, plugins, args.timeout, extra_env=env)
     return ProcessPool(devices, plugins, args.timeout, extra_env=env)
 
 
@@ -277,7 +314,7 @@ def tune(args: argparse.Namespace, problems: list[GemmProblem], libtypes: tuple[
              ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(libtypes), len(problems), skipped)
     screen_libs = tuple(n.strip() for n in args.screen_libtypes.split(",") if n.strip())
     opts = SearchOptions(libtypes, err_ratio=args.errRatio, screen_top=args.screen_top, seed=args.seed,
-                         screen_libtypes=screen_libs)
+                         screen_libtypes=screen_libs, min_gain=args.min_gain)
     searches = [ShapeSearch(i, p, opts) for i, p in enumerate(todo)]
     roof = _roofline(args, ident)
     writer = CheckpointWriter(args.tuned_file, ident, args.batch, args.all, args.profile_file, args.summary_file, roof)

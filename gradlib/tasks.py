@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +30,17 @@ log = logging.getLogger(__name__)
 
 ENUMERATE = "enumerate"
 TIME = "time"
+
+#: Further job kinds, ``kind -> handler(runtime, task, index) -> ItemResult``, registered on import by modules that
+#: workers import as plugins (e.g. :mod:`gradlib.blockscale_tasks`), so other tuners reuse the executors as they are.
+JOB_KINDS: dict[str, Callable[["WorkerRuntime", "Task", int], "ItemResult"]] = {}
+
+
+def register_job_kind(kind: str, handler: Callable[["WorkerRuntime", "Task", int], "ItemResult"]) -> None:
+    """Make ``Task(kind=kind)`` run ``handler`` for each item; the module registering it must be a worker plugin."""
+    if kind in (ENUMERATE, TIME):
+        raise ValueError(f"job kind {kind!r} is built in")
+    JOB_KINDS[kind] = handler
 
 
 @dataclass(frozen=True)
@@ -48,8 +59,9 @@ class Task:
     first: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in (ENUMERATE, TIME):
-            raise ValueError(f"Task.kind must be {ENUMERATE!r} or {TIME!r}, got {self.kind!r}")
+        if self.kind not in (ENUMERATE, TIME) and self.kind not in JOB_KINDS:
+            raise ValueError(f"Task.kind must be {ENUMERATE!r}, {TIME!r} or a registered kind "
+                             f"{sorted(JOB_KINDS)}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,13 @@ class WorkerRuntime:
         try:
             if task.kind == ENUMERATE:
                 return self._enumerate(task, index)
-            return self._time(task, index)
+            if task.kind == TIME:
+                return self._time(task, index)
+            handler = JOB_KINDS.get(task.kind)
+            if handler is None:
+                return ItemResult.failed(task, index, f"job kind {task.kind!r} is not registered in this worker "
+                                                      "(its module must be one of the plugins)")
+            return handler(self, task, index)
         except Exception as exc:  # the candidate's fault, never the run's
             tb = traceback.extract_tb(exc.__traceback__)
             where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""

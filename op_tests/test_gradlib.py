@@ -248,6 +248,21 @@ def test_torch_baseline_wins_only_when_requested():
     assert s.outcome.winner.solution.libtype == "torch"
 
 
+@pytest.mark.parametrize(("tri_us", "min_gain", "winner"),
+                         [(9.9, 1.02, "torch"), (9.7, 1.02, "tri"), (9.9, 1.0, "tri"), (9.9, 1.005, "tri")])
+def test_min_gain_keeps_torch_unless_the_win_is_real(tri_us, min_gain, winner):
+    def full(task):
+        return [ItemResult(task.task_id, i, True, us=10.0 if s.libtype == "torch" else tri_us, err_ratio=0.0)
+                for i, s in enumerate(task.items)]
+
+    s = ShapeSearch(0, P, SearchOptions(("tri", "torch"), min_gain=min_gain))
+    _drive(s, {ENUMERATE: _enum(0, 1), "full": full})
+    assert s.outcome.winner.solution.libtype == winner
+    s = ShapeSearch(0, P, SearchOptions(("tri",), min_gain=min_gain))  # torch not eligible: never substituted
+    _drive(s, {ENUMERATE: _enum(0, 1), "full": full})
+    assert s.outcome.winner.solution.libtype == "tri"
+
+
 def test_no_valid_candidate_fails_shape():
     def full(task):
         return [ItemResult.failed(task, i, "boom") for i in range(len(task.items))]

@@ -1,4 +1,9 @@
-"""CUDA graphs: shapes first seen inside a capture dispatch with no host sync and no file I/O, and replay right."""
+"""CUDA graphs: dispatch inside a capture does no host sync and no file I/O, and the graph replays correctly.
+
+Triton kernels (skinny, triton backends) compile on their first launch, which writes files; like any CUDA graph
+user (torch.cuda.graph's own rule), a model warms every shape up before capturing. Shapes whose decision is a
+torch or cuBLASLt solution need no warm-up: their first dispatch may happen inside the capture.
+"""
 
 from __future__ import annotations
 
@@ -11,50 +16,77 @@ import torch
 import aiter_gemm
 from op_tests.runtime_helpers import BF16_HEADER, bf16_row
 
+N = K = 4096
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("capture_shapes", [False, True])
-def test_first_dispatch_inside_graph_capture(clean_runtime, tmp_path, capture_shapes):
-    ident = aiter_gemm.current_device_identity(on_gpu=True)
-    tuned = tmp_path / "tuned.csv"
-    tuned.write_text(BF16_HEADER + bf16_row(64, 4096, 4096, "torch", gfx=ident.gfx, cu_num=ident.cu_num,
-                                           dtype="torch.bfloat16"))
-    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(tuned))
-    if capture_shapes:
-        clean_runtime.setenv("AITER_TUNE_GEMM", "1")
-        clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(tmp_path / "untuned.csv"))
-    aiter_gemm.reload_configs()
 
-    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-    xs = [torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16) for m in (64, 50, 1, 3, 300)]
-    # cuBLAS creates its handle on first use, which cannot happen inside a capture: warm it up (as any real
-    # capture does) on an unrelated shape, so every shape below is still first seen inside the capture.
-    torch.nn.functional.linear(torch.randn(8, 32, device="cuda"), torch.randn(16, 32, device="cuda"))
-    torch.cuda.synchronize()
-
+def _no_file_io():
     def forbidden(*args, **kwargs):
         raise AssertionError(f"file I/O during CUDA graph capture: {args[:1]}")
 
+    return forbidden
+
+
+def _capture(calls):
+    """Capture ``calls()`` with open/os.replace forbidden; return the graph and the captured outputs."""
     graph = torch.cuda.CUDAGraph()
     real_open, real_replace = builtins.open, os.replace
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        builtins.open, os.replace = forbidden, forbidden
+    with torch.cuda.stream(torch.cuda.Stream()):
+        builtins.open = os.replace = _no_file_io()
         try:
             with torch.cuda.graph(graph):
-                outs = [aiter_gemm.gemm_a16w16(x, w) for x in xs] + [aiter_gemm.gemm_a16w16(xs[0], w, bias)]
+                outs = calls()
         finally:
             builtins.open, os.replace = real_open, real_replace
+    return graph, outs
+
+
+def _check(graph, xs, outs, w, biases):
     for x in xs:
         x.normal_()
     graph.replay()
     torch.cuda.synchronize()
-    for x, b, out in zip([*xs, xs[0]], [None] * len(xs) + [bias], outs):
+    for x, b, out in zip(xs, biases, outs):
         ref = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2.5e-1)
-    matched = [aiter_gemm.get_GEMM_A16W16_config(x.shape[0], 4096, 4096, False, torch.bfloat16)["matched"] for x in xs]
-    assert matched[:2] == ["exact", "padded_gl0"]  # 50 -> 64 at gl0
-    if capture_shapes:
-        aiter_gemm.get_dispatcher().flush_capture()
-        assert (tmp_path / "untuned.csv").exists()
+
+
+@pytest.fixture
+def tuned_env(clean_runtime, tmp_path):
+    ident = aiter_gemm.current_device_identity(on_gpu=True)
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER + bf16_row(64, N, K, "torch", gfx=ident.gfx, cu_num=ident.cu_num,
+                                           dtype="torch.bfloat16"))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(tuned))
+    clean_runtime.setenv("AITER_TUNE_GEMM", "1")
+    clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(tmp_path / "untuned.csv"))
+    aiter_gemm.reload_configs()
+    # cuBLAS creates its handle on first use, which cannot happen inside a capture: warm it on an unrelated shape.
+    torch.nn.functional.linear(torch.randn(8, 32, device="cuda"), torch.randn(16, 32, device="cuda"))
+    torch.cuda.synchronize()
+    return tmp_path
+
+
+@pytest.mark.gpu
+def test_first_dispatch_inside_capture_for_library_backends(tuned_env):
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) for m in (64, 50, 300)]  # exact, padded, default
+    graph, outs = _capture(lambda: [aiter_gemm.gemm_a16w16(x, w) for x in xs])
+    _check(graph, xs, outs, w, [None] * len(xs))
+    cfgs = [aiter_gemm.get_GEMM_A16W16_config(x.shape[0], N, K, False, torch.bfloat16) for x in xs]
+    assert [c["matched"] for c in cfgs] == ["exact", "padded_gl0", "default"]
+    assert cfgs[2]["libtype"] in ("torch", "cublaslt")
+    aiter_gemm.get_dispatcher().flush_capture()  # outside the capture: the default shape was recorded
+    assert "300" in (tuned_env / "untuned.csv").read_text()
+
+
+@pytest.mark.gpu
+def test_warmed_up_shapes_capture_without_io_on_every_backend(tuned_env):
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) for m in (1, 3, 16, 64, 50, 300)]
+    biases = [None] * len(xs) + [bias]
+    calls = lambda: [aiter_gemm.gemm_a16w16(x, w, b) for x, b in zip([*xs, xs[0]], biases)]  # noqa: E731
+    calls()  # warm-up: decisions made, Triton kernels compiled
+    torch.cuda.synchronize()
+    graph, outs = _capture(calls)
+    _check(graph, [*xs, xs[0]], outs, w, biases)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
 import platform
 import statistics
@@ -34,6 +35,7 @@ from gradlib.models import load_arch, model_problems, projections
 from gradlib.timing import FULL, cache_bytes, rotating_sets, time_runner
 
 RESULTS = Path(__file__).parent / "results"
+log = logging.getLogger(__name__)
 COLUMNS = ("model", "M", "N", "K", "bias", "flinear_us", "tuned_us", "tuned_libtype", "tuned_matched", "compile_us",
            "flinear_eager_us", "tuned_eager_us", "roofline_us", "flinear_roof", "tuned_roof", "compile_roof",
            "speedup_tuned", "speedup_compile", "best_by_backend")
@@ -158,7 +160,11 @@ def bench_shape(label: str, p: GemmProblem, device: torch.device, peaks, args, b
     row["flinear_eager_us"] = eager_us(lin, inp, device)
     row["tuned_eager_us"] = eager_us(tuned, inp, device)
     row["compile_us"] = math.nan
-    if not args.no_compile and device.type == "cuda" and (not args.compile_m or p.M in args.compile_m):
+    want_compile = not args.no_compile and device.type == "cuda" and (not args.compile_m or p.M in args.compile_m)
+    if want_compile and time.monotonic() - args.started > args.compile_budget_s:
+        log.warning("compile budget (%s s) spent: no max-autotune for M=%d N=%d K=%d", args.compile_budget_s,
+                    p.M, p.N, p.K)
+    elif want_compile:
         torch._dynamo.reset()
         compiled = torch.compile(lambda x, w, b: F.linear(x, w, b), mode="max-autotune-no-cudagraphs",
                                  dynamic=False)
@@ -171,6 +177,14 @@ def bench_shape(label: str, p: GemmProblem, device: torch.device, peaks, args, b
     row["speedup_compile"] = row["flinear_us"] / row["compile_us"]
     row["best_by_backend"] = json.dumps({k: round(v, 3) for k, v in best.get((p.M, p.N, p.K, p.bias), {}).items()})
     return row
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
 def geomean(xs) -> float:
@@ -246,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no_compile", action="store_true", help="skip torch.compile max-autotune")
     ap.add_argument("--compile_m", type=lambda s: [int(x) for x in s.split(",")], default=None,
                     help="only these M get max-autotune (each compile takes tens of seconds)")
+    ap.add_argument("--compile_budget_s", type=float, default=math.inf,
+                    help="stop compiling max-autotune candidates once the run has lasted this long (seconds)")
     ap.add_argument("--profile_file", default=None, help="tuner profile CSV: best time of each backend per shape")
     ap.add_argument("--out_dir", default=None, help="default: results/<gpu name>/")
     ap.add_argument("--plot", default=None, help="only draw the PNGs of an existing result CSV")
@@ -254,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in plot(Path(args.plot)):
             print(f"wrote {p}")
         return 0
+    args.started = time.monotonic()
     device = torch.device(args.device)
     shapes = shape_sets(args)
     if not shapes:
@@ -273,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                 python=platform.python_version(), cuda=torch.version.cuda or "-",
                 **measure_peaks(device))
     best = profile_best(args.profile_file)
+    out_dir = Path(args.out_dir) if args.out_dir else RESULTS / name.replace(" ", "_")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tuned_gemm_meta.json").write_text(json.dumps(meta, indent=1))
     rows = []
     for i, (label, p) in enumerate(shapes):
         rows.append(bench_shape(label, p, device, meta, args, best))
@@ -280,14 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(shapes)}] {label} M={p.M} N={p.N} K={p.K}: F.linear {r['flinear_us']:.2f} us, "
               f"tuned {r['tuned_us']:.2f} us ({r['tuned_libtype']}, {r['tuned_matched']}), compile "
               f"{r['compile_us']:.2f} us, tuned roof {r['tuned_roof']:.2f}", flush=True)
-    out_dir = Path(args.out_dir) if args.out_dir else RESULTS / name.replace(" ", "_")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "tuned_gemm.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()})
-    (out_dir / "tuned_gemm_meta.json").write_text(json.dumps(meta, indent=1))
+        write_rows(out_dir / "tuned_gemm.csv", rows)  # after every shape: a run cut short keeps what it measured
     md = markdown(rows, meta)
     (out_dir / "tuned_gemm.md").write_text(md)
     print(md)
