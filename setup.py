@@ -21,7 +21,7 @@ setup(
     extras_require={
         "test": ["pytest>=7", "ruff"],
         "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
-        "ray": ["ray[default]>=2.9"],
+        "ray": ["ray>=2.9"],  # tested with 2.60.0; a ray:// client driver also needs ray[client]
     },
     entry_points={"console_scripts": ["gemm-tuner=gradlib.gemm_tuner:main"]},
 )

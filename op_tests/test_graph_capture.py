@@ -60,8 +60,10 @@ def tuned_env(clean_runtime, tmp_path):
     clean_runtime.setenv("AITER_TUNE_GEMM", "1")
     clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(tmp_path / "untuned.csv"))
     aiter_gemm.reload_configs()
-    # cuBLAS creates its handle on first use, which cannot happen inside a capture: warm it on an unrelated shape.
+    # Process-level first uses, on an unrelated shape, as before any capture: cuBLAS creates its handle (which cannot
+    # happen inside a capture), and the first default decision imports the backend modules (Triton reads files).
     torch.nn.functional.linear(torch.randn(8, 32, device="cuda"), torch.randn(16, 32, device="cuda"))
+    aiter_gemm.gemm_a16w16(torch.randn(8, 32, device="cuda"), torch.randn(16, 32, device="cuda"))
     torch.cuda.synchronize()
     return tmp_path
 

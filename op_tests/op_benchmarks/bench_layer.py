@@ -89,10 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         if not err < 2e-2:
             raise AssertionError(f"layer output differs at M={m}: relative error {err:.3g}")
         row = {"M": m, "rel_err": float(err)}
-        for name, g in gemms.items():
-            fn = lambda i, g=g, x=x: layer.forward(x, g)
-            row[f"{name}_graph_us"] = time_runner(fn, 1, device, FULL).us
-            row[f"{name}_eager_us"] = eager_us(fn, device)
+        samples: dict[str, list[float]] = {}
+        for _ in range(3):  # round-robin, median: clock drift must not favour whichever is timed first
+            for name, g in gemms.items():
+                fn = lambda i, g=g, x=x: layer.forward(x, g)
+                samples.setdefault(f"{name}_graph_us", []).append(time_runner(fn, 1, device, FULL).us)
+                samples.setdefault(f"{name}_eager_us", []).append(eager_us(fn, device))
+        row.update({k: statistics.median(v) for k, v in samples.items()})
         row["speedup_graph"] = row["F.linear_graph_us"] / row["gemm_a16w16_graph_us"]
         row["speedup_eager"] = row["F.linear_eager_us"] / row["gemm_a16w16_eager_us"]
         rows.append(row)

@@ -1,6 +1,7 @@
 """Tuned dispatch against ``F.linear``, ``torch.compile(max-autotune)`` and the roofline, per shape.
 
-Per shape: ``F.linear``; ``gemm_a16w16`` (the whole dispatch path); ``torch.compile(mode="max-autotune-no-cudagraphs")``
+Per shape, timed in round-robin rounds (``--rounds``, median per method, so clock drift biases no method):
+``F.linear``; ``gemm_a16w16`` (the whole dispatch path); ``torch.compile(mode="max-autotune-no-cudagraphs")``
 of an ``F.linear`` module (``--compile_m`` limits which M get it: each compile autotunes for tens of seconds); and,
 from a tuner ``--profile_file``, the best candidate of each backend. GPU times are CUDA-graph replays over rotating
 buffer sets spanning 2x the L2 (medians; :mod:`gradlib.timing`), plus eager per-call times that include Python and
@@ -155,11 +156,7 @@ def bench_shape(label: str, p: GemmProblem, device: torch.device, peaks, args, b
     cfg = aiter_gemm.get_GEMM_A16W16_config(p.M, p.N, p.K, p.bias, p.dtype, p.otype)
     row = dict(model=label, M=p.M, N=p.N, K=p.K, bias=p.bias, tuned_libtype=cfg["libtype"],
                tuned_matched=cfg["matched"])
-    row["flinear_us"] = time_runner(lin, inp.n, device, FULL).us
-    row["tuned_us"] = time_runner(tuned, inp.n, device, FULL).us
-    row["flinear_eager_us"] = eager_us(lin, inp, device)
-    row["tuned_eager_us"] = eager_us(tuned, inp, device)
-    row["compile_us"] = math.nan
+    fns = {"flinear": lin, "tuned": tuned}
     want_compile = not args.no_compile and device.type == "cuda" and (not args.compile_m or p.M in args.compile_m)
     if want_compile and time.monotonic() - args.started > args.compile_budget_s:
         log.warning("compile budget (%s s) spent: no max-autotune for M=%d N=%d K=%d", args.compile_budget_s,
@@ -168,7 +165,22 @@ def bench_shape(label: str, p: GemmProblem, device: torch.device, peaks, args, b
         torch._dynamo.reset()
         compiled = torch.compile(lambda x, w, b: F.linear(x, w, b), mode="max-autotune-no-cudagraphs",
                                  dynamic=False)
-        row["compile_us"] = time_runner(lambda i: compiled(inp.x[i], inp.w[i], inp.b[i]), inp.n, device, FULL).us
+        fns["compile"] = lambda i: compiled(inp.x[i], inp.w[i], inp.b[i])
+    # Round-robin rounds, median per method: a GPU that heats up and clocks down over a shape's measurements (seen
+    # on H100: the same F.linear kernel measured 5-10% slower when timed second on M >= 512, N = 28672) would
+    # otherwise bias whichever method is timed later.
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    eager: dict[str, list[float]] = {k: [] for k in ("flinear", "tuned")}
+    for _ in range(args.rounds):
+        for k, fn in fns.items():
+            samples[k].append(time_runner(fn, inp.n, device, FULL).us)
+        for k in eager:
+            eager[k].append(eager_us(fns[k], inp, device))
+    row["compile_us"] = math.nan
+    for k, v in samples.items():
+        row[f"{k}_us"] = statistics.median(v)
+    for k, v in eager.items():
+        row[f"{k}_eager_us"] = statistics.median(v)
     roof = roofline_us(p, peaks)
     row["roofline_us"] = roof
     for k in ("flinear", "tuned", "compile"):
@@ -260,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no_compile", action="store_true", help="skip torch.compile max-autotune")
     ap.add_argument("--compile_m", type=lambda s: [int(x) for x in s.split(",")], default=None,
                     help="only these M get max-autotune (each compile takes tens of seconds)")
+    ap.add_argument("--rounds", type=int, default=3, help="round-robin timing rounds per shape (median)")
     ap.add_argument("--compile_budget_s", type=float, default=math.inf,
                     help="stop compiling max-autotune candidates once the run has lasted this long (seconds)")
     ap.add_argument("--profile_file", default=None, help="tuner profile CSV: best time of each backend per shape")
