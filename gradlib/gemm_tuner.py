@@ -285,6 +285,20 @@ def build_executor(args: argparse.Namespace, devices: list[str | None], plugins:
     return ProcessPool(devices, plugins, args.timeout, extra_env=env)
 
 
+def start_executor(pool: Executor, prog: str) -> int | None:
+    """Start ``pool``; if that fails, close it, say why and return the exit status (None: it started)."""
+    try:
+        pool.start()
+    except PoolError as exc:
+        pool.close()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_POOL
+    except KeyboardInterrupt:
+        pool.close()
+        return EXIT_INTERRUPTED
+    return None
+
+
 def tune(args: argparse.Namespace, problems: list[GemmProblem], libtypes: tuple[str, ...], pool: Executor) -> int:
     """Start the executor, skip tuned shapes, run the searches with checkpoints, print the table and summary.
     ``pool`` is any :class:`~gradlib.pool.Executor` (the ``--mp`` process pool; a Ray actor pool plugs in here)."""
@@ -292,15 +306,9 @@ def tune(args: argparse.Namespace, problems: list[GemmProblem], libtypes: tuple[
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     t0 = time.monotonic()
-    try:
-        pool.start()
-    except PoolError as exc:
-        pool.close()
-        print(f"gemm-tuner: error: {exc}", file=sys.stderr)
-        return EXIT_POOL
-    except KeyboardInterrupt:
-        pool.close()
-        return EXIT_INTERRUPTED
+    failed = start_executor(pool, "gemm-tuner")
+    if failed is not None:
+        return failed
     ident = pool.identity
     try:
         done = set() if args.all else tuned_problems(args.tuned_file, ident)

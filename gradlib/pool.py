@@ -155,7 +155,34 @@ class _Slot:
         self.identity: DeviceIdentity | None = None
 
 
-class ProcessPool:
+class SlotExecutor:
+    """What every executor with one slot per worker shares: context management and slot counting (``_slots``:
+    objects with a ``task`` attribute, None when free)."""
+
+    _slots: list
+
+    def start(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def free_slots(self) -> int:
+        return sum(1 for s in self._slots if s.task is None)
+
+
+class ProcessPool(SlotExecutor):
     """``len(devices)`` worker processes; ``devices[i]`` is slot i's CUDA_VISIBLE_DEVICES (None: CPU)."""
 
     def __init__(self, devices: Sequence[str | None], plugins: Sequence[str] = (), timeout: float = 60.0,
@@ -201,21 +228,7 @@ class ProcessPool:
                 s.conn.close()
             s.proc, s.conn = None, None
 
-    def __enter__(self) -> "ProcessPool":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- work --------------------------------------------------------------------------------------------
-    @property
-    def slots(self) -> int:
-        return len(self._slots)
-
-    def free_slots(self) -> int:
-        return sum(1 for s in self._slots if s.task is None)
-
     def submit(self, task: Task) -> None:
         slot = next((s for s in self._slots if s.task is None), None)
         if slot is None:

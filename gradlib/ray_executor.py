@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiter_gemm.device import DeviceIdentity
-from gradlib.pool import MAX_START_FAILURES, STARTUP_TIMEOUT_S, ItemDone, PoolError, TaskDone
+from gradlib.pool import MAX_START_FAILURES, STARTUP_TIMEOUT_S, ItemDone, PoolError, SlotExecutor, TaskDone
 from gradlib.tasks import ItemResult, Task
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class _Slot:
     deaths: int = 0  # actor deaths during the current task
 
 
-class RayExecutor:
+class RayExecutor(SlotExecutor):
     """One actor per entry of ``devices`` (``GPU``: ``num_gpus=1``; None: ``num_cpus=1``) on the Ray cluster at
     ``address``; implements :class:`gradlib.pool.Executor`."""
 
@@ -225,21 +225,7 @@ class RayExecutor:
             disconnect()
             self._owns_connection = False
 
-    def __enter__(self) -> "RayExecutor":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- work --------------------------------------------------------------------------------------------
-    @property
-    def slots(self) -> int:
-        return len(self._slots)
-
-    def free_slots(self) -> int:
-        return sum(1 for s in self._slots if s.task is None)
-
     def submit(self, task: Task) -> None:
         free = [s for s in self._slots if s.task is None]
         if not free:

@@ -561,15 +561,9 @@ def tune(args: argparse.Namespace, shapes: list[tuple[int, int, int]], otype: to
     from tqdm import tqdm
 
     t0 = time.monotonic()
-    try:
-        pool.start()
-    except PoolError as exc:
-        pool.close()
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_POOL
-    except KeyboardInterrupt:
-        pool.close()
-        return EXIT_INTERRUPTED
+    failed = gemm_tuner.start_executor(pool, PROG)
+    if failed is not None:
+        return failed
     ident = pool.identity
     try:
         done = set() if args.all else tuned_shapes(args.tuned_file, ident)

@@ -51,6 +51,19 @@ class GemmProblem:
         return (self.M * self.K + self.N * self.K) * isz + self.M * self.N * osz
 
 
+def finish_scaled(out: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype, scale_a: torch.Tensor | None,
+                  scale_b: torch.Tensor | None, scale_c: torch.Tensor | None) -> torch.Tensor:
+    """A GEMM result without scales -> times the per-tensor scales (scale_c multiplies too, as cuBLASLt's D scale
+    does), plus bias, in float32, cast to ``otype``: the scaled path of backends whose kernels take no scales."""
+    out = out.float()
+    for s in (scale_a, scale_b, scale_c):
+        if s is not None:
+            out = out * s.to(torch.float32)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(otype)
+
+
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 

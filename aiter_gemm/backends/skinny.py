@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
+from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.backends.triton import smem_limit
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, SUPPORTED_DTYPES, SUPPORTED_OTYPES
@@ -133,13 +133,7 @@ def make_runner(cfg: SkinnyConfig) -> Runner:
     def run(a, b, bias, otype, scale_a=None, scale_b=None, scale_c=None):
         if scale_a is None and scale_b is None and scale_c is None:
             return launch_skinny(a, b, bias, otype, cfg)
-        out = launch_skinny(a, b, None, torch.float32, cfg)
-        for s in (scale_a, scale_b, scale_c):
-            if s is not None:
-                out = out * s.to(torch.float32)
-        if bias is not None:
-            out = out + bias.float()
-        return out.to(otype)
+        return finish_scaled(launch_skinny(a, b, None, torch.float32, cfg), bias, otype, scale_a, scale_b, scale_c)
 
     return run
 

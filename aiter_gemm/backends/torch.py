@@ -12,7 +12,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
+from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import FP8_DTYPES
 
@@ -20,13 +20,6 @@ log = logging.getLogger(__name__)
 
 _LINEAR = Solution("torch", 0, 0, "F.linear")
 _SCALED_MM = Solution("torch", 0, 0, "_scaled_mm")
-
-
-def _apply_scales(out: torch.Tensor, scale_a, scale_b, scale_c) -> torch.Tensor:
-    for s in (scale_a, scale_b, scale_c):
-        if s is not None:
-            out = out * s.to(torch.float32)
-    return out
 
 
 def run_plain(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
@@ -62,18 +55,12 @@ def run_linear(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
     if scale_a is None and scale_b is None and scale_c is None:
         out = F.linear(a, b, bias)
         return out if out.dtype == otype else out.to(otype)
-    out = _apply_scales(F.linear(a, b).float(), scale_a, scale_b, scale_c)
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(otype)
+    return finish_scaled(F.linear(a, b), bias, otype, scale_a, scale_b, scale_c)
 
 
 def run_dequant(a, b, bias, otype, scale_a, scale_b, scale_c) -> torch.Tensor:
     """Reference-quality fp8 path: upcast to float32, multiply, scale, add bias, cast. Runs anywhere."""
-    out = _apply_scales(a.float() @ b.float().t(), scale_a, scale_b, scale_c)
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(otype)
+    return finish_scaled(a.float() @ b.float().t(), bias, otype, scale_a, scale_b, scale_c)
 
 
 def _scaled_mm_runner() -> Runner:

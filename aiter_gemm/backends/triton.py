@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import triton
 
-from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
+from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels.gemm_a16w16 import (
     INTERPRET,
@@ -232,13 +232,7 @@ def make_runner(cfg: GemmConfig, num_sms: int) -> Runner:
             out = torch.empty((a.shape[0], b.shape[0]), dtype=otype, device=a.device)
             return launch_gemm_a16w16(a, b, bias, out, cfg, tma_sms)
         out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
-        out = launch_gemm_a16w16(a, b, None, out, cfg, tma_sms)
-        for s in (scale_a, scale_b, scale_c):
-            if s is not None:
-                out = out * s.to(torch.float32)
-        if bias is not None:
-            out = out + bias.float()
-        return out.to(otype)
+        return finish_scaled(launch_gemm_a16w16(a, b, None, out, cfg, tma_sms), bias, otype, scale_a, scale_b, scale_c)
 
     return run
 
