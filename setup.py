@@ -19,7 +19,7 @@ setup(
         "filelock",
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff"],
+        "test": ["pytest>=7", "ruff", "matplotlib"],  # matplotlib: the benchmark suite's plots
         "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
         "ray": ["ray>=2.9"],  # tested with 2.60.0; a ray:// client driver also needs ray[client]
     },

@@ -120,7 +120,8 @@ def test_ray_tunes_end_to_end_like_mp(tmp_path, ray_cluster, capsys):
     assert _winners(ray_file) == _winners(mp_file)
     assert {w[0] for w in _winners(ray_file).values()} == {"torch"}
     rows = read_csv_rows(ray_file)[1]
-    assert [(r["M"], r["N"], r["K"]) for r in rows] == [("1", "64", "32"), ("17", "96", "64"), ("97", "40", "24")]
+    # two actors finish in either order; each shape once
+    assert sorted((int(r["M"]), r["N"], r["K"]) for r in rows) == [(1, "64", "32"), (17, "96", "64"), (97, "40", "24")]
     assert all(r["gfx"] == "cpu" and float(r["us"]) > 0 and float(r["err_ratio"]) <= 0.05 for r in rows)
     assert [s["timed"] for s in read_csv_rows(summary)[1]] == ["2", "2", "2"]
     # Resume: a second --ray run finds every shape tuned.
