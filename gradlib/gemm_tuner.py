@@ -29,7 +29,7 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.capture import untuned_row
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigError, load_untuned
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.dtypes import FP8_DTYPES, parse_dtype
 from aiter_gemm.fileio import read_csv_rows, render_csv
 from gradlib.models import ModelConfigError, load_arch, model_problems
 from gradlib.pool import Executor, PoolError, ProcessPool, scoped_env
@@ -121,24 +121,37 @@ def load_problems(args: argparse.Namespace) -> list[GemmProblem]:
         if args.input_file:
             raise UsageError("give either --input_file or --model_dir, not both")
         arch = load_arch(args.model_dir)
-        problems = model_problems(arch, args.tp, args.nsets, args.batch_size, dtype or torch.bfloat16,
-                                  otype or dtype or torch.bfloat16)
+        problems = [_fp8_scaled(p, has_scale_col=False, otype_given=otype is not None)
+                    for p in model_problems(arch, args.tp, args.nsets, args.batch_size, dtype or torch.bfloat16,
+                                            otype or dtype or torch.bfloat16)]
     else:
         path = args.input_file or "bf16_untuned_gemm.csv"
         if not os.path.isfile(path):
             raise UsageError(f"input file {path} not found (capture shapes with AITER_TUNE_GEMM=1 or use --model_dir)")
         if os.path.abspath(path) == os.path.abspath(args.tuned_file):
             raise UsageError(f"--input_file and --tuned_file are the same file {path}; the input is never written")
-        has_out = "outdtype" in read_csv_rows(path)[0]
+        header = read_csv_rows(path)[0]
+        has_out = "outdtype" in header
         problems = []
         for key in load_untuned(path):
             p = GemmProblem(*key)
             new_dtype = dtype or p.dtype
             new_otype = otype or (p.otype if has_out else new_dtype)
-            problems.append(replace(p, dtype=new_dtype, otype=new_otype))
+            problems.append(_fp8_scaled(replace(p, dtype=new_dtype, otype=new_otype), "scaleAB" in header,
+                                        otype is not None or has_out))
     if args.all_bias:
         problems = [replace(p, bias=b) for p in problems for b in (False, True)]
     return list(dict.fromkeys(problems))
+
+
+def _fp8_scaled(p: GemmProblem, has_scale_col: bool, otype_given: bool) -> GemmProblem:
+    """fp8 GEMMs run with per-tensor scales (``gemm_a16w16(xq, wq, otype=bf16, scale_a=, scale_b=)``): unless the
+    shape list says otherwise (a ``scaleAB`` / ``outdtype`` column, ``--outdtype``), tune them as the runtime will
+    key them, ``scaleAB=True`` with a bf16 output."""
+    if p.dtype not in FP8_DTYPES:
+        return p
+    return replace(p, scaleAB=p.scaleAB if has_scale_col else True,
+                   otype=p.otype if otype_given else torch.bfloat16)
 
 
 def resolve_libtypes(spec: str, on_gpu: bool) -> tuple[str, ...]:

@@ -152,3 +152,26 @@ def test_gpu_fp8_tuning_with_scaled_mm_and_cublaslt(tmp_path, clean_runtime):
         xq, wq, sa, sb, _ = _operands(M, N, K, "cuda")
         out = aiter_gemm.gemm_a16w16(xq, wq, otype=torch.bfloat16, scale_a=sa, scale_b=sb)
         torch.testing.assert_close(out.float(), _ref(xq, wq, sa, sb), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("source", ["model", "mnk_list", "explicit_columns"])
+def test_indtype_fp8_keys_shapes_as_scaled_calls(tmp_path, source):
+    """--indtype fp8 tunes the key the runtime uses for gemm_a16w16(xq, wq, otype=bf16, scale_a=, scale_b=):
+    scaleAB=True with a bf16 output, unless the shape list's own columns say otherwise."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(indtype="fp8", outdtype=None, model_dir=None, input_file=None,
+                           tuned_file=str(tmp_path / "t"), tp=1, nsets=[1], batch_size=None, all_bias=False)
+    if source == "model":
+        args.model_dir = "llama3_8b"
+    else:
+        args.input_file = str(tmp_path / "u.csv")
+        text = ("M,N,K\n3,48,64\n" if source == "mnk_list" else
+                "M,N,K,outdtype,scaleAB\n3,48,64,torch.float32,False\n")
+        open(args.input_file, "w").write(text)
+    problems = gemm_tuner.load_problems(args)
+    assert problems and all(p.dtype == torch.float8_e4m3fn for p in problems)
+    if source == "explicit_columns":
+        assert [(p.scaleAB, p.otype) for p in problems] == [(False, torch.float32)]
+    else:
+        assert all(p.scaleAB and p.otype == torch.bfloat16 for p in problems)
