@@ -18,10 +18,10 @@ from dataclasses import replace
 import torch
 import triton
 
-from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution, finish_scaled
+from aiter_gemm.backends._triton_common import TritonKernelBackend
+from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.backends.triton import smem_limit
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, SUPPORTED_DTYPES, SUPPORTED_OTYPES
 from aiter_gemm.kernels.skinny import MAX_M, VARIANTS, SkinnyConfig, default_skinny_config, launch_skinny
 
 log = logging.getLogger(__name__)
@@ -88,11 +88,6 @@ def is_skinny_default_shape(M: int, N: int, K: int, cu_num: int) -> bool:
     return M == 1 or default_skinny_config(M, N, K, cu_num).NUM_KSPLIT == 1
 
 
-def _problem_supported(problem: GemmProblem) -> bool:
-    return (problem.M <= MAX_M and problem.dtype in SUPPORTED_DTYPES and problem.otype in SUPPORTED_OTYPES
-            and not problem.scaleAB and not problem.bpreshuffle and min(problem.M, problem.N, problem.K) > 0)
-
-
 def select_config(problem: GemmProblem, solution: Solution, cu_num: int) -> SkinnyConfig:
     """The config a row names, else the heuristic tile for its ``solidx`` variant; ValueError if inconsistent."""
     name = solution.kernelName.strip()
@@ -121,12 +116,6 @@ def select_config(problem: GemmProblem, solution: Solution, cu_num: int) -> Skin
                    num_warps=4, num_stages=4 if var.use_dot else 1)
 
 
-def _availability() -> str:
-    if INTERPRET or torch.cuda.is_available():
-        return ""
-    return "skinny backend needs a CUDA/ROCm GPU or TRITON_INTERPRET=1"
-
-
 def make_runner(cfg: SkinnyConfig) -> Runner:
     """A runner launching ``cfg``; per-tensor scales, if a caller passes them, are applied in float32 afterwards."""
 
@@ -138,38 +127,28 @@ def make_runner(cfg: SkinnyConfig) -> Runner:
     return run
 
 
-class SkinnyBackend(Backend):
+class SkinnyBackend(TritonKernelBackend):
     name = "skinny"
     default_priority = 10
+    max_m = MAX_M
 
-    def is_available(self) -> bool:
-        return not _availability()
+    def select(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> SkinnyConfig:
+        return select_config(problem, solution, device.cu_num)
 
-    def unavailable_reason(self) -> str:
-        return _availability()
+    def fits(self, cfg: SkinnyConfig, problem: GemmProblem, device: DeviceIdentity) -> bool:
+        return config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype)
 
-    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
-        if not _problem_supported(problem) or (device.kind == "cpu" and not INTERPRET):
-            return None
-        try:
-            cfg = select_config(problem, solution, device.cu_num)
-        except ValueError as exc:
-            log.warning("skinny: cannot use solidx=%d kernelName=%r: %s", solution.solidx, solution.kernelName, exc)
-            return None
-        if not config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype):
-            log.warning("skinny: config %s cannot run M=%d N=%d K=%d on %s", cfg.name, problem.M, problem.N,
-                        problem.K, device.gfx)
-            return None
+    def space(self, problem: GemmProblem, device: DeviceIdentity) -> list[SkinnyConfig]:
+        return config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)
+
+    def runner(self, cfg: SkinnyConfig, device: DeviceIdentity) -> Runner:
         return make_runner(cfg)
 
-    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
-        if not _problem_supported(problem):
-            return []
-        space = config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)
-        return [Solution(self.name, c.solidx, c.NUM_KSPLIT, c.name) for c in space]
+    def solution_of(self, cfg: SkinnyConfig) -> Solution:
+        return Solution(self.name, cfg.solidx, cfg.NUM_KSPLIT, cfg.name)
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
-        if not device.is_gpu or not _problem_supported(problem):
+        if not device.is_gpu or not self.supports(problem):
             return None
         if not is_skinny_default_shape(problem.M, problem.N, problem.K, device.cu_num):
             return None

@@ -33,12 +33,11 @@ from pathlib import Path
 import torch
 import triton
 
-from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution, finish_scaled
+from aiter_gemm.backends._triton_common import TritonKernelBackend
+from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels.gemm_a16w16 import (
     INTERPRET,
-    SUPPORTED_DTYPES,
-    SUPPORTED_OTYPES,
     GemmConfig,
     default_config,
     launch_gemm_a16w16,
@@ -211,18 +210,6 @@ def select_config(problem: GemmProblem, solution: Solution, arch: str) -> GemmCo
     return cfg
 
 
-def _availability() -> str:
-    """Empty when runnable: a GPU Triton can target, or the interpreter (CPU tensors)."""
-    if INTERPRET or torch.cuda.is_available():
-        return ""
-    return "triton backend needs a CUDA/ROCm GPU or TRITON_INTERPRET=1"
-
-
-def _problem_supported(problem: GemmProblem) -> bool:
-    return (problem.dtype in SUPPORTED_DTYPES and problem.otype in SUPPORTED_OTYPES and not problem.scaleAB
-            and not problem.bpreshuffle and min(problem.M, problem.N, problem.K) > 0)
-
-
 def make_runner(cfg: GemmConfig, num_sms: int) -> Runner:
     """A runner launching ``cfg``; per-tensor scales, if a caller passes them, are applied in float32 afterwards."""
     tma_sms = num_sms if cfg.TMA_PERSISTENT and tma_available() else 0
@@ -237,38 +224,27 @@ def make_runner(cfg: GemmConfig, num_sms: int) -> Runner:
     return run
 
 
-class TritonBackend(Backend):
+class TritonBackend(TritonKernelBackend):
     name = "triton"
     default_priority = 0
 
     def on_reload(self) -> None:
         clear_config_cache()
 
-    def is_available(self) -> bool:
-        return not _availability()
+    def select(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> GemmConfig:
+        return select_config(problem, solution, device.gfx)
 
-    def unavailable_reason(self) -> str:
-        return _availability()
+    def fits(self, cfg: GemmConfig, problem: GemmProblem, device: DeviceIdentity) -> bool:
+        return config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype)
 
-    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
-        if not _problem_supported(problem) or (device.kind == "cpu" and not INTERPRET):
-            return None
-        try:
-            cfg = select_config(problem, solution, device.gfx)
-        except ValueError as exc:
-            log.warning("triton: cannot use kernelName %r: %s", solution.kernelName, exc)
-            return None
-        if not config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype):
-            log.warning("triton: config %s cannot run M=%d N=%d K=%d on %s (shared memory/TMA/split-K)",
-                        cfg.name, problem.M, problem.N, problem.K, device.gfx)
-            return None
+    def space(self, problem: GemmProblem, device: DeviceIdentity) -> list[GemmConfig]:
+        return config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)
+
+    def runner(self, cfg: GemmConfig, device: DeviceIdentity) -> Runner:
         return make_runner(cfg, device.cu_num if device.is_gpu else 0)
 
-    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
-        if not _problem_supported(problem):
-            return []
-        space = config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)
-        return [Solution(self.name, 0, c.NUM_KSPLIT, c.name) for c in space]
+    def solution_of(self, cfg: GemmConfig) -> Solution:
+        return Solution(self.name, 0, cfg.NUM_KSPLIT, cfg.name)
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         return None
