@@ -312,6 +312,31 @@ def start_executor(pool: Executor, prog: str) -> int | None:
     return None
 
 
+def drive(pool: Executor, searches: list, on_outcome, on_item, writer) -> tuple[bool, PoolError | None]:
+    """Run the searches to the end, or until Ctrl-C or a pool failure; the checkpoint is written and the pool
+    closed either way. Returns (interrupted, pool error)."""
+    try:
+        run_searches(pool, searches, on_outcome, on_item)
+    except KeyboardInterrupt:
+        return True, None
+    except PoolError as exc:
+        return False, exc
+    finally:
+        writer.flush()
+        pool.close()
+    return False, None
+
+
+def exit_status(prog: str, pool_error: PoolError | None, interrupted: bool, failed: int) -> int:
+    """The tuners' exit status (README): pool failure 3, interrupted 130, some shape without a winner 1, else 0."""
+    if pool_error is not None:
+        print(f"{prog}: error: {pool_error}", file=sys.stderr)
+        return EXIT_POOL
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED_SHAPES if failed else EXIT_OK
+
+
 def tune(args: argparse.Namespace, problems: list[GemmProblem], libtypes: tuple[str, ...], pool: Executor) -> int:
     """Start the executor, skip tuned shapes, run the searches with checkpoints, print the table and summary.
     ``pool`` is any :class:`~gradlib.pool.Executor` (the ``--mp`` process pool; a Ray actor pool plugs in here)."""
@@ -341,7 +366,6 @@ def tune(args: argparse.Namespace, problems: list[GemmProblem], libtypes: tuple[
     writer = CheckpointWriter(args.tuned_file, ident, args.batch, args.all, args.profile_file, args.summary_file, roof)
     outcomes: list[ShapeOutcome] = []
     counts = {"items": 0, "failed_items": 0}
-    interrupted = pool_error = None
     with logging_redirect_tqdm(), \
             tqdm(total=len(todo), desc="shapes", unit="shape", position=0, disable=None) as shape_bar, \
             tqdm(total=0, desc="candidates", unit="cand", position=1, leave=False, disable=None) as cand_bar:
@@ -368,15 +392,7 @@ def tune(args: argparse.Namespace, problems: list[GemmProblem], libtypes: tuple[
             if args.verbose:
                 tqdm.write(_top(o))
 
-        try:
-            run_searches(pool, searches, on_outcome, on_item)
-        except KeyboardInterrupt:
-            interrupted = True
-        except PoolError as exc:
-            pool_error = exc
-        finally:
-            writer.flush()
-            pool.close()
+        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, writer)
     if outcomes:
         print(format_table(outcomes, roof))
     tuned = sum(o.tuned for o in outcomes)
@@ -388,12 +404,7 @@ def tune(args: argparse.Namespace, problems: list[GemmProblem], libtypes: tuple[
           f"{pool.slots} worker(s) on {ident.gfx}/{ident.cu_num}; wall {time.monotonic() - t0:.1f} s; "
           f"rows written to {args.tuned_file}" + (f", all candidates in {args.profile_file}" if args.profile_file
                                                    else ""))
-    if pool_error is not None:
-        print(f"gemm-tuner: error: {pool_error}", file=sys.stderr)
-        return EXIT_POOL
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED_SHAPES if failed else EXIT_OK
+    return exit_status("gemm-tuner", pool_error, interrupted, failed)
 
 
 if __name__ == "__main__":

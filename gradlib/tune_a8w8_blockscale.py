@@ -69,8 +69,7 @@ from aiter_gemm.kernels.a8w8_blockscale import VARIANTS, BlockscaleConfig, confi
 from gradlib import gemm_tuner
 from gradlib.blockscale_tasks import BLOCKSCALE, FP8, check_candidate, is_config_name
 from gradlib.models import ModelArch, ModelConfigError, projections, shipped_model_dir
-from gradlib.pool import Executor, PoolError, scoped_env
-from gradlib.search import run_searches
+from gradlib.pool import Executor, scoped_env
 from gradlib.tasks import ItemResult, Task, import_plugins
 from gradlib.timing import FULL, TimingConfig
 
@@ -84,7 +83,6 @@ PROFILE_COLUMNS = (*KEY_COLUMNS, "kernelName", "status", "us", "errRatio", "tflo
 CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budget_s=0.2)
 # Seed 002's categories as (JSON key, largest M); the last is unbounded.
 SEED_BUCKETS = (("small_M", 256), ("medium_M", 2048), ("large_M", None))
-EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class UsageError(ValueError):
@@ -528,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = load_shapes(args)
         if args.print_shapes:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
-            return EXIT_OK
+            return gemm_tuner.EXIT_OK
         if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1):
             raise UsageError("--batch must be >= 1, --timeout > 0, 0 <= --errRatio <= 1")
         otype = parse_dtype(args.outdtype)
@@ -550,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--candidates {unknown}: neither kernelNames nor registered launchers")
     except (UsageError, ModelConfigError, ImportError, KeyError, gemm_tuner.UsageError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return gemm_tuner.EXIT_USAGE
     timing = FULL if on_gpu else CPU_TIMING
     return tune(args, shapes, otype, timing, gemm_tuner.build_executor(args, devices, plugins, env))
 
@@ -570,7 +568,7 @@ def tune(args: argparse.Namespace, shapes: list[tuple[int, int, int]], otype: to
     except UsageError as exc:
         pool.close()
         print(f"{PROG}: error: tuned file unusable: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return gemm_tuner.EXIT_USAGE
     writer = Writer(args, ident, shapes)
     todo = []
     for s in shapes:
@@ -593,7 +591,6 @@ def tune(args: argparse.Namespace, shapes: list[tuple[int, int, int]], otype: to
              ident.name, ident.gfx, ident.cu_num, pool.slots, len(shapes), len(shapes) - len(todo),
              sum(len(s.names) for s in searches))
     counts = {"items": 0, "failed": 0}
-    interrupted = pool_error = None
     with tqdm(total=len(todo), desc="shapes", unit="shape", disable=None) as bar:
 
         def on_item(search: BlockscaleSearch, res: ItemResult) -> None:
@@ -607,15 +604,7 @@ def tune(args: argparse.Namespace, shapes: list[tuple[int, int, int]], otype: to
             log.info("M=%d N=%d K=%d: %s in %.1f s", o.M, o.N, o.K,
                      o.names[o.winner] if o.tuned else "no valid config", o.wall_s)
 
-        try:
-            run_searches(pool, searches, on_outcome, on_item)
-        except KeyboardInterrupt:
-            interrupted = True
-        except PoolError as exc:
-            pool_error = exc
-        finally:
-            writer.flush()
-            pool.close()
+        interrupted, pool_error = gemm_tuner.drive(pool, searches, on_outcome, on_item, writer)
     if outcomes:
         print(format_table(outcomes))
     tuned = sum(o.tuned for o in outcomes)
@@ -626,12 +615,7 @@ def tune(args: argparse.Namespace, shapes: list[tuple[int, int, int]], otype: to
           + f"; {counts['items']} candidates run ({counts['failed']} failed), {pool.restarts} worker restart(s); "
           f"{pool.slots} worker(s) on {ident.gfx}/{ident.cu_num}; wall {time.monotonic() - t0:.1f} s; rows in "
           f"{args.tuned_file}; {len(writer.json_written)} JSON file(s) in {writer.json_dir}")
-    if pool_error is not None:
-        print(f"{PROG}: error: {pool_error}", file=sys.stderr)
-        return EXIT_POOL
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED_SHAPES if failed else EXIT_OK
+    return gemm_tuner.exit_status(PROG, pool_error, interrupted, failed)
 
 
 if __name__ == "__main__":
