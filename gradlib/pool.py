@@ -157,9 +157,10 @@ class _Slot:
 
 class SlotExecutor:
     """What every executor with one slot per worker shares: context management and slot counting (``_slots``:
-    objects with a ``task`` attribute, None when free)."""
+    objects with a ``task`` attribute, None when free) and event polling (``_events``, filled by ``_pump``)."""
 
     _slots: list
+    _events: list
 
     def start(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -180,6 +181,16 @@ class SlotExecutor:
 
     def free_slots(self) -> int:
         return sum(1 for s in self._slots if s.task is None)
+
+    def poll(self, timeout: float) -> list[ItemDone | TaskDone]:
+        """Events since the last poll, waiting up to ``timeout`` s for one (``_pump`` handles deaths, timeouts)."""
+        if not self._events:
+            self._pump(timeout)
+        events, self._events = self._events, []
+        return events
+
+    def _pump(self, timeout: float) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
 
 
 class ProcessPool(SlotExecutor):
@@ -236,13 +247,6 @@ class ProcessPool(SlotExecutor):
         slot.task, slot.next_index, slot.running = task, task.first, None
         if slot.ready:
             self._send(slot)
-
-    def poll(self, timeout: float) -> list[ItemDone | TaskDone]:
-        """Events since the last poll, waiting up to ``timeout`` s for one; handles deaths and timeouts."""
-        if not self._events:
-            self._pump(timeout)
-        events, self._events = self._events, []
-        return events
 
     # ---- internals ---------------------------------------------------------------------------------------
     def _spawn(self, s: _Slot) -> None:

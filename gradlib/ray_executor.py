@@ -236,13 +236,6 @@ class RayExecutor(SlotExecutor):
         if slot.ready:
             self._send_next(slot)
 
-    def poll(self, timeout: float) -> list[ItemDone | TaskDone]:
-        """Events since the last poll, waiting up to ``timeout`` s for one; handles deaths and timeouts."""
-        if not self._events:
-            self._pump(timeout)
-        events, self._events = self._events, []
-        return events
-
     # ---- internals ---------------------------------------------------------------------------------------
     def _spawn(self, s: _Slot) -> None:
         opts = {"num_cpus": 1, "num_gpus": 1 if s.device == GPU else 0, "max_restarts": 0, "max_task_retries": 0}

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+
 import torch.nn.functional as F
 
 from aiter_gemm.backends import Backend
@@ -51,3 +56,22 @@ def bf16_row(M, N, K, libtype="torch", us=1.0, *, gfx=None, cu_num=None, bias=Fa
     cu = ident.cu_num if cu_num is None else cu_num
     return (f"{gfx},{cu},{M},{N},{K},{bias},{dtype},{outdtype or dtype},False,False,{libtype},{solidx},0,{us},"
             f"{kernel}\n")
+
+
+def sigkill_after_rows(cmd: list[str], env: dict, cwd, path, rows: int, timeout: float = 120.0) -> None:
+    """Start ``cmd`` and SIGKILL it once the CSV at ``path`` holds ``rows`` data rows (it must not finish first)."""
+    from aiter_gemm.fileio import read_csv_rows
+
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists() and len(read_csv_rows(path)[1]) >= rows:
+                break
+            assert proc.poll() is None, "the tuner finished before it could be killed"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from gradlib.tune_a8w8_blockscale import (
     model_projections,
     seed_buckets,
 )
+from op_tests.runtime_helpers import sigkill_after_rows
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = "op_tests.test_blockscale_tuner"
@@ -160,19 +160,7 @@ def test_sigkill_then_resume_tunes_each_shape_once_and_completes_the_json(tmp_pa
     cmd = [sys.executable, "-m", "gradlib.tune_a8w8_blockscale", "--nk", "128,128", "--m", ",".join(map(str, ms)),
            "--candidates", f"{SWAP16},fake_slow_exact", "-o", str(tuned), "--json_dir", str(jdir), "--batch", "1",
            "--plugin", PLUGIN]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if tuned.exists() and len(read_csv_rows(tuned)[1]) >= 1:
-                break
-            assert proc.poll() is None, "the tuner finished before it could be killed"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    sigkill_after_rows(cmd, env, tmp_path, tuned, 1)
     at_kill = [int(r["M"]) for r in read_csv_rows(tuned)[1]]
     assert 1 <= len(at_kill) < len(ms)  # killed mid-run; the file is complete
     assert not jdir.exists()  # the (N, K) never finished: no JSON yet

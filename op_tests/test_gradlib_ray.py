@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, PoolError, TaskDone
 from gradlib.tasks import TIME, Task
 from gradlib.timing import TimingConfig
+from op_tests.runtime_helpers import sigkill_after_rows
 
 try:
     import ray
@@ -164,19 +164,7 @@ def test_ray_sigkill_driver_then_resume(tmp_path, ray_cluster):
     # A second driver joins this module's cluster by its address, as a tuner joins an existing cluster.
     cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
            "fakeslow", "--batch", "1", "--plugin", PLUGIN, "--ray", ray_cluster]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if tuned.exists() and len(read_csv_rows(tuned)[1]) >= 2:
-                break
-            assert proc.poll() is None, "the tuner finished before it could be killed"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    sigkill_after_rows(cmd, env, tmp_path, tuned, 2)
     at_kill = [(int(r["M"]), int(r["N"]), int(r["K"])) for r in read_csv_rows(tuned)[1]]
     assert 2 <= len(at_kill) < len(shapes)  # killed mid-run, file valid
     res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
