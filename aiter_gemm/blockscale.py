@@ -5,15 +5,17 @@ Which kernel config runs a shape (M, N, K) is decided once per shape and cached,
 1. a row of the ``GEMM_A8W8_BLOCKSCALE`` table (``AITER_CONFIG_GEMM_A8W8_BLOCKSCALE``, default the shipped
    ``configs/a8w8_blockscale_tuned_gemm.csv``) keyed ``gfx, cu_num, M, N, K``, exact M first, then M padded as AITER
    pads it (granularity levels 0 and 1). Columns (AITER's a8w8-blockscale CSV plus ``gfx`` and ``libtype``):
-   ``gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio``; ``libtype`` must be ``triton``,
-   ``kernelName`` is :attr:`BlockscaleConfig.name` (e.g. ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3``, then
-   optionally ``_NS2``, ``_TMA``, ``_WS``),
-   ``splitK`` must equal its split count (0 or 1 when unsplit) and ``kernelId`` is the config's index in the tuner's
-   :func:`config_space` listing (informational). A malformed row raises :class:`ConfigError` naming file, line and
-   column; a well-formed config that cannot run the shape here is a miss (warned once).
+   ``gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio``. ``libtype`` ``triton``: our
+   kernel, ``kernelName`` is :attr:`BlockscaleConfig.name` (e.g. ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3``,
+   then optionally ``_NS2``, ``_TMA``, ``_WS``) and ``splitK`` must equal its split count (0 or 1 when unsplit);
+   ``libtype`` ``torch``: torch's block-scaled ``F.scaled_mm`` (cuBLASLt), ``kernelName`` ``scaled_mm_blockwise``
+   (:mod:`aiter_gemm.kernels.a8w8_blockscale_torch`). ``kernelId`` is the candidate's index in the tuner's listing
+   (informational). A malformed row raises :class:`ConfigError` naming file, line and column; a well-formed choice
+   that cannot run the shape here (or torch's where this torch/GPU lacks it) is a miss (warned once).
 2. the per-device JSON ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json`` (seed 002's file), searched in the folders
    of ``AITER_GEMM_TRITON_CONFIGS`` (colon-separated) and then the shipped ``configs/triton/``. Its keys are M
-   buckets, each mapped to a config object (:meth:`BlockscaleConfig.to_json`): ``M_LEQ_<n>`` covers M <= n,
+   buckets, each mapped to a config object (:meth:`BlockscaleConfig.to_json`, or
+   ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``): ``M_LEQ_<n>`` covers M <= n,
    seed 002's ``small_M`` / ``medium_M`` / ``large_M`` mean M <= 256 / M <= 2048 / any M, and ``any`` is any M. The
    bucket with the smallest bound >= M wins. The tuner writes one ``M_LEQ_<m>`` per tuned M plus ``any`` for the
    largest (:func:`buckets_from_tuned`): finer than seed 002's three, because the best variant changes between
@@ -42,6 +44,7 @@ from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import MATCH_LEVELS, get_padded_m
 from aiter_gemm.fileio import atomic_write_text
+from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import (
     SCALE_BLOCK,
     BlockscaleConfig,
@@ -50,19 +53,23 @@ from aiter_gemm.kernels.a8w8_blockscale import (
     default_config,
     gemm_a8w8_blockscale_triton,
 )
+from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise, gemm_a8w8_blockscale_torch
 from aiter_gemm.ops import current_device_identity, get_config_table, get_dispatcher
 
 __all__ = [
-    "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "KIND", "LIBTYPE", "BlockscaleChoice",
-    "JSONConfigError", "buckets_from_tuned", "config_space", "csv_row", "gemm_a8w8_blockscale",
-    "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path", "read_json_configs", "select_bucket",
-    "write_json_configs",
+    "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "KIND", "LIBTYPE", "LIBTYPES", "BlockscaleChoice",
+    "Choice", "JSONConfigError", "TorchBlockwise", "buckets_from_tuned", "choice_error", "config_space", "csv_row",
+    "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path", "parse_choice",
+    "read_json_configs", "select_bucket", "write_json_configs",
 ]
 
 log = logging.getLogger("aiter_gemm")
 
 KIND = "GEMM_A8W8_BLOCKSCALE"
 LIBTYPE = "triton"
+LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE)
+#: What runs a shape: one of our Triton configs, or torch's block-scaled matmul.
+Choice = BlockscaleConfig | TorchBlockwise
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
 BLOCKSCALE_TUNED_COLUMNS = ("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId", "splitK", "us", "kernelName",
                             "tflops", "bw", "errRatio")
@@ -72,8 +79,28 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Seed 002's buckets and their M bounds (None: any M).
 _NAMED_BUCKETS: dict[str, int | None] = {"small_M": 256, "medium_M": 2048, "large_M": None, "any": None}
 _LEQ_RE = re.compile(r"^M_LEQ_(\d+)$")
-#: Parsed JSON buckets: (M bound, None for any M; bucket key; config), smallest bound first.
-Buckets = list[tuple[Optional[int], str, BlockscaleConfig]]
+#: Parsed JSON buckets: (M bound, None for any M; bucket key; choice), smallest bound first.
+Buckets = list[tuple[Optional[int], str, Choice]]
+
+
+def parse_choice(name: str) -> Choice:
+    """The choice a ``kernelName`` names (torch's :data:`~aiter_gemm.kernels.a8w8_blockscale_torch.NAME` or a
+    Triton config name); ValueError saying what is wrong."""
+    return TorchBlockwise() if name.strip() == torch_impl.NAME else BlockscaleConfig.from_name(name)
+
+
+def libtype_of(choice: Choice) -> str:
+    return choice.libtype if isinstance(choice, TorchBlockwise) else LIBTYPE
+
+
+def choice_error(choice: Choice, M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | None = None) -> str | None:
+    """Why ``choice`` cannot run (M, N, K) -> ``dtype`` (on ``device``, for torch's: None skips the device
+    check); None if it can. The rule shared by the runtime and the tuner."""
+    if isinstance(choice, TorchBlockwise):
+        why = torch_impl.unavailable_reason(device) if device is not None else None
+        return why or torch_impl.shape_error(M, N, K, dtype)
+    return config_error(choice, M, N, K)
 
 
 class JSONConfigError(ValueError):
@@ -118,7 +145,8 @@ def read_json_configs(path: str | os.PathLike) -> Buckets:
         if not isinstance(entry, dict):
             raise JSONConfigError(path, key, "entry must be an object of kernel parameters")
         try:
-            cfg = BlockscaleConfig.from_json(entry)
+            cfg = (TorchBlockwise.from_json(entry) if entry.get("libtype") == torch_impl.LIBTYPE
+                   else BlockscaleConfig.from_json(entry))
         except (ValueError, TypeError) as exc:
             raise JSONConfigError(path, key, str(exc)) from None
         out.append((bound, key, cfg))
@@ -126,7 +154,7 @@ def read_json_configs(path: str | os.PathLike) -> Buckets:
     return out
 
 
-def select_bucket(buckets: Buckets, M: int) -> tuple[str, BlockscaleConfig] | None:
+def select_bucket(buckets: Buckets, M: int) -> tuple[str, Choice] | None:
     """The entry with the smallest bound >= M (an unbounded one last); None when M exceeds every bound."""
     for bound, key, cfg in buckets:
         if bound is None or M <= bound:
@@ -134,7 +162,7 @@ def select_bucket(buckets: Buckets, M: int) -> tuple[str, BlockscaleConfig] | No
     return None
 
 
-def write_json_configs(path: str | os.PathLike, buckets: Mapping[str, BlockscaleConfig]) -> None:
+def write_json_configs(path: str | os.PathLike, buckets: Mapping[str, Choice]) -> None:
     """Write ``buckets`` (bucket key -> config) atomically, smallest bound first; keys checked as when reading."""
     if not buckets:
         raise ValueError("write_json_configs: no buckets to write")
@@ -144,7 +172,7 @@ def write_json_configs(path: str | os.PathLike, buckets: Mapping[str, Blockscale
     atomic_write_text(path, json.dumps(body, indent=4) + "\n")
 
 
-def buckets_from_tuned(best: Mapping[int, BlockscaleConfig]) -> dict[str, BlockscaleConfig]:
+def buckets_from_tuned(best: Mapping[int, Choice]) -> dict[str, Choice]:
     """JSON buckets from the best config per tuned M: ``M_LEQ_<m>`` for each tuned M (covering M above the previous
     tuned M, so the config was timed at a size at least as large) and ``any`` repeating the largest M's config."""
     if not best:
@@ -155,13 +183,13 @@ def buckets_from_tuned(best: Mapping[int, BlockscaleConfig]) -> dict[str, Blocks
     return out
 
 
-def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: BlockscaleConfig, us: float,
+def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: float,
             err_ratio: float = 0.0, kernel_id: int = -1) -> dict[str, object]:
     """A tuned CSV row (:data:`BLOCKSCALE_TUNED_COLUMNS`) for ``cfg`` timed at ``us`` microseconds."""
     flops = 2.0 * M * N * K
     nbytes = M * K + N * K + M * N * 2 + 4 * (M + -(-N // SCALE_BLOCK)) * -(-K // SCALE_BLOCK)
     return {
-        "gfx": device.gfx, "cu_num": device.cu_num, "M": M, "N": N, "K": K, "libtype": LIBTYPE,
+        "gfx": device.gfx, "cu_num": device.cu_num, "M": M, "N": N, "K": K, "libtype": libtype_of(cfg),
         "kernelId": kernel_id, "splitK": cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, "us": round(us, 4),
         "kernelName": cfg.name, "tflops": round(flops / us / 1e6, 2), "bw": round(nbytes / us / 1e3, 2),
         "errRatio": round(err_ratio, 6),
@@ -175,25 +203,31 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: BlockscaleConfi
 class BlockscaleChoice:
     """The config a shape runs and why: ``matched`` is exact / padded_gl0 / padded_gl1 / json / default."""
 
-    config: BlockscaleConfig
+    config: Choice
     matched: str
     source: str  # CSV path:line, JSON path#bucket, or "default heuristic"
     row: TunedRow | None = None
 
     def as_config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = dict(self.row.fields) if self.row is not None else {}
-        cfg.update(self.config.to_json(), kernelName=self.config.name, libtype=LIBTYPE, matched=self.matched,
+        cfg.update(self.config.to_json(), kernelName=self.config.name, libtype=libtype_of(self.config),
+                   matched=self.matched,
                    source=self.source, us=self.row.us if self.row is not None else None)
         return cfg
 
 
-def _row_config(row: TunedRow) -> BlockscaleConfig:
-    """The config a CSV row names; ConfigError (file, line, column) when the row is malformed."""
+def _row_config(row: TunedRow) -> Choice:
+    """The choice a CSV row names; ConfigError (file, line, column) when the row is malformed."""
     libtype = row.fields.get("libtype", "")
-    if libtype != LIBTYPE:
-        raise ConfigError(row.source, row.line, "libtype",
-                          f"{KIND} rows must have libtype {LIBTYPE!r}, got {libtype!r}")
+    if libtype not in LIBTYPES:
+        raise ConfigError(row.source, row.line, "libtype", f"{KIND} rows must have libtype in {LIBTYPES}, got "
+                          f"{libtype!r}")
     name = row.values["kernelName"]
+    if libtype == torch_impl.LIBTYPE:
+        if name != torch_impl.NAME:
+            raise ConfigError(row.source, row.line, "kernelName",
+                              f"libtype {libtype!r} rows name {torch_impl.NAME!r}, got {name!r}")
+        return TorchBlockwise()
     try:
         cfg = BlockscaleConfig.from_name(name)
     except ValueError as exc:
@@ -211,19 +245,19 @@ class _BlockscaleDispatcher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._table: ConfigTable | None = None
-        self._choices: dict[tuple[int, int, int, bool], BlockscaleChoice] = {}
+        self._choices: dict[tuple[int, int, int, bool, torch.dtype], BlockscaleChoice] = {}
         self._json: dict[tuple[str, int, int], tuple[str, list] | None] = {}
         self._json_dirs: tuple[Path, ...] = ()
         self._warned: set[str] = set()
 
-    def choose(self, M: int, N: int, K: int, on_gpu: bool) -> BlockscaleChoice:
+    def choose(self, M: int, N: int, K: int, on_gpu: bool, dtype: torch.dtype = torch.bfloat16) -> BlockscaleChoice:
         table = get_config_table(KIND)
         if table is not self._table:
             self._reset(table)
-        choice = self._choices.get((M, N, K, on_gpu))
+        key = (M, N, K, on_gpu, dtype)
+        choice = self._choices.get(key)
         if choice is None:
-            choice = self._decide(table, M, N, K, on_gpu)
-            self._choices[(M, N, K, on_gpu)] = choice
+            choice = self._choices[key] = self._decide(table, M, N, K, on_gpu, dtype)
         return choice
 
     def _reset(self, table: ConfigTable) -> None:
@@ -241,15 +275,17 @@ class _BlockscaleDispatcher:
             self._warned.add(key)
             log.warning(msg, *args)
 
-    def _decide(self, table: ConfigTable, M: int, N: int, K: int, on_gpu: bool) -> BlockscaleChoice:
+    def _decide(self, table: ConfigTable, M: int, N: int, K: int, on_gpu: bool,
+                dtype: torch.dtype) -> BlockscaleChoice:
         dev = current_device_identity(on_gpu)
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         for level in MATCH_LEVELS:
             m = M if level == "exact" else get_padded_m(M, N, K, int(level[-1]))
             row = table.lookup(dev.gfx, dev.cu_num, (m, N, K))
             if row is None:
                 continue
             cfg = _row_config(row)
-            why = config_error(cfg, M, N, K)
+            why = choice_error(cfg, M, N, K, dtype, device)
             if why is None:
                 return BlockscaleChoice(cfg, level, f"{row.source}:{row.line}", row)
             self._warn_once("aiter_gemm: %s:%d: %s cannot run M=%d N=%d K=%d (%s); row ignored",
@@ -257,7 +293,7 @@ class _BlockscaleDispatcher:
         entry = self._json_entry(dev.gfx, N, K, M)
         if entry is not None:
             path, key, cfg = entry
-            why = config_error(cfg, M, N, K)
+            why = choice_error(cfg, M, N, K, dtype, device)
             if why is None:
                 return BlockscaleChoice(cfg, "json", f"{path}#{key}")
             self._warn_once("aiter_gemm: %s bucket %s: %s cannot run M=%d (%s); using the default",
@@ -265,7 +301,7 @@ class _BlockscaleDispatcher:
         return BlockscaleChoice(default_config(M, N, K, dev.cu_num if dev.is_gpu else 132), "default",
                                 "default heuristic")
 
-    def _json_entry(self, arch: str, N: int, K: int, M: int) -> tuple[str, str, BlockscaleConfig] | None:
+    def _json_entry(self, arch: str, N: int, K: int, M: int) -> tuple[str, str, Choice] | None:
         key = (arch, N, K)
         if key not in self._json:
             found = None
@@ -285,11 +321,13 @@ class _BlockscaleDispatcher:
 _DISPATCH = _BlockscaleDispatcher()
 
 
-def get_GEMM_A8W8_BLOCKSCALE_config(M: int, N: int, K: int, on_gpu: bool | None = None) -> dict[str, Any]:
-    """The config :func:`gemm_a8w8_blockscale` runs (M, N, K) with on this process's GPU (or CPU), as a dict with
-    the kernel parameters, ``kernelName``, ``matched`` (exact/padded_gl0/padded_gl1/json/default) and ``source``."""
+def get_GEMM_A8W8_BLOCKSCALE_config(M: int, N: int, K: int, on_gpu: bool | None = None,
+                                    dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """The config :func:`gemm_a8w8_blockscale` runs (M, N, K) -> ``dtype`` with on this process's GPU (or CPU), as
+    a dict with the kernel parameters, ``kernelName``, ``libtype``, ``matched`` (exact/padded_gl0/padded_gl1/json/
+    default) and ``source``."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
-    return _DISPATCH.choose(int(M), int(N), int(K), on_gpu).as_config()
+    return _DISPATCH.choose(int(M), int(N), int(K), on_gpu, dtype).as_config()
 
 
 # ------------------------------------------------------------------------------------------------ the op
@@ -337,23 +375,25 @@ def _check_inputs(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_s
 
 def gemm_a8w8_blockscale(
     XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-    dtype: torch.dtype = torch.bfloat16, config: BlockscaleConfig | str | None = None,
+    dtype: torch.dtype = torch.bfloat16, config: Choice | str | None = None,
 ) -> torch.Tensor:
     """``(XQ * x_scale) @ (WQ * w_scale).T`` in ``dtype``: XQ (M, K) and WQ (N, K) fp8 e4m3, x_scale
     (M, ceil(K/128)) and w_scale (ceil(N/128), ceil(K/128)) float32; any M, N, K (N and K multiples of 128 are the
-    common case; partial last blocks work). ``config`` (a config or its kernelName) bypasses the dispatch, for the
-    tuner; otherwise the tuned CSV row / JSON bucket / default decides."""
+    common case; partial last blocks work). ``config`` (a config, :class:`TorchBlockwise`, or a kernelName)
+    bypasses the dispatch, for the tuner; otherwise the tuned CSV row / JSON bucket / default decides."""
     _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
     M, K = XQ.shape
     N = WQ.shape[0]
-    out = torch.empty((M, N), dtype=dtype, device=XQ.device)
     if M == 0:
-        return out
+        return torch.empty((M, N), dtype=dtype, device=XQ.device)
     if config is None:
-        cfg = _DISPATCH.choose(M, N, K, XQ.is_cuda).config
+        cfg = _DISPATCH.choose(M, N, K, XQ.is_cuda, dtype).config
     else:
-        cfg = BlockscaleConfig.from_name(config) if isinstance(config, str) else config
-        why = config_error(cfg, M, N, K)
+        cfg = parse_choice(config) if isinstance(config, str) else config
+        why = choice_error(cfg, M, N, K, dtype, XQ.device)
         if why is not None:
             raise ValueError(f"gemm_a8w8_blockscale: config {cfg.name} cannot run M={M} N={N} K={K}: {why}")
+    if isinstance(cfg, TorchBlockwise):
+        return gemm_a8w8_blockscale_torch(XQ, WQ, x_scale, w_scale, dtype)
+    out = torch.empty((M, N), dtype=dtype, device=XQ.device)
     return gemm_a8w8_blockscale_triton(XQ, WQ, x_scale, w_scale, cfg, out)

@@ -57,6 +57,9 @@ class Task:
     max_err: float = 1.0  # a candidate above this err_ratio is not timed (it cannot win)
     seed: int = 0
     first: int = 0
+    #: Settings of a registered job kind as (name, value) pairs (picklable, hashable), e.g. the block-scale
+    #: tuner's ``("x_scale_layout", "m_major")``.
+    options: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in (ENUMERATE, TIME) and self.kind not in JOB_KINDS:

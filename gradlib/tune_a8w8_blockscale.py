@@ -14,13 +14,16 @@ N = out features per TP rank, K = in features): Llama-style configs give qkv, o,
 ``kv_lora_rank`` (DeepSeek-V2/V3 MLA) give the rules of :func:`deepseek_projections`.
 
 Search: every config of :func:`~aiter_gemm.kernels.a8w8_blockscale.config_space` (variant x BLOCK_SIZE_M/N x
-GROUP_SIZE_M x split-K x warps x stages x N subtiles; ``--quick``: a hand-picked list per M class), already pruned of
-configs that cannot fit (shared memory, register budget, split-K beyond the K blocks) or cannot win; ``--variants``
-restricts the variants, ``--candidates`` names the configs to time instead. Each candidate runs in a worker of
-gradlib's crash-isolated pool (:mod:`gradlib.pool`, one process per GPU, ``--mp``; a candidate that raises, hangs
-past ``--timeout`` or kills its process is recorded failed and the run goes on), is checked against the float32
-dequantized reference (``err_ratio`` <= ``--errRatio``) and timed with CUDA-graph replay over rotating inputs
-larger than twice the L2 (:mod:`gradlib.timing`). One shape's candidates are split into one chunk per worker.
+GROUP_SIZE_M x split-K x warps x stages x N subtiles; ``--quick``: a hand-picked list per M class), already pruned
+of configs that cannot fit (shared memory, register budget, split-K beyond the K blocks) or cannot win;
+``--variants`` restricts the variants, ``--candidates`` names the configs to time instead. ``--libtype`` (default
+``triton,torch`` on a GPU, ``triton`` on CPU): ``torch`` adds torch's block-scaled ``F.scaled_mm`` (cuBLASLt) as one
+more candidate where it supports the shape; when it wins, the row and JSON bucket say ``libtype=torch``. Each
+candidate runs in a worker of gradlib's crash-isolated pool (:mod:`gradlib.pool`, one process per GPU, ``--mp``; a
+candidate that raises, hangs past ``--timeout`` or kills its process is recorded failed and the run goes on), is
+checked against the float32 dequantized reference (``err_ratio`` <= ``--errRatio``) and timed with CUDA-graph replay
+over rotating inputs larger than twice the L2 (:mod:`gradlib.timing`). One shape's candidates are split into one
+chunk per worker.
 
 Output: the winner per shape is merged into ``-o`` (AITER's a8w8-blockscale columns, :func:`aiter_gemm.blockscale.
 csv_row`) every ``--batch`` shapes; shapes the file already has for this device are skipped (resume), unless
@@ -42,7 +45,6 @@ Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid con
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -57,18 +59,31 @@ import torch
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
+    Choice,
     buckets_from_tuned,
     csv_row,
     json_config_path,
+    parse_choice,
     write_json_configs,
 )
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.fileio import merge_csv_rows, read_csv_rows, render_csv
-from aiter_gemm.kernels.a8w8_blockscale import VARIANTS, BlockscaleConfig, config_space
+from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+from aiter_gemm.kernels.a8w8_blockscale import VARIANTS, config_space, default_config
 from gradlib import gemm_tuner
-from gradlib.blockscale_tasks import BLOCKSCALE, FP8, check_candidate, is_config_name
-from gradlib.models import ModelArch, ModelConfigError, projections, shipped_model_dir
+from gradlib.blockscale_shapes import (  # noqa: F401 - Projection, deepseek_projections, ... re-exported
+    Projection,
+    UsageError,
+    deepseek_projections,
+    int_list,
+    load_shapes,
+    model_projections,
+    nk_pair,
+    read_shapes_csv,
+)
+from gradlib.blockscale_tasks import BLOCKSCALE, FP8, X_SCALE_LAYOUTS, check_candidate, is_config_name
+from gradlib.models import ModelConfigError
 from gradlib.pool import Executor, scoped_env
 from gradlib.tasks import ItemResult, Task, import_plugins
 from gradlib.timing import FULL, TimingConfig
@@ -85,150 +100,28 @@ CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budg
 SEED_BUCKETS = (("small_M", 256), ("medium_M", 2048), ("large_M", None))
 
 
-class UsageError(ValueError):
-    """Bad arguments or input files: exit status 2 with the message."""
-
-
-# ---- shapes -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Projection:
-    """One fp8 linear layer on one TP rank: ``N`` out features, ``K`` in features."""
-
-    name: str
-    N: int
-    K: int
-
-
-def deepseek_projections(cfg: Mapping, tp: int, source: str = "config.json") -> list[Projection]:
-    """Dense fp8 linears of a DeepSeek-V2/V3 (MLA) config on one of ``tp`` ranks (vLLM/SGLang sharding), as
-    (N, K); ``h`` = heads/tp, ``nope``/``rope``/``v`` the qk_nope/qk_rope/v head dims:
-
-    * with ``q_lora_rank``: qkv_a (q_lora_rank + kv_lora_rank + rope, hidden), replicated on every rank (q_a and
-      kv_a fused); q_b (h * (nope + rope), q_lora_rank). Without: q (h * (nope + rope), hidden) and kv_a
-      (kv_lora_rank + rope, hidden).
-    * kv_b (h * (nope + v), kv_lora_rank); o (hidden, h * v).
-    * dense MLP (the first_k_dense_replace layers): gate_up (2 * intermediate/tp, hidden), down (hidden,
-      intermediate/tp); shared experts: gate_up (2 * moe_intermediate * n_shared/tp, hidden), down (hidden,
-      moe_intermediate * n_shared/tp).
-
-    DeepSeek-V3 at tp 8 gives AITER's ds_v3 list: (2112, 7168), (3072, 1536), (4096, 512), (7168, 2048),
-    (4608, 7168), (7168, 2304), (512, 7168), (7168, 256). Routed experts are grouped GEMMs (not this op)."""
-
-    def need(key: str) -> int:
-        val = cfg.get(key)
-        if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
-            raise ModelConfigError(f"{source}: key {key!r} must be a positive integer, got {val!r}")
-        return val
-
-    def split(total: int, what: str) -> int:
-        if total % tp:
-            raise ModelConfigError(f"{source}: {what}={total} is not divisible by --tp {tp}")
-        return total // tp
-
-    hidden, heads = need("hidden_size"), split(need("num_attention_heads"), "num_attention_heads")
-    nope, rope, v_dim, kv_rank = (need("qk_nope_head_dim"), need("qk_rope_head_dim"), need("v_head_dim"),
-                                  need("kv_lora_rank"))
-    out = []
-    if cfg.get("q_lora_rank"):
-        q_rank = need("q_lora_rank")
-        out += [Projection("qkv_a", q_rank + kv_rank + rope, hidden),
-                Projection("q_b", heads * (nope + rope), q_rank)]
-    else:
-        out += [Projection("q", heads * (nope + rope), hidden), Projection("kv_a", kv_rank + rope, hidden)]
-    out += [Projection("kv_b", heads * (nope + v_dim), kv_rank), Projection("o", hidden, heads * v_dim)]
-    if cfg.get("first_k_dense_replace", 0) or not cfg.get("n_routed_experts"):
-        inter = split(need("intermediate_size"), "intermediate_size")
-        out += [Projection("gate_up", 2 * inter, hidden), Projection("down", hidden, inter)]
-    if cfg.get("n_shared_experts"):
-        shared = split(need("moe_intermediate_size") * need("n_shared_experts"), "shared expert intermediate")
-        out += [Projection("shared_gate_up", 2 * shared, hidden), Projection("shared_down", hidden, shared)]
-    return out
-
-
-def model_projections(model_dir: str, tp: int) -> list[Projection]:
-    """The fp8 linears of the model in ``model_dir/config.json`` (or a shipped model config's name)."""
-    if tp < 1:
-        raise ModelConfigError(f"--tp must be >= 1, got {tp}")
-    path = Path(model_dir) / "config.json"
-    if not path.is_file() and not Path(model_dir).exists():
-        shipped = shipped_model_dir(str(model_dir))
-        path = shipped / "config.json" if shipped is not None else path
-    if not path.is_file():
-        raise ModelConfigError(f"--model_dir {model_dir}: no config.json there")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
-    cfg = cfg.get("text_config", cfg)
-    if "kv_lora_rank" in cfg:
-        return deepseek_projections(cfg, tp, str(path))
-    arch = ModelArch.from_config(cfg, str(path))
-    return [Projection(p.name, p.N, p.K) for p in projections(arch, tp) if p.name != "lm_head"]
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _nk(text: str) -> tuple[int, int]:
-    parts = _int_list(text)
-    if len(parts) != 2 or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"--nk takes N,K pairs of positive integers, got {text!r}")
-    return parts[0], parts[1]
-
-
-def read_shapes_csv(path: str) -> list[tuple[int, int, int]]:
-    """(M, N, K) of an untuned CSV (columns M, N, K; others ignored; cells may have spaces, as AITER's do)."""
-    if not os.path.isfile(path):
-        raise UsageError(f"--shapes file {path} not found")
-    header, rows = read_csv_rows(path)
-    cols = {h.strip(): h for h in header}
-    missing = [c for c in ("M", "N", "K") if c not in cols]
-    if missing:
-        raise UsageError(f"{path}: missing column(s) {missing} (header {header})")
-    out = []
-    for line, row in enumerate(rows, start=2):
-        try:
-            m, n, k = (int(str(row[cols[c]]).strip()) for c in ("M", "N", "K"))
-        except ValueError:
-            raise UsageError(f"{path}:{line}: M, N, K must be integers, got {[row[cols[c]] for c in 'MNK']}") from None
-        if min(m, n, k) < 1:
-            raise UsageError(f"{path}:{line}: M, N, K must be positive, got {(m, n, k)}")
-        out.append((m, n, k))
-    return out
-
-
-def load_shapes(args: argparse.Namespace) -> list[tuple[int, int, int]]:
-    """Every (M, N, K) to tune, in order, without duplicates: --shapes rows, then (--nk + model) x --m."""
-    shapes: list[tuple[int, int, int]] = []
-    if args.shapes:
-        shapes += read_shapes_csv(args.shapes)
-    nks = list(args.nk or [])
-    if args.model_dir:
-        nks += [(p.N, p.K) for p in model_projections(args.model_dir, args.tp)]
-    if any(m < 1 for m in args.m):
-        raise UsageError(f"--m must be positive batch sizes, got {args.m}")
-    shapes += [(m, n, k) for n, k in dict.fromkeys(nks) for m in args.m]
-    if not shapes:
-        raise UsageError("no shapes: give --nk N,K ..., --model_dir or --shapes")
-    return list(dict.fromkeys(shapes))
-
-
-def candidate_names(M: int, N: int, K: int, args: argparse.Namespace) -> list[str]:
-    """The candidates of one shape: --candidates (those that can run it), else the pruned config space."""
+def candidate_names(M: int, N: int, K: int, args: argparse.Namespace, otype: torch.dtype = torch.bfloat16,
+                    num_sms: int = 132) -> list[str]:
+    """The candidates of one shape: --candidates (those that can run it), else the pruned config space plus the
+    runtime's built-in default (so a tuned row is never slower than having none; ``--libtype`` triton) and torch's
+    block-scaled matmul where it supports the shape (``--libtype`` torch)."""
     if args.candidates:
-        return [c for c in args.candidates if check_candidate(c, M, N, K) is None]
-    variants = set(args.variants) if args.variants else set(VARIANTS)
-    return [c.name for c in config_space(M, N, K, quick=args.quick) if c.variant in variants]
+        return [c for c in args.candidates if check_candidate(c, M, N, K, otype) is None]
+    libtypes = getattr(args, "libtype", None) or ("triton",)
+    out = []
+    if "triton" in libtypes:
+        variants = set(args.variants) if args.variants else set(VARIANTS)
+        cfgs = [*config_space(M, N, K, quick=args.quick), default_config(M, N, K, num_sms)]
+        out += list(dict.fromkeys(c.name for c in cfgs if c.variant in variants))
+    if torch_impl.LIBTYPE in libtypes and torch_impl.shape_error(M, N, K, otype) is None:
+        out.append(torch_impl.NAME)
+    return out
 
 
 # ---- the search of one shape ------------------------------------------------------------------------------------
 @dataclass
 class Outcome:
-    """One shape's results: every candidate's, and the winner (fastest valid Triton config) if any."""
+    """One shape's results: every candidate's, and the winner (fastest valid Triton config or torch's) if any."""
 
     shape_id: int
     M: int
@@ -256,6 +149,7 @@ class BlockscaleSearch:
     timing: TimingConfig
     max_err: float
     seed: int = 0
+    options: tuple[tuple[str, object], ...] = ()
     done: bool = False
     outcome: Outcome | None = None
     planned: int = 0
@@ -280,7 +174,7 @@ class BlockscaleSearch:
         self._next += len(items)
         self._outstanding += 1
         return Task(task_id, self.shape_id, BLOCKSCALE, self.problem, items, self.timing, check=True,
-                    max_err=self.max_err, seed=self.seed)
+                    max_err=self.max_err, seed=self.seed, options=self.options)
 
     def on_item(self, res: ItemResult) -> None:
         self._results[self._offset[res.task_id] + res.index] = res
@@ -312,11 +206,10 @@ def _geomean(xs: Iterable[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
-def seed_buckets(best: Mapping[int, BlockscaleConfig],
-                 times: Mapping[int, Mapping[str, float]]) -> dict[str, BlockscaleConfig]:
+def seed_buckets(best: Mapping[int, Choice], times: Mapping[int, Mapping[str, float]]) -> dict[str, Choice]:
     """Seed 002's three categories from the winners per M (``best``) and this run's valid timings per M
     (``times[M][kernelName]``); see the module docstring for the rule."""
-    out: dict[str, BlockscaleConfig] = {}
+    out: dict[str, Choice] = {}
     lower = 0
     for key, upper in SEED_BUCKETS:
         ms = sorted(m for m in best if m > lower and (upper is None or m <= upper))
@@ -328,7 +221,7 @@ def seed_buckets(best: Mapping[int, BlockscaleConfig],
             common = set.intersection(*(set(times[m]) for m in ms))
             if common:
                 name = min(sorted(common), key=lambda n: _geomean(times[m][n] / min(times[m].values()) for m in ms))
-                pick = BlockscaleConfig.from_name(name)
+                pick = parse_choice(name)
         out[key] = pick
     if "large_M" not in out:
         out["large_M"] = out[next(k for k, _ in reversed(SEED_BUCKETS) if k in out)]
@@ -367,7 +260,7 @@ class Writer:
         ident = self.identity
         if o.winner is not None:
             res = o.results[o.winner]
-            cfg = BlockscaleConfig.from_name(o.names[o.winner])
+            cfg = parse_choice(o.names[o.winner])
             self._rows.append(csv_row(ident, o.M, o.N, o.K, cfg, res.us, res.err_ratio, kernel_id=o.winner))
         self._times.setdefault((o.N, o.K), {})[o.M] = {
             n: r.us for n, r in zip(o.names, o.results) if r.ok and is_config_name(n)}
@@ -401,7 +294,7 @@ class Writer:
         for n, k in ready:
             self.write_json(n, k)
 
-    def tuned_configs(self, n: int, k: int) -> dict[int, BlockscaleConfig]:
+    def tuned_configs(self, n: int, k: int) -> dict[int, Choice]:
         """Config per M of the tuned file's rows for (n, k) on this device (rows naming no config are skipped)."""
         if not os.path.isfile(self.tuned_file):
             return {}
@@ -412,7 +305,7 @@ class Writer:
                     or (int(r["N"]), int(r["K"])) != (n, k):
                 continue
             try:
-                out[int(r["M"])] = BlockscaleConfig.from_name(r["kernelName"])
+                out[int(r["M"])] = parse_choice(r["kernelName"])
             except ValueError as exc:
                 log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, exc)
         return out
@@ -472,11 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("shapes")
-    src.add_argument("--nk", type=_nk, nargs="+", metavar="N,K", help="weight shapes to tune, e.g. 8192,8192")
+    src.add_argument("--nk", type=nk_pair, nargs="+", metavar="N,K", help="weight shapes to tune, e.g. 8192,8192")
     src.add_argument("--model_dir", help="folder with a Hugging Face config.json (or a shipped model config's "
                      "name): tune its fp8 linears (Llama-style or DeepSeek MLA; see the module docstring)")
     src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
-    src.add_argument("--m", type=_int_list, default=list(DEFAULT_MS),
+    src.add_argument("--m", type=int_list, default=list(DEFAULT_MS),
                      help="batch sizes M for --nk / --model_dir (default 1,16,32,64,...,8192)")
     src.add_argument("--shapes", help="untuned CSV with M,N,K columns (e.g. AITER's "
                      "a8w8_blockscale_untuned_gemm.csv), tuned as listed")
@@ -494,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--batch", type=int, default=4, help="checkpoint every this many shapes (4)")
     srch = ap.add_argument_group("search")
     srch.add_argument("--quick", action="store_true", help="a short hand-picked config list per M class")
+    srch.add_argument("--libtype", type=lambda s: [v.strip() for v in s.split(",") if v.strip()],
+                      help="implementations to time: triton (our kernels), torch (F.scaled_mm block-wise, "
+                      "cuBLASLt); default triton,torch on a GPU, triton on CPU")
     srch.add_argument("--variants", type=lambda s: [v.strip() for v in s.split(",") if v.strip()],
                       help=f"only these variants (comma list of {', '.join(VARIANTS)})")
     srch.add_argument("--candidates", type=lambda s: [v.strip() for v in s.split(",") if v.strip()],
@@ -502,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "rtol=atol=1e-2) for a config to win (default 0.01: a correct config scores 0, fp8 products "
                       "being exact in the float32 reference and bf16 rounding 0.4%%)")
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    srch.add_argument("--x_scale_layout", choices=X_SCALE_LAYOUTS, default="row_major",
+                      help="x_scale's memory layout as the model's quantizer writes it: row_major (default; "
+                      "quantize_blockscale's, AITER's) or m_major (strides (1, M), vLLM's column_major_scales: torch's "
+                      "block-scaled matmul needs it, our Triton kernel ran 5-29%% slower with it at M >= 16 on H100)")
     run = ap.add_argument_group("execution")
     run.add_argument("--mp", type=int, default=None, help="worker processes, one per GPU (default: every visible "
                      "GPU; 1 on CPU, where kernels run in the Triton interpreter)")
@@ -535,8 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = sorted(set(args.variants or ()) - set(VARIANTS))
         if bad:
             raise UsageError(f"--variants {bad}: not among {list(VARIANTS)}")
+        bad = sorted(set(args.libtype or ()) - {"triton", torch_impl.LIBTYPE})
+        if bad:
+            raise UsageError(f"--libtype {bad}: not among ['triton', '{torch_impl.LIBTYPE}']")
         devices = _executor_devices(args)
         on_gpu = devices[0] is not None
+        args.libtype = args.libtype or (["triton", torch_impl.LIBTYPE] if on_gpu else ["triton"])
         env = {} if on_gpu else {"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
         with scoped_env(env):
             import_plugins(plugins)
@@ -578,7 +482,7 @@ def tune(args: argparse.Namespace, shapes: list[tuple[int, int, int]], otype: to
             todo.append(s)
     searches, outcomes = [], []
     for i, (m, n, k) in enumerate(todo):
-        names = candidate_names(m, n, k, args)
+        names = candidate_names(m, n, k, args, otype, ident.cu_num if ident.is_gpu else 132)
         if not names:  # nothing can run it: a failed shape without work
             log.warning("M=%d N=%d K=%d: no candidate can run this shape", m, n, k)
             outcomes.append(Outcome(i, m, n, k, [], [], None, 0.0))
@@ -586,7 +490,7 @@ def tune(args: argparse.Namespace, shapes: list[tuple[int, int, int]], otype: to
             continue
         chunk = max(1, math.ceil(len(names) / pool.slots))
         searches.append(BlockscaleSearch(i, GemmProblem(m, n, k, False, FP8, otype), names, chunk, timing,
-                                         args.errRatio, args.seed))
+                                         args.errRatio, args.seed, (("x_scale_layout", args.x_scale_layout),)))
     log.info("device %s (gfx=%s cu_num=%d), %d worker(s): %d shape(s), %d already tuned, %d candidates in all",
              ident.name, ident.gfx, ident.cu_num, pool.slots, len(shapes), len(shapes) - len(todo),
              sum(len(s.names) for s in searches))

@@ -20,17 +20,19 @@ from aiter_gemm.blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     JSONConfigError,
     buckets_from_tuned,
+    choice_error,
     csv_row,
     gemm_a8w8_blockscale,
     get_GEMM_A8W8_BLOCKSCALE_config,
     json_config_path,
+    parse_choice,
     read_json_configs,
     select_bucket,
     write_json_configs,
 )
 from aiter_gemm.configs import ConfigError
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.fileio import render_csv
+from aiter_gemm.fileio import read_csv_rows, render_csv
 from aiter_gemm.kernels.a8w8_blockscale import (
     VARIANTS,
     BlockscaleConfig,
@@ -422,21 +424,45 @@ SHIPPED_JSON = sorted(SHIPPED_DIR.glob("*-GEMM-A8W8_BLOCKSCALE-*.json"))
 
 @pytest.mark.parametrize("path", SHIPPED_JSON, ids=lambda p: p.name)
 def test_shipped_json_configs(path):
-    """Every shipped per-(N, K) file parses strictly, has a catch-all bucket and only configs that can run."""
+    """Every shipped per-(N, K) file parses strictly, has a catch-all bucket and only choices that can run (torch's
+    availability aside: that depends on the machine)."""
     N, K = (int(part.split("=")[1]) for part in path.stem.split("-")[-2:])
     buckets = read_json_configs(path)
     assert buckets[-1][0] is None
     for bound, key, cfg in buckets:
         M = bound or 16384
-        assert config_error(cfg, M, N, K) is None, (key, cfg.name)
+        assert choice_error(cfg, M, N, K) is None, (key, cfg.name)
 
 
-def test_shipped_json_dispatch(clean_runtime):
-    """On an sm_90 / 132-SM identity, a shipped shape dispatches from its JSON bucket."""
+def test_shipped_csv_rows_run_their_shapes(clean_runtime):
+    """The shipped tuned CSV (H100, sm_90 / 132) loads strictly, and each row's choice can run its shape."""
+    clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
+    clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
+    aiter_gemm.reload_configs()
+    rows = read_csv_rows(SHIPPED_DIR.parent / "a8w8_blockscale_tuned_gemm.csv")[1]
+    assert rows and {r["libtype"] for r in rows} <= {"triton", "torch"}
+    for r in rows:
+        M, N, K = int(r["M"]), int(r["N"]), int(r["K"])
+        assert choice_error(parse_choice(r["kernelName"]), M, N, K) is None, r
+        got = get_GEMM_A8W8_BLOCKSCALE_config(M, N, K, on_gpu=False)
+        if r["libtype"] == "triton":  # torch's rows are misses on CPU (no block-scaled matmul there)
+            assert (got["matched"], got["kernelName"]) == ("exact", r["kernelName"])
+
+
+def test_shipped_json_dispatch(clean_runtime, caplog):
+    """On an sm_90 / 132-SM identity, a shipped shape dispatches from its JSON bucket; a torch bucket is a warned
+    miss where torch's block-scaled matmul cannot run (here: CPU)."""
     assert SHIPPED_JSON, "no shipped A8W8_BLOCKSCALE JSON configs"
     clean_runtime.delenv("AITER_GEMM_TRITON_CONFIGS", raising=False)
     clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
     clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
     aiter_gemm.reload_configs()
-    got = get_GEMM_A8W8_BLOCKSCALE_config(100, 8192, 8192, on_gpu=False)
-    assert got["matched"] == "json" and got["source"].endswith("N=8192-K=8192.json#M_LEQ_256")
+    path = SHIPPED_DIR / "sm_90-GEMM-A8W8_BLOCKSCALE-N=8192-K=8192.json"
+    buckets = read_json_configs(path)
+    for M in (100, 300):  # no CSV row at M nor at its padded sizes (112 / 128, 320 / 512): the JSON
+        key, cfg = select_bucket(buckets, M)
+        got = get_GEMM_A8W8_BLOCKSCALE_config(M, 8192, 8192, on_gpu=False)
+        if cfg.name == "scaled_mm_blockwise":
+            assert got["matched"] == "default" and f"bucket {key}: scaled_mm_blockwise cannot run" in caplog.text
+        else:
+            assert got["matched"] == "json" and got["source"] == f"{path}#{key}" and got["kernelName"] == cfg.name

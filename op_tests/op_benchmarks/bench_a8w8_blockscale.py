@@ -7,6 +7,12 @@ rotating input set, the sets together larger than 3x the 50 MB L2 so weights are
 replays, divided by the launches per replay. Every timed config is first checked against the float32 dequantized
 reference (||out - ref|| / ||ref|| < 1e-2) and dropped if wrong.
 
+With ``--op``, each shape is also timed through ``aiter_gemm.gemm_a8w8_blockscale`` itself: the dispatch as the
+environment configures it (``AITER_CONFIG_GEMM_A8W8_BLOCKSCALE`` rows, which may name torch's block-scaled matmul,
+then JSON, then the default), per-call work included; ``--markdown`` then reports the targets on those times.
+``--x_scale_layout`` (``row_major``, the default, or ``m_major``: strides (1, M), as vLLM's ``column_major_scales``
+quantizer writes it and torch's block-scaled matmul needs it) lays out x_scale for every timed kernel and the op.
+
 Roofline: time_floor = max(flops / fp8_peak, bytes / bw), with fp8_peak the best of ``torch._scaled_mm`` on an
 8192^3 per-tensor fp8 GEMM (fast accumulation on and off), measured in the same run, and bw = ``--bw`` (default
 3.0 TB/s, the project's H100 figure: KINDS.md's device-to-device copy; this script's own 1 GiB copy is logged too);
@@ -35,7 +41,13 @@ from pathlib import Path
 
 import torch
 
-from aiter_gemm.blockscale import buckets_from_tuned, json_config_path, write_json_configs
+from aiter_gemm.blockscale import (
+    buckets_from_tuned,
+    gemm_a8w8_blockscale,
+    get_GEMM_A8W8_BLOCKSCALE_config,
+    json_config_path,
+    write_json_configs,
+)
 from aiter_gemm.kernels.a8w8_blockscale import (
     BlockscaleConfig,
     config_error,
@@ -197,7 +209,7 @@ def compile_worker(names: list[str]) -> None:
 
 
 def bench_shape(M: int, N: int, K: int, cands: list[BlockscaleConfig], status: dict[str, str],
-                peak: float, bw: float) -> tuple[dict, list[dict]]:
+                peak: float, bw: float, op: bool = False, m_major: bool = False) -> tuple[dict, list[dict]]:
     """Time every candidate and the baselines on one shape; returns (summary row, per-candidate rows)."""
     set_bytes = M * K + N * K + 2 * M * N
     n_sets = max(1, min(64, math.ceil(3 * L2_BYTES / set_bytes)))
@@ -205,7 +217,8 @@ def bench_shape(M: int, N: int, K: int, cands: list[BlockscaleConfig], status: d
     for _ in range(n_sets):
         x = torch.randn(M, K, device="cuda")
         w = torch.randn(N, K, device="cuda") * 0.05
-        sets.append(quantize_blockscale(x, w))
+        XQ, WQ, xs, ws = quantize_blockscale(x, w)
+        sets.append((XQ, WQ, xs.t().contiguous().t() if m_major else xs, ws))
     XQ, WQ, xs, ws = sets[0]
     xd, wd = dequantize_blockscale(XQ, WQ, xs, ws)
     ref = xd @ wd.t()
@@ -264,6 +277,13 @@ def bench_shape(M: int, N: int, K: int, cands: list[BlockscaleConfig], status: d
         "torch_blockscale": tname, "torch_blockscale_us": torch_us, "torch_blockscale_err": torch_err,
         "n_sets": n_sets, "n_timed": len(timed),
     }
+    if op:  # the dispatched op, as a model calls it
+        choice = get_GEMM_A8W8_BLOCKSCALE_config(M, N, K, on_gpu=True)
+        op_out = gemm_a8w8_blockscale(*sets[0])
+        op_us = graph_time_us(lambda i: gemm_a8w8_blockscale(*sets[i]), n_sets)
+        summary.update(op_choice=f"{choice['libtype']}:{choice['kernelName']}", op_matched=choice["matched"],
+                       op_us=op_us, op_err=(op_out.float() - ref).norm().item() / ref_norm,
+                       op_pct_roofline=100 * floor_us / op_us, op_speedup_vs_bf16=bf16_us / op_us)
     sets.clear()
     torch.cuda.empty_cache()
     return summary, rows
@@ -276,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="dsv3,llama70b", help="comma list of dsv3, llama70b")
     ap.add_argument("--nk", default="", help="explicit N:K pairs, comma separated (overrides --models)")
     ap.add_argument("--explore", action="store_true", help="wider candidate lists (TMA on/off, warp specialization)")
+    ap.add_argument("--op", action="store_true", help="also time the dispatched gemm_a8w8_blockscale per shape")
+    ap.add_argument("--x_scale_layout", choices=("m_major", "row_major"), default="row_major")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--time-limit", type=float, default=1e9, help="stop starting new shapes after this many s")
     ap.add_argument("--compile-worker", nargs="*", help=argparse.SUPPRESS)
@@ -317,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("time limit: skipping M=%d N=%d K=%d", M, N, K)
                 continue
             s, rows = bench_shape(M, N, K, candidates(M, N, K, args.explore), status,
-                                  ceilings["fp8_peak_tflops"] * 1e12, args.bw)
+                                  ceilings["fp8_peak_tflops"] * 1e12, args.bw, args.op,
+                                  args.x_scale_layout == "m_major")
             summaries.append(s)
             all_rows += rows
             best.setdefault(f"{N},{K}", {})[str(M)] = s["best_config"]
@@ -326,10 +349,14 @@ def main(argv: list[str] | None = None) -> int:
                      "torch-bs %s | default %s us", M, N, K, s["best_config"], s["us"], s["tflops"],
                      s["pct_roofline"], s["bf16_linear_us"], s["speedup_vs_bf16"],
                      f"{tb:.1f} us" if tb else "n/a", f"{s['default_us']:.1f}" if s["default_us"] else "n/a")
+            if args.op:
+                log.info("    op %s (%s) %9.1f us, err %.2g", s["op_choice"], s["op_matched"], s["op_us"],
+                         s["op_err"])
     _write_csv(args.out / "summary.csv", summaries)
     _write_csv(args.out / "candidates.csv", all_rows)
     meta = {"device": props.name, "arch": arch, "torch": torch.__version__, "triton": _triton_version(),
-            "ceilings": ceilings, "bw_roofline": args.bw, "explore": args.explore, "torch_blockscale_reasons":
+            "ceilings": ceilings, "bw_roofline": args.bw, "explore": args.explore,
+            "x_scale_layout": args.x_scale_layout, "torch_blockscale_reasons":
             sorted({s["torch_blockscale"] for s in summaries if s["torch_blockscale_us"] is None})}
     (args.out / "best.json").write_text(json.dumps({"meta": meta, "best": best}, indent=1))
     _print_report(summaries, ceilings)
@@ -366,21 +393,27 @@ def _print_report(summaries: list[dict], ceilings: dict) -> None:
 
 def markdown(run_dir: Path, bw: float) -> int:
     """Print a run's summary.csv as a BENCHMARKS.md table, % of roofline recomputed from the raw times with the
-    run's measured FP8 peak and ``bw`` (runs before 06:06 UTC 2026-11-21 logged it with other constants)."""
+    run's measured FP8 peak and ``bw`` (runs before 06:06 UTC 2026-11-21 logged it with other constants). A run made
+    with ``--op`` is reported on the dispatched op's times (the best Triton config's beside them)."""
     meta = json.loads((run_dir / "best.json").read_text())["meta"]
     peak = meta["ceilings"]["fp8_peak_tflops"] * 1e12
     rows = list(csv.DictReader(open(run_dir / "summary.csv")))
+    op = bool(rows) and "op_us" in rows[0]
     model = {nk: "DeepSeek-V3" for nk in DSV3_NK} | {nk: "Llama-3-70B" for nk in LLAMA70B_NK}
     print(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; FP8 peak {peak / 1e12:.0f} TFLOP/s "
           f"(torch._scaled_mm 8192^3 per-tensor), memory roofline {bw / 1e12:.1f} TB/s\n")
-    print("| model | M | N | K | block-scale config | us | TFLOP/s | % roofline | bf16 F.linear us | speed-up vs bf16 "
-          "| torch blockwise us | ours / torch |")
+    if op:
+        print("| model | M | N | K | gemm_a8w8_blockscale runs (matched) | us | TFLOP/s | % roofline | bf16 F.linear "
+              "us | speed-up vs bf16 | best Triton config us | torch blockwise us |")
+    else:
+        print("| model | M | N | K | block-scale config | us | TFLOP/s | % roofline | bf16 F.linear us | speed-up vs "
+              "bf16 | torch blockwise us | ours / torch |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     pct_big, slow, per_model = [], [], {}
     tf_fmt = lambda tf: f"{tf:.0f}" if tf >= 100 else f"{tf:.1f}"  # noqa: E731
     for r in rows:
         M, N, K = int(r["M"]), int(r["N"]), int(r["K"])
-        us, bf16 = float(r["us"]), float(r["bf16_linear_us"])
+        us, bf16 = float(r["op_us" if op else "us"]), float(r["bf16_linear_us"])
         nbytes = M * K + N * K + 2 * M * N + 4 * (M + -(-N // 128)) * -(-K // 128)
         pct = 100 * max(2.0 * M * N * K / peak, nbytes / bw) * 1e6 / us
         tb = float(r["torch_blockscale_us"]) if r["torch_blockscale_us"] else None
@@ -389,9 +422,11 @@ def markdown(run_dir: Path, bw: float) -> int:
             per_model.setdefault(model.get((N, K), "other"), []).append(pct)
         if M >= 64 and bf16 <= us:
             slow.append(f"({M}, {N}, {K})")
-        print(f"| {model.get((N, K), '')} | {M} | {N} | {K} | `{r['best_config']}` | {us:.1f} | "
-              f"{tf_fmt(2.0 * M * N * K / us / 1e6)} | {pct:.0f}% | {bf16:.1f} | {bf16 / us:.2f}x | "
-              f"{f'{tb:.1f}' if tb else 'n/a'} | {f'{us / tb:.2f}' if tb else 'n/a'} |")
+        what = f"`{r['op_choice']}` ({r['op_matched']})" if op else f"`{r['best_config']}`"
+        tail = (f"{float(r['us']):.1f} | {f'{tb:.1f}' if tb else 'n/a'}" if op
+                else f"{f'{tb:.1f}' if tb else 'n/a'} | {f'{us / tb:.2f}' if tb else 'n/a'}")
+        print(f"| {model.get((N, K), '')} | {M} | {N} | {K} | {what} | {us:.1f} | {tf_fmt(2.0 * M * N * K / us / 1e6)} "
+              f"| {pct:.0f}% | {bf16:.1f} | {bf16 / us:.2f}x | {tail} |")
     geo = math.exp(statistics.mean(map(math.log, pct_big))) if pct_big else float("nan")
     print(f"\nGeomean % of roofline over the {len(pct_big)} shapes with M >= 1024: {geo:.1f}% (target >= 85%); "
           + "; ".join(f"{m}: {math.exp(statistics.mean(map(math.log, v))):.1f}% ({len(v)} shapes)"

@@ -14,10 +14,12 @@
 #
 # Knobs: N (GPUs and actors, default: all visible), NSETS (M values, default 1,16,128,1024,4096), LISTS (shipped
 # shape lists, default llama3_8b), LIBTYPE (default: torch,cublaslt,skinny where available), TIME_LIMIT (seconds per
-# tuner run, default 150), MP1=0 (skip the --mp 1 run), EXTRA (more tuner flags).
-# Output under $OUT (7 files): ray_wall.txt (wall time per run, then winners compared), mp1.log, mpN.log, ray.log
-# (each tuner's whole output), env.txt (GPUs, versions, 'ray start' output), shapes.csv, ray_tuned.csv.
-# Time: three tuner runs of at most TIME_LIMIT s plus ~1 min of set-up: keep 3 * TIME_LIMIT + 60 under the call's.
+# tuner run, default 150), MP1=0 (skip the --mp 1 run), WARMUP=0 (skip the untimed warm-up run), EXTRA (more
+# tuner flags).
+# Output under $OUT (8 files): ray_wall.txt (wall time per run, then winners compared), warmup.log, mp1.log,
+# mpN.log, ray.log (each tuner's whole output), env.txt (GPUs, versions, 'ray start' output), shapes.csv,
+# ray_tuned.csv.
+# Time: four tuner runs of at most TIME_LIMIT s plus ~1 min of set-up: keep 4 * TIME_LIMIT + 60 under the call's.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RAY_VERSION=${RAY_VERSION:-2.60.0}
@@ -82,6 +84,7 @@ LIBTYPE=${LIBTYPE:-$(python3 -c 'from aiter_gemm import backends
 print(",".join(n for n in ("torch", "cublaslt", "skinny") if backends.get_backend(n).is_available()))')}
 TIME_LIMIT=${TIME_LIMIT:-150}
 MP1=${MP1:-1}
+WARMUP=${WARMUP:-1}
 EXTRA=${EXTRA:-}
 SHAPES=/tmp/ray_shapes.csv  # not under $OUT: 8 files at most come back
 WALL="$OUT/ray_wall.txt"
@@ -125,6 +128,10 @@ run() {
 }
 
 : > "$WALL"
+# Untimed warm-up: the skinny backend's Triton kernels compile into the on-disk cache that every later run shares.
+# Without it the first timed run pays all the compiling (on a fresh 2x H200: --mp 1 took 93 s cold, its first
+# shapes 7-21 s each instead of 2-4 s) and the comparison measures the cache, not the workers.
+[ "$WARMUP" = 1 ] && run warmup --mp "$N"
 [ "$MP1" = 1 ] && run mp1 --mp 1
 [ "$N" -gt 1 ] && run "mp$N" --mp "$N"
 # One Ray node with N GPUs; the tuner joins it as a driver would join a multi-node cluster (--ray auto).

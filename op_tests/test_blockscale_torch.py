@@ -1,0 +1,220 @@
+"""torch's block-scaled matmul as the second implementation of ``gemm_a8w8_blockscale``: the layouts the launcher
+hands ``F.scaled_mm`` (checked on CPU by :mod:`op_tests.fake_scaled_mm`), CSV rows and JSON entries with
+``libtype=torch``, the dispatch falling back where torch's cannot run, and the tuner timing it as a candidate. On a
+GPU the real ``F.scaled_mm`` runs against the float32 reference."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+import aiter_gemm
+import op_tests.fake_scaled_mm as fake
+from aiter_gemm.blockscale import (
+    JSONConfigError,
+    TorchBlockwise,
+    gemm_a8w8_blockscale,
+    get_GEMM_A8W8_BLOCKSCALE_config,
+    read_json_configs,
+    write_json_configs,
+)
+from aiter_gemm.configs import ConfigError
+from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig, gemm_a8w8_blockscale_ref, quantize_blockscale
+from gradlib import gemm_tuner
+from gradlib.tune_a8w8_blockscale import candidate_names, main
+
+# Same bound as test_a8w8_blockscale.TOLERANCE[bf16]: bf16 output rounding (2^-9 per element) with margin.
+BF16_TOL = 8e-3
+SWAP16 = "swapAB-BM16_BN64_BK128_GM1_SK1_W4_S4_TMA"
+HEADER = "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio\n"
+
+
+def _inputs(M: int, N: int, K: int, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(M * 7 + N + K)
+    x = torch.randn(M, K, generator=gen)
+    w = torch.randn(N, K, generator=gen) / K ** 0.5
+    return tuple(t.to(device) for t in quantize_blockscale(x, w))
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """The fake F.scaled_mm and availability, restored after the test."""
+    monkeypatch.setattr(torch.nn.functional, "scaled_mm", torch.nn.functional.scaled_mm)
+    monkeypatch.setattr(torch_impl, "unavailable_reason", torch_impl.unavailable_reason)
+    fake.install()
+    fake.CALLS.clear()
+    return fake
+
+
+# ---- the launcher ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("M", [1, 3, 4, 17, 97, 128])
+@pytest.mark.parametrize("N", [144, 256])  # 144: a partial last weight block
+def test_launcher_prepares_the_layouts_cublaslt_takes(fake_torch, M, N):
+    XQ, WQ, xs, ws = _inputs(M, N, 512)
+    out = torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, xs, ws)
+    assert out.shape == (M, N) and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < BF16_TOL
+    (call,) = fake.CALLS
+    assert call[:3] == (M + (-M % 4), N, 512)
+
+
+def test_m_major_scales_are_used_without_a_copy(fake_torch):
+    XQ, WQ, xs, ws = _inputs(8, 256, 1024)
+    xs_mmajor = xs.t().contiguous().t()
+    torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, xs_mmajor, ws)
+    torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, xs, ws)  # row-major: copied into an M-major buffer
+    assert fake.CALLS[0][3] == xs_mmajor.data_ptr() and fake.CALLS[1][3] != xs.data_ptr()
+
+
+@pytest.mark.parametrize("shape,dtype,why", [
+    ((16, 256, 384), torch.bfloat16, "multiple of 512"),
+    ((16, 200, 512), torch.bfloat16, "multiple of 16"),
+    ((16, 256, 512), torch.float16, "only torch.bfloat16"),
+])
+def test_shape_rule_names_what_is_unsupported(shape, dtype, why):
+    assert why in torch_impl.shape_error(*shape, dtype)
+    assert torch_impl.shape_error(16, 256, 512) is None
+
+
+def test_unavailable_on_cpu_says_why():
+    assert "NVIDIA" in torch_impl.unavailable_reason(torch.device("cpu")) or \
+        "no F.scaled_mm" in torch_impl.unavailable_reason(torch.device("cpu"))
+
+
+# ---- CSV rows and JSON entries -------------------------------------------------------------------------------------
+def _table(tmp_path, clean_runtime, rows: str):
+    path = tmp_path / "bs.csv"
+    path.write_text(HEADER + rows)
+    clean_runtime.setenv("AITER_CONFIG_GEMM_A8W8_BLOCKSCALE", str(path))
+    clean_runtime.setenv("AITER_GEMM_TRITON_CONFIGS", str(tmp_path))  # no JSON there
+    aiter_gemm.reload_configs()
+    return path
+
+
+def test_torch_row_dispatches_to_scaled_mm(tmp_path, clean_runtime, fake_torch):
+    cu = aiter_gemm.current_device_identity(False).cu_num
+    _table(tmp_path, clean_runtime, f"cpu,{cu},16,256,512,torch,0,0,5.0,scaled_mm_blockwise,1,1,0\n")
+    got = get_GEMM_A8W8_BLOCKSCALE_config(16, 256, 512, on_gpu=False)
+    assert (got["libtype"], got["kernelName"], got["matched"]) == ("torch", "scaled_mm_blockwise", "exact")
+    XQ, WQ, xs, ws = _inputs(16, 256, 512)
+    out = gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+    assert len(fake.CALLS) == 1 and _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws)) < BF16_TOL
+    # fp16 output is not torch's: the same shape falls through to our kernel's default
+    got16 = get_GEMM_A8W8_BLOCKSCALE_config(16, 256, 512, on_gpu=False, dtype=torch.float16)
+    assert (got16["libtype"], got16["matched"]) == ("triton", "default")
+
+
+def test_torch_row_where_torch_cannot_run_is_a_warned_miss(tmp_path, clean_runtime, caplog):
+    cu = aiter_gemm.current_device_identity(False).cu_num
+    _table(tmp_path, clean_runtime, f"cpu,{cu},16,256,512,torch,0,0,5.0,scaled_mm_blockwise,1,1,0\n")
+    got = get_GEMM_A8W8_BLOCKSCALE_config(16, 256, 512, on_gpu=False)  # CPU torch has no block-scaled matmul
+    assert (got["libtype"], got["matched"]) == ("triton", "default")
+    assert "scaled_mm_blockwise cannot run" in caplog.text
+
+
+@pytest.mark.parametrize("row,column", [
+    ("torch,0,0,5.0,base-BM64_BN64_BK128_GM1_SK1_W4_S4_TMA,1,1,0", "kernelName"),
+    ("cuda,0,0,5.0,scaled_mm_blockwise,1,1,0", "libtype"),
+])
+def test_malformed_torch_rows_name_line_and_column(tmp_path, clean_runtime, row, column):
+    cu = aiter_gemm.current_device_identity(False).cu_num
+    path = _table(tmp_path, clean_runtime, f"cpu,{cu},16,256,512,{row}\n")
+    with pytest.raises(ConfigError, match=rf"{path}.*2.*{column}"):
+        get_GEMM_A8W8_BLOCKSCALE_config(16, 256, 512, on_gpu=False)
+
+
+def test_json_holds_torch_entries_and_rejects_malformed_ones(tmp_path):
+    path = tmp_path / "cpu-GEMM-A8W8_BLOCKSCALE-N=256-K=512.json"
+    base = BlockscaleConfig.from_name(SWAP16)
+    write_json_configs(path, {"M_LEQ_16": base, "any": TorchBlockwise()})
+    assert json.loads(path.read_text())["any"] == {"libtype": "torch", "kernelName": "scaled_mm_blockwise"}
+    assert [(key, cfg) for _, key, cfg in read_json_configs(path)] == [("M_LEQ_16", base), ("any", TorchBlockwise())]
+    path.write_text(json.dumps({"any": {"libtype": "torch", "kernelName": "cublas"}}))
+    with pytest.raises(JSONConfigError, match="'any'.*exactly"):
+        read_json_configs(path)
+
+
+# ---- the tuner ---------------------------------------------------------------------------------------------------
+def test_candidates_include_torch_only_where_it_applies():
+    args = argparse.Namespace(candidates=None, variants=["swapAB"], quick=True, libtype=["triton", "torch"])
+    assert candidate_names(16, 256, 512, args)[-1] == "scaled_mm_blockwise"
+    assert "scaled_mm_blockwise" not in candidate_names(16, 256, 384, args)  # K not a multiple of 512
+    assert "scaled_mm_blockwise" not in candidate_names(16, 256, 512, args, torch.float16)
+    assert candidate_names(16, 256, 512, argparse.Namespace(**{**vars(args), "libtype": ["torch"]})) == \
+        ["scaled_mm_blockwise"]
+    assert "scaled_mm_blockwise" not in candidate_names(16, 256, 512, argparse.Namespace(**{**vars(args),
+                                                                                              "libtype": ["triton"]}))
+
+
+def test_bad_libtype_is_a_usage_error(tmp_path, capsys):
+    assert main(["--nk", "256,512", "--libtype", "triton,cublas", "-o", str(tmp_path / "t.csv")]) == 2
+    assert "--libtype ['cublas']" in capsys.readouterr().err
+
+
+def test_tuner_writes_torch_winners_the_op_replays(tmp_path, clean_runtime, fake_torch, monkeypatch):
+    """The fake (a float32 matmul) beats the interpreted Triton kernel on CPU, so torch wins every shape: its rows
+    and JSON buckets say libtype torch and the op routes there."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
+    tuned, jdir = tmp_path / "tuned.csv", tmp_path / "json"
+    assert main(["--nk", "256,512", "--m", "1,6", "--candidates", f"{SWAP16},scaled_mm_blockwise", "-o", str(tuned),
+                 "--json_dir", str(jdir), "--plugin", "op_tests.fake_scaled_mm_plugin"]) == 0
+    rows = read_csv_rows(tuned)[1]
+    assert [(r["M"], r["libtype"], r["kernelName"], r["splitK"]) for r in rows] == \
+        [("1", "torch", "scaled_mm_blockwise", "0"), ("6", "torch", "scaled_mm_blockwise", "0")]
+    (jpath,) = jdir.iterdir()
+    assert set(map(json.dumps, json.loads(jpath.read_text()).values())) == \
+        {json.dumps(TorchBlockwise().to_json())}
+    clean_runtime.setenv("AITER_CONFIG_GEMM_A8W8_BLOCKSCALE", str(tuned))
+    clean_runtime.setenv("AITER_GEMM_TRITON_CONFIGS", str(jdir))
+    aiter_gemm.reload_configs()
+    got = get_GEMM_A8W8_BLOCKSCALE_config(5, 256, 512, on_gpu=False)  # no row at 5, 8 (gl0/gl1): the JSON
+    assert (got["libtype"], got["matched"]) == ("torch", "json")
+    XQ, WQ, xs, ws = _inputs(5, 256, 512)
+    fake.CALLS.clear()
+    out = gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+    assert fake.CALLS and _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws)) < BF16_TOL
+
+
+# ---- GPU -----------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3, 64, 1000])
+@pytest.mark.parametrize("N,K", [(2112, 7168), (4096, 512)])
+def test_gpu_scaled_mm_blockwise_matches_the_reference(M, N, K):
+    if torch_impl.unavailable_reason(torch.device("cuda")):
+        pytest.skip(torch_impl.unavailable_reason(torch.device("cuda")))
+    XQ, WQ, xs, ws = _inputs(M, N, K, "cuda")
+    out = gemm_a8w8_blockscale(XQ, WQ, xs, ws, config="scaled_mm_blockwise")
+    assert out.shape == (M, N) and out.dtype == torch.bfloat16
+    assert _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < BF16_TOL
+    xs_mmajor = xs.t().contiguous().t()
+    torch.testing.assert_close(gemm_a8w8_blockscale(XQ, WQ, xs_mmajor, ws, config="scaled_mm_blockwise"), out,
+                               rtol=0, atol=0)
+
+
+def test_candidates_include_the_runtime_default_config():
+    from aiter_gemm.kernels.a8w8_blockscale import default_config
+
+    args = argparse.Namespace(candidates=None, variants=None, quick=True, libtype=["triton"])
+    for M, N, K in ((1024, 256, 7168), (1, 4096, 512), (8192, 57344, 8192)):
+        names = candidate_names(M, N, K, args, num_sms=132)
+        assert default_config(M, N, K, 132).name in names and len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("layout,strides", [("m_major", (1, 8)), ("row_major", (4, 1))])
+def test_worker_inputs_lay_out_x_scale_as_asked(layout, strides):
+    from gradlib.blockscale_tasks import make_inputs
+
+    data = make_inputs(8, 256, 512, torch.bfloat16, 0, torch.device("cpu"), 1 << 20, layout)
+    assert all(s[2].stride() == strides for s in data.sets) and len(data.sets) >= 2
+    with pytest.raises(ValueError, match="x_scale_layout 'col'"):
+        make_inputs(8, 256, 512, torch.bfloat16, 0, torch.device("cpu"), 1 << 20, "col")
