@@ -14,7 +14,7 @@
 #
 # Knobs: N (GPUs and actors, default: all visible), NSETS (M values, default 1,16,128,1024,4096), LISTS (shipped
 # shape lists, default llama3_8b), LIBTYPE (default: torch,cublaslt,skinny where available), TIME_LIMIT (seconds per
-# tuner run, default 150), MP1=0 (skip the --mp 1 run), WARMUP=0 (skip the untimed warm-up run), EXTRA (more
+# tuner run, default 130), MP1=0 (skip the --mp 1 run), WARMUP=0 (skip the untimed warm-up run), EXTRA (more
 # tuner flags).
 # Output under $OUT (8 files): ray_wall.txt (wall time per run, then winners compared), warmup.log, mp1.log,
 # mpN.log, ray.log (each tuner's whole output), env.txt (GPUs, versions, 'ray start' output), shapes.csv,
@@ -82,7 +82,7 @@ LISTS=${LISTS:-llama3_8b}
 # both runs time out rather than finish.
 LIBTYPE=${LIBTYPE:-$(python3 -c 'from aiter_gemm import backends
 print(",".join(n for n in ("torch", "cublaslt", "skinny") if backends.get_backend(n).is_available()))')}
-TIME_LIMIT=${TIME_LIMIT:-150}
+TIME_LIMIT=${TIME_LIMIT:-130}
 MP1=${MP1:-1}
 WARMUP=${WARMUP:-1}
 EXTRA=${EXTRA:-}
