@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiter_gemm.fileio import read_csv_rows
+from gradlib.gemm_tuner import UsageError, int_list
 from gradlib.models import ModelArch, ModelConfigError, projections, shipped_model_dir
 
 __all__ = ["Projection", "UsageError", "deepseek_projections", "load_shapes", "model_projections", "nk_pair",
            "int_list", "read_shapes_csv"]
-
-class UsageError(ValueError):
-    """Bad arguments or input files: exit status 2 with the message."""
 
 
 @dataclass(frozen=True)
@@ -95,13 +93,6 @@ def model_projections(model_dir: str, tp: int) -> list[Projection]:
         return deepseek_projections(cfg, tp, str(path))
     arch = ModelArch.from_config(cfg, str(path))
     return [Projection(p.name, p.N, p.K) for p in projections(arch, tp) if p.name != "lm_head"]
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def nk_pair(text: str) -> tuple[int, int]:

@@ -49,7 +49,8 @@ class UsageError(ValueError):
     """Bad arguments or input files: exit status 2 with the message."""
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """argparse type: comma- or space-separated integers."""
     try:
         return [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
     except ValueError:
@@ -66,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(llama3_8b, llama3_70b, qwen2_5_7b, mistral_7b): derive qkv, o, gate_up, down and lm_head "
                      "shapes (M = tokens, N = out features per TP rank, K = in features)")
     src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
-    src.add_argument("--nsets", type=_int_list, default=list(DEFAULT_NSETS),
+    src.add_argument("--nsets", type=int_list, default=list(DEFAULT_NSETS),
                      help="token counts M for --model_dir, comma-separated (default 1,2,4,...,8192)")
-    src.add_argument("--batch_size", type=_int_list, default=None,
+    src.add_argument("--batch_size", type=int_list, default=None,
                      help="sequence counts for lm_head's M (it sees one token per sequence; default: --nsets)")
     src.add_argument("--indtype", help="input dtype (bf16, fp16, fp32, fp8); overrides the file's dtype column")
     src.add_argument("--outdtype", help="output dtype; overrides the file's outdtype (default: the input dtype)")

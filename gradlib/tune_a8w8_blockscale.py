@@ -450,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             unknown = [c for c in args.candidates if c not in EXTRA_LAUNCHERS and not is_config_name(c)]
             if unknown:
                 raise UsageError(f"--candidates {unknown}: neither kernelNames nor registered launchers")
-    except (UsageError, ModelConfigError, ImportError, KeyError, gemm_tuner.UsageError) as exc:
+    except (UsageError, ModelConfigError, ImportError, KeyError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return gemm_tuner.EXIT_USAGE
     timing = FULL if on_gpu else CPU_TIMING
