@@ -379,8 +379,10 @@ def gemm_a8w8_blockscale(
 ) -> torch.Tensor:
     """``(XQ * x_scale) @ (WQ * w_scale).T`` in ``dtype``: XQ (M, K) and WQ (N, K) fp8 e4m3, x_scale
     (M, ceil(K/128)) and w_scale (ceil(N/128), ceil(K/128)) float32; any M, N, K (N and K multiples of 128 are the
-    common case; partial last blocks work). ``config`` (a config, :class:`TorchBlockwise`, or a kernelName)
-    bypasses the dispatch, for the tuner; otherwise the tuned CSV row / JSON bucket / default decides."""
+    common case; partial last blocks work). x_scale may be row-major or M-major (strides (1, M)): our Triton
+    kernels take either, torch's block-scaled matmul needs M-major and copies otherwise. ``config`` (a config,
+    :class:`TorchBlockwise`, or a kernelName) bypasses the dispatch, for the tuner; otherwise the tuned CSV row /
+    JSON bucket / default decides."""
     _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
     M, K = XQ.shape
     N = WQ.shape[0]
