@@ -58,10 +58,11 @@ def test_encode_rejects_wrong_size(n):
 class FakeLib:
     """Stands in for LtLibrary on CPU: heuristic lists per (workspace, mask), a check rule, caps per config."""
 
-    def __init__(self, version=130100, lists=None, reject=lambda cfg: False):
+    def __init__(self, version=130100, lists=None, reject=lambda cfg: False, reject_layout=lambda layout: False):
         self.version = version
         self.lists = lists or {}
         self.reject = reject
+        self.reject_layout = reject_layout  # activation layouts (by handle) the check refuses
         self.checked = []
 
     @staticmethod
@@ -83,9 +84,9 @@ class FakeLib:
     def heuristic(self, plan, *, workspace, reduction_mask=None, count=32):
         return [ltlib.AlgoInfo(r, workspace // 2, 1.0) for r in self.lists.get((workspace, reduction_mask), [])]
 
-    def check(self, plan, raw):
+    def check(self, plan, raw, b_layout=None):
         self.checked.append(raw)
-        if self.reject(self.config(raw)):
+        if self.reject(self.config(raw)) or (b_layout is not None and self.reject_layout(b_layout)):
             raise ltlib.AlgoRejected("CUBLAS_STATUS_NOT_SUPPORTED")
         return ltlib.AlgoInfo(raw, 0, 1.0)
 
@@ -262,8 +263,8 @@ class FakeLt:
                            "bias": self.attrs.get(8), "scale_A": self.attrs.get(17), "scale_B": self.attrs.get(18)})
 
 
-def fake_runner(problem, align=16):
-    lib = FakeLib()
+def fake_runner(problem, align=16, lib=None):
+    lib = lib or FakeLib()
     lib.lt = FakeLt()
     lib.handle = 77
     lib.cap = lambda raw, name: align if name.startswith("MIN_ALIGNMENT") else 1
@@ -285,19 +286,39 @@ def test_call_maps_row_major_to_column_major():
     assert call["ws"] == 0
 
 
-def test_call_copies_strided_and_misaligned_inputs():
+def test_call_copies_misaligned_and_unreadable_strided_inputs():
     runner, lt = fake_runner(GemmProblem(4, 32, 64, False, BF16, BF16), align=16)
-    big = torch.randn(4, 80, dtype=BF16)
-    strided = big[:, :64]  # row stride 80: not row-major (M, K)
     flat = torch.randn(4 * 64 + 1, dtype=BF16)
     misaligned = flat[1:].view(4, 64)  # 2-byte offset: breaks the 16-byte alignment the algorithm asks for
+    odd_stride = torch.randn(4, 70, dtype=BF16)[:, :64]  # rows 140 bytes apart: not a multiple of 16
+    col_major = torch.randn(64, 4, dtype=BF16).t()  # column stride 4: no row-major layout reads it
     b = torch.randn(32, 64, dtype=BF16)
-    for a in (strided, misaligned):
+    for a in (misaligned, odd_stride, col_major):
         runner(a, b, None, BF16, None, None, None)
-        ptr = lt.calls[-1]["A"], lt.calls[-1]["B"]
-        assert ptr[0] == b.data_ptr() and ptr[1] != a.data_ptr() and ptr[1] % 16 == 0
-    runner(big[:, :64].contiguous(), b, None, BF16, None, None, None)
-    assert lt.calls[-1]["B"] % 16 == 0
+        call = lt.calls[-1]
+        assert call["A"] == b.data_ptr() and call["B"] != a.data_ptr() and call["B"] % 16 == 0
+        assert lt.layouts[call["lb"] - 2001] == (14, 64, 4, 64)  # the contiguous copy, ld = K
+    assert len(lt.layouts) == 3  # no layout made for strides that cannot be read in place
+
+
+def test_call_reads_strided_rows_in_place_with_a_checked_layout():
+    """A column slice of a wider tensor (row stride 80 >= K = 64) is passed as is with an ld = 80 layout, made and
+    checked once per stride; a stride the algorithm rejects is copied instead."""
+    lib = FakeLib(reject_layout=lambda layout: layout == 2005)  # the second strided layout made below
+    runner, lt = fake_runner(GemmProblem(4, 32, 64, False, BF16, BF16), lib=lib)
+    b = torch.randn(32, 64, dtype=BF16)
+    wide = torch.randn(4, 80, dtype=BF16)
+    for _ in range(2):
+        runner(wide[:, :64], b, None, BF16, None, None, None)
+        call = lt.calls[-1]
+        assert call["B"] == wide.data_ptr() and lt.layouts[call["lb"] - 2001] == (14, 64, 4, 80)
+    assert len(lt.layouts) == 4 and len(lib.checked) == 1  # one layout, one check, for stride 80
+    wider = torch.randn(4, 96, dtype=BF16)  # layout 2005: rejected by the check -> copied, ld = K
+    runner(wider[:, 16:80], b, None, BF16, None, None, None)
+    call = lt.calls[-1]
+    assert call["B"] != wider.data_ptr() and lt.layouts[call["lb"] - 2001] == (14, 64, 4, 64)
+    runner(wider[:, 16:80], b, None, BF16, None, None, None)
+    assert len(lib.checked) == 2  # the rejection is remembered
 
 
 def test_call_bias_pointer_set_every_call():
@@ -602,7 +623,8 @@ def test_cuda_graph_capture_and_replay(bias):
 
 @pytest.mark.gpu
 def test_strided_and_misaligned_inputs_on_gpu():
-    """Added after the device runs (not yet executed on a GPU): the copy paths against the real library."""
+    """Strided rows read in place (row stride 600 >= K), a misaligned weight and bias copied, against the real
+    library."""
     backend, dev = _gpu_backend()
     problem = GemmProblem(17, 256, 512, True, BF16, BF16)
     runner = backend.prepare(problem, backend.candidates(problem, dev)[0], dev)

@@ -115,9 +115,11 @@ class MatmulPlan:
         self.a_layout = lt.matrix_layout_create(tin, K, N, K)  # weight b(N, K) row-major
         self.b_layout = lt.matrix_layout_create(tin, K, M, K)  # activation a(M, K) row-major
         self.d_layout = lt.matrix_layout_create(tout, N, M, N)  # out(M, N) row-major
-        self._finalizer = weakref.finalize(
-            self, _destroy_plan, lt, self.desc, (self.a_layout, self.b_layout, self.d_layout)
-        )
+        # Activation layouts for row strides other than K (a column slice of a wider tensor), made on demand; the
+        # finalizer holds this list (not the plan), so layouts added later are destroyed too.
+        self._strided: dict[int, int] = {}
+        self._owned = [self.a_layout, self.b_layout, self.d_layout]
+        self._finalizer = weakref.finalize(self, _destroy_plan, lt, self.desc, self._owned)
         A = lt.MatmulDescAttribute
         self._set_desc(A.TRANSA, OP_T)
         self._set_desc(A.TRANSB, OP_N)
@@ -140,9 +142,20 @@ class MatmulPlan:
         self._ptr_cells[name][0] = ptr
         self.lib.lt.matmul_desc_set_attribute(self.desc, self._ptr_attr[name], self._ptr_addr[name], 8)
 
-    def layouts(self) -> tuple[int, int, int, int, int]:
-        """(desc, A, B, C, D) handles in the order the cuBLASLt calls take them (C and D share a layout)."""
-        return self.desc, self.a_layout, self.b_layout, self.d_layout, self.d_layout
+    def layouts(self, b_layout: int | None = None) -> tuple[int, int, int, int, int]:
+        """(desc, A, B, C, D) handles in the order the cuBLASLt calls take them (C and D share a layout);
+        ``b_layout`` replaces the activation's (see :meth:`activation_layout`)."""
+        return self.desc, self.a_layout, b_layout or self.b_layout, self.d_layout, self.d_layout
+
+    def activation_layout(self, lda: int) -> int:
+        """The activation's layout with row stride ``lda`` (>= K) instead of K: cuBLASLt reads the (M, K) rows of a
+        wider row-major tensor in place, as cuBLAS does for F.linear. Created once per stride; callers serialize."""
+        layout = self._strided.get(lda)
+        if layout is None:
+            p = self.problem
+            layout = self._strided[lda] = self.lib.lt.matrix_layout_create(_CUDA_DTYPE[p.dtype], p.K, p.M, lda)
+            self._owned.append(layout)
+        return layout
 
 
 def _destroy_plan(lt: Any, desc: int, layouts: tuple[int, ...]) -> None:
@@ -205,13 +218,14 @@ class LtLibrary:
         buf = np.array([value], dtype=lt.get_matmul_preference_attribute_dtype(attr))
         lt.matmul_preference_set_attribute(pref, int(attr), buf.ctypes.data, buf.itemsize)
 
-    def check(self, plan: MatmulPlan, raw: bytes) -> AlgoInfo:
-        """``cublasLtMatmulAlgoCheck``: the algorithm's workspace need on ``plan``; :class:`AlgoRejected` if invalid."""
+    def check(self, plan: MatmulPlan, raw: bytes, b_layout: int | None = None) -> AlgoInfo:
+        """``cublasLtMatmulAlgoCheck``: the algorithm's workspace need on ``plan`` (with activation layout
+        ``b_layout`` if given); :class:`AlgoRejected` if invalid."""
         lt = self.lt
         algo = _algo_array(raw)
         result = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
         try:
-            lt.matmul_algo_check(self.handle, *plan.layouts(), algo.ctypes.data, result.ctypes.data)
+            lt.matmul_algo_check(self.handle, *plan.layouts(b_layout), algo.ctypes.data, result.ctypes.data)
         except lt.cuBLASLtError as exc:
             raise AlgoRejected(str(exc)) from None
         if int(result[0]["state"]) != 0:

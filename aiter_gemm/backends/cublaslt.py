@@ -210,6 +210,11 @@ class LtRunner:
         self._bias_keep: Optional[torch.Tensor] = None
         self._shape_a, self._shape_b = (p.M, p.K), (p.N, p.K)
         self._desc, self._la, self._lb, self._lc, self._ld = plan.layouts()
+        self._raw = info.raw
+        # Activation layout per row stride: K's is the plan's; others are checked against this algorithm once
+        # (None: rejected, copy instead). F.linear reads strided rows in place; copying them cost the Llama-3.1-8B
+        # layer 6% at M = 2048, where the o projection reads a column slice of the qkv output (BENCHMARKS.md).
+        self._lb_by_stride: dict[int, Optional[int]] = {p.K: self._lb}
         self._handle = lib.handle
         self._matmul = lib.lt.matmul
 
@@ -228,8 +233,13 @@ class LtRunner:
                              f"{a.dtype} and b {tuple(b.shape)} {b.dtype}")
         if otype != p.otype:
             raise ValueError(f"cublaslt runner prepared for otype {p.otype}, called with {otype}")
-        if not a.is_contiguous() or a.data_ptr() & self._mask_a:
-            a = a.contiguous() if not a.is_contiguous() else a.clone()  # rare: copy into aligned row-major
+        lb = self._lb
+        if not a.is_contiguous():
+            lb = self._strided_layout(a)
+            if lb is None or a.data_ptr() & self._mask_a:
+                a, lb = a.contiguous(), self._lb  # rows cuBLASLt cannot read in place: copy into row-major
+        elif a.data_ptr() & self._mask_a:
+            a = a.clone()  # rare: misaligned row-major, copy into an aligned buffer
         if not b.is_contiguous() or b.data_ptr() & self._mask_b:
             b = b.contiguous() if not b.is_contiguous() else b.clone()
         dev = a.device
@@ -240,20 +250,41 @@ class LtRunner:
             with self._lock:  # bias/scale pointers live in the descriptor this runner owns: set on every call
                 self._set_bias(bias)
                 self._set_scales(scale_a, scale_b)
-                self._call(a, b, out, ws_ptr, stream)
+                self._call(a, b, out, ws_ptr, stream, lb)
         else:
             if bias is not None or scale_a is not None or scale_b is not None:
                 raise ValueError("cublaslt runner was prepared without bias/scales but called with them")
-            self._call(a, b, out, ws_ptr, stream)
+            self._call(a, b, out, ws_ptr, stream, lb)
         if scale_c is not None:
             out.mul_(scale_c)
         return out
 
-    def _call(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws_ptr: int, stream: int) -> None:
+    def _call(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws_ptr: int, stream: int,
+              lb: int) -> None:
         d = out.data_ptr()
         self._matmul(self._handle, self._desc, self._alpha.ctypes.data, b.data_ptr(), self._la, a.data_ptr(),
-                     self._lb, self._beta.ctypes.data, d, self._lc, d, self._ld, self._algo_ptr, ws_ptr,
+                     lb, self._beta.ctypes.data, d, self._lc, d, self._ld, self._algo_ptr, ws_ptr,
                      self._ws_bytes, stream)
+
+    def _strided_layout(self, a: torch.Tensor) -> Optional[int]:
+        """The activation layout for ``a``'s row stride if cuBLASLt can read its rows in place with this algorithm
+        (unit column stride, row stride >= K and a multiple of 16 bytes, the algorithm accepting the layout with no
+        more workspace than it has); None otherwise."""
+        lda = a.stride(0)
+        if lda in self._lb_by_stride:
+            return self._lb_by_stride[lda]
+        layout = None
+        if a.stride(1) == 1 and lda >= self.problem.K and (lda * a.element_size()) % 16 == 0:
+            with self._lock:
+                candidate = self.plan.activation_layout(lda)
+                try:
+                    info = self.lib.check(self.plan, self._raw, candidate)
+                    if info.workspace + (16 if info.workspace and self.problem.bias else 0) <= self._ws_bytes:
+                        layout = candidate
+                except AlgoRejected:
+                    pass
+        self._lb_by_stride[lda] = layout
+        return layout
 
     def _set_bias(self, bias: Optional[torch.Tensor]) -> None:
         p = self.problem
