@@ -2,8 +2,9 @@
 of a fused qkv output): rows read in place through a layout with the real row stride, against copying them into a
 contiguous buffer first (what the runner did before) and against F.linear on the same slice.
 
-Per shape, the cublaslt solution is the first enumerated candidate (cuBLASLt's heuristic #0); each variant is timed by gradlib's CUDA-graph timing over rotating input sets spanning twice the L2, 3 round-robin
-rounds, median of the round medians.
+Per shape, the cublaslt solution is the first enumerated candidate (cuBLASLt's heuristic #0); each variant is
+timed by gradlib's CUDA-graph timing over rotating input sets spanning twice the L2, 3 round-robin rounds, median
+of the round medians.
 
     python -m op_tests.op_benchmarks.bench_cublaslt_strided --ms 1,8,128,2048 --out results_dir
 """
