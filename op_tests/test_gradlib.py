@@ -326,3 +326,12 @@ def test_roofline_matches_device_name():
 def test_tuned_problems_of_missing_file_is_empty(tmp_path):
     assert tuned_problems(tmp_path / "none.csv", CPU) == set()
     assert not os.path.exists(tmp_path / "none.csv")
+
+
+def test_interleaved_rounds_alternate_the_order():
+    from gradlib.timing import interleaved
+
+    order = []
+    got = interleaved({k: (lambda k=k: order.append(k) or float(len(order))) for k in "abc"}, 4)
+    assert order == list("abccbaabccba")
+    assert got == {"a": [1.0, 6.0, 7.0, 12.0], "b": [2.0, 5.0, 8.0, 11.0], "c": [3.0, 4.0, 9.0, 10.0]}

@@ -3,8 +3,8 @@ of a fused qkv output): rows read in place through a layout with the real row st
 contiguous buffer first (what the runner did before) and against F.linear on the same slice.
 
 Per shape, the cublaslt solution is the first enumerated candidate (cuBLASLt's heuristic #0); each variant is
-timed by gradlib's CUDA-graph timing over rotating input sets spanning twice the L2, 3 round-robin rounds, median
-of the round medians.
+timed by gradlib's CUDA-graph timing over rotating input sets spanning twice the L2, 4 rounds of alternating order,
+median of the round medians.
 
     python -m op_tests.op_benchmarks.bench_cublaslt_strided --ms 1,8,128,2048 --out results_dir
 """
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from aiter_gemm.backends import get_backend
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import probe_gpu
-from gradlib.timing import FULL, cache_bytes, rotating_sets, time_runner
+from gradlib.timing import FULL, cache_bytes, interleaved, rotating_sets, time_runner
 
 BF16 = torch.bfloat16
 
@@ -49,10 +49,8 @@ def bench(M: int, N: int, K: int, width: int, dev) -> dict:
         "cublaslt_in_place": lambda i: runner(sets[i][0], sets[i][1], None, BF16),
         "cublaslt_copy": lambda i: runner(sets[i][0].contiguous(), sets[i][1], None, BF16),
     }
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(3):
-        for name, fn in variants.items():
-            samples[name].append(time_runner(fn, n, torch.device("cuda"), FULL).us)
+    samples = interleaved({k: (lambda fn=fn: time_runner(fn, n, torch.device("cuda"), FULL).us)
+                           for k, fn in variants.items()}, 4)
     row = {"M": M, "N": N, "K": K, "row_stride": width, "kernelName": solution.kernelName[:40], "rel_err": err}
     row.update({f"{k}_us": statistics.median(v) for k, v in samples.items()})
     row["copy_over_in_place"] = row["cublaslt_copy_us"] / row["cublaslt_in_place_us"]

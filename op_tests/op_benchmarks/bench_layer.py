@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import aiter_gemm
 from gradlib.models import load_arch, projections
-from gradlib.timing import FULL, time_runner
+from gradlib.timing import FULL, interleaved, time_runner
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nsets", default="1,8,32,128,2048")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rounds", type=int, default=4, help="timing rounds, alternating the order (median)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16
@@ -89,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         if not err < 2e-2:
             raise AssertionError(f"layer output differs at M={m}: relative error {err:.3g}")
         row = {"M": m, "rel_err": float(err)}
-        samples: dict[str, list[float]] = {}
-        for _ in range(3):  # round-robin, median: clock drift must not favour whichever is timed first
-            for name, g in gemms.items():
-                fn = lambda i, g=g, x=x: layer.forward(x, g)
-                samples.setdefault(f"{name}_graph_us", []).append(time_runner(fn, 1, device, FULL).us)
-                samples.setdefault(f"{name}_eager_us", []).append(eager_us(fn, device))
+        measures = {}
+        for name, g in gemms.items():
+            fn = lambda i, g=g, x=x: layer.forward(x, g)
+            measures[f"{name}_graph_us"] = lambda fn=fn: time_runner(fn, 1, device, FULL).us
+            measures[f"{name}_eager_us"] = lambda fn=fn: eager_us(fn, device)
+        # Rounds in alternating order, median: clock drift must not favour whichever is timed first.
+        samples = interleaved(measures, args.rounds)
         row.update({k: statistics.median(v) for k, v in samples.items()})
         row["speedup_graph"] = row["F.linear_graph_us"] / row["gemm_a16w16_graph_us"]
         row["speedup_eager"] = row["F.linear_eager_us"] / row["gemm_a16w16_eager_us"]

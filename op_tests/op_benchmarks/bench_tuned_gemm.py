@@ -1,6 +1,6 @@
 """Tuned dispatch against ``F.linear``, ``torch.compile(max-autotune)`` and the roofline, per shape.
 
-Per shape, timed in round-robin rounds (``--rounds``, median per method, so clock drift biases no method):
+Per shape, timed in rounds of alternating order (``--rounds``, median per method, so clock drift biases no method):
 ``F.linear``; ``gemm_a16w16`` (the whole dispatch path); ``torch.compile(mode="max-autotune-no-cudagraphs")``
 of an ``F.linear`` module (``--compile_m`` limits which M get it: each compile autotunes for tens of seconds); and,
 from a tuner ``--profile_file``, the best candidate of each backend. GPU times are CUDA-graph replays over rotating
@@ -33,7 +33,7 @@ import aiter_gemm
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import load_untuned
 from gradlib.models import load_arch, model_problems, projections
-from gradlib.timing import FULL, cache_bytes, rotating_sets, time_runner
+from gradlib.timing import FULL, cache_bytes, interleaved, rotating_sets, time_runner
 
 RESULTS = Path(__file__).parent / "results"
 log = logging.getLogger(__name__)
@@ -169,13 +169,12 @@ def bench_shape(label: str, p: GemmProblem, device: torch.device, peaks, args, b
     # Round-robin rounds, median per method: a GPU that heats up and clocks down over a shape's measurements (seen
     # on H100: the same F.linear kernel measured 5-10% slower when timed second on M >= 512, N = 28672) would
     # otherwise bias whichever method is timed later.
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    eager: dict[str, list[float]] = {k: [] for k in ("flinear", "tuned")}
-    for _ in range(args.rounds):
-        for k, fn in fns.items():
-            samples[k].append(time_runner(fn, inp.n, device, FULL).us)
-        for k in eager:
-            eager[k].append(eager_us(fns[k], inp, device))
+    # The order alternates between rounds (gradlib.timing.interleaved), so no method is always timed first.
+    measures = {k: (lambda fn=fn: time_runner(fn, inp.n, device, FULL).us) for k, fn in fns.items()}
+    measures.update({f"eager_{k}": (lambda k=k: eager_us(fns[k], inp, device)) for k in ("flinear", "tuned")})
+    timed = interleaved(measures, args.rounds)
+    samples = {k: timed[k] for k in fns}
+    eager = {k: timed[f"eager_{k}"] for k in ("flinear", "tuned")}
     row["compile_us"] = math.nan
     for k, v in samples.items():
         row[f"{k}_us"] = statistics.median(v)
@@ -272,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no_compile", action="store_true", help="skip torch.compile max-autotune")
     ap.add_argument("--compile_m", type=lambda s: [int(x) for x in s.split(",")], default=None,
                     help="only these M get max-autotune (each compile takes tens of seconds)")
-    ap.add_argument("--rounds", type=int, default=3, help="round-robin timing rounds per shape (median)")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds per shape, alternating the order (median)")
     ap.add_argument("--compile_budget_s", type=float, default=math.inf,
                     help="stop compiling max-autotune candidates once the run has lasted this long (seconds)")
     ap.add_argument("--profile_file", default=None, help="tuner profile CSV: best time of each backend per shape")
