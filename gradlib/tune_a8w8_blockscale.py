@@ -400,8 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     srch.add_argument("--x_scale_layout", choices=X_SCALE_LAYOUTS, default="row_major",
                       help="x_scale's memory layout as the model's quantizer writes it: row_major (default; "
-                      "quantize_blockscale's, AITER's) or m_major (strides (1, M), vLLM's column_major_scales: torch's "
-                      "block-scaled matmul needs it, our Triton kernel ran 5-29%% slower with it at M >= 16 on H100)")
+                      "quantize_blockscale's, AITER's) or m_major (strides (1, M), vLLM's column_major_scales: "
+                      "torch's block-scaled matmul needs it; our Triton kernel ran up to 29%% slower with it on "
+                      "most H100 shapes with M >= 16)")
     run = ap.add_argument_group("execution")
     run.add_argument("--mp", type=int, default=None, help="worker processes, one per GPU (default: every visible "
                      "GPU; 1 on CPU, where kernels run in the Triton interpreter)")
