@@ -8,7 +8,8 @@
 #
 #   MODE=tune (default) LISTS="llama3_8b llama3_70b_tp8" TIME_LIMIT=420 BENCH=1 bash op_tests/op_benchmarks/run_tuner_h100.sh
 #   MODE=mp   MP=2 NSETS=1,16,256,4096: tune the same shapes twice from scratch, --mp 1 then --mp $MP, wall times
-#             in $OUT/mp_wall.txt (needs $MP GPUs)
+#             in $OUT/mp_wall.txt (needs $MP GPUs). The recorded multi-GPU numbers come from run_ray_multi_gpu.sh
+#             instead, which also runs --mp 1 and --mp N (after a warm-up run that fills the Triton cache) plus Ray.
 #
 # Knobs: MP (workers, default 1 in tune mode), NSETS (restrict M values, e.g. "1,16,256"; default: the lists as
 # shipped), EXTRA (more tuner flags, e.g. "--screen_libtypes skinny,triton --timeout 120"), BENCH=0 (no benchmark).
