@@ -441,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--libtype {bad}: not among ['triton', '{torch_impl.LIBTYPE}']")
         devices = _executor_devices(args)
         on_gpu = devices[0] is not None
+        if torch_impl.LIBTYPE in (args.libtype or ()) and not on_gpu:
+            raise UsageError(f"--libtype torch: {torch_impl.unavailable_reason(torch.device('cpu'))}")
         args.libtype = args.libtype or (["triton", torch_impl.LIBTYPE] if on_gpu else ["triton"])
         env = {} if on_gpu else {"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
         with scoped_env(env):

@@ -155,9 +155,12 @@ def test_candidates_include_torch_only_where_it_applies():
                                                                                               "libtype": ["triton"]}))
 
 
-def test_bad_libtype_is_a_usage_error(tmp_path, capsys):
+def test_bad_libtype_is_a_usage_error(tmp_path, capsys, monkeypatch):
     assert main(["--nk", "256,512", "--libtype", "triton,cublas", "-o", str(tmp_path / "t.csv")]) == 2
     assert "--libtype ['cublas']" in capsys.readouterr().err
+    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))  # CPU workers
+    assert main(["--nk", "256,512", "--libtype", "torch", "-o", str(tmp_path / "t.csv")]) == 2
+    assert "--libtype torch: " in capsys.readouterr().err  # with the reason (no GPU; or no block-wise recipe)
 
 
 def test_tuner_writes_torch_winners_the_op_replays(tmp_path, clean_runtime, fake_torch, monkeypatch):
