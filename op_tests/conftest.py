@@ -28,6 +28,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def cpu_tuner_workers(request, monkeypatch):
+    """Tuner workers on CPU even on a GPU machine, the driver off the GPU too: fake backends' sleeps are host time,
+    which CUDA-graph timing would not see, and interpreted kernels run on CPU tensors. GPU-marked tests keep it."""
+    if request.node.get_closest_marker("gpu"):
+        return
+    from gradlib import gemm_tuner
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
+
+
+@pytest.fixture
 def device() -> str:
     """The device tests run on: the GPU when there is one, else the CPU."""
     return "cuda" if HAS_GPU else "cpu"

@@ -1,4 +1,5 @@
-"""Helpers shared by the runtime tests: a recording fake backend and tuned-CSV writers."""
+"""Helpers shared by the runtime and tuner tests: a recording fake backend, tuned-CSV writers, and running a tuner
+as a subprocess (environment, SIGKILL mid-run, resume)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch.nn.functional as F
 
 from aiter_gemm.backends import Backend
 
+REPO = Path(__file__).resolve().parent.parent
 BF16_HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName\n"
 
 
@@ -75,3 +79,28 @@ def sigkill_after_rows(cmd: list[str], env: dict, cwd, path, rows: int, timeout:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def repo_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH, plus ``extra``: for tuner subprocesses."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def kill_then_resume(cmd: list[str], env: dict, cwd, tuned: Path, expected: list, key: Callable[[dict], object],
+                     min_rows: int, after_kill: Callable[[], None] | None = None) -> list:
+    """SIGKILL tuner ``cmd`` once ``tuned`` holds ``min_rows`` rows and check the file is valid and partial; run
+    ``after_kill``; rerun ``cmd`` to the end and check it tuned only what was missing, so that every ``key(row)`` of
+    ``expected`` appears exactly once, the killed run's rows first and unchanged. Returns the keys at the kill."""
+    from aiter_gemm.fileio import read_csv_rows
+
+    sigkill_after_rows(cmd, env, cwd, tuned, min_rows)
+    at_kill = [key(r) for r in read_csv_rows(tuned)[1]]
+    assert min_rows <= len(at_kill) < len(expected)  # killed mid-run; the file is complete and readable
+    if after_kill is not None:
+        after_kill()
+    res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"{len(expected) - len(at_kill)} tuned, {len(at_kill)} skipped" in res.stdout
+    final = [key(r) for r in read_csv_rows(tuned)[1]]
+    assert sorted(final) == sorted(expected) and final[: len(at_kill)] == at_kill
+    return at_kill

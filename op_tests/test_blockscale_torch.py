@@ -25,7 +25,6 @@ from aiter_gemm.configs import ConfigError
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig, gemm_a8w8_blockscale_ref, quantize_blockscale
-from gradlib import gemm_tuner
 from gradlib.tune_a8w8_blockscale import candidate_names, main
 
 # Same bound as test_a8w8_blockscale.TOLERANCE[bf16]: bf16 output rounding (2^-9 per element) with margin.
@@ -155,19 +154,16 @@ def test_candidates_include_torch_only_where_it_applies():
                                                                                               "libtype": ["triton"]}))
 
 
-def test_bad_libtype_is_a_usage_error(tmp_path, capsys, monkeypatch):
+def test_bad_libtype_is_a_usage_error(tmp_path, capsys, cpu_tuner_workers):
     assert main(["--nk", "256,512", "--libtype", "triton,cublas", "-o", str(tmp_path / "t.csv")]) == 2
     assert "--libtype ['cublas']" in capsys.readouterr().err
-    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))  # CPU workers
     assert main(["--nk", "256,512", "--libtype", "torch", "-o", str(tmp_path / "t.csv")]) == 2
     assert "--libtype torch: " in capsys.readouterr().err  # with the reason (no GPU; or no block-wise recipe)
 
 
-def test_tuner_writes_torch_winners_the_op_replays(tmp_path, clean_runtime, fake_torch, monkeypatch):
+def test_tuner_writes_torch_winners_the_op_replays(tmp_path, clean_runtime, fake_torch, cpu_tuner_workers):
     """The fake (a float32 matmul) beats the interpreted Triton kernel on CPU, so torch wins every shape: its rows
     and JSON buckets say libtype torch and the op routes there."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
     tuned, jdir = tmp_path / "tuned.csv", tmp_path / "json"
     assert main(["--nk", "256,512", "--m", "1,6", "--candidates", f"{SWAP16},scaled_mm_blockwise", "-o", str(tuned),
                  "--json_dir", str(jdir), "--plugin", "op_tests.fake_scaled_mm_plugin"]) == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from gradlib.tune_a8w8_blockscale import (
     model_projections,
     seed_buckets,
 )
-from op_tests.runtime_helpers import sigkill_after_rows
+from op_tests.runtime_helpers import kill_then_resume, repo_env
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = "op_tests.test_blockscale_tuner"
@@ -55,13 +54,8 @@ for _name in ("raises", "hangs", "sigkill", "zeros", "nan", "wrong_shape"):
 register_launcher("fake_slow_exact", _slow_exact)
 
 
-@pytest.fixture(autouse=True)
-def _cpu_workers(request, monkeypatch):
-    """CPU workers (interpreted kernels) even on a GPU machine, except for GPU tests."""
-    if request.node.get_closest_marker("gpu"):
-        return
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
+# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones.
+pytestmark = pytest.mark.usefixtures("cpu_tuner_workers")
 
 
 def _run(*args) -> int:
@@ -155,20 +149,15 @@ def test_ray_flag_follows_the_bf16_tuner():
 def test_sigkill_then_resume_tunes_each_shape_once_and_completes_the_json(tmp_path):
     ms = [1, 2, 3, 4]
     tuned, jdir = tmp_path / "tuned.csv", tmp_path / "json"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "gradlib.tune_a8w8_blockscale", "--nk", "128,128", "--m", ",".join(map(str, ms)),
            "--candidates", f"{SWAP16},fake_slow_exact", "-o", str(tuned), "--json_dir", str(jdir), "--batch", "1",
            "--plugin", PLUGIN]
-    sigkill_after_rows(cmd, env, tmp_path, tuned, 1)
-    at_kill = [int(r["M"]) for r in read_csv_rows(tuned)[1]]
-    assert 1 <= len(at_kill) < len(ms)  # killed mid-run; the file is complete
-    assert not jdir.exists()  # the (N, K) never finished: no JSON yet
-    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert f"{len(ms) - len(at_kill)} tuned, {len(at_kill)} skipped" in res.stdout
-    final = [int(r["M"]) for r in read_csv_rows(tuned)[1]]
-    assert sorted(final) == ms and final[: len(at_kill)] == at_kill
+
+    def no_json_yet():
+        assert not jdir.exists()  # the (N, K) never finished: no JSON yet
+
+    kill_then_resume(cmd, repo_env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1"), tmp_path, tuned, ms,
+                     lambda r: int(r["M"]), 1, no_json_yet)
     body = json.loads((jdir / "cpu-GEMM-A8W8_BLOCKSCALE-N=128-K=128.json").read_text())
     assert list(body) == [f"M_LEQ_{m}" for m in ms] + ["any"]  # rows from both runs
 

@@ -21,12 +21,8 @@ PLUGIN = "op_tests.gradlib_fakes"
 RTOL = ATOL = 1e-2
 
 
-@pytest.fixture(autouse=True)
-def _cpu_workers(request, monkeypatch):
-    if request.node.get_closest_marker("gpu"):
-        return
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
+# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones.
+pytestmark = pytest.mark.usefixtures("cpu_tuner_workers")
 
 
 def _operands(M: int, N: int, K: int, device: str = "cpu"):

@@ -5,7 +5,6 @@ and the runtime replaying the rows written."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,12 +15,11 @@ import torch
 import op_tests.gradlib_fakes  # noqa: F401  (registers fake, fakelt, fakeslow in this process too)
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.fileio import read_csv_rows
-from gradlib import gemm_tuner
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, ProcessPool, TaskDone
 from gradlib.tasks import TIME, Task
 from gradlib.timing import TimingConfig
-from op_tests.runtime_helpers import sigkill_after_rows
+from op_tests.runtime_helpers import kill_then_resume, repo_env
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = "op_tests.gradlib_fakes"
@@ -29,14 +27,8 @@ QUICK = TimingConfig(warmup=1, reps=3, target_us=0, budget_s=0.2)
 UNTUNED = "M,N,K\n1,64,32\n17,96,64\n"
 
 
-@pytest.fixture(autouse=True)
-def _cpu_workers(request, monkeypatch):
-    """Tests with fake backends run CPU workers even on a GPU machine (their sleeps are host time, which CUDA-graph
-    timing would not see); the driver never touches the GPU either."""
-    if request.node.get_closest_marker("gpu"):
-        return
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
+# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones.
+pytestmark = pytest.mark.usefixtures("cpu_tuner_workers")
 
 
 def _untuned(tmp_path: Path, text: str = UNTUNED) -> Path:
@@ -219,17 +211,9 @@ def test_sigkill_driver_then_resume_gives_each_shape_once(tmp_path):
     shapes = [(m, 32, 32) for m in range(1, 9)]
     untuned = _untuned(tmp_path, "M,N,K\n" + "".join(f"{m},{n},{k}\n" for m, n, k in shapes))
     tuned = tmp_path / "tuned.csv"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
            "fakeslow", "--batch", "1", "--plugin", PLUGIN]
-    sigkill_after_rows(cmd, env, tmp_path, tuned, 2)
-    at_kill = [(int(r["M"]), int(r["N"]), int(r["K"])) for r in read_csv_rows(tuned)[1]]
-    assert 2 <= len(at_kill) < len(shapes)  # killed mid-run, file valid
-    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert f"{len(shapes) - len(at_kill)} tuned, {len(at_kill)} skipped" in res.stdout
-    final = [(int(r["M"]), int(r["N"]), int(r["K"])) for r in read_csv_rows(tuned)[1]]
-    assert sorted(final) == sorted(shapes) and final[: len(at_kill)] == at_kill
+    kill_then_resume(cmd, repo_env(), tmp_path, tuned, shapes, lambda r: (int(r["M"]), int(r["N"]), int(r["K"])), 2)
 
 
 @pytest.mark.parametrize("mp", [2])

@@ -6,7 +6,6 @@ the task retried on the new one (bounded), the driver SIGKILLed mid-run then res
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, PoolError, TaskDone
 from gradlib.tasks import TIME, Task
 from gradlib.timing import TimingConfig
-from op_tests.runtime_helpers import sigkill_after_rows
+from op_tests.runtime_helpers import kill_then_resume, repo_env
 
 try:
     import ray
@@ -31,7 +30,6 @@ except ImportError:
 
 needs_ray = pytest.mark.skipif(ray is None, reason="Ray is an optional extra: pip install '.[ray]' (CI installs it)")
 
-REPO = Path(__file__).resolve().parent.parent
 PLUGIN = "op_tests.gradlib_fakes"
 QUICK = TimingConfig(warmup=1, reps=3, target_us=0, budget_s=0.2)
 NAMES = list(op_tests.gradlib_fakes.FAKE_BEHAVIOURS)
@@ -47,7 +45,7 @@ def ray_cluster():
     The actors see no GPU (so fake backends' sleeps are what gets timed) and import this checkout first."""
     mp = pytest.MonkeyPatch()
     mp.setenv("CUDA_VISIBLE_DEVICES", "")
-    mp.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    mp.setenv("PYTHONPATH", repo_env()["PYTHONPATH"])
     mp.setenv("RAY_DISABLE_USAGE_STATS", "1")
     # address="local": always a new cluster of our own, never one that happens to run on this machine
     ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.WARNING,
@@ -59,11 +57,8 @@ def ray_cluster():
         mp.undo()
 
 
-@pytest.fixture(autouse=True)
-def _cpu_workers(monkeypatch):
-    """The ``--mp`` runs compared with Ray runs use CPU workers too, even on a GPU machine."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
+# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones.
+pytestmark = pytest.mark.usefixtures("cpu_tuner_workers")
 
 
 def _untuned(tmp_path: Path, text: str, name: str = "untuned.csv") -> Path:
@@ -159,19 +154,11 @@ def test_ray_sigkill_driver_then_resume(tmp_path, ray_cluster):
     shapes = [(m, 32, 32) for m in range(1, 9)]
     untuned = _untuned(tmp_path, "M,N,K\n" + "".join(f"{m},{n},{k}\n" for m, n, k in shapes))
     tuned = tmp_path / "tuned.csv"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "CUDA_VISIBLE_DEVICES": ""}
     # A second driver joins this module's cluster by its address, as a tuner joins an existing cluster.
     cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
            "fakeslow", "--batch", "1", "--plugin", PLUGIN, "--ray", ray_cluster]
-    sigkill_after_rows(cmd, env, tmp_path, tuned, 2)
-    at_kill = [(int(r["M"]), int(r["N"]), int(r["K"])) for r in read_csv_rows(tuned)[1]]
-    assert 2 <= len(at_kill) < len(shapes)  # killed mid-run, file valid
-    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert f"{len(shapes) - len(at_kill)} tuned, {len(at_kill)} skipped" in res.stdout
-    final = [(int(r["M"]), int(r["N"]), int(r["K"])) for r in read_csv_rows(tuned)[1]]
-    assert sorted(final) == sorted(shapes) and final[: len(at_kill)] == at_kill
+    kill_then_resume(cmd, repo_env(CUDA_VISIBLE_DEVICES=""), tmp_path, tuned, shapes,
+                     lambda r: (int(r["M"]), int(r["N"]), int(r["K"])), 2)
 
 
 # ---- the executor on its own ---------------------------------------------------------------------------------------
@@ -289,8 +276,7 @@ def _node_loss_scenario() -> None:
 def test_node_lost_mid_task_is_retried_on_another_node(tmp_path):
     import json
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "CUDA_VISIBLE_DEVICES": "", "RAY_DISABLE_USAGE_STATS": "1"}
+    env = repo_env(CUDA_VISIBLE_DEVICES="", RAY_DISABLE_USAGE_STATS="1")
     code = "from op_tests.test_gradlib_ray import _node_loss_scenario; _node_loss_scenario()"
     res = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=240)
