@@ -66,7 +66,7 @@ __all__ = [
 log = logging.getLogger("aiter_gemm")
 
 KIND = "GEMM_A8W8_BLOCKSCALE"
-LIBTYPE = "triton"
+LIBTYPE = BlockscaleConfig.libtype
 LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE)
 #: What runs a shape: one of our Triton configs, or torch's block-scaled matmul.
 Choice = BlockscaleConfig | TorchBlockwise
@@ -87,10 +87,6 @@ def parse_choice(name: str) -> Choice:
     """The choice a ``kernelName`` names (torch's :data:`~aiter_gemm.kernels.a8w8_blockscale_torch.NAME` or a
     Triton config name); ValueError saying what is wrong."""
     return TorchBlockwise() if name.strip() == torch_impl.NAME else BlockscaleConfig.from_name(name)
-
-
-def libtype_of(choice: Choice) -> str:
-    return choice.libtype if isinstance(choice, TorchBlockwise) else LIBTYPE
 
 
 def choice_error(choice: Choice, M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
@@ -189,7 +185,7 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: flo
     flops = 2.0 * M * N * K
     nbytes = M * K + N * K + M * N * 2 + 4 * (M + -(-N // SCALE_BLOCK)) * -(-K // SCALE_BLOCK)
     return {
-        "gfx": device.gfx, "cu_num": device.cu_num, "M": M, "N": N, "K": K, "libtype": libtype_of(cfg),
+        "gfx": device.gfx, "cu_num": device.cu_num, "M": M, "N": N, "K": K, "libtype": cfg.libtype,
         "kernelId": kernel_id, "splitK": cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, "us": round(us, 4),
         "kernelName": cfg.name, "tflops": round(flops / us / 1e6, 2), "bw": round(nbytes / us / 1e3, 2),
         "errRatio": round(err_ratio, 6),
@@ -210,7 +206,7 @@ class BlockscaleChoice:
 
     def as_config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = dict(self.row.fields) if self.row is not None else {}
-        cfg.update(self.config.to_json(), kernelName=self.config.name, libtype=libtype_of(self.config),
+        cfg.update(self.config.to_json(), kernelName=self.config.name, libtype=self.config.libtype,
                    matched=self.matched,
                    source=self.source, us=self.row.us if self.row is not None else None)
         return cfg

@@ -32,6 +32,7 @@ import itertools
 import os
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
@@ -89,6 +90,8 @@ class BlockscaleConfig:
     """One kernel configuration. BLOCK_SIZE_M / BLOCK_SIZE_N tile the problem's M and N (the output's rows and
     columns) whatever the variant; swapAB only changes which of them the MMA puts on its M side."""
 
+    #: The tuned-CSV ``libtype`` of every config (the other block-scale implementation is torch's).
+    libtype: ClassVar[str] = "triton"
     variant: str = "base"
     BLOCK_SIZE_M: int = 128
     BLOCK_SIZE_N: int = 128
