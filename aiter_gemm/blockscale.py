@@ -1,6 +1,9 @@
-"""``gemm_a8w8_blockscale``: fp8 GEMM with DeepSeek-style block scales, dispatched from tuned CSV rows or JSON.
+"""The ``gemm_a8w8_blockscale`` op: fp8 GEMM with DeepSeek-style block scales, on the generic dispatcher.
 
-Which kernel config runs a shape (M, N, K) is decided once per shape and cached, in this order:
+This module is the op's :class:`~aiter_gemm.op.OpSpec` (:data:`GEMM_A8W8_BLOCKSCALE`), its file formats and its
+public entry points; the implementations are its backends in :mod:`aiter_gemm.backends.a8w8_blockscale`
+(``triton``: our kernels; ``torch``: torch's block-scaled ``F.scaled_mm``). Which one runs a shape (M, N, K) is
+decided once per shape, in the dispatcher's order (docs/design.md):
 
 1. a row of the ``GEMM_A8W8_BLOCKSCALE`` table (``AITER_CONFIG_GEMM_A8W8_BLOCKSCALE``, default the shipped
    ``configs/a8w8_blockscale_tuned_gemm.csv``) keyed ``gfx, cu_num, M, N, K``, exact M first, then M padded as AITER
@@ -8,79 +11,64 @@ Which kernel config runs a shape (M, N, K) is decided once per shape and cached,
    ``gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio``. ``libtype`` ``triton``: our
    kernel, ``kernelName`` is :attr:`BlockscaleConfig.name` (e.g. ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3``,
    then optionally ``_NS2``, ``_TMA``, ``_WS``) and ``splitK`` must equal its split count (0 or 1 when unsplit);
-   ``libtype`` ``torch``: torch's block-scaled ``F.scaled_mm`` (cuBLASLt), ``kernelName`` ``scaled_mm_blockwise``
-   (:mod:`aiter_gemm.kernels.a8w8_blockscale_torch`). ``kernelId`` is the candidate's index in the tuner's listing
-   (informational). A malformed row raises :class:`ConfigError` naming file, line and column; a well-formed choice
-   that cannot run the shape here (or torch's where this torch/GPU lacks it) is a miss (warned once).
-2. the per-device JSON ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json`` (seed 002's file), searched in the folders
-   of ``AITER_GEMM_TRITON_CONFIGS`` (colon-separated) and then the shipped ``configs/triton/``. Its keys are M
-   buckets, each mapped to a config object (:meth:`BlockscaleConfig.to_json`, or
-   ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``): ``M_LEQ_<n>`` covers M <= n,
-   seed 002's ``small_M`` / ``medium_M`` / ``large_M`` mean M <= 256 / M <= 2048 / any M, and ``any`` is any M. The
-   bucket with the smallest bound >= M wins. The tuner writes one ``M_LEQ_<m>`` per tuned M plus ``any`` for the
-   largest (:func:`buckets_from_tuned`): finer than seed 002's three, because the best variant changes between
-   M = 16 (swapAB, split-K) and M = 256 (base) and again above 1024 (larger tiles).
-3. the built-in :func:`~aiter_gemm.kernels.a8w8_blockscale.default_config`.
+   ``libtype`` ``torch``: ``kernelName`` ``scaled_mm_blockwise``. ``kernelId`` is the candidate's index in the
+   tuner's listing (informational). A malformed row raises :class:`ConfigError` naming file, line and column; a
+   well-formed choice that cannot run the shape here (or torch's where this torch/GPU lacks it) is a miss (warned).
+2. the per-device JSON ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``, searched in the folders of
+   ``AITER_GEMM_TRITON_CONFIGS`` (colon-separated) and then the shipped ``configs/triton/``. Its keys are M buckets
+   (:mod:`aiter_gemm.jsonconfigs`: ``M_LEQ_<n>``, ``small_M`` / ``medium_M`` / ``large_M`` = M <= 256 / 2048 / any,
+   ``any``), each mapped to a config object (:meth:`BlockscaleConfig.to_json`, or
+   ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``). The tuner writes one ``M_LEQ_<m>`` per tuned M
+   plus ``any`` for the largest (:func:`buckets_from_tuned`): the best variant changes between M = 16 (swapAB,
+   split-K) and M = 256 (base) and again above 1024 (larger tiles).
+3. the default: the highest-priority backend whose ``default_for`` claims the shape
+   (:func:`~aiter_gemm.kernels.a8w8_blockscale.default_config` of the Triton backend).
 
-Files are read at first use and again after :func:`aiter_gemm.reload_configs` (noticed through the table object
-changing); the per-call path does one dict lookup.
+Files are read at first use and again after :func:`aiter_gemm.reload_configs`; the per-call path does one dict
+lookup.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import re
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow
-from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.dispatch import MATCH_LEVELS, get_padded_m
-from aiter_gemm.fileio import atomic_write_text
+from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
+from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
+from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.configs import ConfigError, TunedRow
+from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
+from aiter_gemm.dispatch import dispatcher_for
+from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, read_buckets, select_bucket, write_buckets
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
-from aiter_gemm.kernels.a8w8_blockscale import (
-    SCALE_BLOCK,
-    BlockscaleConfig,
-    config_error,
-    config_space,
-    default_config,
-    gemm_a8w8_blockscale_triton,
-)
-from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise, gemm_a8w8_blockscale_torch
-from aiter_gemm.ops import current_device_identity, get_config_table, get_dispatcher
+from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_error, config_space
+from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
+from aiter_gemm.op import OpSpec, register_op
 
 __all__ = [
-    "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "KIND", "LIBTYPE", "LIBTYPES", "BlockscaleChoice",
-    "Choice", "JSONConfigError", "TorchBlockwise", "buckets_from_tuned", "choice_error", "config_space", "csv_row",
-    "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path", "parse_choice",
-    "read_json_configs", "select_bucket", "write_json_configs",
+    "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "GEMM_A8W8_BLOCKSCALE", "KIND", "LIBTYPE", "LIBTYPES",
+    "Choice", "JSONConfigError", "TorchBlockwise", "buckets_from_tuned", "choice_error", "choice_of", "config_space",
+    "csv_row", "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path", "parse_choice",
+    "read_json_configs", "select_bucket", "solution_of", "write_json_configs",
 ]
-
-log = logging.getLogger("aiter_gemm")
 
 KIND = "GEMM_A8W8_BLOCKSCALE"
 LIBTYPE = BlockscaleConfig.libtype
 LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE)
+FP8 = torch.float8_e4m3fn
 #: What runs a shape: one of our Triton configs, or torch's block-scaled matmul.
 Choice = BlockscaleConfig | TorchBlockwise
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
 BLOCKSCALE_TUNED_COLUMNS = ("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId", "splitK", "us", "kernelName",
                             "tflops", "bw", "errRatio")
+_OUT_DTYPES = triton_backend.OUT_DTYPES
 
-_FP8_IN = (torch.float8_e4m3fn,)  # e4m3 as NVIDIA Triton runs it (tl.float8e4nv)
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Seed 002's buckets and their M bounds (None: any M).
-_NAMED_BUCKETS: dict[str, int | None] = {"small_M": 256, "medium_M": 2048, "large_M": None, "any": None}
-_LEQ_RE = re.compile(r"^M_LEQ_(\d+)$")
-#: Parsed JSON buckets: (M bound, None for any M; bucket key; choice), smallest bound first.
-Buckets = list[tuple[Optional[int], str, Choice]]
+
+# ------------------------------------------------------------------------------------------------ choices
 
 
 def parse_choice(name: str) -> Choice:
@@ -89,83 +77,95 @@ def parse_choice(name: str) -> Choice:
     return TorchBlockwise() if name.strip() == torch_impl.NAME else BlockscaleConfig.from_name(name)
 
 
+def solution_of(choice: Choice) -> Solution:
+    """The dispatcher's / tuner's solution for a choice."""
+    if isinstance(choice, TorchBlockwise):
+        return torch_backend.SOLUTION
+    return triton_backend.solution_of(choice)
+
+
+def choice_of(solution: Solution) -> Choice:
+    """The choice a solution names; ValueError if its kernelName does not parse."""
+    return parse_choice(solution.kernelName)
+
+
 def choice_error(choice: Choice, M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | None = None) -> str | None:
     """Why ``choice`` cannot run (M, N, K) -> ``dtype`` (on ``device``, for torch's: None skips the device
-    check); None if it can. The rule shared by the runtime and the tuner."""
+    check); None if it can. The backends' rule, for callers holding a choice rather than a solution."""
     if isinstance(choice, TorchBlockwise):
         why = torch_impl.unavailable_reason(device) if device is not None else None
         return why or torch_impl.shape_error(M, N, K, dtype)
-    return config_error(choice, M, N, K)
+    arch = REFERENCE_ARCH
+    if device is not None and device.type == "cuda":
+        arch = dispatcher_for(GEMM_A8W8_BLOCKSCALE).device(True).gfx
+    return config_error(choice, M, N, K, arch)
 
 
-class JSONConfigError(ValueError):
-    """A per-(N, K) JSON config that cannot be used as written; names the file and the bucket key."""
+def _row_solution(row: TunedRow) -> Solution:
+    """The solution a CSV row names; ConfigError (file, line, column) when the row is malformed: block-scale rows
+    must name one of the op's implementations, a parseable kernelName, and the split count it encodes."""
+    libtype = row.fields.get("libtype", "")
+    if libtype not in LIBTYPES:
+        raise ConfigError(row.source, row.line, "libtype", f"{KIND} rows must have libtype in {LIBTYPES}, got "
+                          f"{libtype!r}")
+    name = row.values["kernelName"]
+    if libtype == torch_impl.LIBTYPE:
+        if name != torch_impl.NAME:
+            raise ConfigError(row.source, row.line, "kernelName",
+                              f"libtype {libtype!r} rows name {torch_impl.NAME!r}, got {name!r}")
+        return Solution(libtype, row.values["kernelId"], 0, name)
+    try:
+        cfg = BlockscaleConfig.from_name(name)
+    except ValueError as exc:
+        raise ConfigError(row.source, row.line, "kernelName", str(exc)) from None
+    split = row.values["splitK"]
+    if (split != cfg.NUM_KSPLIT) if cfg.NUM_KSPLIT > 1 else (split not in (0, 1)):
+        raise ConfigError(row.source, row.line, "splitK",
+                          f"{split} disagrees with kernelName {name!r} (NUM_KSPLIT={cfg.NUM_KSPLIT})")
+    return Solution(libtype, row.values["kernelId"], split, name)
 
-    def __init__(self, path: str | os.PathLike, key: str | None, message: str) -> None:
-        super().__init__(f"{path}" + (f", key {key!r}" if key else "") + f": {message}")
+
+def _choice_from_json(entry: Mapping[str, Any]) -> Choice:
+    entry = dict(entry)
+    return TorchBlockwise.from_json(entry) if entry.get("libtype") == torch_impl.LIBTYPE \
+        else BlockscaleConfig.from_json(entry)
+
+
+def _describe(solution: Solution) -> dict[str, Any]:
+    """The kernel parameters ``get_GEMM_A8W8_BLOCKSCALE_config`` reports beside the row's columns."""
+    return choice_of(solution).to_json()
+
+
+def untuned_row(p: GemmProblem) -> dict[str, str]:
+    return {"M": str(p.M), "N": str(p.N), "K": str(p.K)}
+
+
+GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
+    name="gemm_a8w8_blockscale", kind=KIND, backends="aiter_gemm.backends.a8w8_blockscale",
+    row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
+    untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
+    json_family="GEMM-A8W8_BLOCKSCALE", json_solution=lambda entry: solution_of(_choice_from_json(entry)),
+    json_buckets=NAMED_BUCKETS, describe=_describe, source_with_line=True,
+))
 
 
 # ------------------------------------------------------------------------------------------------ JSON files
 
 
 def json_config_path(directory: str | os.PathLike, arch: str, N: int, K: int) -> Path:
-    """Seed 002's file name: ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``."""
-    return Path(directory) / f"{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json"
+    """The JSON file of (N, K) on ``arch``: ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``."""
+    return Path(directory) / f"{arch}-{GEMM_A8W8_BLOCKSCALE.json_family}-N={N}-K={K}.json"
 
 
-def _bucket_bound(path: str | os.PathLike, key: str) -> int | None:
-    if key in _NAMED_BUCKETS:
-        return _NAMED_BUCKETS[key]
-    m = _LEQ_RE.match(key)
-    if m is None or int(m.group(1)) < 1:
-        raise JSONConfigError(path, key, f"unknown bucket; use M_LEQ_<n> (n >= 1) or one of {list(_NAMED_BUCKETS)}")
-    return int(m.group(1))
-
-
-def read_json_configs(path: str | os.PathLike) -> Buckets:
-    """Buckets of a JSON file as (M bound or None for any M, key, config), smallest bound first; strict."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise JSONConfigError(path, None, f"not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not data:
-        raise JSONConfigError(path, None, "must be a non-empty object mapping M buckets to configs")
-    out = []
-    bounds_seen: dict[int | None, str] = {}
-    for key, entry in data.items():
-        bound = _bucket_bound(path, key)
-        if bound in bounds_seen:
-            raise JSONConfigError(path, key, f"covers the same M range as {bounds_seen[bound]!r}")
-        bounds_seen[bound] = key
-        if not isinstance(entry, dict):
-            raise JSONConfigError(path, key, "entry must be an object of kernel parameters")
-        try:
-            cfg = (TorchBlockwise.from_json(entry) if entry.get("libtype") == torch_impl.LIBTYPE
-                   else BlockscaleConfig.from_json(entry))
-        except (ValueError, TypeError) as exc:
-            raise JSONConfigError(path, key, str(exc)) from None
-        out.append((bound, key, cfg))
-    out.sort(key=lambda t: (t[0] is None, t[0] or 0))
-    return out
-
-
-def select_bucket(buckets: Buckets, M: int) -> tuple[str, Choice] | None:
-    """The entry with the smallest bound >= M (an unbounded one last); None when M exceeds every bound."""
-    for bound, key, cfg in buckets:
-        if bound is None or M <= bound:
-            return key, cfg
-    return None
+def read_json_configs(path: str | os.PathLike) -> list[tuple[int | None, str, Choice]]:
+    """Buckets of a JSON file as (M bound or None for any M, key, choice), smallest bound first; strict."""
+    return read_buckets(path, _choice_from_json, NAMED_BUCKETS)
 
 
 def write_json_configs(path: str | os.PathLike, buckets: Mapping[str, Choice]) -> None:
-    """Write ``buckets`` (bucket key -> config) atomically, smallest bound first; keys checked as when reading."""
-    if not buckets:
-        raise ValueError("write_json_configs: no buckets to write")
-    bounds = {key: _bucket_bound(path, key) for key in buckets}
-    order = sorted(buckets, key=lambda key: (bounds[key] is None, bounds[key] or 0))
-    body = {key: buckets[key].to_json() for key in order}
-    atomic_write_text(path, json.dumps(body, indent=4) + "\n")
+    """Write ``buckets`` (bucket key -> choice) atomically, smallest bound first; keys checked as when reading."""
+    write_buckets(path, buckets, lambda choice: choice.to_json(), NAMED_BUCKETS)
 
 
 def buckets_from_tuned(best: Mapping[int, Choice]) -> dict[str, Choice]:
@@ -192,129 +192,9 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: flo
     }
 
 
-# ------------------------------------------------------------------------------------------------ dispatch
+# ------------------------------------------------------------------------------------------------ the op
 
-
-@dataclass(frozen=True)
-class BlockscaleChoice:
-    """The config a shape runs and why: ``matched`` is exact / padded_gl0 / padded_gl1 / json / default."""
-
-    config: Choice
-    matched: str
-    source: str  # CSV path:line, JSON path#bucket, or "default heuristic"
-    row: TunedRow | None = None
-
-    def as_config(self) -> dict[str, Any]:
-        cfg: dict[str, Any] = dict(self.row.fields) if self.row is not None else {}
-        cfg.update(self.config.to_json(), kernelName=self.config.name, libtype=self.config.libtype,
-                   matched=self.matched,
-                   source=self.source, us=self.row.us if self.row is not None else None)
-        return cfg
-
-
-def _row_config(row: TunedRow) -> Choice:
-    """The choice a CSV row names; ConfigError (file, line, column) when the row is malformed."""
-    libtype = row.fields.get("libtype", "")
-    if libtype not in LIBTYPES:
-        raise ConfigError(row.source, row.line, "libtype", f"{KIND} rows must have libtype in {LIBTYPES}, got "
-                          f"{libtype!r}")
-    name = row.values["kernelName"]
-    if libtype == torch_impl.LIBTYPE:
-        if name != torch_impl.NAME:
-            raise ConfigError(row.source, row.line, "kernelName",
-                              f"libtype {libtype!r} rows name {torch_impl.NAME!r}, got {name!r}")
-        return TorchBlockwise()
-    try:
-        cfg = BlockscaleConfig.from_name(name)
-    except ValueError as exc:
-        raise ConfigError(row.source, row.line, "kernelName", str(exc)) from None
-    split = row.values["splitK"]
-    if (split != cfg.NUM_KSPLIT) if cfg.NUM_KSPLIT > 1 else (split not in (0, 1)):
-        raise ConfigError(row.source, row.line, "splitK",
-                          f"{split} disagrees with kernelName {name!r} (NUM_KSPLIT={cfg.NUM_KSPLIT})")
-    return cfg
-
-
-class _BlockscaleDispatcher:
-    """Per-shape decisions, rebuilt whenever :func:`aiter_gemm.get_config_table` hands out a new table."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._table: ConfigTable | None = None
-        self._choices: dict[tuple[int, int, int, bool, torch.dtype], BlockscaleChoice] = {}
-        self._json: dict[tuple[str, int, int], tuple[str, list] | None] = {}
-        self._json_dirs: tuple[Path, ...] = ()
-        self._warned: set[str] = set()
-
-    def choose(self, M: int, N: int, K: int, on_gpu: bool, dtype: torch.dtype = torch.bfloat16) -> BlockscaleChoice:
-        table = get_config_table(KIND)
-        if table is not self._table:
-            self._reset(table)
-        key = (M, N, K, on_gpu, dtype)
-        choice = self._choices.get(key)
-        if choice is None:
-            choice = self._choices[key] = self._decide(table, M, N, K, on_gpu, dtype)
-        return choice
-
-    def _reset(self, table: ConfigTable) -> None:
-        with self._lock:
-            self._table = table
-            self._choices = {}
-            self._json = {}
-            self._warned = set()
-            # A new table object means reload_configs() re-read the environment into new settings.
-            self._json_dirs = tuple(Path(p) for p in get_dispatcher().settings.triton_config_dirs)
-
-    def _warn_once(self, msg: str, *args: object) -> None:
-        key = msg % args
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(msg, *args)
-
-    def _decide(self, table: ConfigTable, M: int, N: int, K: int, on_gpu: bool,
-                dtype: torch.dtype) -> BlockscaleChoice:
-        dev = current_device_identity(on_gpu)
-        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        for level in MATCH_LEVELS:
-            m = M if level == "exact" else get_padded_m(M, N, K, int(level[-1]))
-            row = table.lookup(dev.gfx, dev.cu_num, (m, N, K))
-            if row is None:
-                continue
-            cfg = _row_config(row)
-            why = choice_error(cfg, M, N, K, dtype, device)
-            if why is None:
-                return BlockscaleChoice(cfg, level, f"{row.source}:{row.line}", row)
-            self._warn_once("aiter_gemm: %s:%d: %s cannot run M=%d N=%d K=%d (%s); row ignored",
-                            row.source, row.line, cfg.name, M, N, K, why)
-        entry = self._json_entry(dev.gfx, N, K, M)
-        if entry is not None:
-            path, key, cfg = entry
-            why = choice_error(cfg, M, N, K, dtype, device)
-            if why is None:
-                return BlockscaleChoice(cfg, "json", f"{path}#{key}")
-            self._warn_once("aiter_gemm: %s bucket %s: %s cannot run M=%d (%s); using the default",
-                            path, key, cfg.name, M, why)
-        return BlockscaleChoice(default_config(M, N, K, dev.cu_num if dev.is_gpu else 132), "default",
-                                "default heuristic")
-
-    def _json_entry(self, arch: str, N: int, K: int, M: int) -> tuple[str, str, Choice] | None:
-        key = (arch, N, K)
-        if key not in self._json:
-            found = None
-            for d in self._json_dirs:
-                path = json_config_path(d, arch, N, K)
-                if path.is_file():
-                    found = (str(path), read_json_configs(path))
-                    break
-            self._json[key] = found
-        found = self._json[key]
-        if found is None:
-            return None
-        hit = select_bucket(found[1], M)
-        return None if hit is None else (found[0], hit[0], hit[1])
-
-
-_DISPATCH = _BlockscaleDispatcher()
+_DISPATCHER = dispatcher_for(GEMM_A8W8_BLOCKSCALE)
 
 
 def get_GEMM_A8W8_BLOCKSCALE_config(M: int, N: int, K: int, on_gpu: bool | None = None,
@@ -323,10 +203,7 @@ def get_GEMM_A8W8_BLOCKSCALE_config(M: int, N: int, K: int, on_gpu: bool | None 
     a dict with the kernel parameters, ``kernelName``, ``libtype``, ``matched`` (exact/padded_gl0/padded_gl1/json/
     default) and ``source``."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
-    return _DISPATCH.choose(int(M), int(N), int(K), on_gpu, dtype).as_config()
-
-
-# ------------------------------------------------------------------------------------------------ the op
+    return _DISPATCHER.decide(GemmProblem(int(M), int(N), int(K), False, FP8, dtype), on_gpu).as_config()
 
 
 def _describe(name: str, t: torch.Tensor) -> str:
@@ -342,7 +219,7 @@ def _check_inputs(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_s
         if t.dim() != 2:
             raise ValueError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be 2-D")
     for name, t in (("XQ", XQ), ("WQ", WQ)):
-        if t.dtype not in _FP8_IN:
+        if t.dtype not in triton_backend.FP8_IN:
             raise TypeError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be fp8 e4m3 (torch.float8_e4m3fn)")
     for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
         if t.dtype != torch.float32:
@@ -385,13 +262,20 @@ def gemm_a8w8_blockscale(
     if M == 0:
         return torch.empty((M, N), dtype=dtype, device=XQ.device)
     if config is None:
-        cfg = _DISPATCH.choose(M, N, K, XQ.is_cuda, dtype).config
-    else:
-        cfg = parse_choice(config) if isinstance(config, str) else config
-        why = choice_error(cfg, M, N, K, dtype, XQ.device)
-        if why is not None:
-            raise ValueError(f"gemm_a8w8_blockscale: config {cfg.name} cannot run M={M} N={N} K={K}: {why}")
-    if isinstance(cfg, TorchBlockwise):
-        return gemm_a8w8_blockscale_torch(XQ, WQ, x_scale, w_scale, dtype)
-    out = torch.empty((M, N), dtype=dtype, device=XQ.device)
-    return gemm_a8w8_blockscale_triton(XQ, WQ, x_scale, w_scale, cfg, out)
+        key = (M, N, K, XQ.is_cuda, dtype)
+        runner = _DISPATCHER._fast.get(key)
+        if runner is None:
+            runner = _DISPATCHER._fast[key] = _DISPATCHER.decide(
+                GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda).runner
+        return runner(XQ, WQ, x_scale, w_scale, dtype)
+    choice = parse_choice(config) if isinstance(config, str) else config
+    why = choice_error(choice, M, N, K, dtype, XQ.device)
+    if why is not None:
+        raise ValueError(f"gemm_a8w8_blockscale: config {choice.name} cannot run M={M} N={N} K={K}: {why}")
+    problem = GemmProblem(M, N, K, False, FP8, dtype)
+    sol = solution_of(choice)
+    runner = _DISPATCHER.backend(sol.libtype).prepare(problem, sol, _DISPATCHER.device(XQ.is_cuda))
+    if runner is None:
+        raise ValueError(f"gemm_a8w8_blockscale: config {choice.name} cannot run M={M} N={N} K={K} on "
+                         f"{XQ.device}")
+    return runner(XQ, WQ, x_scale, w_scale, dtype)

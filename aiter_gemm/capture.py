@@ -3,7 +3,8 @@
 A shape is recorded when its decision is made, which happens once per distinct key, so the per-GEMM cost is zero.
 Pending shapes are flushed by a timer (``AITER_TUNE_GEMM_FLUSH_S`` after the first unflushed one) and at exit, under
 a file lock, merged with the rows already in the file (kept as they are) and written by atomic rename, so
-tensor-parallel ranks can share one file. The file is never inside the package.
+tensor-parallel ranks can share one file. The file is never inside the package. One recorder per op: the op says
+which columns its untuned file has (:class:`~aiter_gemm.op.OpSpec`).
 """
 
 from __future__ import annotations
@@ -12,48 +13,43 @@ import atexit
 import logging
 import threading
 import weakref
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 from aiter_gemm.backends.base import GemmProblem
-from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, SPECS, ConfigError, _parse_cell
-from aiter_gemm.dtypes import dtype_name
+from aiter_gemm.configs import ConfigError, TableSpec, typed_key
 from aiter_gemm.fileio import merge_csv_rows
 from aiter_gemm.settings import package_dirs
 
 log = logging.getLogger(__name__)
 
 
-def untuned_row(p: GemmProblem) -> dict[str, str]:
-    """A problem as an AITER untuned-CSV row."""
-    return {"M": str(p.M), "N": str(p.N), "K": str(p.K), "bias": str(p.bias), "dtype": dtype_name(p.dtype),
-            "outdtype": dtype_name(p.otype), "scaleAB": str(p.scaleAB), "bpreshuffle": str(p.bpreshuffle)}
+def row_key_of(spec: TableSpec, columns: Sequence[str]) -> Callable[[dict[str, str]], Hashable]:
+    """The merge key of an untuned row: its typed key (spellings of one value compare equal); a row that does not
+    parse keys on its raw text, so it is kept as it is and never merged with a different one."""
 
-
-def _typed_key(row: dict[str, str]) -> tuple:
-    """Typed key of an untuned row, so ``True``/``1`` or ``bf16``/``torch.bfloat16`` spellings compare equal."""
-    vals = {}
-    for col in SPECS["GEMM_BF16"].key:
-        text = (row.get(col.name) or "").strip()
-        if col.name == "outdtype" and not text:
-            vals[col.name] = vals["dtype"]
-            continue
+    def key(row: dict[str, str]) -> Hashable:
         try:
-            vals[col.name] = _parse_cell("<untuned row>", 0, col, text)
+            return typed_key(spec, row)
         except ConfigError:
-            return ("unparsed", *(str(row.get(c)) for c in BF16_UNTUNED_COLUMNS))
-    return tuple(vals.values())
+            return ("unparsed", *(str(row.get(c)) for c in columns))
+
+    return key
 
 
 class ShapeRecorder:
     """Collects distinct untuned shapes of this process and merges them into ``path``."""
 
-    def __init__(self, path: str, flush_s: float = 30.0) -> None:
+    def __init__(self, path: str, columns: Sequence[str], row_of: Callable[[GemmProblem], dict[str, str]],
+                 key_of: Callable[[dict[str, str]], Hashable], flush_s: float = 30.0) -> None:
         resolved = Path(path).resolve()
         for pkg in package_dirs():
             if resolved == pkg or pkg in resolved.parents:
-                raise ValueError(f"aiter_gemm: AITER_UNTUNED_GEMM_FILE={path} lies inside the package ({pkg}); "
-                                 "captured shapes are never written there: point it at a working directory")
+                raise ValueError(f"aiter_gemm: capture file {path} lies inside the package ({pkg}); captured "
+                                 "shapes are never written there: point AITER_UNTUNED_GEMM_FILE at a working "
+                                 "directory")
         self.path = str(resolved)
+        self.columns, self._row_of, self._key_of = tuple(columns), row_of, key_of
         self.flush_s = flush_s
         self._seen: set[GemmProblem] = set()
         self._pending: list[GemmProblem] = []
@@ -86,7 +82,7 @@ class ShapeRecorder:
         if not pending:
             return 0
         try:
-            added, _ = merge_csv_rows(self.path, BF16_UNTUNED_COLUMNS, [untuned_row(p) for p in pending], _typed_key)
+            added, _ = merge_csv_rows(self.path, self.columns, [self._row_of(p) for p in pending], self._key_of)
         except Exception:
             log.exception("aiter_gemm: could not write captured shapes to %s; will retry", self.path)
             with self._lock:

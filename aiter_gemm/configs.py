@@ -150,7 +150,7 @@ def _cell(row: list[str], idx: dict[str, int], name: str) -> str | None:
     return None if i is None else row[i].strip()
 
 
-def _parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool = False) -> Any:
+def parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool = False) -> Any:
     """Typed value of one cell; an absent or empty cell takes the column default (unless ``strict``) or is an error."""
     if not text:
         if col.default is not None and not strict:
@@ -197,8 +197,8 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
     cu_col = Column("cu_num", parse_int)
     dropped: list[int] = []
     for line, rec in data:
-        key = tuple(_parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
-        cu_num = _parse_cell(path, line, cu_col, _cell(rec, idx, "cu_num"))
+        key = tuple(parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
+        cu_num = parse_cell(path, line, cu_col, _cell(rec, idx, "cu_num"))
         us_text = _cell(rec, idx, spec.time_column) or ""
         try:
             us = float(us_text) if us_text else math.nan
@@ -207,7 +207,7 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
         if not (us > 0) or math.isinf(us):
             dropped.append(line)
             continue
-        values = {c.name: _parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
+        values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
         fields = {name: rec[i].strip() for name, i in idx.items()}
         yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
                        MappingProxyType(fields), path, line)
@@ -237,6 +237,21 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike]) -> ConfigTable:
     return ConfigTable(spec, merged, found)
 
 
+def typed_key(spec: TableSpec, cells: Mapping[str, str | None], path: str = "<row>", line: int = 0) -> tuple:
+    """The typed key of a shape row given as ``column -> text`` (absent or empty cells take their defaults; an absent
+    ``outdtype`` follows ``dtype``), so ``True``/``1`` or ``bf16``/``torch.bfloat16`` spellings compare equal.
+    ConfigError (naming ``path``, ``line`` and the column) when a cell does not parse or a required one is missing."""
+    vals: dict[str, Any] = {}
+    for c in spec.key:
+        text = cells.get(c.name)
+        text = text.strip() if text is not None else None
+        if c.name == "outdtype" and not text and "dtype" in vals:
+            vals[c.name] = vals["dtype"]
+        else:
+            vals[c.name] = parse_cell(path, line, c, text)
+    return tuple(vals.values())
+
+
 def load_untuned(path: str | os.PathLike, kind: str = "GEMM_BF16") -> list[tuple]:
     """Typed keys of an untuned shape list (``M,N,K`` at least; missing or empty columns take their defaults; an
     absent ``outdtype`` follows ``dtype``). Duplicates are kept once, in file order."""
@@ -249,12 +264,5 @@ def load_untuned(path: str | os.PathLike, kind: str = "GEMM_BF16") -> list[tuple
             raise ConfigError(path, 1, c.name, "missing required column")
     keys: dict[tuple, None] = {}
     for line, rec in data:
-        vals: dict[str, Any] = {}
-        for c in spec.key:
-            text = _cell(rec, idx, c.name)
-            if c.name == "outdtype" and not text:
-                vals[c.name] = vals["dtype"]
-            else:
-                vals[c.name] = _parse_cell(path, line, c, text)
-        keys[tuple(vals.values())] = None
+        keys[typed_key(spec, {name: rec[i] for name, i in idx.items()}, path, line)] = None
     return list(keys)

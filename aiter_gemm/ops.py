@@ -1,27 +1,108 @@
-"""Public GEMM entry points: ``gemm_a16w16``, ``TunedGemm.mm``, and the ``aiter_gemm::gemm_a16w16`` custom op.
+"""The ``gemm_a16w16`` op (AITER's ``tuned_gemm``): its :class:`~aiter_gemm.op.OpSpec`, the public entry points
+``gemm_a16w16`` / ``TunedGemm.mm`` / ``get_GEMM_A16W16_config``, the ``aiter_gemm::gemm_a16w16`` custom op, and the
+process-wide functions every op shares (``reload_configs``, ``get_config_table``, ``current_device_identity``).
 
-Eager calls go straight to the dispatcher (a ``torch.library.custom_op`` costs ~16 us per eager call on CPU, more
-than a decode GEMM on an H100); only code being traced by ``torch.compile`` / ``torch.export`` goes through the op,
-whose fake implementation lets ``fullgraph=True`` compile a model that calls it.
+Eager calls go straight to the dispatcher's per-call cache (a ``torch.library.custom_op`` costs ~16 us per eager call
+on CPU, more than a decode GEMM on an H100); only code being traced by ``torch.compile`` / ``torch.export`` goes
+through the op, whose fake implementation lets ``fullgraph=True`` compile a model that calls it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
 
+from aiter_gemm.backends import A16W16
 from aiter_gemm.backends.base import GemmProblem
-from aiter_gemm.configs import ConfigTable
+from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.dispatch import Dispatcher
-from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
+from aiter_gemm.dtypes import dtype_name, parse_dtype
+from aiter_gemm.op import OpSpec, op_spec, register_op
 
-_DISPATCHER = Dispatcher()
-_run = _DISPATCHER.run
+
+def row_key(p: GemmProblem) -> tuple:
+    """The GEMM_BF16 table key of a problem (the untuned columns, typed as the table parses them)."""
+    return (p.M, p.N, p.K, p.bias, p.dtype, p.otype, p.scaleAB, p.bpreshuffle)
+
+
+def untuned_row(p: GemmProblem) -> dict[str, str]:
+    """A problem as an AITER untuned-CSV row."""
+    return {"M": str(p.M), "N": str(p.N), "K": str(p.K), "bias": str(p.bias), "dtype": dtype_name(p.dtype),
+            "outdtype": dtype_name(p.otype), "scaleAB": str(p.scaleAB), "bpreshuffle": str(p.bpreshuffle)}
+
+
+GEMM_A16W16 = register_op(OpSpec(
+    name="gemm_a16w16", kind="GEMM_BF16", backends=A16W16, row_key=row_key,
+    untuned_columns=BF16_UNTUNED_COLUMNS, untuned_row=untuned_row, capture_path=lambda s: s.untuned_file,
+))
+
+_DISPATCHER = dispatcher_for(GEMM_A16W16)
 _is_compiling = torch.compiler.is_compiling
 
 
+def _run(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None, otype: torch.dtype | None = None,
+         scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+         scale_c: torch.Tensor | None = None) -> torch.Tensor:
+    """out (..., N) = A (..., K) @ B (N, K).T (+ bias): the eager path, one dict lookup after the first call.
+
+    Measured on CPU: building and hashing this key is ~0.4 us, the rest of the added cost is two Python calls."""
+    key = (A.shape, B.shape, A.dtype, B.dtype, otype, bias is None,
+           scale_a is None and scale_b is None and scale_c is None, A.is_cuda,
+           getattr(B, "is_shuffled", False) is True)
+    fast = _DISPATCHER._fast.get(key)
+    if fast is None:
+        fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
+    runner, out_dtype, shape2d, out_shape = fast
+    if shape2d is None:
+        return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
+    return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
+
+
+def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tuple:
+    problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[8])
+    dec = _DISPATCHER.decide(problem, key[7])
+    flat = A.dim() == 2
+    fast = (dec.runner, problem.otype, None if flat else (problem.M, problem.K),
+            None if flat else (*A.shape[:-1], problem.N))
+    _DISPATCHER._fast[key] = fast
+    return fast
+
+
+def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype | None,
+               scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, scale_c: torch.Tensor | None = None,
+               bpreshuffle: bool = False) -> GemmProblem:
+    """Validate the operands of ``gemm_a16w16`` and return their :class:`GemmProblem` (errors name the tensor)."""
+    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
+        raise TypeError(f"gemm_a16w16: A and B must be tensors, got {type(A).__name__} and {type(B).__name__}")
+    if A.dim() < 1 or B.dim() != 2:
+        raise ValueError(f"gemm_a16w16: A must be (..., K) and B (N, K); got A {tuple(A.shape)} {A.dtype}, "
+                         f"B {tuple(B.shape)} {B.dtype}")
+    K = A.shape[-1]
+    N = B.shape[0]
+    if B.shape[1] != K:
+        raise ValueError(f"gemm_a16w16: K mismatch: A {tuple(A.shape)} {A.dtype} has K={K} but B {tuple(B.shape)} "
+                         f"{B.dtype} has K={B.shape[1]} (B is (N, K), nn.Linear weight layout)")
+    if A.dtype != B.dtype:
+        raise ValueError(f"gemm_a16w16: A {tuple(A.shape)} is {A.dtype} but B {tuple(B.shape)} is {B.dtype}; "
+                         "both operands must have one dtype")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != N):
+        raise ValueError(f"gemm_a16w16: bias must be (N,) = ({N},), got {tuple(bias.shape)} {bias.dtype}")
+    if A.device != B.device:
+        raise ValueError(f"gemm_a16w16: A is on {A.device} but B {tuple(B.shape)} is on {B.device}")
+    if otype is not None and not isinstance(otype, torch.dtype):
+        raise TypeError(f"gemm_a16w16: otype must be a torch.dtype or None, got {otype!r}")
+    if not A.dtype.is_floating_point:
+        raise ValueError(f"gemm_a16w16: A {tuple(A.shape)} has dtype {A.dtype}; expected a floating dtype")
+    return GemmProblem(M=math.prod(A.shape[:-1]), N=N, K=K, bias=bias is not None, dtype=A.dtype,
+                       otype=otype or A.dtype,
+                       scaleAB=scale_a is not None or scale_b is not None or scale_c is not None,
+                       bpreshuffle=bpreshuffle)
+
+
+# ---- the custom op (torch.compile / export) ------------------------------------------------------------------
 @torch.library.custom_op("aiter_gemm::gemm_a16w16", mutates_args=())
 def _gemm_a16w16_op(
     A: torch.Tensor, B: torch.Tensor, bias: Optional[torch.Tensor] = None, otype: Optional[torch.dtype] = None,
@@ -57,6 +138,7 @@ def _backward(ctx, grad):
 _gemm_a16w16_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---- public API ----------------------------------------------------------------------------------------------
 def gemm_a16w16(
     A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None, otype: torch.dtype | None = None,
     scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None, scale_c: torch.Tensor | None = None,
@@ -92,8 +174,8 @@ def get_GEMM_A16W16_config(M: int, N: int, K: int, bias: bool, dtype: torch.dtyp
 
 
 def reload_configs() -> None:
-    """Re-read the environment and every config file and drop cached decisions (the tuner and tests use it)."""
-    _DISPATCHER.reload()
+    """Re-read the environment and every config file of every op and drop cached decisions (tuner, tests)."""
+    reload_all()
 
 
 def get_config_table(kind: str) -> ConfigTable:
@@ -106,5 +188,6 @@ def current_device_identity(on_gpu: bool | None = None) -> DeviceIdentity:
     return _DISPATCHER.device(torch.cuda.is_available() if on_gpu is None else on_gpu)
 
 
-def get_dispatcher() -> Dispatcher:
-    return _DISPATCHER
+def get_dispatcher(op: str | OpSpec = GEMM_A16W16) -> Dispatcher:
+    """The process's dispatcher of an op (default ``gemm_a16w16``; e.g. ``"gemm_a8w8_blockscale"``)."""
+    return dispatcher_for(op if isinstance(op, OpSpec) else op_spec(op))

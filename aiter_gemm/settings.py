@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Config kind -> (environment variable, shipped default file name), as in AITER (seed 003, section 6).
+# Config kind -> (environment variable, shipped default file name), as in AITER (docs/design.md, "Config files").
 CONFIG_KINDS: dict[str, tuple[str, str]] = {
     "GEMM_BF16": ("AITER_CONFIG_GEMM_BF16", "bf16_tuned_gemm.csv"),
     "GEMM_A8W8": ("AITER_CONFIG_GEMM_A8W8", "a8w8_tuned_gemm.csv"),

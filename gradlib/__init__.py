@@ -1,10 +1,13 @@
 """gradlib: the GEMM tuner. Times every candidate solution of every registered backend per shape and writes the
-winner per shape to a tuned CSV that :mod:`aiter_gemm` replays (AITER's gradlib design, seed 003 sections 3-4).
+winner per shape to a tuned CSV that :mod:`aiter_gemm` replays (AITER's gradlib design; docs/design.md, "Tuner").
 
-Modules: :mod:`~gradlib.gemm_tuner` (CLI), :mod:`~gradlib.search` (two-phase search per shape),
-:mod:`~gradlib.tasks` (picklable task model and the code a worker runs), :mod:`~gradlib.pool` (one process per GPU),
-:mod:`~gradlib.timing`, :mod:`~gradlib.accuracy`, :mod:`~gradlib.models` (shapes from a HF ``config.json``),
-:mod:`~gradlib.results` (checkpointed tuned-CSV writing and resume).
+Modules: the CLIs :mod:`~gradlib.gemm_tuner` and :mod:`~gradlib.tune_a8w8_blockscale` (argument parsing only) and
+their shared pieces :mod:`~gradlib.cli`; one :mod:`~gradlib.driver` (resume, checkpoints, table, summary) over
+:mod:`~gradlib.search` (the search of one shape), :mod:`~gradlib.tasks` (picklable tasks and the worker that runs
+them), :mod:`~gradlib.pool` / :mod:`~gradlib.ray_executor` (one worker per GPU), :mod:`~gradlib.results` (rows,
+checkpoints, resume set), :mod:`~gradlib.timing`, :mod:`~gradlib.accuracy`; per op, a
+:class:`~gradlib.tune_ops.TuneOp`: :mod:`~gradlib.a16w16`, :mod:`~gradlib.blockscale`; shapes from a model's
+``config.json``: :mod:`~gradlib.models`, :mod:`~gradlib.blockscale_shapes`.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiter_gemm.fileio import read_csv_rows
-from gradlib.gemm_tuner import UsageError, int_list
+from gradlib.cli import UsageError, int_list
 from gradlib.models import ModelArch, ModelConfigError, projections, shipped_model_dir
 
 __all__ = ["Projection", "UsageError", "deepseek_projections", "load_shapes", "model_projections", "nk_pair",
@@ -123,17 +123,19 @@ def read_shapes_csv(path: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def load_shapes(args: argparse.Namespace) -> list[tuple[int, int, int]]:
-    """Every (M, N, K) to tune, in order, without duplicates: --shapes rows, then (--nk + model) x --m."""
+def load_shapes(shapes_csv: str | None, nk: Sequence[tuple[int, int]] | None, model_dir: str | None, tp: int,
+                ms: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Every (M, N, K) to tune, in order, without duplicates: ``shapes_csv`` rows, then (``nk`` + the model's) x
+    ``ms``."""
     shapes: list[tuple[int, int, int]] = []
-    if args.shapes:
-        shapes += read_shapes_csv(args.shapes)
-    nks = list(args.nk or [])
-    if args.model_dir:
-        nks += [(p.N, p.K) for p in model_projections(args.model_dir, args.tp)]
-    if any(m < 1 for m in args.m):
-        raise UsageError(f"--m must be positive batch sizes, got {args.m}")
-    shapes += [(m, n, k) for n, k in dict.fromkeys(nks) for m in args.m]
+    if shapes_csv:
+        shapes += read_shapes_csv(shapes_csv)
+    nks = list(nk or [])
+    if model_dir:
+        nks += [(p.N, p.K) for p in model_projections(model_dir, tp)]
+    if any(m < 1 for m in ms):
+        raise UsageError(f"--m must be positive batch sizes, got {list(ms)}")
+    shapes += [(m, n, k) for n, k in dict.fromkeys(nks) for m in ms]
     if not shapes:
         raise UsageError("no shapes: give --nk N,K ..., --model_dir or --shapes")
     return list(dict.fromkeys(shapes))

@@ -137,22 +137,28 @@ def scoped_env(values: dict[str, str | None]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-class _Slot:
-    """One device's worker: its process, pipe, current task and the item it announced."""
+@dataclass
+class SlotState:
+    """What every executor tracks about one worker slot (subclasses add the process or actor handles)."""
 
-    def __init__(self, index: int, device: str | None) -> None:
-        self.index = index
-        self.device = device  # CUDA_VISIBLE_DEVICES value, None on CPU
-        self.proc: mp.process.BaseProcess | None = None
-        self.conn: Connection | None = None
-        self.ready = False
-        self.started_at = 0.0
-        self.start_failures = 0
-        self.task: Task | None = None
-        self.running: int | None = None  # index of the announced item without a result yet
-        self.item_started = 0.0
-        self.next_index = 0  # first item of self.task without a result
-        self.identity: DeviceIdentity | None = None
+    index: int
+    device: str | None  # CUDA_VISIBLE_DEVICES value (pool) or GPU (Ray); None: a CPU worker
+    ready: bool = False
+    started_at: float = 0.0
+    start_failures: int = 0
+    identity: DeviceIdentity | None = None
+    task: Task | None = None
+    next_index: int = 0  # first item of self.task without a result
+    running: int | None = None  # index of the item in flight (announced or sent), without a result yet
+    item_started: float = 0.0
+
+
+@dataclass
+class _Slot(SlotState):
+    """One device's worker process and its pipe."""
+
+    proc: mp.process.BaseProcess | None = None
+    conn: Connection | None = None
 
 
 class SlotExecutor:
@@ -161,6 +167,7 @@ class SlotExecutor:
 
     _slots: list
     _events: list
+    timeout: float
 
     def start(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -311,12 +318,6 @@ class ProcessPool(SlotExecutor):
             elif not s.ready and s.proc is not None and now - s.started_at > STARTUP_TIMEOUT_S:
                 self._kill(s)
                 self._start_failed(s, f"no hello within {STARTUP_TIMEOUT_S:.0f} s")
-
-    def _next_deadline(self) -> float:
-        """Seconds until the earliest running item times out (so the wait wakes up for it)."""
-        now = time.monotonic()
-        left = [s.item_started + self.timeout - now for s in self._slots if s.running is not None]
-        return max(0.0, min(left)) + 0.01 if left else 3600.0
 
     def _drain(self, s: _Slot) -> bool:
         """Handle every pending message of ``s``; False when its pipe is closed or broken (the process is gone)."""

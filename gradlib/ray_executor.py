@@ -30,7 +30,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiter_gemm.device import DeviceIdentity
-from gradlib.pool import MAX_START_FAILURES, STARTUP_TIMEOUT_S, ItemDone, PoolError, SlotExecutor, TaskDone
+from gradlib.pool import (
+    MAX_START_FAILURES,
+    STARTUP_TIMEOUT_S,
+    ItemDone,
+    PoolError,
+    SlotExecutor,
+    SlotState,
+    TaskDone,
+)
 from gradlib.tasks import ItemResult, Task
 
 log = logging.getLogger(__name__)
@@ -143,24 +151,14 @@ def _remote_actor():
 
 
 @dataclass
-class _Slot:
-    """One device's actor, the task it runs, and the item in flight."""
+class _Slot(SlotState):
+    """One device's actor, and the refs of what it is doing."""
 
-    index: int
-    device: str | None  # GPU or None (CPU)
     actor: object = None
     hello_ref: object = None  # pending hello: the actor is starting
-    ready: bool = False
-    started_at: float = 0.0
-    start_failures: int = 0
-    identity: DeviceIdentity | None = None
     where: str = ""  # "pid P on node N", for logs
-    task: Task | None = None
     task_ref: object = None  # the task in the object store: sent once, referenced by every item call
-    next_index: int = 0  # first item without a result
-    running: int | None = None
     ref: object = None  # result of the running item
-    item_started: float = 0.0
     deaths: int = 0  # actor deaths during the current task
 
 
@@ -269,12 +267,6 @@ class RayExecutor(SlotExecutor):
     def _record(self, s: _Slot, res: ItemResult) -> None:
         self._events.append(ItemDone(s.task, res))
         s.next_index, s.running, s.ref = res.index + 1, None, None
-
-    def _next_deadline(self) -> float:
-        """Seconds until the earliest running item times out (so the wait wakes up for it)."""
-        now = time.monotonic()
-        left = [s.item_started + self.timeout - now for s in self._slots if s.running is not None]
-        return max(0.0, min(left)) + 0.01 if left else 3600.0
 
     def _pump(self, timeout: float) -> None:
         """Wait for a hello or an item result (at most ``timeout`` s), handle every one that is ready, then the

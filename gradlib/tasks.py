@@ -1,10 +1,11 @@
 """The tuner's task model: picklable descriptions of work (never tensors), and the code that executes one item.
 
-A :class:`Task` is a list of items on one shape: either the backends whose candidates to enumerate, or the
-solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool`, or a Ray actor pool) runs a
-task's items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and must return
-exactly one :class:`ItemResult` per item, synthesising a failed one for an item whose process died or timed out,
-then continuing with the items after it. Executors never write files: the driver does.
+A :class:`Task` is a list of items on one shape of one op: either the backends whose candidates to enumerate, or the
+solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool`, or Ray actors) runs a task's
+items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and must return exactly one
+:class:`ItemResult` per item, synthesising a failed one for an item whose process died or timed out, then
+continuing with the items after it. Executors never write files: the driver does. What differs between ops (inputs,
+reference, runner signature) comes from the op's :class:`~gradlib.tune_ops.TuneOp`.
 """
 
 from __future__ import annotations
@@ -14,33 +15,23 @@ import logging
 import math
 import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from aiter_gemm import backends
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.dtypes import FP8_DTYPES
 from gradlib.accuracy import err_ratio, tolerance_for
-from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_runner
+from gradlib.timing import TimingConfig, cache_bytes, time_runner
+from gradlib.tune_ops import Inputs, tune_op
 
 log = logging.getLogger(__name__)
 
 ENUMERATE = "enumerate"
 TIME = "time"
-
-#: Further job kinds, ``kind -> handler(runtime, task, index) -> ItemResult``, registered on import by modules that
-#: workers import as plugins (e.g. :mod:`gradlib.blockscale_tasks`), so other tuners reuse the executors as they are.
-JOB_KINDS: dict[str, Callable[["WorkerRuntime", "Task", int], "ItemResult"]] = {}
-
-
-def register_job_kind(kind: str, handler: Callable[["WorkerRuntime", "Task", int], "ItemResult"]) -> None:
-    """Make ``Task(kind=kind)`` run ``handler`` for each item; the module registering it must be a worker plugin."""
-    if kind in (ENUMERATE, TIME):
-        raise ValueError(f"job kind {kind!r} is built in")
-    JOB_KINDS[kind] = handler
+KINDS = (ENUMERATE, TIME)
+A16W16 = "gemm_a16w16"
 
 
 @dataclass(frozen=True)
@@ -57,14 +48,14 @@ class Task:
     max_err: float = 1.0  # a candidate above this err_ratio is not timed (it cannot win)
     seed: int = 0
     first: int = 0
-    #: Settings of a registered job kind as (name, value) pairs (picklable, hashable), e.g. the block-scale
-    #: tuner's ``("x_scale_layout", "m_major")``.
+    #: Op settings as (name, value) pairs (picklable, hashable): ``("quick", True)`` enumerates the backends'
+    #: short lists; the block-scale op's ``("x_scale_layout", "m_major")`` lays its inputs out that way.
     options: tuple[tuple[str, object], ...] = ()
+    op: str = A16W16  # the op (aiter_gemm.op.op_spec / gradlib.tune_ops.tune_op name)
 
     def __post_init__(self) -> None:
-        if self.kind not in (ENUMERATE, TIME) and self.kind not in JOB_KINDS:
-            raise ValueError(f"Task.kind must be {ENUMERATE!r}, {TIME!r} or a registered kind "
-                             f"{sorted(JOB_KINDS)}, got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Task.kind must be one of the registered kinds {list(KINDS)}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -96,21 +87,18 @@ def device_identity(device: torch.device) -> DeviceIdentity:
     return current_device_identity(device.type == "cuda")
 
 
+def backend_of(op: str, libtype: str):
+    """The op's backend ``libtype`` as the runtime's dispatcher of that op configures it."""
+    from aiter_gemm import get_dispatcher
+
+    return get_dispatcher(op).backend(libtype)
+
+
 def import_plugins(modules: Sequence[str]) -> None:
     """Import modules that register extra backends on import (``--plugin``, ``GRADLIB_PLUGINS``)."""
     for name in modules:
         if name:
             importlib.import_module(name)
-
-
-@dataclass
-class _Data:
-    """One shape's inputs: ``sets`` rotating copies of (a, b, bias, scale_a, scale_b), and set 0's reference."""
-
-    key: tuple
-    sets: list[tuple]
-    ref: torch.Tensor
-    scale_c: torch.Tensor | None = None  # the output scale (cuBLASLt's D scale): unused by a16w16 tuning
 
 
 @dataclass
@@ -120,7 +108,7 @@ class WorkerRuntime:
     device: torch.device
     identity: DeviceIdentity
     cache: int
-    _data: _Data | None = field(default=None, repr=False)
+    _data: Inputs | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, plugins: Sequence[str] = ()) -> "WorkerRuntime":
@@ -144,13 +132,7 @@ class WorkerRuntime:
         try:
             if task.kind == ENUMERATE:
                 return self._enumerate(task, index)
-            if task.kind == TIME:
-                return self._time(task, index)
-            handler = JOB_KINDS.get(task.kind)
-            if handler is None:
-                return ItemResult.failed(task, index, f"job kind {task.kind!r} is not registered in this worker "
-                                                      "(its module must be one of the plugins)")
-            return handler(self, task, index)
+            return self._time(task, index)
         except Exception as exc:  # the candidate's fault, never the run's
             tb = traceback.extract_tb(exc.__traceback__)
             where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
@@ -171,10 +153,11 @@ class WorkerRuntime:
 
     def _enumerate(self, task: Task, index: int) -> ItemResult:
         name = task.items[index]
-        backend = backends.get_backend(name)
+        backend = backend_of(task.op, name)
         if not backend.is_available():
             return ItemResult.failed(task, index, f"backend {name!r} unavailable: {backend.unavailable_reason()}")
-        sols = tuple(backend.candidates(task.problem, self.identity))
+        quick = bool(dict(task.options).get("quick", False))
+        sols = tuple(enumerate_solutions(backend, task.problem, self.identity, quick))
         bad = [s for s in sols if not isinstance(s, Solution) or s.libtype != name]
         if bad:
             return ItemResult.failed(task, index, f"backend {name!r} returned foreign candidates, e.g. {bad[0]!r}")
@@ -183,19 +166,20 @@ class WorkerRuntime:
     def _time(self, task: Task, index: int) -> ItemResult:
         sol: Solution = task.items[index]
         p = task.problem
-        backend = backends.get_backend(sol.libtype)
+        backend = backend_of(task.op, sol.libtype)
         if not backend.is_available():
             why = backend.unavailable_reason()
             return ItemResult.failed(task, index, f"backend {sol.libtype!r} unavailable: {why}")
-        runner = backend.prepare(p, sol, self.identity)
+        why = backend.why_not(p, sol, self.identity)
+        runner = backend.prepare(p, sol, self.identity) if why is None else None
         if runner is None:
-            return ItemResult.failed(task, index, "prepare() returned None: solution cannot run this shape here")
-        data = self._inputs(p, task.seed)
-        sc = data.scale_c
+            return ItemResult.failed(task, index, f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} "
+                                                  f"K={p.K} here: {why or 'prepare() returned None'}")
+        spec = tune_op(task.op)
+        data = self._inputs(task)
         err = math.nan
         if task.check:
-            a, b, bias, sa, sb = data.sets[0]
-            out = runner(a, b, bias, p.otype, sa, sb, sc)
+            out = spec.call(runner, data.sets[0], p)
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (p.M, p.N) or out.dtype != p.otype:
                 got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
                 return ItemResult.failed(task, index, f"returned {got}, expected ({p.M}, {p.N}) {p.otype}")
@@ -207,47 +191,28 @@ class WorkerRuntime:
         sets = data.sets
 
         def call(i: int) -> object:
-            a, b, bias, sa, sb = sets[i]
-            return runner(a, b, bias, p.otype, sa, sb, sc)
+            return spec.call(runner, sets[i], p)
 
         t = time_runner(call, len(sets), self.device, task.timing)
         if not (t.us > 0) or math.isinf(t.us):
             return ItemResult.failed(task, index, f"timing gave {t.us} us")
         return ItemResult(task.task_id, index, True, us=t.us, err_ratio=err, method=f"{t.method}x{t.n_sets}")
 
-    # ---- inputs ----------------------------------------------------------------------------------------------
-    def _inputs(self, p: GemmProblem, seed: int) -> _Data:
-        """Inputs for ``p`` (cached while consecutive items share the shape): A ~ N(0,1), B ~ N(0,1/K) so outputs
-        are about unit scale (what the tolerance table assumes), bias ~ N(0,1), fp8 scales 0.5 and 2."""
-        key = (p, seed)
+    def _inputs(self, task: Task) -> Inputs:
+        """The op's inputs for the task's shape, cached while consecutive items share shape, seed and options."""
+        key = (task.op, task.problem, task.seed, task.options)
         if self._data is not None and self._data.key == key:
             return self._data
         self._data = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        dev = self.device
-        gen = torch.Generator(device=dev).manual_seed(seed)  # on the device: a 1 GB weight in milliseconds
-        a32 = torch.randn(p.M, p.K, generator=gen, device=dev)
-        b32 = torch.randn(p.N, p.K, generator=gen, device=dev).mul_(p.K ** -0.5)
-        bias_dtype = p.otype if p.dtype in FP8_DTYPES else p.dtype
-        bias = torch.randn(p.N, generator=gen, device=dev).to(bias_dtype) if p.bias else None
-        a, b = a32.to(p.dtype), b32.to(p.dtype)
-        sa = sb = None
-        if p.scaleAB:
-            sa = torch.tensor(0.5, dtype=torch.float32, device=dev)
-            sb = torch.tensor(2.0, dtype=torch.float32, device=dev)
-        ref = a.float() @ b.float().t()
-        if sa is not None:
-            ref = ref * (sa * sb)
-        if bias is not None:
-            ref = ref + bias.float()
-        del a32, b32
-        isz = a.element_size()
-        per_set = (p.M * p.K + p.N * p.K) * isz + p.M * p.N * torch.empty((), dtype=p.otype).element_size()
-        free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
-        n = rotating_sets(per_set, self.cache, free)
-        sets = [(a, b, bias, sa, sb)]
-        for _ in range(n - 1):
-            sets.append((a.clone(), b.clone(), None if bias is None else bias.clone(), sa, sb))
-        self._data = _Data(key, sets, ref)
-        return self._data
+        data = tune_op(task.op).make_inputs(task.problem, task.seed, self.device, self.cache, dict(task.options))
+        data.key = key
+        self._data = data
+        return data
+
+
+def enumerate_solutions(backend, problem: GemmProblem, identity: DeviceIdentity, quick: bool = False) -> list:
+    """A backend's candidates for ``problem`` (its short list with ``quick``): what the worker's enumerate step
+    returns, for callers that list candidates in-process."""
+    return list(backend.quick_candidates(problem, identity) if quick else backend.candidates(problem, identity))

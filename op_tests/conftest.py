@@ -33,10 +33,10 @@ def cpu_tuner_workers(request, monkeypatch):
     which CUDA-graph timing would not see, and interpreted kernels run on CPU tensors. GPU-marked tests keep it."""
     if request.node.get_closest_marker("gpu"):
         return
-    from gradlib import gemm_tuner
+    from gradlib import cli
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(gemm_tuner, "worker_devices", lambda mp: [None] * (mp or 1))
+    monkeypatch.setattr(cli, "worker_devices", lambda mp: [None] * (mp or 1))
 
 
 @pytest.fixture

@@ -211,7 +211,7 @@ def test_candidates_include_the_runtime_default_config():
 
 @pytest.mark.parametrize("layout,strides", [("m_major", (1, 8)), ("row_major", (4, 1))])
 def test_worker_inputs_lay_out_x_scale_as_asked(layout, strides):
-    from gradlib.blockscale_tasks import make_inputs
+    from gradlib.blockscale import make_inputs
 
     data = make_inputs(8, 256, 512, torch.bfloat16, 0, torch.device("cpu"), 1 << 20, layout)
     assert all(s[2].stride() == strides for s in data.sets) and len(data.sets) >= 2

@@ -21,8 +21,8 @@ import op_tests.gradlib_fakes as fakes
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig, gemm_a8w8_blockscale_ref, quantize_blockscale
 from gradlib import gemm_tuner
-from gradlib.blockscale_tasks import BLOCKSCALE, register_launcher, run_blockscale_item
-from gradlib.tasks import ItemResult, Task, WorkerRuntime
+from gradlib.blockscale import BLOCKSCALE, candidate_solution, register_launcher
+from gradlib.tasks import TIME, ItemResult, Task, WorkerRuntime
 from gradlib.tune_a8w8_blockscale import (
     SEED_BUCKETS,
     deepseek_projections,
@@ -202,13 +202,12 @@ def test_job_kind_runs_in_the_worker_runtime(name, ok, error):
     rt = WorkerRuntime.create()
     from aiter_gemm.backends.base import GemmProblem
 
-    task = Task(7, 0, BLOCKSCALE, GemmProblem(5, 64, 256, False, torch.float8_e4m3fn, torch.bfloat16), (name,),
-                CPU_TIMING, check=True, max_err=0.01)
+    task = Task(7, 0, TIME, GemmProblem(5, 64, 256, False, torch.float8_e4m3fn, torch.bfloat16),
+                (candidate_solution(name),), CPU_TIMING, check=True, max_err=0.01, op=BLOCKSCALE)
     res = rt.run_item(task, 0)
     assert isinstance(res, ItemResult) and (res.task_id, res.index, res.ok) == (7, 0, ok)
     assert error in res.error
     assert (res.us > 0 and math.isfinite(res.us) and res.err_ratio == 0.0) if ok else math.isinf(res.us)
-    assert run_blockscale_item is not None  # the handler the job kind dispatches to (registered on import)
 
 
 def test_unknown_job_kind_is_rejected():

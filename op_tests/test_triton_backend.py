@@ -11,7 +11,7 @@ import torch
 from aiter_gemm.backends import get_backend
 from aiter_gemm.backends import triton as tb
 from aiter_gemm.backends.base import GemmProblem, Solution
-from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit
 from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, GemmConfig, gemm_a16w16_ref, launch_gemm_a16w16
 from aiter_gemm.settings import default_config_dir
 
@@ -131,9 +131,9 @@ def test_shipped_json_files_parse_and_fit():
     tb.clear_config_cache()
     for path in files:
         arch = path.name.split("-GEMM-")[0]
-        for _bound, cfg in tb._load_table(str(path)):
-            assert cfg.smem_bytes() <= tb.smem_limit(arch), f"{path.name}: {cfg.name}"
-            assert not cfg.TMA_PERSISTENT or tb._is_tma_arch(arch), f"{path.name}: {cfg.name}"
+        for _bound, _key, cfg in tb.json_buckets(path):
+            assert cfg.smem_bytes() <= smem_limit(arch), f"{path.name}: {cfg.name}"
+            assert not cfg.TMA_PERSISTENT or has_tma(arch), f"{path.name}: {cfg.name}"
 
 
 @pytest.mark.parametrize("M", [1, 64, 4096])

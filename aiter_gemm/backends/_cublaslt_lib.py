@@ -49,8 +49,8 @@ class AlgoRejected(RuntimeError):
     """``cublasLtMatmulAlgoCheck`` (or a config setter) refused an algorithm for a plan."""
 
 
-def supported_reason(problem: GemmProblem) -> str:
-    """Why this backend cannot run ``problem`` at all, or "" if the dtype combination is one it supports.
+def supported_reason(problem: GemmProblem) -> str | None:
+    """Why this backend cannot run ``problem`` at all, or None if the dtype combination is one it supports.
 
     bf16/fp16 in with the same type or fp32 out; fp8 e4m3 in (cuBLASLt has no e5m2 x e5m2 kernels) with
     bf16/fp16/fp32 out. Per-tensor scales only for fp8 (cuBLASLt's A/B scale pointers apply to fp8 operands only).
@@ -63,11 +63,11 @@ def supported_reason(problem: GemmProblem) -> str:
             return f"{din} input supports {din} or torch.float32 output, not {dout}"
         if problem.scaleAB:
             return "per-tensor scales are only supported for fp8 inputs"
-        return ""
+        return None
     if din is getattr(torch, "float8_e4m3fn", None):
         if dout not in (torch.bfloat16, torch.float16, torch.float32):
             return f"fp8 input supports bf16/fp16/fp32 output, not {dout}"
-        return ""
+        return None
     return f"input dtype {din} is not supported (bf16, fp16, float8_e4m3fn are)"
 
 

@@ -1,21 +1,26 @@
 """The contract every GEMM backend implements, shared by the runtime dispatcher and the tuner.
 
-A backend is one module ``aiter_gemm/backends/<libtype>.py`` exposing ``BACKEND``, an instance of a :class:`Backend`
-subclass whose ``name`` equals the CSV ``libtype``. The runtime imports it lazily, the first time a tuned row or the
-default heuristic needs it, so importing ``aiter_gemm`` never imports an optional backend's dependencies.
+A backend is one module ``<op's backend package>/<libtype>.py`` (``aiter_gemm/backends/`` for ``gemm_a16w16``,
+``aiter_gemm/backends/a8w8_blockscale/`` for the block-scale op) exposing ``BACKEND``, an instance of a
+:class:`Backend` subclass whose ``name`` equals the CSV ``libtype``. The runtime imports it lazily, the first time a
+tuned row or the default heuristic needs it, so importing ``aiter_gemm`` never imports an optional backend's
+dependencies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from aiter_gemm.device import DeviceIdentity
 
-# run(a, b, bias, otype, scale_a, scale_b, scale_c) -> out
+if TYPE_CHECKING:
+    from aiter_gemm.settings import Settings
+
+# gemm_a16w16's runner: run(a, b, bias, otype, scale_a, scale_b, scale_c) -> out
 #   a: (M, K), b: (N, K) (nn.Linear layout), any strides; bias: (N,) or None; out: (M, N) of dtype otype.
 #   scale_*: per-tensor float32 scalars or None (scale_c multiplies the output, as cuBLASLt's D scale does).
 Runner = Callable[
@@ -79,7 +84,8 @@ class Solution:
 
 
 class Backend:
-    """Base class: subclasses set ``name`` and override what they support."""
+    """Base class: subclasses set ``name`` and override what they support. One contract for every op: the op's
+    dispatcher and the tuner call the same methods (docs/design.md, "Backends")."""
 
     name: str = ""
     #: True for vendor BLASLt libraries (cublaslt, hipblaslt): screened first by the tuner, and the default for
@@ -87,19 +93,31 @@ class Backend:
     is_blaslt: bool = False
     #: Among backends whose ``default_for`` accepts a shape, the highest priority is the heuristic default.
     default_priority: int = 0
+    #: False: the tuner times this backend's candidates as comparison points but never writes them as rows.
+    tunable: bool = True
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run on this machine at all (dependency missing, wrong vendor); None if it can."""
+        return None
 
     def is_available(self) -> bool:
-        """Whether this backend can run on this machine at all (dependencies present, right vendor)."""
-        return True
+        return self.unavailable_reason() is None
 
-    def unavailable_reason(self) -> str:
-        return ""
+    def configure(self, settings: Settings) -> None:
+        """Take the runtime's settings (read once from the environment) and forget anything derived from the
+        previous ones. The dispatcher calls it before a backend's first use and again after every reload."""
 
-    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        """Why ``solution`` cannot run ``problem`` on ``device`` (malformed name, shape or dtype unsupported, stale
+        library version, ...); None if it can. The one rule the runtime (a row it rejects is a miss) and the tuner
+        (it never times such a candidate) share; ``prepare`` returns None exactly when this says why."""
+        return None
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Callable | None:
         """A runner for ``solution`` on ``problem``, with everything per-shape prepared once; None if this solution
-        cannot run here (unknown kernel, stale library version, shape unsupported): the dispatcher treats that as a
-        miss and warns. Called once per (shape, solution); the runner is called per GEMM and must be cheap, do no
-        host sync and no file I/O (it may run inside CUDA graph capture)."""
+        cannot run here (:meth:`why_not` says why). Called once per (shape, solution); the runner is called per GEMM
+        and must be cheap, do no host sync and no file I/O (it may run inside CUDA graph capture). Its signature is
+        the op's (:data:`Runner` for ``gemm_a16w16``)."""
         raise NotImplementedError
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
@@ -107,11 +125,11 @@ class Backend:
         this backend should not be the default for it."""
         return None
 
-    def on_reload(self) -> None:
-        """Forget what was derived from config files or settings (parsed JSON, ...): ``reload_configs()`` calls it
-        on every backend already loaded."""
-
     def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> Sequence[Solution]:
         """Every solution the tuner should time for ``problem`` on ``device`` (the config space, pruned of what
         cannot run). Must be the same set ``prepare`` accepts, so tuner and runtime agree."""
         return ()
+
+    def quick_candidates(self, problem: GemmProblem, device: DeviceIdentity) -> Sequence[Solution]:
+        """A short list for quick tuning runs (default: every candidate)."""
+        return self.candidates(problem, device)

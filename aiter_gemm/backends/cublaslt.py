@@ -63,6 +63,7 @@ from aiter_gemm.backends._cublaslt_lib import (
 )
 from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.logs import WarnOnce
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def solution_for(lib: LtLibrary, raw: bytes) -> Solution:
 
 # ---- enumeration ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Candidate:
+class EnumeratedAlgo:
     """One enumerated solution and where it came from (``heuristic[ws=..,mask=..]#i`` or ``<base>+<change>``)."""
 
     solution: Solution
@@ -151,7 +152,7 @@ def _sm_major(device: DeviceIdentity) -> int:
     return int(m.group(1)) if m else 0
 
 
-def enumerate_candidates(lib: LtLibrary, problem: GemmProblem, device: DeviceIdentity) -> list[Candidate]:
+def enumerate_candidates(lib: LtLibrary, problem: GemmProblem, device: DeviceIdentity) -> list[EnumeratedAlgo]:
     """Heuristic lists under every preference variant, then checked variations; unique by algorithm config."""
     plan = lib.plan(problem)
     seen: set[tuple[int, ...]] = set()
@@ -163,7 +164,7 @@ def enumerate_candidates(lib: LtLibrary, problem: GemmProblem, device: DeviceIde
                 if _config_key(cfg) not in seen:
                     seen.add(_config_key(cfg))
                     heur.append((info, cfg, f"heuristic[ws={ws // MiB}MiB,mask={mask}]#{i}"))
-    out = [Candidate(solution_for(lib, info.raw), origin, info.workspace) for info, _, origin in heur]
+    out = [EnumeratedAlgo(solution_for(lib, info.raw), origin, info.workspace) for info, _, origin in heur]
     for info, cfg, origin in heur:
         for label, change in _variations(lib, info.raw, cfg, problem, device):
             try:
@@ -174,7 +175,7 @@ def enumerate_candidates(lib: LtLibrary, problem: GemmProblem, device: DeviceIde
             if checked.workspace > DEFAULT_WORKSPACE or _config_key(new_cfg) in seen:
                 continue
             seen.add(_config_key(new_cfg))
-            out.append(Candidate(solution_for(lib, checked.raw), f"{origin}+{label}", checked.workspace))
+            out.append(EnumeratedAlgo(solution_for(lib, checked.raw), f"{origin}+{label}", checked.workspace))
     return out
 
 
@@ -340,7 +341,7 @@ class CublasLtBackend(Backend):
         self._lib: LtLibrary | None = None
         self._reason: str | None = None
         self._lock = threading.Lock()
-        self._warned: set[tuple[Solution, str]] = set()
+        self._warn = WarnOnce(log)
 
     def library(self) -> LtLibrary | None:
         """The loaded library, or None (reason in :meth:`unavailable_reason`); loaded once per process."""
@@ -353,59 +354,62 @@ class CublasLtBackend(Backend):
                         self._reason = str(exc)
         return self._lib
 
-    def is_available(self) -> bool:
-        return self.library() is not None
-
-    def unavailable_reason(self) -> str:
+    def unavailable_reason(self) -> str | None:
         self.library()
-        return self._reason or ""
+        return self._reason
 
-    def _reject(self, solution: Solution, problem: GemmProblem, why: str) -> None:
-        key = (solution, why)
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("cublaslt solution solidx=%s splitK=%s kernelName=%r rejected for M=%d N=%d K=%d: %s",
-                        solution.solidx, solution.splitK, solution.kernelName[:24], problem.M, problem.N,
-                        problem.K, why)
-        return None
-
-    def resolve(self, problem: GemmProblem, solution: Solution) -> tuple[LtLibrary, MatmulPlan, AlgoInfo] | str:
-        """Library, plan and checked algorithm for a row, or the reason it cannot be replayed here."""
+    def resolve(self, problem: GemmProblem, solution: Solution) -> tuple[LtLibrary, MatmulPlan, AlgoInfo]:
+        """Library, plan and checked algorithm for a row; :class:`AlgoRejected` saying why it cannot be replayed."""
         lib = self.library()
         if lib is None:
-            return f"cublaslt unavailable: {self._reason}"
+            raise AlgoRejected(f"cublaslt unavailable: {self._reason}")
         why = supported_reason(problem)
         if why:
-            return why
+            raise AlgoRejected(why)
         if solution.solidx == -1 and not solution.kernelName:
             plan = lib.plan(problem)
             found = lib.heuristic(plan, workspace=DEFAULT_WORKSPACE, count=1)
-            return (lib, plan, found[0]) if found else "cuBLASLt heuristic returned no algorithm"
+            if not found:
+                raise AlgoRejected("cuBLASLt heuristic returned no algorithm")
+            return lib, plan, found[0]
         try:
             version, raw = decode_algo(solution.kernelName)
         except ValueError as exc:
-            return str(exc)
+            raise AlgoRejected(str(exc)) from None
         if version != lib.version:
-            return f"row was tuned with cuBLASLt {version}, this process loaded {lib.version}: re-tune the shape"
+            raise AlgoRejected(f"row was tuned with cuBLASLt {version}, this process loaded {lib.version}: re-tune "
+                               "the shape")
         cfg = lib.config(raw)
         split = cfg["SPLITK_NUM"] if cfg["SPLITK_NUM"] > 1 else 0
         if (cfg["ID"], split) != (solution.solidx, solution.splitK):
-            return (f"row says solidx={solution.solidx} splitK={solution.splitK} but its kernelName encodes "
-                    f"algo id {cfg['ID']} splitK {split}")
+            raise AlgoRejected(f"row says solidx={solution.solidx} splitK={solution.splitK} but its kernelName "
+                               f"encodes algo id {cfg['ID']} splitK {split}")
         plan = lib.plan(problem)
         try:
             info = lib.check(plan, raw)
         except AlgoRejected as exc:
-            return f"cublasLtMatmulAlgoCheck rejects it for this shape: {exc}"
+            raise AlgoRejected(f"cublasLtMatmulAlgoCheck rejects it for this shape: {exc}") from None
         return lib, plan, info
+
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        if device.kind != "cuda":
+            return f"cuBLASLt runs on NVIDIA GPUs, not {device.kind}"
+        try:
+            self.resolve(problem, solution)
+        except AlgoRejected as exc:
+            return str(exc)
+        return None
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
         if device.kind != "cuda":
             return None
-        resolved = self.resolve(problem, solution)
-        if isinstance(resolved, str):
-            return self._reject(solution, problem, resolved)
-        lib, plan, info = resolved
+        try:
+            lib, plan, info = self.resolve(problem, solution)
+        except AlgoRejected as exc:
+            self._warn((solution, str(exc)), "cublaslt solution solidx=%s splitK=%s kernelName=%r rejected for M=%d "
+                       "N=%d K=%d: %s", solution.solidx, solution.splitK, solution.kernelName[:24], problem.M,
+                       problem.N, problem.K, exc)
+            return None
         return LtRunner(lib, plan, info, torch.cuda.current_device())
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:

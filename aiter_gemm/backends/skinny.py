@@ -20,8 +20,7 @@ import triton
 
 from aiter_gemm.backends._triton_common import TritonKernelBackend
 from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
-from aiter_gemm.backends.triton import smem_limit
-from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.device import DeviceIdentity, smem_limit
 from aiter_gemm.kernels.skinny import MAX_M, VARIANTS, SkinnyConfig, default_skinny_config, launch_skinny
 
 log = logging.getLogger(__name__)
@@ -36,23 +35,27 @@ _SPLIT_BELOW_PROGRAMS_PER_CU = 2
 _MAX_PROGRAMS_PER_CU = 4
 
 
-def config_supported(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: torch.dtype = torch.bfloat16
-                     ) -> bool:
-    """Whether ``cfg`` can run (M, N, K) on ``arch``: M <= 16, FMA accumulators fit registers, dot stages fit shared
-    memory, each K split owns at least one BLOCK_SIZE_K tile."""
+def config_error(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: torch.dtype = torch.bfloat16
+                 ) -> str | None:
+    """Why ``cfg`` cannot run (M, N, K) on ``arch`` (None if it can): M <= 16, FMA accumulators fit registers, dot
+    stages fit shared memory, each K split owns at least one BLOCK_SIZE_K tile."""
     isz = torch.empty((), dtype=dtype).element_size()
-    if M > MAX_M or cfg.smem_bytes(isz) > smem_limit(arch):
-        return False
+    if M > MAX_M:
+        return f"skinny kernels take M <= {MAX_M}, got M={M}"
+    if cfg.smem_bytes(isz) > smem_limit(arch):
+        return f"{cfg.name} needs {cfg.smem_bytes(isz)} B of shared memory, {arch} has {smem_limit(arch)}"
     if not cfg.variant.use_dot and cfg.acc_regs_per_thread(M) > _MAX_ACC_REGS:
-        return False
-    return cfg.NUM_KSPLIT <= triton.cdiv(K, cfg.BLOCK_SIZE_K)
+        return f"{cfg.name} at M={M} keeps {cfg.acc_regs_per_thread(M)} accumulators per thread (> {_MAX_ACC_REGS})"
+    if cfg.NUM_KSPLIT > triton.cdiv(K, cfg.BLOCK_SIZE_K):
+        return f"{cfg.name} splits K={K} into more parts than it has BLOCK_SIZE_K tiles"
+    return None
 
 
 def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dtype = torch.bfloat16
                  ) -> list[SkinnyConfig]:
     """The tuner's skinny space at (M, N, K): every variant, tiles BN 8..64 x BK 128..1024, warps 4/8 (4 with
     split-K), stages; split-K 2..16 only where the slabs underfill the GPU (see above); pruned by
-    :func:`config_supported`."""
+    :func:`config_error`."""
     if M > MAX_M:
         return []
     space: list[SkinnyConfig] = []
@@ -74,7 +77,7 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dt
                     for stages in stage_opts:
                         for sk in splits:
                             space.append(SkinnyConfig(var.solidx, bn, bk, sk, warps, stages))
-    return [c for c in space if config_supported(c, M, N, K, arch, dtype)]
+    return [c for c in space if config_error(c, M, N, K, arch, dtype) is None]
 
 
 def is_skinny_default_shape(M: int, N: int, K: int, cu_num: int) -> bool:
@@ -135,8 +138,8 @@ class SkinnyBackend(TritonKernelBackend):
     def select(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> SkinnyConfig:
         return select_config(problem, solution, device.cu_num)
 
-    def fits(self, cfg: SkinnyConfig, problem: GemmProblem, device: DeviceIdentity) -> bool:
-        return config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype)
+    def config_error(self, cfg: SkinnyConfig, problem: GemmProblem, device: DeviceIdentity) -> str | None:
+        return config_error(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype)
 
     def space(self, problem: GemmProblem, device: DeviceIdentity) -> list[SkinnyConfig]:
         return config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)

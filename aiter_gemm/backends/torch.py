@@ -97,8 +97,13 @@ class TorchBackend(Backend):
     name = "torch"
     default_priority = 0
 
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        if problem.bpreshuffle:
+            return "a pre-shuffled weight is a BLASLt layout torch cannot read"
+        return None
+
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Runner | None:
-        if problem.bpreshuffle:  # a pre-shuffled weight is a BLASLt layout torch cannot read
+        if self.why_not(problem, solution, device) is not None:
             return None
         if problem.dtype in FP8_DTYPES:
             if device.is_gpu and problem.N % 16 == 0 and problem.K % 16 == 0:

@@ -14,18 +14,15 @@ Config selection (AITER's Triton convention), for a GEMM of shape (M, N, K) on a
 3. else a built-in default (:func:`~aiter_gemm.kernels.gemm_a16w16.default_config`).
 
 ``solidx`` is unused (candidates write 0); ``splitK`` in a row mirrors the config's ``NUM_KSPLIT`` (informational:
-the config decides). The tuner's search space is :func:`config_space`; :func:`config_supported` is the single test
-of what can run (shared memory, TMA availability, split sizes) used by both ``candidates`` and ``prepare``.
+the config decides). The tuner's search space is :func:`config_space`; :func:`config_error` is the single test of what
+can run (shared memory, TMA availability, split sizes) used by both ``candidates`` and ``prepare``.
 This backend is not a heuristic default: on the H100 it was 0.92-1.15x ``F.linear`` at M <= 64 and 0.69-1.06x above,
 never consistently faster over a region (BENCHMARKS.md); tuned rows select it where it wins.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -33,28 +30,15 @@ from pathlib import Path
 import torch
 import triton
 
+from aiter_gemm import jsonconfigs
 from aiter_gemm.backends._triton_common import TritonKernelBackend
 from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
-from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.kernels.gemm_a16w16 import (
-    INTERPRET,
-    GemmConfig,
-    default_config,
-    launch_gemm_a16w16,
-    tma_available,
-)
+from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit, typical_cu
+from aiter_gemm.kernels.common import INTERPRET
+from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, default_config, launch_gemm_a16w16, tma_available
+from aiter_gemm.settings import Settings, default_config_dir
 
 log = logging.getLogger(__name__)
-
-# Shared memory a block may use, by arch (bytes). Hopper: 227 KiB; Ampere A100: 163 KiB; Ada/consumer: 99 KiB;
-# CDNA3 (MI300): 64 KiB LDS; CDNA4 (MI350): 160 KiB. Unknown GPUs get the conservative 99 KiB; the interpreter none.
-SMEM_PER_BLOCK: dict[str, int] = {
-    "sm_90": 227 * 1024, "sm_100": 227 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024,
-    "gfx942": 64 * 1024, "gfx950": 160 * 1024, "cpu": 1 << 30,
-}
-_DEFAULT_SMEM = 99 * 1024
-# SM/CU count when a caller gives none (only affects which split-K factors are worth searching).
-_DEFAULT_CU = {"sm_90": 132, "gfx942": 304, "gfx950": 256}
 
 _REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "NUM_KSPLIT", "num_warps",
                   "num_stages")
@@ -63,35 +47,32 @@ _IGNORED_KEYS = frozenset({"waves_per_eu", "matrix_instr_nonkdim", "cache_modifi
 
 
 def _config_dirs() -> tuple[Path, ...]:
-    """Folders searched for JSON configs: ``AITER_GEMM_TRITON_CONFIGS`` entries, then the shipped ``configs/triton``
-    (the runtime's settings, read once at import / ``reload_configs()``)."""
-    from aiter_gemm.ops import get_dispatcher
-
-    return tuple(Path(p) for p in get_dispatcher().settings.triton_config_dirs)
+    """Folders searched for JSON configs: the ``AITER_GEMM_TRITON_CONFIGS`` entries then the shipped
+    ``configs/triton``, as the dispatcher's settings give them (:meth:`TritonBackend.configure`)."""
+    return BACKEND.config_dirs
 
 
-def _is_tma_arch(arch: str) -> bool:
-    """NVIDIA sm_90 and newer have TMA (the bulk tensor copy engine)."""
-    if not arch.startswith("sm_"):
-        return False
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
-    return bool(digits) and int(digits) >= 90
-
-
-def smem_limit(arch: str) -> int:
-    return SMEM_PER_BLOCK.get(arch, _DEFAULT_SMEM)
+def config_error(cfg: GemmConfig, M: int, N: int, K: int, arch: str, dtype: torch.dtype = torch.bfloat16
+                 ) -> str | None:
+    """Why ``cfg`` cannot run (M, N, K) on ``arch`` (None if it can): it must fit shared memory, use TMA only where
+    it exists and rows are 16-byte aligned, and give every K split at least one ``BLOCK_SIZE_K`` tile."""
+    isz = torch.empty((), dtype=dtype).element_size()
+    if cfg.smem_bytes(isz) > smem_limit(arch):
+        return f"{cfg.name} needs {cfg.smem_bytes(isz)} B of shared memory, {arch} has {smem_limit(arch)}"
+    if cfg.TMA_PERSISTENT:
+        if INTERPRET or not has_tma(arch):
+            return f"{cfg.name} needs TMA (sm_90+, not the interpreter); {arch} has none here"
+        if (K * isz) % 16:
+            return f"{cfg.name} needs 16-byte aligned rows for TMA; K={K} rows are {K * isz} bytes"
+    if cfg.NUM_KSPLIT > triton.cdiv(K, cfg.BLOCK_SIZE_K):
+        return f"{cfg.name} splits K={K} into more parts than it has BLOCK_SIZE_K tiles"
+    return None
 
 
 def config_supported(cfg: GemmConfig, M: int, N: int, K: int, arch: str, dtype: torch.dtype = torch.bfloat16
                      ) -> bool:
-    """Whether ``cfg`` can run (M, N, K) on ``arch``: fits shared memory, TMA only where it exists and rows are
-    16-byte aligned, and every K split owns at least one ``BLOCK_SIZE_K`` tile."""
-    isz = torch.empty((), dtype=dtype).element_size()
-    if cfg.smem_bytes(isz) > smem_limit(arch):
-        return False
-    if cfg.TMA_PERSISTENT and (INTERPRET or not _is_tma_arch(arch) or (K * isz) % 16 != 0):
-        return False
-    return cfg.NUM_KSPLIT <= triton.cdiv(K, cfg.BLOCK_SIZE_K)
+    """:func:`config_error` as a predicate."""
+    return config_error(cfg, M, N, K, arch, dtype) is None
 
 
 def _tiles(M: int) -> list[tuple[int, int, int]]:
@@ -117,11 +98,11 @@ def _tiles(M: int) -> list[tuple[int, int, int]]:
 
 def config_space(M: int, N: int, K: int, arch: str, cu_num: int | None = None,
                  dtype: torch.dtype = torch.bfloat16) -> list[GemmConfig]:
-    """The tuner's search space at (M, N, K) on ``arch``, pruned by :func:`config_supported` (shared memory first).
+    """The tuner's search space at (M, N, K) on ``arch``, pruned by :func:`config_error` (shared memory first).
 
     Split-K (2..16) is searched only when the output tiles alone fill less than one wave of ``cu_num`` SMs and each
     split keeps >= 512 of K; the persistent TMA kernel only on TMA archs, for BM >= 64, without split-K."""
-    cu = cu_num or _DEFAULT_CU.get(arch, 108)
+    cu = typical_cu(arch, cu_num)
     space: list[GemmConfig] = []
     for bm, bn, warps in _tiles(M):
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
@@ -134,48 +115,25 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int | None = None,
                 if bm >= 64:
                     space.append(GemmConfig(bm, bn, bk, gm, 1, warps, stages, True))
                     space.append(GemmConfig(bm, bn, bk, gm, 1, warps, stages, True, True))
-    return [c for c in dict.fromkeys(space) if config_supported(c, M, N, K, arch, dtype)]
+    return [c for c in dict.fromkeys(space) if config_error(c, M, N, K, arch, dtype) is None]
 
 
-def _parse_entry(path: Path, key: str, value: object) -> GemmConfig:
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: key {key!r}: expected an object of config values, got {type(value).__name__}")
+def parse_entry(value: dict) -> GemmConfig:
+    """A JSON entry as a config (AITER's keys; its AMD-only keys are accepted and ignored); ValueError if wrong."""
     unknown = set(value) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS) - _IGNORED_KEYS
     missing = [k for k in _REQUIRED_KEYS if k not in value]
     if unknown or missing:
-        raise ValueError(f"{path}: key {key!r}: unknown fields {sorted(unknown)}, missing fields {missing}")
-    try:
-        ints = {k: int(value[k]) for k in _REQUIRED_KEYS}
-        if any(int(value[k]) != value[k] for k in _REQUIRED_KEYS):
-            raise ValueError("values must be integers")
-        return GemmConfig(**ints, TMA_PERSISTENT=bool(value.get("TMA_PERSISTENT", False)),
-                          FLATTEN=bool(value.get("TMA_FLATTEN", False)))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: key {key!r}: {exc}") from None
+        raise ValueError(f"unknown fields {sorted(unknown)}, missing fields {missing}")
+    ints = {k: int(value[k]) for k in _REQUIRED_KEYS}
+    if any(int(value[k]) != value[k] for k in _REQUIRED_KEYS):
+        raise ValueError("values must be integers")
+    return GemmConfig(**ints, TMA_PERSISTENT=bool(value.get("TMA_PERSISTENT", False)),
+                      FLATTEN=bool(value.get("TMA_FLATTEN", False)))
 
 
-@functools.cache
-def _load_table(path_str: str) -> tuple[tuple[float, GemmConfig], ...]:
-    """Parse one JSON file into ``(M bound, config)`` pairs sorted ascending (``any`` = +inf last); () if absent."""
-    path = Path(path_str)
-    if not path.is_file():
-        return ()
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level must be an object of 'M_LEQ_<x>'/'any' keys")
-    table = []
-    for key, value in data.items():
-        if key == "any":
-            bound = math.inf
-        elif key.startswith("M_LEQ_") and key[6:].isdigit():
-            bound = float(int(key[6:]))
-        else:
-            raise ValueError(f"{path}: key {key!r} is neither 'M_LEQ_<int>' nor 'any'")
-        table.append((bound, _parse_entry(path, key, value)))
-    return tuple(sorted(table, key=lambda t: t[0]))
+def json_buckets(path: str | Path) -> list[tuple[int | None, str, GemmConfig]]:
+    """Every bucket of one JSON file, smallest M bound first (``any`` last); [] if absent; errors name file+key."""
+    return jsonconfigs.cached_buckets(path, parse_entry, jsonconfigs.AITER_BUCKETS) or []
 
 
 def json_config(M: int, N: int, K: int, arch: str, config_dirs: Sequence[Path] | None = None) -> GemmConfig | None:
@@ -184,15 +142,15 @@ def json_config(M: int, N: int, K: int, arch: str, config_dirs: Sequence[Path] |
     dirs = _config_dirs() if config_dirs is None else config_dirs
     for name in (f"{arch}-GEMM-A16W16-N={N}-K={K}.json", f"{arch}-GEMM-A16W16.json"):
         for folder in dirs:
-            for bound, cfg in _load_table(str(Path(folder) / name)):
-                if M <= bound:
-                    return cfg
+            hit = jsonconfigs.select_bucket(json_buckets(Path(folder) / name), M)
+            if hit is not None:
+                return hit[1]
     return None
 
 
 def clear_config_cache() -> None:
-    """Forget parsed JSON files (the backend's :meth:`on_reload`, so ``reload_configs()`` re-reads them)."""
-    _load_table.cache_clear()
+    """Forget parsed JSON files (``reload_configs()`` does it too, so edited files are read again)."""
+    jsonconfigs.clear_cache()
 
 
 def select_config(problem: GemmProblem, solution: Solution, arch: str) -> GemmConfig:
@@ -205,7 +163,7 @@ def select_config(problem: GemmProblem, solution: Solution, arch: str) -> GemmCo
         return GemmConfig.from_name(name)
     M, N, K = problem.M, problem.N, problem.K
     cfg = json_config(M, N, K, arch) or default_config(M, N, K)
-    if cfg.TMA_PERSISTENT and not config_supported(cfg, M, N, K, arch, problem.dtype):
+    if cfg.TMA_PERSISTENT and config_error(cfg, M, N, K, arch, problem.dtype) is not None:
         cfg = replace(cfg, TMA_PERSISTENT=False, FLATTEN=False)
     return cfg
 
@@ -228,14 +186,18 @@ class TritonBackend(TritonKernelBackend):
     name = "triton"
     default_priority = 0
 
-    def on_reload(self) -> None:
-        clear_config_cache()
+    def __init__(self) -> None:
+        # Before the dispatcher configures it (a direct use in a script): the shipped folder only.
+        self.config_dirs: tuple[Path, ...] = (default_config_dir() / "triton",)
+
+    def configure(self, settings: Settings) -> None:
+        self.config_dirs = tuple(Path(p) for p in settings.triton_config_dirs)
 
     def select(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> GemmConfig:
         return select_config(problem, solution, device.gfx)
 
-    def fits(self, cfg: GemmConfig, problem: GemmProblem, device: DeviceIdentity) -> bool:
-        return config_supported(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype)
+    def config_error(self, cfg: GemmConfig, problem: GemmProblem, device: DeviceIdentity) -> str | None:
+        return config_error(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype)
 
     def space(self, problem: GemmProblem, device: DeviceIdentity) -> list[GemmConfig]:
         return config_space(problem.M, problem.N, problem.K, device.gfx, device.cu_num, problem.dtype)
@@ -245,9 +207,6 @@ class TritonBackend(TritonKernelBackend):
 
     def solution_of(self, cfg: GemmConfig) -> Solution:
         return Solution(self.name, 0, cfg.NUM_KSPLIT, cfg.name)
-
-    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
-        return None
 
 
 BACKEND = TritonBackend()

@@ -5,14 +5,15 @@ activation's (1, 128) groups), w_scale (ceil(N/128), ceil(K/128)) one per (128, 
 may be partial (DeepSeek-V3 has N = 2112 and 576). The K tile is fixed at 128 by the quantization, so each K step
 multiplies one fp8 tile product by one column of scales and accumulates in fp32.
 
-Four variants, after seed 000 (they are one kernel with different launch geometry, not four code copies):
+Four variants (docs/design.md, "Ops"; one kernel with different launch geometry, not four code copies):
 
 * ``base``: tiles (BLOCK_SIZE_M over M) x (BLOCK_SIZE_N over N).
 * ``swapAB``: computes out.T = W @ X.T so that a small M sits on the MMA's N side, whose minimum is 16 (the MMA's M
   side wants 64 rows per warpgroup on Hopper: M = 1..16 would waste 75% or more of it).
 * ``splitK`` / ``splitK_swapAB``: the K blocks are cut into NUM_KSPLIT ranges run by separate programs that write
-  float32 partial tiles to a workspace; a second kernel sums them in a fixed order (deterministic, no atomics) and
-  casts. This fills the GPU when M x N gives fewer tiles than it has SMs (132 on H100).
+  float32 partial tiles to a workspace; :func:`~aiter_gemm.kernels.common.splitk_reduce` sums them in a fixed
+  order (deterministic, no atomics) and casts. This fills the GPU when M x N gives fewer tiles than it has SMs
+  (132 on H100).
 
 Options every variant takes (named in ``kernelName``): TMA tile loads (``_TMA``, Hopper's bulk tensor copy engine;
 zero-fills rows past M / N), two column subtiles per K block (``_NS2``, halving the registers of the unscaled
@@ -29,7 +30,6 @@ the launcher :func:`gemm_a8w8_blockscale_triton` and the float32 reference :func
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -39,16 +39,17 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, smem_limit
+from aiter_gemm.kernels.common import INTERPRET, splitk_reduce, tile_coords, tma_usable
+
 #: Quantization block: K groups of x_scale and both sides of w_scale's blocks. Fixed by the data format.
 SCALE_BLOCK = 128
 BLOCK_SIZE_K = SCALE_BLOCK
 
-# Triton 3.9's interpreter mis-computes tl.dot on 8/16-bit float operands: upcast them to fp32 when interpreting.
-# Read once at import, as the interpreter itself is chosen when kernels are defined.
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
-#: Largest shared memory a Hopper block can use is 227 KiB; keep 27 KiB for the epilogue's layout conversion.
-_SMEM_BUDGET = 200 * 1024
+#: Shared memory the epilogue's layout conversion needs beside the pipelined tiles (27 KiB of Hopper's 227: the
+#: largest tiles that ran without a shared-memory launch failure on the H100 left this much).
+_EPILOGUE_SMEM = 27 * 1024
 #: fp32 registers per thread for the accumulator plus one K block's unscaled product (as large, or half with
 #: N_SUBTILES=2) above which the kernel spills, out of 255 that also hold addresses and scales. Measured on H100
 #: (8192^3, before the scale fixes): 128x128 tiles on 8 warps (64 + 64) ran at 650 TFLOP/s, on 4 warps (128 + 128)
@@ -206,7 +207,7 @@ class BlockscaleConfig:
         return self.BLOCK_SIZE_M, self.BLOCK_SIZE_N
 
 
-def config_error(cfg: BlockscaleConfig, M: int, N: int, K: int) -> str | None:
+def config_error(cfg: BlockscaleConfig, M: int, N: int, K: int, arch: str = REFERENCE_ARCH) -> str | None:
     """Why ``cfg`` cannot run (M, N, K) here (shared memory over budget, NUM_KSPLIT over the K blocks) or would
     spill registers; None if it can. The one rule shared by the runtime (rows naming such a config are misses) and
     the tuner (it never times them)."""
@@ -215,8 +216,9 @@ def config_error(cfg: BlockscaleConfig, M: int, N: int, K: int) -> str | None:
     kbm, kbn = cfg.kernel_tiles()
     # Pipelined fp8 tiles: num_stages copies of an (kbm x 128) and a (kbn x 128) one-byte tile in shared memory.
     smem = cfg.num_stages * (kbm + kbn) * BLOCK_SIZE_K
-    if smem > _SMEM_BUDGET:
-        return f"needs {smem} B of shared memory for {cfg.num_stages} stages (budget {_SMEM_BUDGET})"
+    budget = smem_limit(arch) - _EPILOGUE_SMEM
+    if smem > budget:
+        return f"needs {smem} B of shared memory for {cfg.num_stages} stages (budget {budget} on {arch})"
     acc_regs = kbm * kbn // (32 * cfg.num_warps)
     live = acc_regs + acc_regs // cfg.N_SUBTILES
     if live > _MAX_ACC_REGS_PER_THREAD:
@@ -228,7 +230,8 @@ def config_error(cfg: BlockscaleConfig, M: int, N: int, K: int) -> str | None:
     return None
 
 
-def config_space(M: int, N: int, K: int, quick: bool = False) -> list[BlockscaleConfig]:
+def config_space(M: int, N: int, K: int, quick: bool = False, num_sms: int = REFERENCE_CU,
+                 arch: str = REFERENCE_ARCH) -> list[BlockscaleConfig]:
     """Every config the tuner should time for (M, N, K), pruned by :func:`config_error` and by rules that only
     remove configs that lose (:func:`_worth_timing`). Full: variant x tiles x GROUP_SIZE_M x split-K x warps x
     stages x N subtiles, all with TMA loads (on H100 they matched or beat pointer loads on every shape explored)
@@ -239,7 +242,7 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[Blockscale
         k_blocks = triton.cdiv(K, BLOCK_SIZE_K)
         raw = []
         for variant in VARIANTS.values():
-            # swapAB helps only while M is below the MMA's 64-row minimum on its M side (seed 000: small M).
+            # swapAB helps only while M is below the MMA's 64-row minimum on its M side (small M only).
             if variant.swap_ab and M > 128:
                 continue
             splits = [s for s in (2, 3, 4, 6, 8, 12, 16) if s <= k_blocks // 2] if variant.split_k else [1]
@@ -252,7 +255,8 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[Blockscale
                 for ws in (False, True) if warps == 8 else (False,):
                     raw.append(BlockscaleConfig(variant.name, bm, bn, BLOCK_SIZE_K, gm, sk, warps, stages, True, ws,
                                                 ns))
-    return [c for c in dict.fromkeys(raw) if config_error(c, M, N, K) is None and _worth_timing(c, M, N)]
+    return [c for c in dict.fromkeys(raw)
+            if config_error(c, M, N, K, arch) is None and _worth_timing(c, M, N, num_sms)]
 
 
 def _grid(variant: str, bms, bns, gm: int, sks, warps, stages, ws=(False,), ns=1) -> list[BlockscaleConfig]:
@@ -286,13 +290,14 @@ def _quick_space(M: int) -> list[BlockscaleConfig]:
             + _grid("base", [128, 64], [128, 256], 8, [1], [4], [4], ns=2))
 
 
-def _worth_timing(cfg: BlockscaleConfig, M: int, N: int) -> bool:
+def _worth_timing(cfg: BlockscaleConfig, M: int, N: int, num_sms: int) -> bool:
     """Prune configs that cannot win: tiles larger than the padded problem, split-K when M x N already fills 2 waves
-    of 132 SMs, 8 warps on tiles below 128 x 64 (no work for the second warpgroup), GROUP_SIZE_M on one tile row."""
+    of ``num_sms`` SMs, 8 warps on tiles below 128 x 64 (no work for the second warpgroup), GROUP_SIZE_M on one tile
+    row."""
     if cfg.BLOCK_SIZE_M > max(16, triton.next_power_of_2(M)) or cfg.BLOCK_SIZE_N > N:
         return False
     tiles = triton.cdiv(M, cfg.BLOCK_SIZE_M) * triton.cdiv(N, cfg.BLOCK_SIZE_N)
-    if cfg.NUM_KSPLIT > 1 and tiles >= 264:
+    if cfg.NUM_KSPLIT > 1 and tiles >= 2 * num_sms:
         return False
     kbm, kbn = cfg.kernel_tiles()
     if cfg.num_warps == 8 and kbm * kbn < 128 * 64:
@@ -302,7 +307,7 @@ def _worth_timing(cfg: BlockscaleConfig, M: int, N: int) -> bool:
     return True
 
 
-def default_config(M: int, N: int, K: int, num_sms: int = 132) -> BlockscaleConfig:
+def default_config(M: int, N: int, K: int, num_sms: int = REFERENCE_CU) -> BlockscaleConfig:
     """Built-in choice when neither a tuned row nor a JSON entry exists. Rules read off the H100 quick search over
     DeepSeek-V3 and Llama-3-70B shapes (op_tests/op_benchmarks/results/a8w8_blockscale/h100_run3_final):
 
@@ -388,15 +393,8 @@ def _gemm_a8w8_blockscale_kernel(
     M, N, K and the scale strides are not specialized on, so one compiled kernel serves every shape of a config."""
     pid = tl.program_id(axis=0)
     pid_k = tl.program_id(axis=1)
-    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     # Grouped ordering: GROUP_SIZE_M tile rows share each b tile column while it is in L2.
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_SIZE_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = tile_coords(pid, tl.cdiv(M, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
 
     # Rows past M / N wrap around (the tutorial's trick): loads need no mask, the store masks them off.
     n0 = pid_n * BLOCK_SIZE_N
@@ -473,35 +471,7 @@ def _gemm_a8w8_blockscale_kernel(
         tl.store(c_ptrs, acc1.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn1[None, :] < N))
 
 
-@triton.jit(do_not_specialize=["M", "N", "stride_ws"])
-def _splitk_reduce_kernel(
-    ws_ptr, c_ptr, M, N,
-    stride_ws, stride_wm, stride_wn, stride_cm, stride_cn,
-    NUM_SPLITS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-):
-    """c = sum over splits of the float32 workspace, in split order (deterministic), cast to c's dtype."""
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    ws_ptrs = ws_ptr + offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        acc += tl.load(ws_ptrs + s * stride_ws, mask=mask, other=0.0)
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
 # ----------------------------------------------------------------------------------------------------- launcher
-
-_REDUCE_BLOCK_M, _REDUCE_BLOCK_N = 16, 256  # 16 x 256 fp32 = 16 KiB per program: wide coalesced rows
-
-
-def _tma_ok(t: torch.Tensor) -> bool:
-    """A 2-D tensor descriptor needs a unit last stride and 16-byte aligned base and row stride."""
-    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-
 
 def gemm_a8w8_blockscale_triton(
     XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
@@ -524,7 +494,7 @@ def gemm_a8w8_blockscale_triton(
     bm, bn = config.kernel_tiles()
     sub_n = bn // config.N_SUBTILES
     a_desc = b_desc = None
-    if config.TMA and _tma_ok(a) and _tma_ok(b):
+    if config.TMA and tma_usable(a) and tma_usable(b):
         a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_SIZE_K])
         b_desc = TensorDescriptor.from_tensor(b, [sub_n, BLOCK_SIZE_K])
     if splits > 1:
@@ -544,16 +514,11 @@ def gemm_a8w8_blockscale_triton(
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=BLOCK_SIZE_K, GROUP_SIZE_M=config.GROUP_SIZE_M,
         N_SUBTILES=config.N_SUBTILES, SUB_N=sub_n,
         EVEN_K=K % BLOCK_SIZE_K == 0, USE_TMA=a_desc is not None, WARP_SPECIALIZE=config.WARP_SPECIALIZE,
-        UPCAST=_INTERPRET,
+        UPCAST=INTERPRET,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if splits > 1:
-        rgrid = (triton.cdiv(M, _REDUCE_BLOCK_M), triton.cdiv(N, _REDUCE_BLOCK_N))
-        _splitk_reduce_kernel[rgrid](
-            target, out, M, N,
-            target.stride(0), target.stride(1), target.stride(2), out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, BLOCK_SIZE_M=_REDUCE_BLOCK_M, BLOCK_SIZE_N=_REDUCE_BLOCK_N, num_warps=4,
-        )
+        splitk_reduce(target, None, out)
     return out
 
 

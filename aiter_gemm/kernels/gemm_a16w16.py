@@ -5,15 +5,16 @@ Two kernels compute a tile of C:
 * :func:`_gemm_a16w16_kernel` -- the classic tiled kernel of Triton's matmul tutorial: one program per
   ``BLOCK_SIZE_M x BLOCK_SIZE_N`` tile (grouped ordering for L2 reuse), pointer loads masked only on the K tail (rows
   past M/N are wrapped with ``%`` so loads stay in bounds; stores are masked). With ``NUM_KSPLIT > 1`` a second grid
-  axis splits K; each split writes float32 partial sums to a workspace and :func:`_splitk_reduce_kernel` adds them in a
-  fixed order (deterministic), adds the bias and casts to the output dtype, so no partial sum is lost to a low
-  precision intermediate.
+  axis splits K; each split writes float32 partial sums to a workspace and
+  :func:`~aiter_gemm.kernels.common.splitk_reduce` adds them in a fixed order (deterministic), adds the bias and
+  casts to the output dtype, so no partial sum is lost to a low precision intermediate.
 * :func:`_gemm_a16w16_tma_persistent_kernel` -- the Hopper variant of Triton's persistent-matmul tutorial: one
   program per SM loops over output tiles, A and B tiles arrive through TMA tensor descriptors (the bulk tensor copy
   engine; out-of-bounds boxes are zero-filled, so no masks). It needs a GPU with TMA (sm_90+) and 16-byte aligned
-  rows; :func:`tma_usable` says when, and the launcher falls back to the classic kernel otherwise (the interpreter,
-  misaligned or non-contiguous operands). ``FLATTEN`` merges its tile and K loops so the software pipeliner
-  prefetches the next tile during this tile's epilogue (up to 1.34x at K=1024 on the H100, BENCHMARKS.md).
+  rows; :func:`~aiter_gemm.kernels.common.tma_usable` says when, and the launcher falls back to the classic kernel
+  otherwise (the interpreter, misaligned or non-contiguous operands). ``FLATTEN`` merges its tile and K loops so the
+  software pipeliner prefetches the next tile during this tile's epilogue (up to 1.34x at K=1024 on the H100,
+  BENCHMARKS.md).
 
 Under ``TRITON_INTERPRET=1`` (CPU tests) ``tl.dot`` operands are upcast to float32 because Triton 3.9's interpreter
 returns garbage for a bf16 ``tl.dot``; on a GPU the dot runs on 16-bit operands with float32 accumulation.
@@ -21,7 +22,6 @@ returns garbage for a bf16 ``tl.dot``; on a GPU the dot runs on 16-bit operands 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -29,19 +29,18 @@ import torch
 import triton
 import triton.language as tl
 
+from aiter_gemm.kernels.common import INTERPRET, splitk_reduce, tile_coords, tma_usable
+
+__all__ = ["INTERPRET", "SUPPORTED_DTYPES", "SUPPORTED_OTYPES", "GemmConfig", "check_operands", "default_config",
+           "gemm_a16w16", "gemm_a16w16_ref", "launch_gemm_a16w16", "splitk_reduce", "tma_available", "tma_usable"]
+
 try:  # host-side TMA descriptors: Triton >= 3.4 (the device machine has 3.6, CI 3.9)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: the TMA variant is simply unavailable
     TensorDescriptor = None
 
-# Read once at import: kernels are specialised on it, and runners must not read the environment per call.
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
-
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-# Split-K partial sums are reduced by programs of this many output elements (4 KiB of float32 per split).
-_REDUCE_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -98,18 +97,6 @@ _NAME_RE = re.compile(r"BM(\d+)_BN(\d+)_BK(\d+)_GM(\d+)_SK(\d+)_W(\d+)_S(\d+)(_T
 
 
 @triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
-    """Grouped ordering: GROUP_SIZE_M row-tiles share each column sweep so B tiles are reused from L2."""
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_SIZE_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
-
-
-@triton.jit
 def _gemm_a16w16_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     M, N, K,
@@ -124,7 +111,7 @@ def _gemm_a16w16_kernel(
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    pid_m, pid_n = tile_coords(pid, num_pid_m, num_pid_n, GROUP_SIZE_M)
 
     # Each split owns whole BLOCK_SIZE_K tiles, so only the last split can see a ragged K tail.
     k_tiles_per_split = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), NUM_KSPLIT)
@@ -168,22 +155,6 @@ def _gemm_a16w16_kernel(
 
 
 @triton.jit
-def _splitk_reduce_kernel(
-    ws_ptr, bias_ptr, c_ptr, M, N, stride_ws_s,
-    NUM_KSPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-):
-    """Sum NUM_KSPLIT float32 partials in split order (deterministic), add bias, cast to C's dtype (C contiguous)."""
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < M * N
-    acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
-    for s in tl.static_range(NUM_KSPLIT):
-        acc += tl.load(ws_ptr + s * stride_ws_s + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _gemm_a16w16_tma_persistent_kernel(
     a_desc, b_desc, bias_ptr, c_ptr,
     M, N, K,
@@ -199,7 +170,7 @@ def _gemm_a16w16_tma_persistent_kernel(
     k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
     num_tiles = num_pid_m * num_pid_n
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
         off_m = pid_m * BLOCK_SIZE_M
         off_n = pid_n * BLOCK_SIZE_N
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
@@ -221,23 +192,6 @@ def tma_available() -> bool:
     if INTERPRET or TensorDescriptor is None or not torch.cuda.is_available() or torch.version.hip is not None:
         return False
     return torch.cuda.get_device_capability()[0] >= 9
-
-
-def tma_usable(t: torch.Tensor) -> bool:
-    """TMA needs a unit stride along K and 16-byte aligned base and row stride (cuTensorMapEncodeTiled's rules)."""
-    return (t.is_cuda and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.data_ptr() % 16 == 0)
-
-
-def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-    """Reduce float32 partials ``ws`` (S, M, N) (contiguous) into contiguous ``out`` (M, N), adding ``bias``."""
-    num_splits, m, n = ws.shape
-    grid = (triton.cdiv(m * n, _REDUCE_BLOCK),)
-    _splitk_reduce_kernel[grid](
-        ws, bias if bias is not None else ws, out, m, n, ws.stride(0),
-        NUM_KSPLIT=num_splits, HAS_BIAS=bias is not None, BLOCK_SIZE=_REDUCE_BLOCK, num_warps=4,
-    )
-    return out
 
 
 def launch_gemm_a16w16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,

@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, check_operands, splitk_reduce
+from aiter_gemm.kernels.common import INTERPRET, splitk_reduce
+from aiter_gemm.kernels.gemm_a16w16 import check_operands
 
 MAX_M = 16
 

@@ -16,7 +16,7 @@ import sys
 
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.fileio import merge_csv_rows, read_csv_rows
-from gradlib.results import KEY_COLUMNS
+from gradlib.a16w16 import KEY_COLUMNS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,6 @@
+"""Backends of the ``gemm_a8w8_blockscale`` op (:mod:`aiter_gemm.blockscale`): ``triton`` (our kernels,
+:mod:`aiter_gemm.kernels.a8w8_blockscale`) and ``torch`` (torch's block-scaled ``F.scaled_mm``, cuBLASLt on Hopper).
+
+Same contract as ``gemm_a16w16``'s backends (:class:`aiter_gemm.backends.base.Backend`); the runner signature is
+``run(XQ, WQ, x_scale, w_scale, dtype) -> out (M, N)``.
+"""

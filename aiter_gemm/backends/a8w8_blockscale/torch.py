@@ -1,0 +1,47 @@
+"""Backend ``torch`` of ``gemm_a8w8_blockscale``: torch's block-scaled ``F.scaled_mm`` (cuBLASLt on Hopper), see
+:mod:`aiter_gemm.kernels.a8w8_blockscale_torch`. One solution, ``kernelName`` ``scaled_mm_blockwise``; it runs where
+that module's :func:`~aiter_gemm.kernels.a8w8_blockscale_torch.unavailable_reason` (this torch, this device) and
+:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.shape_error` (the layouts verified on the H100) allow.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+
+SOLUTION = Solution(torch_impl.LIBTYPE, -1, 0, torch_impl.NAME)
+
+
+def _torch_device(device: DeviceIdentity) -> torch.device:
+    if device.kind == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu") if device.kind == "cpu" else torch.device(device.kind)
+
+
+def _run(XQ, WQ, x_scale, w_scale, dtype):
+    return torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, x_scale, w_scale, dtype)
+
+
+class BlockscaleTorchBackend(Backend):
+    name = torch_impl.LIBTYPE
+
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        if solution.kernelName != torch_impl.NAME:
+            return f"libtype {self.name!r} runs {torch_impl.NAME!r}, not {solution.kernelName!r}"
+        # Looked up through the module at every decision: it depends on the device (and tests replace it).
+        return (torch_impl.unavailable_reason(_torch_device(device))
+                or torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype))
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
+        return None if self.why_not(problem, solution, device) is not None else _run
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        """The one solution where its layouts take the shape (whether this process can run it is the tuner's
+        ``--libtype`` check and the worker's ``why_not``)."""
+        return [SOLUTION] if torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype) is None else []
+
+
+BACKEND = BlockscaleTorchBackend()

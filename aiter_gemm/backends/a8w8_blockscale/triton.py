@@ -1,0 +1,91 @@
+"""Backend ``triton`` of ``gemm_a8w8_blockscale``: the Triton kernels of :mod:`aiter_gemm.kernels.a8w8_blockscale`.
+
+A solution's ``kernelName`` is a :class:`~aiter_gemm.kernels.a8w8_blockscale.BlockscaleConfig` name (e.g.
+``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3_TMA``); ``splitK`` mirrors its split count (0 when unsplit).
+:func:`~aiter_gemm.kernels.a8w8_blockscale.config_error` is the one rule of what can run, for the tuner and the
+runtime alike. The default (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.a8w8_blockscale.default_config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
+from aiter_gemm.kernels.a8w8_blockscale import (
+    BlockscaleConfig,
+    config_error,
+    config_space,
+    default_config,
+    gemm_a8w8_blockscale_triton,
+)
+from aiter_gemm.kernels.common import INTERPRET
+
+NAME = "triton"
+FP8_IN = (torch.float8_e4m3fn,)  # e4m3 as NVIDIA Triton runs it (tl.float8e4nv)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: ``run(XQ, WQ, x_scale, w_scale, dtype) -> out``: the block-scale op's runner.
+BlockscaleRunner = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
+
+
+def solution_of(cfg: BlockscaleConfig) -> Solution:
+    """The solution (and tuned-row fields) naming ``cfg``."""
+    return Solution(NAME, -1, cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, cfg.name)
+
+
+def _arch(device: DeviceIdentity) -> str:
+    """The arch whose limits apply: the GPU's, or the reference GPU's in the interpreter (tests then refuse what an
+    H100 would)."""
+    return device.gfx if device.is_gpu else REFERENCE_ARCH
+
+
+def make_runner(cfg: BlockscaleConfig) -> BlockscaleRunner:
+    def run(XQ, WQ, x_scale, w_scale, dtype):
+        out = torch.empty((XQ.shape[0], WQ.shape[0]), dtype=dtype, device=XQ.device)
+        return gemm_a8w8_blockscale_triton(XQ, WQ, x_scale, w_scale, cfg, out)
+
+    return run
+
+
+class BlockscaleTritonBackend(Backend):
+    name = NAME
+
+    def unavailable_reason(self) -> str | None:
+        return triton_unavailable_reason(f"{NAME} (gemm_a8w8_blockscale)")
+
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        if device.kind == "cpu" and not INTERPRET:
+            return "Triton kernels run on CPU tensors only under TRITON_INTERPRET=1"
+        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+            return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
+        try:
+            cfg = BlockscaleConfig.from_name(solution.kernelName)
+        except ValueError as exc:
+            return str(exc)
+        return config_error(cfg, problem.M, problem.N, problem.K, _arch(device))
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> BlockscaleRunner | None:
+        if self.why_not(problem, solution, device) is not None:
+            return None
+        return make_runner(BlockscaleConfig.from_name(solution.kernelName))
+
+    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        return solution_of(default_config(problem.M, problem.N, problem.K, device.heuristic_cu))
+
+    def _space(self, problem: GemmProblem, device: DeviceIdentity, quick: bool) -> list[Solution]:
+        cfgs = [*config_space(problem.M, problem.N, problem.K, quick, device.heuristic_cu, _arch(device)),
+                default_config(problem.M, problem.N, problem.K, device.heuristic_cu)]  # never worse than no row
+        return [solution_of(c) for c in dict.fromkeys(cfgs)]
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return self._space(problem, device, quick=False)
+
+    def quick_candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return self._space(problem, device, quick=True)
+
+
+BACKEND = BlockscaleTritonBackend()

@@ -1,0 +1,118 @@
+"""Per-(N, K) JSON config files keyed by M buckets (AITER's Triton convention), read strictly and cached.
+
+A file maps bucket keys to config entries: ``M_LEQ_<n>`` covers M <= n, ``any`` any M, and an op may accept named
+buckets (the block-scale op's ``small_M`` / ``medium_M`` / ``large_M``: M <= 256 / 2048 / any). The entry with the
+smallest bound >= M wins. Each user turns entries into its own config type with a ``parse_entry`` function; every
+error (bad JSON, unknown key, two keys covering the same range, an entry its parser rejects) raises
+:class:`JSONConfigError` naming the file and the key. Files are only read; :func:`write_buckets` writes atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiter_gemm.fileio import atomic_write_text
+
+T = TypeVar("T")
+
+#: Only ``M_LEQ_<n>`` and ``any``: AITER's Triton JSON files.
+AITER_BUCKETS: dict[str, int | None] = {"any": None}
+#: Also the three named categories of the block-scale configs: M <= 256, M <= 2048, any M.
+NAMED_BUCKETS: dict[str, int | None] = {"small_M": 256, "medium_M": 2048, "large_M": None, "any": None}
+_LEQ_RE = re.compile(r"^M_LEQ_(\d+)$")
+
+#: Parsed buckets: (M bound or None for any M, bucket key, entry), smallest bound first.
+Buckets = list[tuple[int | None, str, Any]]
+
+
+class JSONConfigError(ValueError):
+    """A JSON config file that cannot be used as written; names the file and the bucket key."""
+
+    def __init__(self, path: str | os.PathLike, key: str | None, message: str) -> None:
+        super().__init__(f"{path}" + (f", key {key!r}" if key else "") + f": {message}")
+
+
+def bucket_bound(path: str | os.PathLike, key: str, named: Mapping[str, int | None] = NAMED_BUCKETS) -> int | None:
+    """The largest M bucket ``key`` covers (None: any M); JSONConfigError for an unknown key."""
+    if key in named:
+        return named[key]
+    m = _LEQ_RE.match(key)
+    if m is None or int(m.group(1)) < 1:
+        raise JSONConfigError(path, key, f"unknown bucket; use M_LEQ_<n> (n >= 1) or one of {list(named)}")
+    return int(m.group(1))
+
+
+def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
+                 named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T]]:
+    """Every bucket of ``path`` as (bound, key, parsed entry), smallest bound first (``any``-like last)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise JSONConfigError(path, None, f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise JSONConfigError(path, None, "must be a non-empty object mapping M buckets to configs")
+    out = []
+    bounds_seen: dict[int | None, str] = {}
+    for key, entry in data.items():
+        bound = bucket_bound(path, key, named)
+        if bound in bounds_seen:
+            raise JSONConfigError(path, key, f"covers the same M range as {bounds_seen[bound]!r}")
+        bounds_seen[bound] = key
+        if not isinstance(entry, dict):
+            raise JSONConfigError(path, key, f"entry must be an object of kernel parameters, got "
+                                             f"{type(entry).__name__}")
+        try:
+            parsed = parse_entry(entry)
+        except (ValueError, TypeError) as exc:
+            raise JSONConfigError(path, key, str(exc)) from None
+        out.append((bound, key, parsed))
+    out.sort(key=lambda t: (t[0] is None, t[0] or 0))
+    return out
+
+
+def select_bucket(buckets: list[tuple[int | None, str, T]], M: int) -> tuple[str, T] | None:
+    """The (key, entry) with the smallest bound >= M (an unbounded one last); None when M exceeds every bound."""
+    for bound, key, entry in buckets:
+        if bound is None or M <= bound:
+            return key, entry
+    return None
+
+
+def write_buckets(path: str | os.PathLike, buckets: Mapping[str, T], to_json: Callable[[T], dict],
+                  named: Mapping[str, int | None] = NAMED_BUCKETS) -> None:
+    """Write ``buckets`` (key -> entry) atomically, smallest bound first; keys checked as when reading."""
+    if not buckets:
+        raise ValueError(f"{path}: no buckets to write")
+    bounds = {key: bucket_bound(path, key, named) for key in buckets}
+    order = sorted(buckets, key=lambda key: (bounds[key] is None, bounds[key] or 0))
+    atomic_write_text(path, json.dumps({key: to_json(buckets[key]) for key in order}, indent=4) + "\n")
+
+
+_cache: dict[tuple[str, Callable, tuple], list | None] = {}
+_cache_lock = threading.Lock()
+
+
+def cached_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
+                   named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T]] | None:
+    """:func:`read_buckets` of ``path`` read once until :func:`clear_cache` (None when the file does not exist):
+    decisions look files up at most once per (file, parser) between reloads."""
+    key = (str(path), parse_entry, tuple(named.items()))
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    found = read_buckets(path, parse_entry, named) if os.path.isfile(path) else None
+    with _cache_lock:
+        _cache[key] = found
+    return found
+
+
+def clear_cache() -> None:
+    """Forget every parsed file (``reload_configs()`` calls it, so edited files are read again)."""
+    with _cache_lock:
+        _cache.clear()

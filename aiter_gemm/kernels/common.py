@@ -1,0 +1,73 @@
+"""What every Triton kernel file here shares: the interpreter flag, grouped tile ordering, the deterministic split-K
+reduction, and the TMA alignment rule."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Read once at import: kernels are specialised on it, and runners must not read the environment per call. Under
+# TRITON_INTERPRET=1 (CPU tests) Triton 3.9's interpreter returns garbage for tl.dot on 8/16-bit float operands, so
+# every kernel upcasts its dot operands to float32 when this is set.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    """Grouped ordering: GROUP_SIZE_M row-tiles share each column sweep so B tiles are reused from L2."""
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["M", "N", "stride_ws"])
+def _splitk_reduce_kernel(
+    ws_ptr, bias_ptr, c_ptr, M, N,
+    stride_ws, stride_wm, stride_wn, stride_cm, stride_cn,
+    NUM_KSPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+):
+    """c = sum over splits of the float32 workspace in split order (deterministic), plus bias, cast to c's dtype."""
+    offs_m = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = tl.program_id(1) * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ws_ptrs = ws_ptr + offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for s in tl.static_range(NUM_KSPLIT):
+        acc += tl.load(ws_ptrs + s * stride_ws, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# Elements per reduce program: 1024 float32 partials per split (4 KiB), as one row of 1024 at M = 1 (decode) or
+# 16 rows of 64 at M >= 16: wide enough for coalesced rows, enough programs to fill the GPU.
+_REDUCE_ELEMS = 1024
+
+
+def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """Sum float32 partials ``ws`` (S, M, N) (any strides) into ``out`` (M, N) (any strides) in split order, adding
+    ``bias`` (N,); returns ``out``."""
+    num_splits, m, n = ws.shape
+    bm = min(16, triton.next_power_of_2(max(m, 1)))
+    bn = max(64, _REDUCE_ELEMS // bm)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    _splitk_reduce_kernel[grid](
+        ws, bias if bias is not None else ws, out, m, n,
+        ws.stride(0), ws.stride(1), ws.stride(2), out.stride(0), out.stride(1),
+        NUM_KSPLIT=num_splits, HAS_BIAS=bias is not None, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=4,
+    )
+    return out
+
+
+def tma_usable(t: torch.Tensor) -> bool:
+    """A 2-D TMA descriptor needs a unit stride along K and a 16-byte aligned base and row stride
+    (cuTensorMapEncodeTiled's rules; the interpreter emulates descriptors on CPU tensors under the same rules)."""
+    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0

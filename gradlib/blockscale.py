@@ -1,0 +1,284 @@
+"""The tuner's side of ``gemm_a8w8_blockscale``: quantized inputs and their float32 reference, the tuned-row
+format (AITER's a8w8-blockscale CSV plus ``gfx`` and ``libtype``), the per-(N, K) JSON files written beside the
+tuned CSV, and extra launchers tests register to time beside the op's backends.
+
+Inputs: x ~ N(0, 1), w ~ N(0, 1/K), quantized with amax scaling per (1, 128) group of x and (128, 128) block of w;
+the task option ``x_scale_layout`` (:data:`X_SCALE_LAYOUTS`) says how x_scale is laid out in memory, as the model's
+quantizer writes it: ``row_major`` (the default; torch's candidate then pays a transposing copy per call, timed) or
+``m_major`` (strides (1, M), what vLLM's ``column_major_scales`` and DeepGEMM use, and what torch's block-scaled
+matmul needs).
+
+JSON buckets (``--buckets``): ``fine`` (default) writes ``M_LEQ_<m>`` for each tuned M, holding the winner at m, plus
+``any`` (the largest M's winner): the best variant changes within the three named categories (on H100: swapAB /
+split-K up to M = 16, base with 64-wide tiles up to 256, 128 x 128 tiles on 8 warps from 1024), so one config per
+category loses. ``seed`` writes the named categories ``small_M`` (M <= 256), ``medium_M`` (256 < M <= 2048),
+``large_M`` (M > 2048): per category, the config with the lowest geometric mean of time / best time over the
+category's tuned M (among configs valid at all of them, timed in this run; the winner at the category's largest M
+otherwise); ``large_M`` repeats the highest tuned category when no M above 2048 was tuned, so every M has an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiter_gemm.backends import register_backend
+from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.blockscale import (
+    BLOCKSCALE_TUNED_COLUMNS,
+    GEMM_A8W8_BLOCKSCALE,
+    Choice,
+    buckets_from_tuned,
+    choice_error,
+    choice_of,
+    csv_row,
+    json_config_path,
+    parse_choice,
+    solution_of,
+    write_json_configs,
+)
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
+from gradlib.search import Candidate, ShapeOutcome
+from gradlib.timing import rotating_sets
+from gradlib.tune_ops import Inputs, Sidecar, TuneOp, cloned_sets, register_tune_op
+
+log = logging.getLogger("gradlib")
+
+BLOCKSCALE = GEMM_A8W8_BLOCKSCALE.name
+FP8 = torch.float8_e4m3fn
+X_SCALE_LAYOUTS = ("m_major", "row_major")
+KEY_COLUMNS = ("gfx", "cu_num", "M", "N", "K")
+#: The named categories as (JSON key, largest M); the last is unbounded.
+SEED_BUCKETS = (("small_M", 256), ("medium_M", 2048), ("large_M", None))
+
+#: ``launcher(XQ, WQ, x_scale, w_scale, out) -> out``: runs one candidate into the preallocated ``out``.
+Launcher = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# ---- extra launchers: a backend of the op that the tuner times but never writes ---------------------------------
+class LauncherBackend(Backend):
+    """Candidates that are neither Triton configs nor torch's, by name: timed when named (``--candidates``), never
+    written as tuned rows (another implementation to compare with, or a faulty one in tests)."""
+
+    name = "launcher"
+    tunable = False
+
+    def __init__(self) -> None:
+        self.launchers: dict[str, Launcher] = {}
+
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        return None if solution.kernelName in self.launchers else f"no launcher named {solution.kernelName!r}"
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
+        fn = self.launchers.get(solution.kernelName)
+        if fn is None:
+            return None
+
+        def run(XQ, WQ, x_scale, w_scale, dtype):
+            return fn(XQ, WQ, x_scale, w_scale, torch.empty((XQ.shape[0], WQ.shape[0]), dtype=dtype,
+                                                            device=XQ.device))
+
+        return run
+
+
+LAUNCHERS = LauncherBackend()
+EXTRA_LAUNCHERS = LAUNCHERS.launchers
+register_backend(LAUNCHERS, GEMM_A8W8_BLOCKSCALE.backends)
+
+
+def register_launcher(name: str, launcher: Launcher) -> None:
+    """Register a non-config candidate under ``name`` (which must not parse as a kernelName)."""
+    if is_config_name(name):
+        raise ValueError(f"launcher name {name!r} would shadow a Triton config name")
+    EXTRA_LAUNCHERS[name] = launcher
+
+
+def is_config_name(name: str) -> bool:
+    """Whether ``name`` is a kernelName a tuned row may hold (a Triton config's, or torch's)."""
+    try:
+        parse_choice(name)
+    except ValueError:
+        return False
+    return True
+
+
+def candidate_solution(name: str) -> Solution:
+    """The solution a ``--candidates`` name stands for: a registered launcher, torch's matmul, or a Triton config
+    (a name that does not parse stays a Triton solution: the worker reports why it cannot run)."""
+    if name in EXTRA_LAUNCHERS:
+        return Solution(LAUNCHERS.name, -1, 0, name)
+    try:
+        return solution_of(parse_choice(name))
+    except ValueError:
+        return Solution("triton", -1, 0, name)
+
+
+def check_candidate(name: str, M: int, N: int, K: int, otype: torch.dtype = torch.bfloat16,
+                    device: torch.device | None = None) -> str | None:
+    """Why candidate ``name`` cannot be timed on (M, N, K) -> ``otype`` (unknown name, config that cannot run it;
+    torch's unavailable on ``device`` when given); None if it can."""
+    if name in EXTRA_LAUNCHERS:
+        return None
+    try:
+        choice = parse_choice(name)
+    except ValueError as exc:
+        return f"not a registered launcher nor a kernelName: {exc}"
+    return choice_error(choice, M, N, K, otype, device)
+
+
+# ---- inputs and rows ----------------------------------------------------------------------------------------------
+def make_inputs(M: int, N: int, K: int, otype: torch.dtype, seed: int, device: torch.device,
+                cache: int, x_scale_layout: str = "row_major") -> Inputs:
+    """Quantized inputs whose exact product is about unit scale, x_scale in ``x_scale_layout``, as many copies as
+    span twice the last-level cache; each set is (XQ, WQ, x_scale, w_scale)."""
+    if x_scale_layout not in X_SCALE_LAYOUTS:
+        raise ValueError(f"x_scale_layout {x_scale_layout!r} is not one of {X_SCALE_LAYOUTS}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(M, K, generator=gen, device=device)
+    w = torch.randn(N, K, generator=gen, device=device).mul_(K ** -0.5)
+    XQ, WQ, xs, ws = quantize_blockscale(x, w, FP8)
+    del x, w
+    if x_scale_layout == "m_major":
+        xs = xs.t().contiguous().t()
+    xd, wd = dequantize_blockscale(XQ, WQ, xs, ws)
+    ref = xd @ wd.t()  # float32 (the worker turned TF32 off)
+    del xd, wd
+    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+    per_set = M * K + N * K + 4 * (M * kb + nb * kb) + M * N * torch.empty((), dtype=otype).element_size()
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    return Inputs((), cloned_sets((XQ, WQ, xs, ws), rotating_sets(per_set, cache, free)), ref)
+
+
+def _make_inputs(p: GemmProblem, seed: int, device: torch.device, cache: int, options: Mapping[str, Any]) -> Inputs:
+    return make_inputs(p.M, p.N, p.K, p.otype, seed, device, cache, str(options.get("x_scale_layout", "row_major")))
+
+
+def _call(runner, inputs: tuple, p: GemmProblem) -> torch.Tensor:
+    XQ, WQ, xs, ws = inputs
+    return runner(XQ, WQ, xs, ws, p.otype)
+
+
+def key_of(identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
+    return {"gfx": identity.gfx, "cu_num": str(identity.cu_num), "M": str(p.M), "N": str(p.N), "K": str(p.K)}
+
+
+def tuned_row(identity: DeviceIdentity, outcome: ShapeOutcome, winner: Candidate) -> dict[str, object]:
+    """The winner as a tuned row; ``kernelId`` is its index in the shape's candidate list."""
+    p, res = outcome.problem, winner.result
+    return csv_row(identity, p.M, p.N, p.K, choice_of(winner.solution), res.us, res.err_ratio, winner.index)
+
+
+# ---- JSON files beside the tuned CSV --------------------------------------------------------------------------------
+def _geomean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def seed_buckets(best: Mapping[int, Choice], times: Mapping[int, Mapping[str, float]]) -> dict[str, Choice]:
+    """The three named categories from the winners per M (``best``) and this run's valid timings per M
+    (``times[M][kernelName]``); see the module docstring for the rule."""
+    out: dict[str, Choice] = {}
+    lower = 0
+    for key, upper in SEED_BUCKETS:
+        ms = sorted(m for m in best if m > lower and (upper is None or m <= upper))
+        lower = upper or lower
+        if not ms:
+            continue
+        pick = best[ms[-1]]
+        if all(m in times for m in ms):
+            common = set.intersection(*(set(times[m]) for m in ms))
+            if common:
+                name = min(sorted(common), key=lambda n: _geomean(times[m][n] / min(times[m].values()) for m in ms))
+                pick = parse_choice(name)
+        out[key] = pick
+    if "large_M" not in out:
+        out["large_M"] = out[next(k for k, _ in reversed(SEED_BUCKETS) if k in out)]
+    return out
+
+
+class JsonSidecar(Sidecar):
+    """Rewrites the JSON file of each (N, K) once every shape of that (N, K) in this run is finished (or skipped),
+    from every row of the tuned file for that (N, K) on this device."""
+
+    def __init__(self, identity: DeviceIdentity, tuned_file: str | os.PathLike, problems: Sequence[GemmProblem],
+                 json_dir: str | os.PathLike | None = None, bucket_mode: str = "fine") -> None:
+        self.identity, self.tuned_file, self.bucket_mode = identity, str(tuned_file), bucket_mode
+        self.json_dir = Path(json_dir or Path(tuned_file).resolve().parent)
+        self._left: dict[tuple[int, int], int] = {}
+        for p in problems:
+            self._left[(p.N, p.K)] = self._left.get((p.N, p.K), 0) + 1
+        self._times: dict[tuple[int, int], dict[int, dict[str, float]]] = {}
+        self._ready: list[tuple[int, int]] = []
+        self.written: list[Path] = []
+
+    def _done_one(self, n: int, k: int) -> None:
+        self._left[(n, k)] -= 1
+        if self._left[(n, k)] == 0:
+            self._ready.append((n, k))
+
+    def skipped(self, problem: GemmProblem) -> None:
+        self._done_one(problem.N, problem.K)
+
+    def add(self, outcome: ShapeOutcome) -> None:
+        p = outcome.problem
+        self._times.setdefault((p.N, p.K), {})[p.M] = {
+            c.solution.kernelName: c.us for c in outcome.candidates
+            if c.phase == "full" and c.result.ok and c.eligible}
+        self._done_one(p.N, p.K)
+
+    def flush(self) -> None:
+        ready, self._ready = self._ready, []
+        for n, k in ready:
+            self.write_json(n, k)
+
+    def summary(self) -> str:
+        return f"; {len(self.written)} JSON file(s) in {self.json_dir}"
+
+    def tuned_configs(self, n: int, k: int) -> dict[int, Choice]:
+        """Config per M of the tuned file's rows for (n, k) on this device (rows naming no config are skipped)."""
+        if not os.path.isfile(self.tuned_file):
+            return {}
+        out = {}
+        for r in read_csv_rows(self.tuned_file)[1]:
+            if (r.get("gfx", "") or self.identity.gfx) != self.identity.gfx \
+                    or str(r.get("cu_num", "")).strip() != str(self.identity.cu_num) \
+                    or (int(r["N"]), int(r["K"])) != (n, k):
+                continue
+            try:
+                out[int(r["M"])] = parse_choice(r["kernelName"])
+            except ValueError as exc:
+                log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, exc)
+        return out
+
+    def write_json(self, n: int, k: int) -> None:
+        best = self.tuned_configs(n, k)
+        if not best:
+            return
+        if self.bucket_mode == "seed":
+            buckets = seed_buckets(best, self._times.get((n, k), {}))
+        else:
+            buckets = buckets_from_tuned(best)
+        self.json_dir.mkdir(parents=True, exist_ok=True)
+        path = json_config_path(self.json_dir, self.identity.gfx, n, k)
+        write_json_configs(path, buckets)
+        self.written.append(path)
+        log.info("wrote %s (%d bucket(s) from %d tuned M)", path, len(buckets), len(best))
+
+
+TUNE_OP = register_tune_op(TuneOp(
+    op=BLOCKSCALE, tuned_columns=BLOCKSCALE_TUNED_COLUMNS, key_columns=KEY_COLUMNS, key_of=key_of,
+    tuned_row=tuned_row, make_inputs=_make_inputs, call=_call, err_column="errRatio", baseline=None,
+    show_bias=False, sidecar=JsonSidecar,
+))
+
+__all__ = ["BLOCKSCALE", "EXTRA_LAUNCHERS", "FP8", "SEED_BUCKETS", "X_SCALE_LAYOUTS", "JsonSidecar", "Launcher",
+           "LauncherBackend", "TUNE_OP", "candidate_solution", "check_candidate", "is_config_name", "make_inputs",
+           "register_launcher", "seed_buckets"]

@@ -1,0 +1,134 @@
+"""What every tuner CLI shares: usage errors and exit statuses, the execution flags (``--mp``, ``--ray``,
+``--timeout``, ``--plugin``, ``--verbose``), and turning them into an executor (local process pool or Ray actors).
+
+Exit statuses (README): 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments
+or input; 3 workers could not start; 130 interrupted (what finished is saved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from gradlib.pool import Executor, PoolError, ProcessPool
+
+EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class UsageError(ValueError):
+    """Bad arguments or input files: exit status 2 with the message."""
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma- or space-separated integers."""
+    try:
+        return [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def name_list(text: str) -> list[str]:
+    """argparse type: comma-separated names."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_execution_arguments(group: argparse._ArgumentGroup, plugin_help: str) -> None:
+    """``--mp``, ``--ray``, ``--timeout``, ``--plugin``, ``--verbose``: the same flags with the same meaning in
+    every tuner."""
+    group.add_argument("--mp", type=int, default=None, help="worker processes, one per GPU (default: every visible "
+                       "GPU; 1 on CPU, where Triton kernels run in the interpreter)")
+    group.add_argument("--ray", metavar="ADDRESS", default=None,
+                       help="run on a Ray cluster instead of local processes: 'auto' (the cluster 'ray start' "
+                       "started on this machine), HOST:6379, ray://HOST:10001 (Ray client), or 'local' (a private "
+                       "one-machine Ray instance); one actor per cluster GPU (--mp caps it). Needs "
+                       "pip install 'aiter_gemm[ray]' on the driver and every node")
+    group.add_argument("--timeout", type=float, default=60.0, help="seconds one candidate may take, JIT "
+                       "compilation included, before its worker is killed and it is recorded failed (60)")
+    group.add_argument("--plugin", action="append", default=[], help=plugin_help + "; also GRADLIB_PLUGINS=mod1,mod2")
+    group.add_argument("--verbose", "-v", action="store_true", help="log progress")
+
+
+def plugins_of(cli_plugins: Sequence[str], first: Sequence[str] = ()) -> list[str]:
+    """Modules every process imports: ``first`` (the tuner's own), ``--plugin`` ones, then ``GRADLIB_PLUGINS``."""
+    env = [m.strip() for m in os.environ.get("GRADLIB_PLUGINS", "").split(",") if m.strip()]
+    return [*first, *cli_plugins, *env]
+
+
+def configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="[gradlib] %(levelname)s %(message)s")
+
+
+def worker_devices(mp: int | None) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES value per worker: the visible GPUs in order (``mp`` of them); [None]*mp on CPU."""
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n_gpu == 0:
+        return [None] * (mp or 1)
+    mp = mp or n_gpu
+    if mp > n_gpu:
+        raise UsageError(f"--mp {mp} but only {n_gpu} GPU(s) are visible (one worker per GPU)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(n_gpu)]
+    return ids[:mp]
+
+
+def executor_devices(mp: int | None, ray: str | None) -> list[str | None]:
+    """One entry per worker slot (None: a CPU worker): the local GPUs for ``--mp``, the cluster's with ``--ray``."""
+    if not ray:
+        return worker_devices(mp)
+    from gradlib.ray_executor import ray_worker_devices  # ImportError (no Ray) -> exit 2 with the install hint
+
+    try:
+        devices = ray_worker_devices(ray, mp)
+    except (ConnectionError, ValueError) as exc:
+        raise UsageError(f"--ray {ray}: {exc}") from None
+    if devices[0] is not None and not torch.cuda.is_available():
+        # --libtype is resolved against the backends this process can load: here that would silently be torch only.
+        raise UsageError(f"--ray {ray}: the cluster's actors run on GPUs but this driver sees none; run the "
+                         "tuner on a GPU node of the cluster (backend availability is checked on the driver)")
+    return devices
+
+
+def worker_env(on_gpu: bool) -> dict[str, str | None]:
+    """Environment the workers need: on CPU, Triton kernels run only interpreted, and the variable must be set before
+    a kernel module is imported (in the workers, and in the driver for availability checks)."""
+    return {} if on_gpu else {"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
+
+
+def build_executor(devices: list[str | None], plugins: Sequence[str], timeout: float, ray: str | None,
+                   env: dict[str, str | None]) -> Executor:
+    """The executor of a run: Ray actors with ``ray``, else the process pool (one worker per device)."""
+    if ray:
+        from gradlib.ray_executor import RayExecutor
+
+        return RayExecutor(ray, devices, plugins, timeout, extra_env=env)
+    return ProcessPool(devices, plugins, timeout, extra_env=env)
+
+
+def start_executor(pool: Executor, prog: str) -> int | None:
+    """Start ``pool``; if that fails, close it, say why and return the exit status (None: it started)."""
+    try:
+        pool.start()
+    except PoolError as exc:
+        pool.close()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_POOL
+    except KeyboardInterrupt:
+        pool.close()
+        return EXIT_INTERRUPTED
+    return None
+
+
+def exit_status(prog: str, pool_error: PoolError | None, interrupted: bool, failed: int) -> int:
+    """The tuners' exit status: pool failure 3, interrupted 130, some shape without a winner 1, else 0."""
+    if pool_error is not None:
+        print(f"{prog}: error: {pool_error}", file=sys.stderr)
+        return EXIT_POOL
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED_SHAPES if failed else EXIT_OK

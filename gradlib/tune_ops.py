@@ -1,0 +1,79 @@
+"""The tuner's side of an op (:class:`~aiter_gemm.op.OpSpec` is the runtime's): how to make its inputs and
+reference, how to call its runners, and how a winner becomes a tuned row. The search, the worker, the checkpoint
+writer and the driver are written once over this (docs/design.md, "Adding an op").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.op import LazyRegistry
+
+if TYPE_CHECKING:
+    from gradlib.search import Candidate, ShapeOutcome
+
+
+@dataclass
+class Inputs:
+    """One shape's rotating input sets (each a tuple the op's :attr:`TuneOp.call` takes) and set 0's float32
+    reference output."""
+
+    key: tuple
+    sets: list[tuple]
+    ref: torch.Tensor
+
+
+class Sidecar:
+    """Files an op writes beside its tuned CSV (the block-scale op's JSON buckets): told about every finished or
+    skipped shape, flushed with each checkpoint, summarised in the final line."""
+
+    def skipped(self, problem: GemmProblem) -> None: ...
+    def add(self, outcome: ShapeOutcome) -> None: ...
+    def flush(self) -> None: ...
+
+    def summary(self) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class TuneOp:
+    """How the tuner handles one op."""
+
+    op: str  # the runtime op's name (aiter_gemm.op.op_spec)
+    tuned_columns: tuple[str, ...]
+    key_columns: tuple[str, ...]  # columns naming a row: gfx, cu_num and the op's key
+    key_of: Callable[[DeviceIdentity, GemmProblem], dict[str, str]]  # a problem's key columns as written
+    #: The winner as a tuned row: (device, outcome, winner) -> row of :attr:`tuned_columns`.
+    tuned_row: Callable[[DeviceIdentity, ShapeOutcome, Candidate], dict[str, Any]]
+    #: Inputs of ``problem``: (problem, seed, device, cache bytes, options) -> Inputs (the worker caches them).
+    make_inputs: Callable[[GemmProblem, int, torch.device, int, Mapping[str, Any]], Inputs]
+    #: Run a runner on one input set: (runner, set, problem) -> output.
+    call: Callable[[Callable, tuple, GemmProblem], torch.Tensor]
+    err_column: str = "err_ratio"  # the error column's name in tuned and profile rows
+    #: Libtype timed for every shape as the reference the winner must beat (F.linear for gemm_a16w16); None: none.
+    baseline: str | None = None
+    show_bias: bool = False  # the printed table has a bias column
+    sidecar: Callable[..., Sidecar] | None = None  # (device, tuned_file, problems, **options) -> Sidecar
+
+
+#: Op name -> module defining its TuneOp (imported on first use: a worker loads only its op's).
+TUNE_OPS: LazyRegistry[TuneOp] = LazyRegistry("tuner spec", {"gemm_a16w16": "gradlib.a16w16",
+                                                              "gemm_a8w8_blockscale": "gradlib.blockscale"},
+                                               lambda spec: spec.op)
+register_tune_op = TUNE_OPS.register
+tune_op = TUNE_OPS.get
+
+
+def cloned_sets(first: tuple, n: int) -> list[tuple]:
+    """``first`` and ``n - 1`` copies (tensors cloned with their strides, other values shared): rotating sets."""
+
+    def clone(v: Any) -> Any:
+        return v.clone(memory_format=torch.preserve_format) if isinstance(v, torch.Tensor) else v
+
+    return [first] + [tuple(clone(v) for v in first) for _ in range(n - 1)]
