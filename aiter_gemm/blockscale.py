@@ -40,7 +40,7 @@ import torch
 from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
-from aiter_gemm.configs import ConfigError, TunedRow
+from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
 from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, read_buckets, select_bucket, write_buckets
@@ -64,7 +64,7 @@ FP8 = torch.float8_e4m3fn
 Choice = BlockscaleConfig | TorchBlockwise
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
 BLOCKSCALE_TUNED_COLUMNS = ("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId", "splitK", "us", "kernelName",
-                            "tflops", "bw", "errRatio")
+                            "tflops", "bw", "errRatio", *EXTRA_TUNED_COLUMNS)
 _OUT_DTYPES = triton_backend.OUT_DTYPES
 
 
@@ -180,15 +180,18 @@ def buckets_from_tuned(best: Mapping[int, Choice]) -> dict[str, Choice]:
 
 
 def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: float,
-            err_ratio: float = 0.0, kernel_id: int = -1) -> dict[str, object]:
-    """A tuned CSV row (:data:`BLOCKSCALE_TUNED_COLUMNS`) for ``cfg`` timed at ``us`` microseconds."""
+            err_ratio: float = 0.0, kernel_id: int = -1, pad_m_min: int | None = None,
+            timing: str | None = None) -> dict[str, object]:
+    """A tuned CSV row (:data:`BLOCKSCALE_TUNED_COLUMNS`) for ``cfg`` timed at ``us`` microseconds (``pad_m_min``:
+    the smallest M the row was checked for through padding; ``timing``: graph or eager)."""
     flops = 2.0 * M * N * K
     nbytes = M * K + N * K + M * N * 2 + 4 * (M + -(-N // SCALE_BLOCK)) * -(-K // SCALE_BLOCK)
     return {
         "gfx": device.gfx, "cu_num": device.cu_num, "M": M, "N": N, "K": K, "libtype": cfg.libtype,
         "kernelId": kernel_id, "splitK": cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, "us": round(us, 4),
         "kernelName": cfg.name, "tflops": round(flops / us / 1e6, 2), "bw": round(nbytes / us / 1e3, 2),
-        "errRatio": round(err_ratio, 6),
+        "errRatio": round(err_ratio, 6), "pad_m_min": "" if pad_m_min is None else pad_m_min,
+        "timing": timing or "",
     }
 
 
@@ -266,7 +269,7 @@ def gemm_a8w8_blockscale(
         runner = _DISPATCHER._fast.get(key)
         if runner is None:
             runner = _DISPATCHER._fast[key] = _DISPATCHER.decide(
-                GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda).runner
+                GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda).call_runner
         return runner(XQ, WQ, x_scale, w_scale, dtype)
     choice = parse_choice(config) if isinstance(config, str) else config
     why = choice_error(choice, M, N, K, dtype, XQ.device)

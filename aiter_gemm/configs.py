@@ -25,8 +25,13 @@ from aiter_gemm.dtypes import parse_dtype
 log = logging.getLogger(__name__)
 
 BF16_UNTUNED_COLUMNS = ("M", "N", "K", "bias", "dtype", "outdtype", "scaleAB", "bpreshuffle")
+# Our two columns after AITER's (optional when reading, so AITER's files load unchanged): ``pad_m_min``, the
+# smallest M the tuner checked the row for through padding (README, "Lookup"), and ``timing``, how it was timed.
+EXTRA_TUNED_COLUMNS = ("pad_m_min", "timing")
 BF16_TUNED_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS,
-                      "libtype", "solidx", "splitK", "us", "kernelName", "err_ratio", "tflops", "bw")
+                      "libtype", "solidx", "splitK", "us", "kernelName", "err_ratio", "tflops", "bw",
+                      *EXTRA_TUNED_COLUMNS)
+TIMING_MODES = ("graph", "eager")
 
 
 class ConfigError(ValueError):
@@ -55,13 +60,28 @@ def parse_str(text: str) -> str:
     return text
 
 
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
+def parse_timing(text: str) -> str:
+    if text not in TIMING_MODES:
+        raise ValueError(f"must be one of {TIMING_MODES}")
+    return text
+
+
 @dataclass(frozen=True)
 class Column:
-    """A typed column; ``default`` (already typed) makes it optional in untuned shape lists."""
+    """A typed column; ``default`` (already typed) makes it optional in untuned shape lists; ``optional`` makes an
+    absent or empty cell None (a column AITER's files do not have)."""
 
     name: str
     parse: Callable[[str], Any]
     default: Any = None
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,8 +100,10 @@ def _dtype_col(name: str, default: Any = None) -> Column:
 
 _MNK = (Column("M", parse_int), Column("N", parse_int), Column("K", parse_int))
 _BMNK = (Column("B", parse_int), *_MNK)
+_EXTRA_VALUES = (Column("pad_m_min", parse_positive_int, optional=True),
+                 Column("timing", parse_timing, optional=True))
 _KERNEL_VALUES = (Column("kernelId", parse_int, -1), Column("splitK", parse_int, 0),
-                  Column("kernelName", parse_str, ""))
+                  Column("kernelName", parse_str, ""), *_EXTRA_VALUES)
 
 SPECS: dict[str, TableSpec] = {
     spec.kind: spec
@@ -92,7 +114,7 @@ SPECS: dict[str, TableSpec] = {
                  _dtype_col("outdtype"), Column("scaleAB", parse_bool, False),
                  Column("bpreshuffle", parse_bool, False)),
             values=(Column("libtype", parse_str), Column("solidx", parse_int, -1), Column("splitK", parse_int, 0),
-                    Column("kernelName", parse_str, "")),
+                    Column("kernelName", parse_str, ""), *_EXTRA_VALUES),
         ),
         TableSpec("GEMM_A8W8", key=(*_MNK, _dtype_col("q_dtype_w", torch.int8)), values=_KERNEL_VALUES),
         TableSpec("GEMM_A8W8_BPRESHUFFLE", key=(*_MNK, _dtype_col("q_dtype_w", torch.int8)), values=_KERNEL_VALUES),
@@ -153,6 +175,8 @@ def _cell(row: list[str], idx: dict[str, int], name: str) -> str | None:
 def parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool = False) -> Any:
     """Typed value of one cell; an absent or empty cell takes the column default (unless ``strict``) or is an error."""
     if not text:
+        if col.optional:
+            return None
         if col.default is not None and not strict:
             return col.default
         raise ConfigError(path, line, col.name, "missing required column" if text is None else "empty value")
@@ -189,12 +213,13 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
         return  # an empty file is valid
     idx = {name: i for i, name in enumerate(header)}
     # Tuned rows need every key column (defaults are for untuned shape lists only); value columns may default.
-    must = [c.name for c in spec.key] + [c.name for c in spec.values if c.default is None] + ["cu_num",
-                                                                                              spec.time_column]
+    must = [c.name for c in spec.key] + [c.name for c in spec.values if c.default is None and not c.optional]
+    must += ["cu_num", spec.time_column]
     for name in must:
         if name not in idx:
             raise ConfigError(path, 1, name, "missing required column")
     cu_col = Column("cu_num", parse_int)
+    m_pos = next((i for i, c in enumerate(spec.key) if c.name == "M"), None)
     dropped: list[int] = []
     for line, rec in data:
         key = tuple(parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
@@ -208,6 +233,10 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
             dropped.append(line)
             continue
         values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
+        pad = values.get("pad_m_min")
+        if pad is not None and m_pos is not None and pad > key[m_pos]:
+            raise ConfigError(path, line, "pad_m_min", f"{pad} is above the row's M={key[m_pos]}: the checked range "
+                              "is pad_m_min..M")
         fields = {name: rec[i].strip() for name, i in idx.items()}
         yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
                        MappingProxyType(fields), path, line)

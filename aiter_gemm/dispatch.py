@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from aiter_gemm import backends, jsonconfigs
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
@@ -56,16 +58,42 @@ class Decision:
     runner: Any  # the op's runner signature
     source: str = DEFAULT_SOURCE  # the row's file, "<json file>#<bucket>", or "default heuristic"
     extra: tuple[tuple[str, Any], ...] = ()  # the op's description of the solution (OpSpec.describe)
+    #: What runs when the stream is not capturing a CUDA graph, if not the same (README, "CUDA graphs and eager
+    #: calls"): a launch-heavy backend's graph-timed choice gives way to the eager default there.
+    eager_solution: Solution | None = None
+    eager_runner: Any = None
+
+    @property
+    def call_runner(self) -> Any:
+        """The runner an entry function calls: the runner itself, or one that asks whether the current stream is
+        capturing a CUDA graph (~0.3 us, only for decisions whose eager choice differs)."""
+        if self.eager_runner is None:
+            return self.runner
+        graph, eager, capturing = self.runner, self.eager_runner, torch.cuda.is_current_stream_capturing
+        warmed = []
+
+        def switch(*args: Any) -> Any:
+            if capturing():
+                return graph(*args)
+            if not warmed:  # the first eager call also runs the capture-time runner once, so its kernels are
+                warmed.append(graph(*args))  # compiled by the usual warm-up: capture must do no file I/O
+                warmed[0] = None
+            return eager(*args)
+
+        return switch
 
     def as_config(self) -> dict[str, Any]:
-        """AITER-style config dict: the row's columns (typed where known) plus ``matched`` and ``source``."""
+        """AITER-style config dict: the row's columns (typed where known) plus ``matched`` and ``source``, and
+        ``eager_libtype`` / ``eager_kernelName``: what runs outside CUDA-graph capture."""
         cfg: dict[str, Any] = dict(self.row.fields) if self.row is not None else {}
         sol = self.solution
+        eager = self.eager_solution or sol
         cfg.update(self.extra)
         cfg.update(libtype=sol.libtype, solidx=sol.solidx, splitK=sol.splitK, kernelName=sol.kernelName,
                    us=self.row.us if self.row is not None else None, matched=self.matched, source=self.source,
                    line=self.row.line if self.row is not None else None, gfx=self.device.gfx,
-                   cu_num=self.device.cu_num, M=self.problem.M, N=self.problem.N, K=self.problem.K)
+                   cu_num=self.device.cu_num, M=self.problem.M, N=self.problem.N, K=self.problem.K,
+                   eager_libtype=eager.libtype, eager_kernelName=eager.kernelName)
         return cfg
 
 
@@ -165,10 +193,17 @@ class Dispatcher:
                 if level != "exact" and m == problem.M:
                     continue  # same key as the exact lookup: already a miss
                 row = table.lookup(device.gfx, device.cu_num, self.op.row_key(problem.with_m(m)))
-                if row is not None:
-                    dec = self._from_row(problem, device, row, level)
-                    if dec is not None:
-                        break
+                if row is None:
+                    continue
+                pad_min = row.values.get("pad_m_min")
+                if level != "exact" and pad_min is not None and problem.M < pad_min:
+                    # The tuner checked this row for padded use only from pad_m_min up (README, "Lookup").
+                    log.debug("%s:%d serves M >= %d through padding, not M=%d", row.source, row.line, pad_min,
+                              problem.M)
+                    continue
+                dec = self._from_row(problem, device, row, level)
+                if dec is not None:
+                    break
             if dec is None and self.op.json_family:
                 dec = self._from_json(problem, device)
         if dec is None:
@@ -201,7 +236,23 @@ class Dispatcher:
     def _decision(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution, matched: str,
                   row: TunedRow | None, runner: Any, source: str) -> Decision:
         extra = tuple(self.op.describe(sol).items()) if self.op.describe is not None else ()
-        return Decision(problem, device, sol, matched, row, runner, source, extra)
+        eager = self._eager_choice(problem, device, sol, row)
+        eager_sol, eager_runner = eager if eager is not None else (None, None)
+        return Decision(problem, device, sol, matched, row, runner, source, extra, eager_sol, eager_runner)
+
+    def _eager_choice(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
+                      row: TunedRow | None) -> tuple[Solution, Any] | None:
+        """What eager (non-capturing) calls run instead of ``sol``, or None for ``sol`` itself: on a GPU, a backend
+        whose launches cost more host time than the library call's (``cheap_launch`` False) keeps only rows timed
+        eagerly; otherwise the default among cheap-launch backends runs (README, "CUDA graphs and eager calls")."""
+        if not device.is_gpu or self.backend(sol.libtype).cheap_launch:
+            return None
+        if row is not None and row.values.get("timing") == "eager":
+            return None
+        choice = self._default_choice(problem, device, cheap_only=True)
+        if choice is None or choice[0] == sol:
+            return None
+        return choice
 
     def _from_row(self, problem: GemmProblem, device: DeviceIdentity, row: TunedRow, level: str) -> Decision | None:
         sol = self.op.row_solution(row)
@@ -236,26 +287,40 @@ class Dispatcher:
             return self._decision(problem, device, sol, "json", None, runner, f"{folder / name}#{key}")
         return None
 
-    def _default(self, problem: GemmProblem, device: DeviceIdentity) -> Decision:
+    def _default(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
         """AITER's order: pre-shuffled weights -> a BLASLt heuristic solution; else the highest-priority available
-        backend whose ``default_for`` accepts the shape (skinny for small M on a GPU); torch last."""
+        backend whose ``default_for`` accepts the shape (skinny for small M on a GPU); torch last. ``eager``: the
+        decision as eager calls see it (what the tuner confirms ``--timing eager`` winners against)."""
+        choice = self._default_choice(problem, device)
+        if choice is not None:
+            dec = self._decision(problem, device, choice[0], "default", None, choice[1], DEFAULT_SOURCE)
+            if eager and dec.eager_solution is not None:
+                return replace(dec, solution=dec.eager_solution, runner=dec.eager_runner, eager_solution=None,
+                               eager_runner=None)
+            return dec
+        raise RuntimeError(
+            f"aiter_gemm: no available {self.op.name} backend can run M={problem.M} N={problem.N} K={problem.K} "
+            f"dtype={dtype_name(problem.dtype)} bpreshuffle={problem.bpreshuffle} on {device.gfx}"
+            + (" (a pre-shuffled weight needs a BLASLt backend: cublaslt or hipblaslt)" if problem.bpreshuffle else "")
+        )
+
+
+    def _default_choice(self, problem: GemmProblem, device: DeviceIdentity, cheap_only: bool = False
+                        ) -> tuple[Solution, Any] | None:
+        """(solution, runner) of the default: the highest-priority backend that claims the shape and can run it."""
         if self._defaults is None:
             found = [self.backend(b.name) for b in backends.available_backends(self.op.backends)]
             self._defaults = sorted(found, key=lambda b: -b.default_priority)
         for backend in self._defaults:
-            if problem.bpreshuffle and not backend.is_blaslt:
+            if (problem.bpreshuffle and not backend.is_blaslt) or (cheap_only and not backend.cheap_launch):
                 continue
             sol = backend.default_for(problem, device)
             if sol is None or backend.why_not(problem, sol, device) is not None:
                 continue
             runner = backend.prepare(problem, sol, device)
             if runner is not None:
-                return self._decision(problem, device, sol, "default", None, runner, DEFAULT_SOURCE)
-        raise RuntimeError(
-            f"aiter_gemm: no available {self.op.name} backend can run M={problem.M} N={problem.N} K={problem.K} "
-            f"dtype={dtype_name(problem.dtype)} bpreshuffle={problem.bpreshuffle} on {device.gfx}"
-            + (" (a pre-shuffled weight needs a BLASLt backend: cublaslt or hipblaslt)" if problem.bpreshuffle else "")
-        )
+                return sol, runner
+        return None
 
 
 def _label(sol: Solution) -> str:

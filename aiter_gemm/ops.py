@@ -65,7 +65,7 @@ def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tupl
     problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[8])
     dec = _DISPATCHER.decide(problem, key[7])
     flat = A.dim() == 2
-    fast = (dec.runner, problem.otype, None if flat else (problem.M, problem.K),
+    fast = (dec.call_runner, problem.otype, None if flat else (problem.M, problem.K),
             None if flat else (*A.shape[:-1], problem.N))
     _DISPATCHER._fast[key] = fast
     return fast

@@ -8,6 +8,7 @@ per dtype meaningful.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,3 +62,15 @@ def err_ratio(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> float:
         return 1.0
     bad = ~torch.isclose(o, ref.float(), rtol=tol.rtol, atol=tol.atol)
     return float(bad.sum().item()) / out.numel()
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (inf for NaN/Inf outputs or a wrong shape; 0 for an all-zero ref that
+    ``out`` matches): the tuner compares it with the library call's on the same data."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.inf
+    o, r = out.double(), ref.double()
+    if not bool(torch.isfinite(o).all()):
+        return math.inf
+    num, den = float(torch.linalg.vector_norm(o - r)), float(torch.linalg.vector_norm(r))
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)

@@ -173,7 +173,8 @@ def key_of(identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
 def tuned_row(identity: DeviceIdentity, outcome: ShapeOutcome, winner: Candidate) -> dict[str, object]:
     """The winner as a tuned row; ``kernelId`` is its index in the shape's candidate list."""
     p, res = outcome.problem, winner.result
-    return csv_row(identity, p.M, p.N, p.K, choice_of(winner.solution), res.us, res.err_ratio, winner.index)
+    return csv_row(identity, p.M, p.N, p.K, choice_of(winner.solution), res.us, res.err_ratio, winner.index,
+                   outcome.pad_m_min, outcome.timing)
 
 
 # ---- JSON files beside the tuned CSV --------------------------------------------------------------------------------

@@ -12,10 +12,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from gradlib.pool import Executor, PoolError, ProcessPool
+from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
 
 EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -51,6 +53,27 @@ def add_execution_arguments(group: argparse._ArgumentGroup, plugin_help: str) ->
                        "compilation included, before its worker is killed and it is recorded failed (60)")
     group.add_argument("--plugin", action="append", default=[], help=plugin_help + "; also GRADLIB_PLUGINS=mod1,mod2")
     group.add_argument("--verbose", "-v", action="store_true", help="log progress")
+
+
+def add_confirm_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--confirm_rounds``, ``--pad_check`` and ``--timing``: how a winner is confirmed and timed (every tuner)."""
+    group.add_argument("--confirm_rounds", type=int, default=2, help="re-time the winner against the runtime's "
+                       "default and the library call in this many fresh rounds of alternating order before writing "
+                       "it (written only if it still wins by --min_gain; 0: off, plain fastest of the search)")
+    group.add_argument("--pad_check", choices=("on", "off"), default="on", help="also confirm the winner at the "
+                       "smallest M of each padding range it would serve and one in the middle, and write the "
+                       "smallest M it held for as pad_m_min (README, Lookup); off: exact use only")
+    group.add_argument("--timing", choices=("graph", "eager"), default="graph", help="time candidates by "
+                       "CUDA-graph replay (graph: GPU time, as served with CUDA graphs) or by a loop of eager calls "
+                       "(eager: includes each backend's launch cost, for deployments without graphs)")
+
+
+def timing_configs(mode: str, cpu_fallback: TimingConfig | None = None) -> dict[str, TimingConfig]:
+    """The screen / full / confirm timing configs for ``--timing`` (``cpu_fallback`` for all three when given)."""
+    if cpu_fallback is not None:
+        return {"screen": cpu_fallback, "full": cpu_fallback, "confirm": cpu_fallback}
+    graph = mode == "graph"
+    return {k: replace(v, use_graph=graph) for k, v in (("screen", SCREEN), ("full", FULL), ("confirm", CONFIRM))}
 
 
 def plugins_of(cli_plugins: Sequence[str], first: Sequence[str] = ()) -> list[str]:

@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "as well (their --screen_top fastest go to phase 2): faster on large config spaces, off by "
                       "default")
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    cli.add_confirm_arguments(srch)
     run = ap.add_argument_group("execution")
     cli.add_execution_arguments(run, "module to import in every process before tuning (registers extra backends)")
     run.add_argument("--peak_tflops", type=float, help="peak TFLOP/s for %% of roofline (default: measured table)")
@@ -164,8 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.min_gain < 1.0:
             raise UsageError("--min_gain must be >= 1.0")
-        if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1) or args.screen_top < 1:
-            raise UsageError("--batch and --screen_top must be >= 1, --timeout > 0, 0 <= --errRatio <= 1")
+        if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1) or args.screen_top < 1 \
+                or args.confirm_rounds < 0:
+            raise UsageError("--batch and --screen_top must be >= 1, --timeout > 0, 0 <= --errRatio <= 1, "
+                             "--confirm_rounds >= 0")
         devices = cli.executor_devices(args.mp, args.ray)
         env = cli.worker_env(on_gpu=devices[0] is not None)
         with scoped_env(env):
@@ -175,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     search = SearchOptions(libtypes, err_ratio=args.errRatio, screen_top=args.screen_top, seed=args.seed,
-                           screen_libtypes=tuple(cli.name_list(args.screen_libtypes)), min_gain=args.min_gain)
+                           screen_libtypes=tuple(cli.name_list(args.screen_libtypes)), min_gain=args.min_gain,
+                           confirm_rounds=args.confirm_rounds, pad_check=args.pad_check == "on",
+                           **cli.timing_configs(args.timing))
     job = TuneJob(PROG, tune_op("gemm_a16w16"), problems, search, args.tuned_file, args.batch, args.all,
                   profile_file=args.profile_file, summary_file=args.summary_file, peak_tflops=args.peak_tflops,
                   peak_bw=args.peak_bw, verbose=args.verbose)

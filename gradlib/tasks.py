@@ -22,7 +22,7 @@ import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
-from gradlib.accuracy import err_ratio, tolerance_for
+from gradlib.accuracy import err_ratio, rel_error, tolerance_for
 from gradlib.timing import TimingConfig, cache_bytes, time_runner
 from gradlib.tune_ops import Inputs, tune_op
 
@@ -32,6 +32,9 @@ ENUMERATE = "enumerate"
 TIME = "time"
 KINDS = (ENUMERATE, TIME)
 A16W16 = "gemm_a16w16"
+#: A TIME item standing for whatever the runtime's heuristic default runs for the task's shape (resolved in the
+#: worker, reported in the result's ``solutions``): what the tuner confirms a winner against.
+DEFAULT = Solution("<default>", -1, 0, "")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ class ItemResult:
     err_ratio: float = math.nan  # NaN: not checked
     method: str = ""
     error: str = ""
-    solutions: tuple[Solution, ...] = ()  # ENUMERATE results
+    solutions: tuple[Solution, ...] = ()  # ENUMERATE: the candidates; TIME of DEFAULT: the solution it resolved to
+    rel_err: float = math.nan  # ||out - ref|| / ||ref|| (NaN: not checked)
     is_blaslt: bool = False  # ENUMERATE: the backend wants phase-1 screening
     restart: bool = False
 
@@ -163,30 +167,46 @@ class WorkerRuntime:
             return ItemResult.failed(task, index, f"backend {name!r} returned foreign candidates, e.g. {bad[0]!r}")
         return ItemResult(task.task_id, index, True, solutions=sols, is_blaslt=bool(backend.is_blaslt))
 
-    def _time(self, task: Task, index: int) -> ItemResult:
-        sol: Solution = task.items[index]
+    def _runner(self, task: Task, sol: Solution) -> tuple[object, Solution, str | None]:
+        """(runner, the solution it runs, None) or (None, sol, why not): DEFAULT resolves to the runtime's default."""
         p = task.problem
+        if sol == DEFAULT:
+            from aiter_gemm import get_dispatcher
+
+            eager = task.timing is not None and not task.timing.use_graph
+            dec = get_dispatcher(task.op)._default(p, self.identity, eager=eager)
+            return dec.runner, dec.solution, None
         backend = backend_of(task.op, sol.libtype)
         if not backend.is_available():
-            why = backend.unavailable_reason()
-            return ItemResult.failed(task, index, f"backend {sol.libtype!r} unavailable: {why}")
+            return None, sol, f"backend {sol.libtype!r} unavailable: {backend.unavailable_reason()}"
         why = backend.why_not(p, sol, self.identity)
         runner = backend.prepare(p, sol, self.identity) if why is None else None
         if runner is None:
-            return ItemResult.failed(task, index, f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} "
-                                                  f"K={p.K} here: {why or 'prepare() returned None'}")
+            return None, sol, (f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: "
+                               f"{why or 'prepare() returned None'}")
+        return runner, sol, None
+
+    def _time(self, task: Task, index: int) -> ItemResult:
+        p = task.problem
+        runner, ran, why = self._runner(task, task.items[index])
+        if runner is None:
+            return ItemResult.failed(task, index, why)
         spec = tune_op(task.op)
         data = self._inputs(task)
-        err = math.nan
+        err = rel = math.nan
         if task.check:
+            # Poison the memory the output will most likely be allocated in (the caching allocator hands the same
+            # block back), so a kernel that leaves elements unwritten fails instead of reading an older output.
+            torch.full((p.M, p.N), math.nan, dtype=p.otype, device=self.device)
             out = spec.call(runner, data.sets[0], p)
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (p.M, p.N) or out.dtype != p.otype:
                 got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
                 return ItemResult.failed(task, index, f"returned {got}, expected ({p.M}, {p.N}) {p.otype}")
             err = err_ratio(out, data.ref, tolerance_for(p.dtype, p.otype))
+            rel = rel_error(out, data.ref)
             del out
             if err > task.max_err:
-                return ItemResult(task.task_id, index, False, err_ratio=err,
+                return ItemResult(task.task_id, index, False, err_ratio=err, rel_err=rel,
                                   error=f"err_ratio {err:.4f} > {task.max_err} (not timed)")
         sets = data.sets
 
@@ -196,7 +216,8 @@ class WorkerRuntime:
         t = time_runner(call, len(sets), self.device, task.timing)
         if not (t.us > 0) or math.isinf(t.us):
             return ItemResult.failed(task, index, f"timing gave {t.us} us")
-        return ItemResult(task.task_id, index, True, us=t.us, err_ratio=err, method=f"{t.method}x{t.n_sets}")
+        return ItemResult(task.task_id, index, True, us=t.us, err_ratio=err, method=f"{t.method}x{t.n_sets}",
+                          solutions=(ran,) if ran is not task.items[index] else (), rel_err=rel)
 
     def _inputs(self, task: Task) -> Inputs:
         """The op's inputs for the task's shape, cached while consecutive items share shape, seed and options."""

@@ -47,6 +47,9 @@ class TimingConfig:
 SCREEN = TimingConfig(warmup=2, reps=5, target_us=200.0, budget_s=0.5)
 # Phase 2: full warm-up, 21 repetitions (odd: the median is one measurement).
 FULL = TimingConfig(warmup=10, reps=21, target_us=1000.0, budget_s=2.0)
+# Confirmation rounds (the winner against the default and the baseline, alternating): each round is one timing,
+# the median over rounds decides, so a round may be shorter than a phase-2 timing.
+CONFIRM = TimingConfig(warmup=5, reps=11, target_us=500.0, budget_s=0.5)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ from gradlib.models import ModelConfigError
 from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
 from gradlib.tasks import enumerate_solutions, import_plugins
-from gradlib.timing import FULL, TimingConfig
+from gradlib.timing import TimingConfig
 from gradlib.tune_ops import tune_op
 
 __all__ = ["CPU_TIMING", "DEFAULT_MS", "PROG", "SEED_BUCKETS", "build_parser", "candidate_names",
@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "rtol=atol=1e-2) for a config to win (default 0.01: a correct config scores 0, fp8 products "
                       "being exact in the float32 reference and bf16 rounding 0.4%%)")
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    srch.add_argument("--min_gain", type=float, default=1.02, help="a confirmed winner must be this many times "
+                      "faster than the runtime's default (and torch's block-scaled matmul) at its M (1.02)")
+    cli.add_confirm_arguments(srch)
     srch.add_argument("--x_scale_layout", choices=X_SCALE_LAYOUTS, default="row_major",
                       help="x_scale's memory layout as the model's quantizer writes it: row_major (default; "
                       "quantize_blockscale's, AITER's) or m_major (strides (1, M), vLLM's column_major_scales: "
@@ -172,8 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_shapes:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK
-        if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1):
-            raise UsageError("--batch must be >= 1, --timeout > 0, 0 <= --errRatio <= 1")
+        if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1) or args.confirm_rounds < 0 \
+                or args.min_gain < 1.0:
+            raise UsageError("--batch must be >= 1, --timeout > 0, 0 <= --errRatio <= 1, --confirm_rounds >= 0, "
+                             "--min_gain >= 1")
         otype = parse_dtype(args.outdtype)
         if otype not in (torch.bfloat16, torch.float16, torch.float32):
             raise UsageError(f"--outdtype must be bf16, fp16 or fp32, got {args.outdtype}")
@@ -198,10 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ModelConfigError, ImportError, KeyError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    timing = FULL if on_gpu else CPU_TIMING
     package = GEMM_A8W8_BLOCKSCALE.backends
-    search = SearchOptions(libtypes, err_ratio=args.errRatio, seed=args.seed, screen=timing, full=timing,
-                           op=BLOCKSCALE, baseline=None, quick=args.quick,
+    search = SearchOptions(libtypes, err_ratio=args.errRatio, seed=args.seed, min_gain=args.min_gain,
+                           confirm_rounds=0 if args.candidates else args.confirm_rounds,
+                           pad_check=args.pad_check == "on", op=BLOCKSCALE,
+                           baseline=torch_impl.LIBTYPE if on_gpu and torch_impl.LIBTYPE in libtypes else None,
+                           quick=args.quick, **cli.timing_configs(args.timing, None if on_gpu else CPU_TIMING),
                            options=(("x_scale_layout", args.x_scale_layout),),
                            untunable=tuple(n for n in known_backends(package) if not get_backend(n, package).tunable),
                            accept=_variant_filter(args.variants))

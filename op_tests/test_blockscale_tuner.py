@@ -70,7 +70,7 @@ def test_tunes_quick_space_and_the_op_replays_csv_and_json(tmp_path, clean_runti
     tuned, prof, jdir = tmp_path / "tuned.csv", tmp_path / "profile.csv", tmp_path / "json"
     # the quick space without the split-K variants (interpreted kernels are slow; split-K is tested below)
     assert _run("--nk", "256,256", "--m", "1,33", "--quick", "--variants", "swapAB,base", "-o", tuned,
-                "--json_dir", jdir, "--profile_file", prof) == 0
+                "--json_dir", jdir, "--profile_file", prof, "--confirm_rounds", "0") == 0
     rows = read_csv_rows(tuned)[1]
     assert [(r["M"], r["N"], r["K"]) for r in rows] == [("1", "256", "256"), ("33", "256", "256")]
     assert all(r["gfx"] == "cpu" and r["cu_num"] == str(os.cpu_count()) and r["libtype"] == "triton" for r in rows)

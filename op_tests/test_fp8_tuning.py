@@ -63,7 +63,8 @@ def test_captured_fp8_call_is_tuned_then_replayed_from_the_bf16_csv(tmp_path, cl
     (shape,) = read_csv_rows(untuned)[1]
     assert (shape["dtype"], shape["outdtype"], shape["scaleAB"]) == ("torch.float8_e4m3fn", "torch.bfloat16", "True")
 
-    assert gemm_tuner.main(["-i", str(untuned), "-o", str(tuned), "--libtype", libtype, "--plugin", PLUGIN]) == 0
+    assert gemm_tuner.main(["-i", str(untuned), "-o", str(tuned), "--libtype", libtype, "--plugin", PLUGIN,
+                            "--confirm_rounds", "0"]) == 0
     (row,) = read_csv_rows(tuned)[1]
     assert (row["M"], row["N"], row["K"], row["dtype"], row["outdtype"], row["scaleAB"], row["libtype"]) == \
         (str(M), str(N), str(K), "torch.float8_e4m3fn", "torch.bfloat16", "True", libtype)
@@ -89,7 +90,7 @@ def test_indtype_fp8_retypes_a_bf16_shape_list_with_and_without_bias(tmp_path, c
     untuned.write_text("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle\n"
                        "3,48,64,False,torch.bfloat16,torch.bfloat16,True,False\n")
     assert gemm_tuner.main(["-i", str(untuned), "-o", str(tuned), "--indtype", "fp8", "--outdtype", "bf16",
-                            "--all_bias", "--libtype", "fakeslow", "--plugin", PLUGIN]) == 0
+                            "--all_bias", "--libtype", "fakeslow", "--plugin", PLUGIN, "--confirm_rounds", "0"]) == 0
     rows = read_csv_rows(tuned)[1]
     assert sorted(r["bias"] for r in rows) == ["False", "True"]
     assert {(r["dtype"], r["outdtype"], r["scaleAB"], r["libtype"]) for r in rows} == \

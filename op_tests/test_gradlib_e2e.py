@@ -109,7 +109,7 @@ def test_end_to_end_torch_rows_and_runtime_replay(tmp_path, clean_runtime):
 
 def test_faulty_candidates_fail_and_the_right_one_wins(tmp_path):
     tuned, prof = tmp_path / "tuned.csv", tmp_path / "profile.csv"
-    code = _run("-i", _untuned(tmp_path, "M,N,K\n3,64,32\n"), "-o", tuned, "--libtype", "fake",
+    code = _run("-i", _untuned(tmp_path, "M,N,K\n3,64,32\n"), "-o", tuned, "--libtype", "fake", "--confirm_rounds", 0,
                 "--profile_file", prof, "--timeout", "3")
     assert code == 0
     (row,) = read_csv_rows(tuned)[1]
@@ -130,7 +130,7 @@ def test_faulty_candidates_fail_and_the_right_one_wins(tmp_path):
 def test_blaslt_screening_keeps_top20_of_those_that_ran(tmp_path):
     tuned, prof = tmp_path / "tuned.csv", tmp_path / "profile.csv"
     assert _run("-i", _untuned(tmp_path, "M,N,K\n4,64,32\n"), "-o", tuned, "--libtype", "fakelt",
-                "--profile_file", prof) == 0
+                "--profile_file", prof, "--confirm_rounds", 0) == 0
     rows = _profile(prof)
     screen = {k[3]: r for k, r in rows.items() if k[1] == "screen"}
     full = {k[3]: r for k, r in rows.items() if k[1] == "full" and k[2] == "fakelt"}
@@ -187,7 +187,7 @@ def test_libtype_selection_and_errors(tmp_path, capsys):
     tuned = tmp_path / "tuned.csv"
     assert _run("-i", untuned, "-o", tuned, "--libtype", "nosuch") == 2
     assert "no such backend" in capsys.readouterr().err
-    assert _run("-i", untuned, "-o", tuned, "--libtype", "fakeslow") == 0
+    assert _run("-i", untuned, "-o", tuned, "--libtype", "fakeslow", "--confirm_rounds", 0) == 0
     (row,) = read_csv_rows(tuned)[1]
     assert row["libtype"] == "fakeslow"  # the only requested backend wins even though torch is faster
     assert _run("-i", untuned, "-o", untuned) == 2  # the input file is never the output

@@ -10,7 +10,14 @@ from aiter_gemm.backends import get_backend
 from aiter_gemm.backends import skinny as sb
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.kernels.skinny import VARIANTS, SkinnyConfig, launch_skinny, skinny_gemm, skinny_gemm_ref
+from aiter_gemm.kernels.skinny import (
+    VARIANTS,
+    SkinnyConfig,
+    default_skinny_config,
+    launch_skinny,
+    skinny_gemm,
+    skinny_gemm_ref,
+)
 
 HAS_GPU = torch.cuda.is_available()
 DEV = "cuda" if HAS_GPU else "cpu"
@@ -106,15 +113,33 @@ def test_registered_and_default_only_on_gpu():
     assert backend.default_for(GemmProblem(1, 4096, 4096, dtype=torch.float32, otype=torch.float32), H100) is None
 
 
-def test_default_splits_k_when_columns_underfill_the_gpu():
-    """Few output columns on many SMs: the heuristic splits K; many columns: one pass, no workspace."""
-    few = SkinnyConfig.from_name(sb.BACKEND.default_for(GemmProblem(1, 1280, 8192), H100).kernelName)
-    many = SkinnyConfig.from_name(sb.BACKEND.default_for(GemmProblem(1, 28672, 4096), H100).kernelName)
-    assert few.NUM_KSPLIT > 1 and many.NUM_KSPLIT == 1
-    # M > 1 with too few columns would need the two-pass dot split, which lost to F.linear on the H100: no default.
-    assert sb.BACKEND.default_for(GemmProblem(4, 1280, 8192), H100) is None
-    assert sb.BACKEND.default_for(GemmProblem(4, 4096, 4096), H100) is not None
-    assert sb.BACKEND.default_for(GemmProblem(1, 1024, 1024), H100) is None  # 2 MB weight: F.linear
+def test_default_config_splits_k_when_columns_underfill_the_gpu():
+    """Few output columns on many SMs: the heuristic config splits K; many columns: one pass, no workspace."""
+    assert default_skinny_config(1, 1280, 8192, 132).NUM_KSPLIT > 1
+    assert default_skinny_config(1, 28672, 4096, 132).NUM_KSPLIT == 1
+
+
+@pytest.mark.parametrize("M,N,K,claims", [
+    (1, 28672, 4096, True), (1, 4096, 4096, True), (1, 7168, 8192, True), (1, 4096, 14336, True),
+    (1, 1280, 8192, False),  # 160 slabs on 132 SMs: lost 2.4% to F.linear in the sweep
+    (1, 3072, 8192, False),  # 384 slabs: lost 1.5%
+    (1, 4608, 3584, False), (1, 28672, 3584, False),  # K not a multiple of 1024: masked tiles lost 11-13%
+    (1, 3072, 3072, False),  # K < 4096: outside the measured-win region
+    (2, 4096, 4096, False), (8, 28672, 4096, False), (16, 3584, 14336, False),  # M >= 2 stays with F.linear
+])
+def test_default_claims_only_the_measured_region(M, N, K, claims):
+    """The skinny default claims a shape only where the H100 sweep showed it beating F.linear with margin."""
+    got = sb.BACKEND.default_for(GemmProblem(M, N, K), H100)
+    assert (got is not None) == claims
+    if claims:
+        assert SkinnyConfig.from_name(got.kernelName) == default_skinny_config(M, N, K, 132)
+
+
+def test_default_claims_nothing_on_unmeasured_devices():
+    assert sb.BACKEND.default_for(GemmProblem(1, 28672, 4096), DeviceIdentity("sm_90", 114, "cuda", "H100 PCIe")) \
+        is None
+    assert sb.BACKEND.default_for(GemmProblem(1, 28672, 4096), DeviceIdentity("gfx942", 304, "hip")) is None
+    assert sb.BACKEND.default_for(GemmProblem(1, 28672, 4096), DeviceIdentity("cpu", 2, "cpu")) is None
 
 
 def test_prepare_solidx_and_kernel_name():

@@ -95,6 +95,10 @@ class Backend:
     default_priority: int = 0
     #: False: the tuner times this backend's candidates as comparison points but never writes them as rows.
     tunable: bool = True
+    #: False for backends whose per-call host cost exceeds the library call's by more than ~3 us (Triton's Python
+    #: launcher: +12-18 us on the H100 host, BENCHMARKS.md): outside CUDA-graph capture, on a GPU, their graph-timed
+    #: choices give way to the default among cheap backends (README, "CUDA graphs and eager calls").
+    cheap_launch: bool = True
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine at all (dependency missing, wrong vendor); None if it can."""

@@ -80,15 +80,21 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dt
     return [c for c in space if config_error(c, M, N, K, arch, dtype) is None]
 
 
-def is_skinny_default_shape(M: int, N: int, K: int, cu_num: int) -> bool:
-    """Where the skinny heuristic default replaces F.linear (H100 sweep, BENCHMARKS.md): decode M <= 16, a weight of
-    >= 8M elements (16 MB in bf16; below that launch cost, not bandwidth, decides and nothing was measured), K a
-    multiple of 8 (16-byte rows for vector loads), and either M == 1 or enough columns that the default ``dot``
-    needs no split-K (at N=1280 on 132 SMs the two-pass ``dot`` lost to F.linear by 1-6% for M = 2..8, while the
-    M == 1 split ``fma`` won by 7%)."""
-    if M > MAX_M or K % 8 or N * K < (8 << 20):
+#: Device classes (arch, SM count) the default region below was measured on; elsewhere skinny is never the default.
+DEFAULT_MEASURED_ON = frozenset({("sm_90", 132)})
+
+
+def is_skinny_default_shape(M: int, N: int, K: int, cu_num: int, arch: str = "sm_90") -> bool:
+    """Where the skinny default claims a shape from F.linear: only where the H100 sweep (20 (N, K) of Llama, Qwen2.5,
+    Phi-3, Gemma-2 and Llama-3.2 shapes x M in 1..16, results/defaults_sweep_h100, BENCHMARKS.md) showed it winning
+    with margin on every shape of the region: M == 1 with K a multiple of 1024 (the one-pass ``fma`` kernel's BK
+    1024 tiles, unmasked), K >= 4096 and N >= 4096 (at least 512 row slabs: ~4 per SM): 1.036-1.385x F.linear on the
+    5 measured shapes there. Everything else stayed with F.linear: M >= 2 (``dot``) won by 1-3% at best on most
+    shapes and lost up to 14% on others; M == 1 with K not a multiple of 1024 (masked tiles) lost 4-14%; N = 1280 and
+    3072 (too few slabs) lost 1.5-2.4%. Other devices: no claim, no data."""
+    if (arch, cu_num) not in DEFAULT_MEASURED_ON:
         return False
-    return M == 1 or default_skinny_config(M, N, K, cu_num).NUM_KSPLIT == 1
+    return M == 1 and K % 1024 == 0 and K >= 4096 and N >= 4096
 
 
 def select_config(problem: GemmProblem, solution: Solution, cu_num: int) -> SkinnyConfig:
@@ -153,7 +159,7 @@ class SkinnyBackend(TritonKernelBackend):
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         if not device.is_gpu or not self.supports(problem):
             return None
-        if not is_skinny_default_shape(problem.M, problem.N, problem.K, device.cu_num):
+        if not is_skinny_default_shape(problem.M, problem.N, problem.K, device.cu_num, device.gfx):
             return None
         cfg = default_skinny_config(problem.M, problem.N, problem.K, device.cu_num)
         return Solution(self.name, cfg.solidx, cfg.NUM_KSPLIT, cfg.name)

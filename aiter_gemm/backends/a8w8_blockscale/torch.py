@@ -21,12 +21,28 @@ def _torch_device(device: DeviceIdentity) -> torch.device:
     return torch.device("cpu") if device.kind == "cpu" else torch.device(device.kind)
 
 
+#: Where our Triton default config stays the default below torch's (H100 sweep, results/defaults_sweep_h100): the
+#: largest M per weight size (N * K elements) at which it was faster than torch's block-scaled matmul by >= 5% on
+#: every measured (N, K): 10 DeepSeek-V3 and Llama-3-70B weights, M in 1..4096. Above it torch's is the default.
+TRITON_BELOW: tuple[tuple[int, int], ...] = ((4 << 20, 500), (16 << 20, 256), (1 << 62, 16))
+#: Device classes that sweep ran on; on others torch's matmul is the default wherever it runs (no data for Triton).
+MEASURED_ON = frozenset({("sm_90", 132)})
+
+
+def triton_stays_default(M: int, N: int, K: int, device: DeviceIdentity) -> bool:
+    """Whether the Triton default config keeps shape (M, N, K) on ``device`` (see :data:`TRITON_BELOW`)."""
+    if (device.gfx, device.cu_num) not in MEASURED_ON:
+        return False
+    return M <= next(m for w, m in TRITON_BELOW if N * K <= w)
+
+
 def _run(XQ, WQ, x_scale, w_scale, dtype):
     return torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, x_scale, w_scale, dtype)
 
 
 class BlockscaleTorchBackend(Backend):
     name = torch_impl.LIBTYPE
+    default_priority = 10  # above the Triton default config where it claims a shape (default_for)
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         if solution.kernelName != torch_impl.NAME:
@@ -37,6 +53,13 @@ class BlockscaleTorchBackend(Backend):
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
         return None if self.why_not(problem, solution, device) is not None else _run
+
+    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        """torch's matmul where the sweep found it faster than our Triton default (the dispatcher checks it can
+        run here); ``no untuned FP8 shape slower than torch's path by more than 2%`` (issue 13) holds there."""
+        if not device.is_gpu or triton_stays_default(problem.M, problem.N, problem.K, device):
+            return None
+        return SOLUTION
 
     def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
         """The one solution where its layouts take the shape (whether this process can run it is the tuner's
