@@ -1,10 +1,11 @@
 """Tuned and untuned CSV configs: parsed once into typed rows, merged from several files, indexed by key.
 
 Merge rules (README documents them): the key is a kind's untuned columns plus ``gfx`` and ``cu_num``; on a duplicate
-key the row with the lowest positive ``us`` wins and ties go to the earlier path; rows whose ``us`` is <= 0, empty or
-NaN are dropped with a warning; a missing path is skipped with a warning, every path missing is an error; an empty or
-header-only file is valid; unknown columns are kept; a file without ``gfx`` applies to any arch with that ``cu_num``;
-malformed rows raise :class:`ConfigError` naming the file, line and column. Input files are only ever read.
+key the row with the lowest positive ``us`` wins and ties go to the earlier path; a row with ``us = 0`` is hand-set
+(AITER ships them) and loses to every timed row (:func:`merge_rank`); rows whose ``us`` is negative, empty, NaN or
+infinite are dropped with a warning; a missing path is skipped with a warning, every path missing is an error; an
+empty or header-only file is valid; unknown columns are kept; a file without ``gfx`` applies to any arch with that
+``cu_num``; malformed rows raise :class:`ConfigError` naming the file, line and column. Input files are only ever read.
 """
 
 from __future__ import annotations
@@ -133,6 +134,15 @@ SPECS: dict[str, TableSpec] = {
 }
 
 
+def merge_rank(us: float) -> float | None:
+    """The one rule for a row's time: None if the row is unusable (negative, NaN or infinite ``us``: dropped with a
+    warning), else its rank in a merge, lower wins. A positive ``us`` ranks by itself; ``us = 0`` marks a hand-set
+    row (AITER's gfx1250 Triton rows), kept but ranked after every timed row (AITER lets 0 win every merge)."""
+    if math.isnan(us) or math.isinf(us) or us < 0:
+        return None
+    return us if us > 0 else math.inf
+
+
 @dataclass(frozen=True)
 class TunedRow:
     """One tuned row: typed key and values, every column as written (``fields``), and where it came from."""
@@ -145,6 +155,11 @@ class TunedRow:
     fields: Mapping[str, str]
     source: str
     line: int
+
+    @property
+    def hand_set(self) -> bool:
+        """A row written by hand (``us = 0``), not timed by a tuner."""
+        return self.us == 0
 
 
 class ConfigTable:
@@ -229,7 +244,7 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
             us = float(us_text) if us_text else math.nan
         except ValueError:
             raise ConfigError(path, line, spec.time_column, f"bad value {us_text!r}: not a number") from None
-        if not (us > 0) or math.isinf(us):
+        if merge_rank(us) is None:
             dropped.append(line)
             continue
         values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
@@ -241,7 +256,7 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
         yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
                        MappingProxyType(fields), path, line)
     if dropped:
-        log.warning("%s: dropped %d row(s) whose %r is empty, NaN, infinite or <= 0 (lines %s)",
+        log.warning("%s: dropped %d row(s) whose %r is empty, NaN, infinite or negative (lines %s)",
                     path, len(dropped), spec.time_column, ", ".join(map(str, dropped[:10])) +
                     (" ..." if len(dropped) > 10 else ""))
 
@@ -259,7 +274,7 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike]) -> ConfigTable:
         for row in _parse_tuned_file(spec, p):
             k = (row.gfx, row.cu_num, row.key)
             old = merged.get(k)
-            if old is None or row.us < old.us:  # strict: a tie keeps the earlier path / earlier line
+            if old is None or merge_rank(row.us) < merge_rank(old.us):  # strict: a tie keeps the earlier row
                 merged[k] = row
     if not found:
         raise FileNotFoundError(f"aiter_gemm: no {kind} config file exists among {list(map(str, paths))}")
