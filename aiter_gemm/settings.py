@@ -5,6 +5,7 @@ Nothing on the per-GEMM path reads the environment: the dispatcher holds one fro
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,11 @@ CONFIG_KINDS: dict[str, tuple[str, str]] = {
 }
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+#: Model-specific tuned files merged with a kind's shipped file when its variable is unset (AITER's
+#: ``configs/model_configs/*<stem>*.csv``, untuned shape lists excluded).
+MODEL_CONFIGS = "model_configs"
+
+log = logging.getLogger(__name__)
 
 
 def default_config_dir() -> Path:
@@ -34,6 +40,21 @@ def default_config_dir() -> Path:
         f"aiter_gemm: shipped configs not found in {_PACKAGE_DIR / 'configs'} or {_PACKAGE_DIR.parent / 'configs'}; "
         "reinstall the package (setup.py ships configs/ as package data)"
     )
+
+
+def default_config_paths(kind: str, config_dir: Path | None = None) -> tuple[str, ...]:
+    """The files a kind reads when its variable is unset, as AITER reads them: the shipped file, then every
+    ``model_configs/*<stem>*.csv`` (``stem``: the shipped name without ``.csv``; names containing ``untuned`` are shape
+    lists, skipped), sorted by name so the merge does not depend on the file system's order."""
+    folder = default_config_dir() if config_dir is None else config_dir
+    fname = CONFIG_KINDS[kind][1]
+    stem = fname[: -len(".csv")]
+    models = sorted(p for p in (folder / MODEL_CONFIGS).glob(f"*{stem}*.csv")
+                    if p.is_file() and "untuned" not in p.name)
+    if models:
+        log.info("aiter_gemm: %s merges the model configs %s with %s", kind, ", ".join(p.name for p in models),
+                 folder / fname)
+    return (str(folder / fname), *map(str, models))
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -49,8 +70,8 @@ class Settings:
     untuned_file: str = "bf16_untuned_gemm.csv"  # AITER_UNTUNED_GEMM_FILE (relative to the working directory)
     capture_flush_s: float = 30.0  # AITER_TUNE_GEMM_FLUSH_S: capture flushes at most this long after a new shape
     log_tuned_config: bool = False  # AITER_LOG_TUNED_CONFIG
-    arch: str | None = None  # AITER_GEMM_ARCH
-    cu_num: int | None = None  # AITER_GEMM_CU_NUM
+    arch: str | None = None  # AITER_GEMM_ARCH, else AITER's GPU_ARCHS (last of a ';' list; "native": none)
+    cu_num: int | None = None  # AITER_GEMM_CU_NUM, else AITER's CU_NUM (0: none)
     # AITER_GEMM_TRITON_CONFIGS folders (colon-separated), then the shipped configs/triton: per-device Triton JSONs.
     triton_config_dirs: tuple[str, ...] = ()
 
@@ -59,31 +80,55 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read the environment once into a frozen :class:`Settings` (errors name the variable)."""
     env = os.environ if env is None else env
     paths: dict[str, tuple[str, ...]] = {}
-    for kind, (var, fname) in CONFIG_KINDS.items():
+    for kind, (var, _) in CONFIG_KINDS.items():
         raw = env.get(var, "").strip()
         if raw:
             paths[kind] = tuple(p for p in raw.split(":") if p.strip())
         else:
-            paths[kind] = (str(default_config_dir() / fname),)
-    cu_raw = env.get("AITER_GEMM_CU_NUM", "").strip()
+            paths[kind] = default_config_paths(kind)
     try:
-        cu_num = int(cu_raw) if cu_raw else None
         flush_s = float(env.get("AITER_TUNE_GEMM_FLUSH_S", "30"))
     except ValueError as exc:
-        raise ValueError(f"aiter_gemm: bad AITER_GEMM_CU_NUM / AITER_TUNE_GEMM_FLUSH_S value: {exc}") from None
-    if cu_num is not None and cu_num <= 0:
-        raise ValueError(f"aiter_gemm: AITER_GEMM_CU_NUM must be a positive integer, got {cu_raw!r}")
+        raise ValueError(f"aiter_gemm: bad AITER_TUNE_GEMM_FLUSH_S value: {exc}") from None
     return Settings(
         config_paths=paths,
         tune_gemm=_flag(env, "AITER_TUNE_GEMM"),
         untuned_file=env.get("AITER_UNTUNED_GEMM_FILE", "").strip() or "bf16_untuned_gemm.csv",
         capture_flush_s=flush_s,
         log_tuned_config=_flag(env, "AITER_LOG_TUNED_CONFIG"),
-        arch=env.get("AITER_GEMM_ARCH", "").strip() or None,
-        cu_num=cu_num,
+        arch=arch_override(env),
+        cu_num=cu_num_override(env),
         triton_config_dirs=tuple(p for p in env.get("AITER_GEMM_TRITON_CONFIGS", "").split(":") if p.strip())
         + (str(default_config_dir() / "triton"),),
     )
+
+
+def arch_override(env: Mapping[str, str]) -> str | None:
+    """The arch rows are matched against instead of the probed one: ``AITER_GEMM_ARCH``, else AITER's ``GPU_ARCHS``
+    (a ``;`` list gives its last entry, as AITER's ``get_gfx``; ``native`` or empty: no override)."""
+    ours = env.get("AITER_GEMM_ARCH", "").strip()
+    if ours:
+        return ours
+    archs = [a.strip() for a in env.get("GPU_ARCHS", "").split(";") if a.strip()]
+    return archs[-1] if archs and archs[-1].lower() != "native" else None
+
+
+def cu_num_override(env: Mapping[str, str]) -> int | None:
+    """The CU / SM count rows are matched against instead of the probed one: ``AITER_GEMM_CU_NUM`` (a positive
+    integer), else AITER's ``CU_NUM`` (0 or empty: no override). ValueError naming the variable."""
+    for var, zero_ok in (("AITER_GEMM_CU_NUM", False), ("CU_NUM", True)):
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"aiter_gemm: {var} must be an integer, got {raw!r}") from None
+        if value < 0 or (value == 0 and not zero_ok):
+            raise ValueError(f"aiter_gemm: {var} must be a positive integer, got {raw!r}")
+        if value:
+            return value
+    return None
 
 
 def package_dirs() -> tuple[Path, ...]:
