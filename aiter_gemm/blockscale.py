@@ -51,6 +51,7 @@ from aiter_gemm.op import OpSpec, register_op
 
 __all__ = [
     "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "GEMM_A8W8_BLOCKSCALE", "KIND", "LIBTYPE", "LIBTYPES",
+    "UNTUNED_FILE",
     "Choice", "JSONConfigError", "TorchBlockwise", "buckets_from_tuned", "choice_error", "choice_of", "config_space",
     "csv_row", "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path", "parse_choice",
     "read_json_configs", "select_bucket", "solution_of", "write_json_configs",
@@ -63,6 +64,9 @@ FP8 = torch.float8_e4m3fn
 #: What runs a shape: one of our Triton configs, or torch's block-scaled matmul.
 Choice = BlockscaleConfig | TorchBlockwise
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
+#: AITER's untuned shape list of this op; captured shapes (``AITER_TUNE_GEMM=1``) go to this name in the folder of
+#: ``AITER_UNTUNED_GEMM_FILE`` (default: the working directory).
+UNTUNED_FILE = "a8w8_blockscale_untuned_gemm.csv"
 BLOCKSCALE_TUNED_COLUMNS = ("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId", "splitK", "us", "kernelName",
                             "tflops", "bw", "errRatio", *EXTRA_TUNED_COLUMNS)
 _OUT_DTYPES = triton_backend.OUT_DTYPES
@@ -145,6 +149,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     name="gemm_a8w8_blockscale", kind=KIND, backends="aiter_gemm.backends.a8w8_blockscale",
     row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
     untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
+    capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
     json_family="GEMM-A8W8_BLOCKSCALE", json_solution=lambda entry: solution_of(_choice_from_json(entry)),
     json_buckets=NAMED_BUCKETS, describe=_describe, source_with_line=True,
 ))

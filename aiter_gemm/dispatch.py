@@ -31,6 +31,10 @@ log = logging.getLogger("aiter_gemm")
 
 MATCH_LEVELS = ("exact", "padded_gl0", "padded_gl1")
 DEFAULT_SOURCE = "default heuristic"
+#: AITER's INFO line for a shape that no tuned row serves (aiter/tuned_gemm.py), word for word but for the file
+#: list (every path of the op's variable, colon-separated).
+MISS_MESSAGE = ("shape is M:%d, N:%d, K:%d dtype='%s' otype='%s' bias=%s, scaleAB=%s, bpreshuffle=%s, not found "
+                "tuned config in %s, will use default config! using %s solution:%d")
 
 
 def get_padded_m(M: int, N: int, K: int, gl: int) -> int:
@@ -208,8 +212,9 @@ class Dispatcher:
                 dec = self._from_json(problem, device)
         if dec is None:
             dec = self._default(problem, device)
-            if self._recorder is not None:
-                self._recorder.record(problem)
+            self._log_miss(problem, dec)
+        if self._recorder is not None and dec.matched != "exact":
+            self._recorder.record(problem)  # padded and JSON hits too: the tuner can then tune the exact M
         if self.settings.log_tuned_config:
             log.info("%s: M=%d N=%d K=%d bias=%s dtype=%s otype=%s scaleAB=%s bpreshuffle=%s -> matched=%s "
                      "libtype=%s solidx=%d kernelName=%s source=%s", self.op.name, problem.M, problem.N, problem.K,
@@ -219,6 +224,14 @@ class Dispatcher:
                      dec.source + (f":{dec.row.line}" if dec.row is not None and not self.op.source_with_line
                                    else ""))
         return dec
+
+    def _log_miss(self, problem: GemmProblem, dec: Decision) -> None:
+        """AITER's INFO line for a shape no tuned row serves (once per shape: decisions are cached), visible even
+        when the application set no logging up, so that logs can be scraped for untuned shapes as with AITER."""
+        ensure_info_handler()
+        log.info(MISS_MESSAGE, problem.M, problem.N, problem.K, dtype_name(problem.dtype), dtype_name(problem.otype),
+                 problem.bias, problem.scaleAB, problem.bpreshuffle, ":".join(self.settings.config_paths[self.op.kind]),
+                 dec.solution.libtype, dec.solution.solidx)
 
     def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> tuple[Any, str | None]:
         """(runner, None) if ``sol`` runs ``problem`` here; (None, why) if not; (None, None) if its libtype cannot
