@@ -10,6 +10,7 @@ through the op, whose fake implementation lets ``fullgraph=True`` compile a mode
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Optional
 
 import torch
@@ -151,7 +152,21 @@ def gemm_a16w16(
 
 
 class TunedGemm:
-    """AITER's ``tgemm`` object: ``tgemm.mm(inp, weights, bias, otype, scale_a, scale_b, scale_c)``."""
+    """AITER's ``tgemm`` object: ``tgemm.mm(inp, weights, bias, otype, scale_a, scale_b, scale_c)``, with AITER's
+    attributes read from the current settings: ``save_gemm`` (1 when ``AITER_TUNE_GEMM`` captures shapes),
+    ``untune_path`` (where they go) and ``tune_path`` (the tuned file(s) read, colon-separated)."""
+
+    @property
+    def save_gemm(self) -> int:
+        return int(_DISPATCHER.settings.tune_gemm)
+
+    @property
+    def untune_path(self) -> str:
+        return os.path.abspath(_DISPATCHER.settings.untuned_file)
+
+    @property
+    def tune_path(self) -> str:
+        return ":".join(_DISPATCHER.settings.config_paths[GEMM_A16W16.kind])
 
     def mm(self, inp: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None,
            otype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
@@ -171,6 +186,15 @@ def get_GEMM_A16W16_config(M: int, N: int, K: int, bias: bool, dtype: torch.dtyp
     problem = GemmProblem(int(M), int(N), int(K), bool(bias), dt, parse_dtype(otype) if otype is not None else dt,
                           bool(scaleAB), bool(bpreshuffle))
     return _DISPATCHER.decide(problem, torch.cuda.is_available()).as_config()
+
+
+def _clear_a16w16_cache() -> None:
+    """AITER's ``get_GEMM_A16W16_config.cache_clear()``: drop this op's cached decisions and re-read the environment
+    and its config files (what AITER's tuners expect after pointing ``AITER_CONFIG_GEMM_BF16`` elsewhere)."""
+    _DISPATCHER.reload()
+
+
+get_GEMM_A16W16_config.cache_clear = _clear_a16w16_cache  # type: ignore[attr-defined]
 
 
 def reload_configs() -> None:
