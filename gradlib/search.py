@@ -9,6 +9,9 @@ full (phase 2): those plus every candidate of the other backends, plus the basel
 checked against the float32 reference, split into up to ``chunks`` tasks that run on different workers at once.
 The winner is the fastest eligible candidate with ``err_ratio <= errRatio``; a failed candidate has ``us`` = inf and
 can never rank first; a winner other than the baseline must beat it by ``min_gain``.
+An ``incumbent`` (``--compare``: the tuned file's current solution for the shape, or :data:`DEFAULT` when it has
+none) is timed beside the candidates in the full phase and the confirmation rounds, so the row can be kept unless the
+new winner beats it under the same conditions (:mod:`gradlib.compare`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class Probe:
     baseline_us: float
     default: Solution | None  # what the runtime's default ran at this M
     passed: bool
+    incumbent_us: float = math.nan  # the incumbent's median (NaN: no incumbent)
 
     @property
     def ratio(self) -> float:
@@ -115,6 +119,8 @@ class ShapeOutcome:
     probes: tuple[Probe, ...] = ()  # the confirmation, exact M first
     searched: Candidate | None = None  # the search's winner, when the confirmation replaced it
     timing: str = "graph"  # how the candidates were timed: CUDA-graph replay or eager calls
+    #: The incumbent as last timed (the confirmation's exact-M median, else its full-phase timing), or None.
+    incumbent: Candidate | None = None
 
     @property
     def tuned(self) -> bool:
@@ -171,10 +177,11 @@ def pad_min_from(M: int, probes: list[Probe]) -> int:
 
 class ShapeSearch:
     """The search state of one shape; :func:`run_searches` feeds it events and asks it for its next task.
-    ``candidates`` skips enumeration and times exactly those solutions."""
+    ``candidates`` skips enumeration and times exactly those solutions; ``incumbent`` is timed beside them (a
+    solution may win; :data:`DEFAULT` only competes as a reference)."""
 
     def __init__(self, shape_id: int, problem: GemmProblem, opts: SearchOptions,
-                 candidates: tuple[Solution, ...] | None = None) -> None:
+                 candidates: tuple[Solution, ...] | None = None, incumbent: Solution | None = None) -> None:
         self.shape_id, self.problem, self.opts = shape_id, problem, opts
         self.done = False
         self.started = 0.0
@@ -190,6 +197,8 @@ class ShapeSearch:
         self._inflight: dict[int, int] = {}  # task id -> job index
         self._pick: Candidate | None = None  # the full phase's winner, being confirmed
         self._confirmed_base: Candidate | None = None  # the baseline as the confirmation timed it
+        self.incumbent = incumbent
+        self._incumbent_timed: Candidate | None = None
         if candidates is None:
             self.phase = ENUMERATE
             self._jobs = [_Job(problem, self._enumerate_items(), ENUMERATE,
@@ -199,6 +208,7 @@ class ShapeSearch:
             for sol in candidates:
                 self._eligible.setdefault(sol, sol.libtype not in opts.untunable)
             self._others = list(dict.fromkeys(candidates))
+            self._add_incumbent()
             self._enter("full")
             self.planned = len(self._others)
 
@@ -278,6 +288,7 @@ class ShapeSearch:
                 (self._screened if screen else self._others).append(sol)
         if self._baseline is not None:
             self._eligible.setdefault(self._baseline, o.baseline in wanted)
+        self._add_incumbent()
         if not self._screened and not self._others and self._baseline is None:
             self._finish(None)
             return
@@ -285,6 +296,16 @@ class ShapeSearch:
         self.planned += len(self._screened) + n_kept + len(self._others) + \
             (self._baseline is not None and self._baseline not in self._others)
         self._enter("screen" if self._screened else "full")
+
+    def _add_incumbent(self) -> None:
+        """Time the incumbent in the full phase (never screened out); a solution of the file may win (the row is
+        then kept), the runtime default is a reference only."""
+        inc = self.incumbent
+        if inc is None:
+            return
+        self._eligible[inc] = inc != DEFAULT
+        if inc not in self._others:
+            self._others.append(inc)
 
     @staticmethod
     def _count_by_lib(sols: list[Solution]) -> dict[str, int]:
@@ -358,6 +379,8 @@ class ShapeSearch:
         order = [self._pick.solution, DEFAULT]
         if self._baseline is not None and self._baseline != self._pick.solution:
             order.append(self._baseline)
+        if self.incumbent is not None and self.incumbent not in order:
+            order.append(self.incumbent)
         items = tuple(sol for r in range(o.confirm_rounds) for sol in (order if r % 2 == 0 else order[::-1]))
         kw = {"timing": o.confirm, "check": True, "max_err": o.err_ratio}
         ms = [p.M] + (pad_probes(p.M, p.N, p.K) if o.pad_check else [])
@@ -366,22 +389,26 @@ class ShapeSearch:
     def _probe(self, job: _Job) -> Probe:
         """Median times at the job's M; the winner passes if it beats the best of default and baseline by
         ``min_gain`` at the tuned M, or is no slower than them within ``pad_tolerance`` at a padded M."""
-        times: dict[int, list[float]] = {}  # position in the round's order (0 winner, 1 default, 2 baseline)
+        times: dict[int, list[float]] = {}  # 0 winner, 1 default, 2 baseline, 3 incumbent
         default = None
         for i, sol in enumerate(job.items):
             res = job.results[i]
-            slot = 0 if sol == self._pick.solution else 1 if sol == DEFAULT else 2
+            slot = 0 if sol == self._pick.solution else 1 if sol == DEFAULT else 2 if sol == self._baseline else 3
             times.setdefault(slot, []).append(res.us if res.ok else math.inf)
             if slot == 1 and res.solutions:
                 default = res.solutions[0]
         w, d, b = (statistics.median(times.get(k, [math.inf])) for k in (0, 1, 2))
+        inc = self.incumbent
+        slot = None if inc is None else 0 if inc == self._pick.solution else 1 if inc == DEFAULT else \
+            2 if inc == self._baseline else 3
+        inc_us = math.nan if slot is None else statistics.median(times.get(slot, [math.inf]))
         best_other = min(d, b)
         exact = job.problem.M == self.problem.M
         if exact:
             passed = math.isfinite(w) and w * self.opts.min_gain <= best_other
         else:
             passed = math.isfinite(w) and w <= best_other * self.opts.pad_tolerance
-        return Probe(job.problem.M, w, d, b, default, passed)
+        return Probe(job.problem.M, w, d, b, default, passed, inc_us)
 
     def _after_confirm(self) -> None:
         probes = [self._probe(job) for job in self._jobs]
@@ -390,6 +417,9 @@ class ShapeSearch:
             for i, sol in enumerate(job.items):
                 self.candidates.append(Candidate(sol, "confirm", job.results[i], False, i))
         pick = self._pick
+        if self.incumbent is not None:  # what --compare weighs the winner against: the same rounds
+            self._incumbent_timed = Candidate(self.incumbent, "confirm", ItemResult(
+                -1, -1, math.isfinite(exact.incumbent_us), us=exact.incumbent_us), False)
         if self._baseline is not None:  # the speedup reported is the confirmation's: same rounds, same state
             base_us = exact.winner_us if self._baseline == pick.solution else exact.baseline_us
             self._confirmed_base = Candidate(self._baseline, "confirm", ItemResult(-1, -1, math.isfinite(base_us),
@@ -408,14 +438,20 @@ class ShapeSearch:
             self._finish(None, None, probes)
             return
         res = ItemResult(pick.result.task_id, -1, True, us=us, err_ratio=0.0, method="confirm")
+        if sol == self._baseline:  # the default resolved to the baseline itself: one solution, one time
+            self._confirmed_base = Candidate(sol, "confirm", res, False)
         self._finish(Candidate(sol, "confirm", res, True), self.problem.M, probes, searched=pick)
 
     def _finish(self, winner: Candidate | None, pad_m_min: int | None = None, probes: list[Probe] | None = None,
                 searched: Candidate | None = None) -> None:
         self.done = True
+        incumbent = self._incumbent_timed
+        if incumbent is None and self.incumbent is not None:
+            incumbent = next((c for c in self.candidates if c.phase == "full" and c.solution == self.incumbent), None)
         self.outcome = ShapeOutcome(self.shape_id, self.problem, winner, self._base_candidate(), self.candidates,
                                     self.errors, time.monotonic() - (self.started or time.monotonic()), pad_m_min,
-                                    tuple(probes or ()), searched, "graph" if self.opts.full.use_graph else "eager")
+                                    tuple(probes or ()), searched, "graph" if self.opts.full.use_graph else "eager",
+                                    incumbent)
 
 
 def run_searches(executor: Executor, searches: list[ShapeSearch], on_outcome: Callable[[ShapeOutcome], None],
