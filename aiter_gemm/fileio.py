@@ -107,3 +107,15 @@ def merge_csv_rows(
         if appended or replaced or not Path(path).exists():
             atomic_write_text(path, render_csv(out_header, old_rows))
         return appended, replaced
+
+
+def sort_csv_rows(path: str | os.PathLike, key: Callable[[Row], object]) -> None:
+    """Reorder the rows of the CSV at ``path`` by ``key`` (stable) under its lock and write it back atomically; the
+    header and every row's text are kept. A missing file is left missing."""
+    with locked(path):
+        header, rows = read_csv_rows(path)
+        if not header:
+            return
+        ordered = sorted(rows, key=key)
+        if ordered != rows:
+            atomic_write_text(path, render_csv(header, ordered))

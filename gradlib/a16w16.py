@@ -78,4 +78,5 @@ def tuned_problems(path: str | os.PathLike, identity: DeviceIdentity) -> set[Gem
 TUNE_OP = register_tune_op(TuneOp(
     op=OP, tuned_columns=BF16_TUNED_COLUMNS, key_columns=KEY_COLUMNS, key_of=problem_key, tuned_row=tuned_row,
     make_inputs=make_inputs, call=call, err_column="err_ratio", baseline="torch", show_bias=True,
+    key_problem=lambda key: GemmProblem(*key),
 ))

@@ -1,6 +1,8 @@
 """The tuner driver, for every op: start the executor, skip shapes the tuned file has, run the searches with
 checkpoints, print the table and the summary line. The CLIs (:mod:`gradlib.gemm_tuner`,
-:mod:`gradlib.tune_a8w8_blockscale`) only parse arguments into a :class:`TuneJob`.
+:mod:`gradlib.tune_a8w8_blockscale`) only parse arguments into a :class:`TuneJob`. AITER's ``--compare`` and
+``--run_config`` are options of the same run (:mod:`gradlib.compare`): the incumbent of a shape is timed by its
+search, and a gate decides which winners become rows.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from aiter_gemm import backends
 from aiter_gemm.backends.base import GemmProblem, Solution
-from aiter_gemm.configs import ConfigError
+from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
-from gradlib.cli import EXIT_USAGE, exit_status, start_executor
+from gradlib.cli import EXIT_FAILED_SHAPES, EXIT_USAGE, exit_status, start_executor
+from gradlib.compare import CompareOptions, Verdict, format_compare, format_run_config, seed_candidate, verdict
 from gradlib.pool import Executor, PoolError
-from gradlib.results import CheckpointWriter, Roofline, roofline_for, tuned_keys
+from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, tuned_keys
 from gradlib.search import SearchOptions, ShapeOutcome, ShapeSearch, run_searches
+from gradlib.tasks import DEFAULT
 from gradlib.tune_ops import Sidecar, TuneOp
 
 log = logging.getLogger("gradlib")
@@ -44,6 +49,14 @@ class TuneJob:
     peak_bw: float | None = None  # GB/s
     verbose: bool = False
     sidecar: Callable[[DeviceIdentity], Sidecar] | None = None  # the op's side files for this device
+    #: A tuned file whose rows for the workers' device are the shapes (instead of ``problems``): ``-i X -o X
+    #: --all`` retunes X in place; ``--run_config X`` times X's rows.
+    rows_of: str | None = None
+    compare: CompareOptions | None = None  # --compare: time each shape's incumbent, write only improved rows
+    #: --run_config: time what runs today (``rows_of``'s row, else the runtime default) against the op's baseline,
+    #: print that table and write nothing; the value labels the table.
+    run_config: str | None = None
+    err_limit: float = 0.05  # --run_config: the --errRatio a row must stay within (AITER: or its own + 5%)
 
 
 def roofline(job: TuneJob, ident: DeviceIdentity) -> Roofline | None:
@@ -93,10 +106,10 @@ def _top(o: ShapeOutcome, n: int = 5) -> str:
     return f"M={p.M} N={p.N} K={p.K} bias={p.bias}: top {len(rows)}\n" + "\n".join(rows)
 
 
-def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, writer: CheckpointWriter
+def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, flush: Callable[[], None]
           ) -> tuple[bool, PoolError | None]:
-    """Run the searches to the end, or until Ctrl-C or a pool failure; the checkpoint is written and the pool
-    closed either way. Returns (interrupted, pool error)."""
+    """Run the searches to the end, or until Ctrl-C or a pool failure; the checkpoints are written (``flush``) and
+    the pool closed either way. Returns (interrupted, pool error)."""
     try:
         run_searches(pool, searches, on_outcome, on_item)
     except KeyboardInterrupt:
@@ -104,7 +117,7 @@ def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, writ
     except PoolError as exc:
         return False, exc
     finally:
-        writer.flush()
+        flush()
         pool.close()
     return False, None
 
@@ -121,41 +134,68 @@ def tune(job: TuneJob, pool: Executor) -> int:
         return failed
     ident = pool.identity
     spec = job.spec
+    from aiter_gemm.op import op_spec
+
+    opspec = op_spec(spec.op)
+    row_key = opspec.row_key
     try:
-        done = set() if job.retune else tuned_keys(job.tuned_file, ident, spec.op)
+        file_rows = device_rows(job.rows_of, ident, spec.op) if job.rows_of else None
+        problems = job.problems if file_rows is None else list(dict.fromkeys(spec.key_problem(r.key)
+                                                                            for r in file_rows))
+        done = set() if job.retune or job.run_config else tuned_keys(job.tuned_file, ident, spec.op)
+        # What runs each shape today: its row (compare: in the tuned file; run_config: in the file timed).
+        rows_now: dict[tuple, TunedRow] = {}
+        if job.compare is not None:
+            rows_now = {r.key: r for r in device_rows(job.tuned_file, ident, spec.op)}
+        elif job.run_config is not None and file_rows is not None:
+            rows_now = {r.key: r for r in file_rows}
+        incumbent_of = {key: opspec.row_solution(r) for key, r in rows_now.items()}
     except ConfigError as exc:
         pool.close()
         print(f"{job.prog}: error: tuned file unusable: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from aiter_gemm.op import op_spec
-
-    row_key = op_spec(spec.op).row_key
     sidecar = job.sidecar(ident) if job.sidecar is not None else None
     todo = []
-    for p in job.problems:
+    for p in problems:
         if row_key(p) in done:
             if sidecar is not None:
                 sidecar.skipped(p)
         else:
             todo.append(p)
-    skipped = len(job.problems) - len(todo)
+    skipped = len(problems) - len(todo)
     opts = replace(job.search, chunks=pool.slots) if job.split_shapes else job.search
     roof = roofline(job, ident)
+    verdicts: dict[int, Verdict] = {}
+    accept = None
+    if job.run_config is not None or (job.compare is not None and not job.compare.update):
+        accept = lambda o: False  # noqa: E731 - nothing goes to the tuned file
+    elif job.compare is not None:
+        accept = lambda o: verdicts[o.shape_id].write  # noqa: E731
     writer = CheckpointWriter(job.tuned_file, ident, job.batch, job.retune, job.profile_file, job.summary_file, roof,
-                              spec, sidecar)
+                              spec, sidecar, accept)
+    writers = [writer]
+    if job.compare is not None and job.compare.candidate_file:
+        seed_candidate(job.tuned_file, job.compare.candidate_file)
+        writers.append(CheckpointWriter(job.compare.candidate_file, ident, job.batch, True, spec=spec))
     outcomes: list[ShapeOutcome] = []
     searches = []
     for i, p in enumerate(todo):
         fixed = job.candidates(p) if job.candidates is not None else None
-        if fixed is not None and not fixed:  # nothing can run it: a failed shape without work
+        incumbent = None
+        if job.compare is not None or job.run_config is not None:
+            incumbent = incumbent_of.get(row_key(p), DEFAULT)
+        if job.run_config is not None:  # what runs today (the incumbent) against the op's baseline, if it has one
+            fixed = tuple(backends.get_backend(spec.baseline, opspec.backends).candidates(p, ident)) \
+                if spec.baseline else ()
+        elif fixed is not None and not fixed:  # nothing can run it: a failed shape without work
             log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
             outcome = ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0)
             outcomes.append(outcome)
             writer.add(outcome)
             continue
-        searches.append(ShapeSearch(i, p, opts, fixed))
+        searches.append(ShapeSearch(i, p, opts, fixed, incumbent))
     log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
-             ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(job.problems), skipped)
+             ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(problems), skipped)
     counts = {"items": 0, "failed_items": 0}
     with logging_redirect_tqdm(), \
             tqdm(total=len(todo), desc="shapes", unit="shape", position=0, disable=None) as shape_bar, \
@@ -178,14 +218,28 @@ def tune(job: TuneJob, pool: Executor) -> int:
 
         def on_outcome(o: ShapeOutcome) -> None:
             outcomes.append(o)
-            writer.add(o)
+            if job.compare is not None:
+                verdicts[o.shape_id] = verdict(o, row_key(o.problem) in rows_now, job.compare)
+            for w in writers:
+                w.add(o)
             shape_bar.update(1)
             if job.verbose:
                 tqdm.write(_top(o))
 
-        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, writer)
+        interrupted, pool_error = drive(pool, searches, on_outcome, on_item,
+                                        lambda: [w.flush() for w in writers])
+    if job.run_config is not None:
+        table, bad = format_run_config(spec, outcomes, {spec.key_problem(k): r for k, r in rows_now.items()},
+                                       job.err_limit, job.run_config)
+        print(table)
+        print(f"{job.prog}: --run_config: {len(outcomes)} shape(s) timed on {ident.gfx}/{ident.cu_num}, {bad} not OK"
+              f"; nothing written; wall {time.monotonic() - t0:.1f} s")
+        status = exit_status(job.prog, pool_error, interrupted, 0)
+        return status if status or not bad else EXIT_FAILED_SHAPES
     if outcomes:
         print(format_table(spec, outcomes, roof))
+        if job.compare is not None:
+            print(format_compare(spec, outcomes, verdicts, job.compare, job.tuned_file))
     tuned = sum(o.tuned for o in outcomes)
     failed = len(outcomes) - tuned
     unfinished = len(todo) - len(outcomes)
@@ -193,7 +247,9 @@ def tune(job: TuneJob, pool: Executor) -> int:
           + (f", {unfinished} not finished" if unfinished else "")
           + f"; {counts['items']} candidates run ({counts['failed_items']} failed), {pool.restarts} worker "
           f"restart(s); {pool.slots} worker(s) on {ident.gfx}/{ident.cu_num}; wall {time.monotonic() - t0:.1f} s; "
-          f"rows written to {job.tuned_file}" + (f", all candidates in {job.profile_file}" if job.profile_file
-                                                 else "")
+          + (f"{writer.written} row(s) written to {job.tuned_file}" if job.compare is not None
+             else f"rows written to {job.tuned_file}")
+          + (f", all winners in {job.compare.candidate_file}" if job.compare and job.compare.candidate_file else "")
+          + (f", all candidates in {job.profile_file}" if job.profile_file else "")
           + (sidecar.summary() if sidecar is not None else ""))
     return exit_status(job.prog, pool_error, interrupted, failed)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiter_gemm.backends.base import GemmProblem
-from aiter_gemm.configs import load_table
+from aiter_gemm.configs import TunedRow, load_table
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.fileio import merge_csv_rows
+from aiter_gemm.fileio import merge_csv_rows, sort_csv_rows
 from aiter_gemm.op import op_spec
 from gradlib.search import Candidate, ShapeOutcome
 from gradlib.tune_ops import Sidecar, TuneOp
@@ -116,13 +117,37 @@ def summary_row(spec: TuneOp, identity: DeviceIdentity, o: ShapeOutcome, roof: R
     return row
 
 
-def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> set[tuple]:
-    """Table keys ``path`` already has a usable row for on ``identity`` (a missing file has none). A row from a file
-    without ``gfx`` counts, as it does for the runtime."""
+def device_rows(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> list[TunedRow]:
+    """The rows of ``path`` the runtime would use on ``identity``, in file order (a missing file has none): a row
+    from a file without ``gfx`` counts, as it does for the runtime."""
     if not os.path.isfile(path):
-        return set()
+        return []
     table = load_table(op_spec(op).kind, [path])
-    return {row.key for row in table if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)}
+    rows = [row for row in table if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)]
+    return sorted(rows, key=lambda row: row.line)
+
+
+def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> set[tuple]:
+    """Table keys ``path`` already has a usable row for on ``identity`` (the resume set)."""
+    return {row.key for row in device_rows(path, identity, op)}
+
+
+def sort_tuned_file(path: str | os.PathLike, spec: TuneOp) -> None:
+    """AITER's ``--sort``: order the rows of ``path`` by their key columns, N before M as AITER sorts GEMM files,
+    numbers as numbers; rows are moved, never changed (locked, atomic rename)."""
+    cols = list(spec.key_columns)
+    if "M" in cols and "N" in cols:
+        i, j = cols.index("M"), cols.index("N")
+        cols[i], cols[j] = cols[j], cols[i]
+
+    def key(row: dict[str, str]) -> tuple:
+        out = []
+        for c in cols:
+            text = str(row.get(c) or "").strip()
+            out.append((0, int(text), "") if text.lstrip("-").isdigit() else (1, 0, text))
+        return tuple(out)
+
+    sort_csv_rows(path, key)
 
 
 class CheckpointWriter:
@@ -132,7 +157,8 @@ class CheckpointWriter:
     def __init__(self, tuned_file: str | os.PathLike, identity: DeviceIdentity, batch: int,
                  replace_existing: bool, profile_file: str | os.PathLike | None = None,
                  summary_file: str | os.PathLike | None = None, roofline: Roofline | None = None,
-                 spec: TuneOp | None = None, sidecar: Sidecar | None = None) -> None:
+                 spec: TuneOp | None = None, sidecar: Sidecar | None = None,
+                 accept: Callable[[ShapeOutcome], bool] | None = None) -> None:
         if batch < 1:
             raise ValueError(f"--batch must be >= 1, got {batch}")
         if spec is None:
@@ -140,6 +166,7 @@ class CheckpointWriter:
 
             spec = tune_op("gemm_a16w16")
         self.spec, self.sidecar = spec, sidecar
+        self.accept = accept  # which tuned winners become rows (--compare: the improved ones); None: all
         self.tuned_file, self.identity, self.batch = tuned_file, identity, batch
         self.profile_file, self.summary_file, self.roofline = profile_file, summary_file, roofline
         self._replace = (lambda old, new: True) if replace_existing else None
@@ -152,7 +179,7 @@ class CheckpointWriter:
 
     def add(self, outcome: ShapeOutcome) -> None:
         spec = self.spec
-        if outcome.tuned:
+        if outcome.tuned and (self.accept is None or self.accept(outcome)):
             self._rows.append(spec.tuned_row(self.identity, outcome, outcome.winner))
         if self.profile_file is not None:
             self._profile.extend(profile_row(spec, self.identity, outcome.problem, c) for c in outcome.candidates)

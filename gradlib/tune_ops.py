@@ -60,6 +60,8 @@ class TuneOp:
     baseline: str | None = None
     show_bias: bool = False  # the printed table has a bias column
     sidecar: Callable[..., Sidecar] | None = None  # (device, tuned_file, problems, **options) -> Sidecar
+    #: The problem a table key names (a tuned file's rows as shapes to retune or time); None: not supported.
+    key_problem: Callable[[tuple], GemmProblem] | None = None
 
 
 #: Op name -> module defining its TuneOp (imported on first use: a worker loads only its op's).
