@@ -6,6 +6,12 @@ Examples::
     gemm-tuner -i bf16_untuned_gemm.csv -o bf16_tuned_gemm.csv            # captured shapes, all GPUs
     gemm-tuner --model_dir configs/model_configs/llama3_70b --tp 8 --nsets 1,32,512 -o llama70b_tp8.csv
     gemm-tuner --model_dir configs/model_configs/llama3_8b --print_shapes  # derived untuned CSV on stdout
+    gemm-tuner -i tuned.csv -o tuned.csv --all --compare --update_improved  # re-time a stale file in place
+    gemm-tuner --run_config tuned.csv                                      # its rows against F.linear
+
+AITER's flags work too (:mod:`gradlib.aiter_flags`): ``--untune_file``/``--tune_file``/``-o2``, ``--sort``,
+``--compare``, ``--run_config``, ``--warmup``/``--iters``, ``GTUNE_INPUT``/``GTUNE_TUNED``/``GTUNE_MODEL``/
+``GTUNE_TP``/``GTUNE_BATCH_SIZE``; README's "Differences from AITER" lists what differs.
 
 Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments or input;
 3 workers could not start; 130 interrupted (what finished is saved).
@@ -28,10 +34,19 @@ from aiter_gemm.dtypes import FP8_DTYPES, parse_dtype
 from aiter_gemm.fileio import read_csv_rows, render_csv
 from aiter_gemm.ops import untuned_row
 from gradlib import cli
+from gradlib.aiter_flags import (
+    DIFFERENCES,
+    add_aiter_flags,
+    check_aiter_flags,
+    compare_options,
+    env_default,
+    with_iterations,
+)
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, int_list
 from gradlib.driver import TuneJob, tune
 from gradlib.models import ModelConfigError, load_arch, model_problems
 from gradlib.pool import scoped_env
+from gradlib.results import sort_tuned_file
 from gradlib.search import SearchOptions
 from gradlib.tasks import import_plugins
 from gradlib.tune_ops import tune_op
@@ -39,6 +54,8 @@ from gradlib.tune_ops import tune_op
 PROG = "gemm-tuner"
 # On CPU, "--libtype all" means these: other backends (Triton) run only interpreted there, which is for testing.
 CPU_DEFAULT_LIBTYPES = ("torch",)
+#: AITER's AMD-only libtypes (its --libtype choices): named in the error when asked for here.
+AITER_AMD_LIBTYPES = ("asm", "hipblaslt", "flydsl", "opus", "ck")
 DEFAULT_NSETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -46,28 +63,37 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("shapes")
-    src.add_argument("-i", "--input_file", help="untuned CSV (M,N,K[,bias,dtype,outdtype,scaleAB,bpreshuffle]); "
-                     "default bf16_untuned_gemm.csv unless --model_dir is given. Only read, never written.")
-    src.add_argument("--model_dir", help="folder with a Hugging Face config.json, or the name of a shipped one "
-                     "(llama3_8b, llama3_70b, qwen2_5_7b, mistral_7b): derive qkv, o, gate_up, down and lm_head "
-                     "shapes (M = tokens, N = out features per TP rank, K = in features)")
-    src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
+    src.add_argument("-i", "--input_file", "--untune_file", default=env_default("GTUNE_INPUT"),
+                     help="untuned CSV (M,N,K[,bias,dtype,outdtype,scaleAB,bpreshuffle]); default $GTUNE_INPUT, "
+                     "else bf16_untuned_gemm.csv unless --model_dir is given. Only read, never written, except "
+                     "by -i X -o X --all (X's rows for this device retuned in place)")
+    src.add_argument("--model_dir", default=env_default("GTUNE_MODEL"), help="folder with a Hugging Face "
+                     "config.json, or the name of a shipped one (llama3_8b, llama3_70b, qwen2_5_7b, mistral_7b): "
+                     "derive qkv, o, gate_up, down and lm_head shapes (M = tokens, N = out features per TP rank, "
+                     "K = in features); default $GTUNE_MODEL")
+    src.add_argument("--tp", type=int, default=env_default("GTUNE_TP", "1"),
+                     help="tensor-parallel degree for --model_dir (default $GTUNE_TP, else 1)")
     src.add_argument("--nsets", type=int_list, default=list(DEFAULT_NSETS),
                      help="token counts M for --model_dir, comma-separated (default 1,2,4,...,8192)")
-    src.add_argument("--batch_size", type=int_list, default=None,
-                     help="sequence counts for lm_head's M (it sees one token per sequence; default: --nsets)")
+    src.add_argument("--batch_size", type=int_list, default=env_default("GTUNE_BATCH_SIZE"),
+                     help="sequence counts for lm_head's M (it sees one token per sequence; default "
+                     "$GTUNE_BATCH_SIZE, else --nsets); unlike AITER it does not multiply --nsets")
     src.add_argument("--indtype", help="input dtype (bf16, fp16, fp32, fp8); overrides the file's dtype column")
     src.add_argument("--outdtype", help="output dtype; overrides the file's outdtype (default: the input dtype)")
     src.add_argument("--all_bias", action="store_true", help="tune every shape both with and without bias")
     src.add_argument("--print_shapes", action="store_true", help="print the untuned CSV of the shapes and exit")
     out = ap.add_argument_group("output")
-    out.add_argument("-o", "--tuned_file", default="bf16_tuned_gemm.csv",
-                     help="tuned CSV to merge winners into (created if missing; other rows are kept)")
-    out.add_argument("--profile_file", help="CSV receiving every candidate's result (phase, time, err_ratio, error)")
+    out.add_argument("-o", "--tuned_file", "--tune_file", default=env_default("GTUNE_TUNED", "bf16_tuned_gemm.csv"),
+                     help="tuned CSV to merge winners into (created if missing; other rows are kept); default "
+                     "$GTUNE_TUNED, else ./bf16_tuned_gemm.csv")
+    out.add_argument("-o2", "--profile_file",
+                     help="CSV receiving every candidate's result (phase, time, err_ratio, error)")
     out.add_argument("--summary_file", help="CSV receiving one row per shape: winner, time, TFLOP/s, %% of roofline, "
                      "torch time and speedup, candidate counts, wall time")
-    out.add_argument("--all", action="store_true", help="retune shapes the tuned file already has (and replace them)")
-    out.add_argument("--batch", type=int, default=8, help="checkpoint the tuned file every this many shapes (8)")
+    out.add_argument("--all", action="store_true", help="retune shapes the tuned file already has (and replace "
+                     "them); with -i and -o the same file: retune its rows for this device in place")
+    out.add_argument("--batch", type=int, default=1, help="write the tuned file after every this many shapes (1, "
+                     "as AITER's gemm tuner; it never limits how many shapes run at once)")
     srch = ap.add_argument_group("search")
     srch.add_argument("--libtype", default="all", help="backends to tune: comma list or 'all' (default all; on a "
                       "CPU-only machine 'all' is torch only, name triton to time it interpreted)")
@@ -86,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_execution_arguments(run, "module to import in every process before tuning (registers extra backends)")
     run.add_argument("--peak_tflops", type=float, help="peak TFLOP/s for %% of roofline (default: measured table)")
     run.add_argument("--peak_bw", type=float, help="peak GB/s for %% of roofline (default: measured table)")
+    add_aiter_flags(ap)
     return ap
 
 
@@ -108,8 +135,15 @@ def load_problems(args: argparse.Namespace) -> list[GemmProblem]:
         path = args.input_file or "bf16_untuned_gemm.csv"
         if not os.path.isfile(path):
             raise UsageError(f"input file {path} not found (capture shapes with AITER_TUNE_GEMM=1 or use --model_dir)")
-        if os.path.abspath(path) == os.path.abspath(args.tuned_file):
-            raise UsageError(f"--input_file and --tuned_file are the same file {path}; the input is never written")
+        run_config = getattr(args, "run_config", False)
+        if in_place(args) and not run_config:
+            if args.indtype or args.outdtype or args.all_bias:
+                raise UsageError("-i X -o X --all retunes X's rows as they are keyed: --indtype, --outdtype and "
+                                 "--all_bias do not apply")
+            return []  # the shapes are the file's rows for the workers' device (TuneJob.rows_of)
+        if os.path.abspath(path) == os.path.abspath(args.tuned_file) and not run_config:
+            raise UsageError(f"--input_file and --tuned_file are the same file {path}; the input is never written "
+                             "(add --all to retune that file's rows in place)")
         header = read_csv_rows(path)[0]
         has_out = "outdtype" in header
         problems = []
@@ -122,6 +156,12 @@ def load_problems(args: argparse.Namespace) -> list[GemmProblem]:
     if args.all_bias:
         problems = [replace(p, bias=b) for p in problems for b in (False, True)]
     return list(dict.fromkeys(problems))
+
+
+def in_place(args: argparse.Namespace) -> bool:
+    """``-i X -o X --all``: AITER's retune of a tuned file in place."""
+    return bool(getattr(args, "all", False) and args.input_file and not args.model_dir
+                and os.path.abspath(args.input_file) == os.path.abspath(args.tuned_file))
 
 
 def _fp8_scaled(p: GemmProblem, has_scale_col: bool, otype_given: bool) -> GemmProblem:
@@ -145,6 +185,9 @@ def resolve_libtypes(spec: str, on_gpu: bool) -> tuple[str, ...]:
         return tuple(b.name for b in backends.available_backends())
     known = backends.known_backends()
     for n in names:
+        if n in AITER_AMD_LIBTYPES and n not in known:
+            raise UsageError(f"--libtype {n!r}: AITER's AMD kernels are not part of this package; known here: "
+                             f"{', '.join(known)} ({DIFFERENCES})")
         if n not in known:
             raise UsageError(f"--libtype {n!r}: no such backend; known: {', '.join(known)}")
         b = backends.get_backend(n)
@@ -159,7 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.configure_logging(args.verbose)
     plugins = cli.plugins_of(args.plugin)
     try:
-        problems = load_problems(args)
+        check_aiter_flags(args)
+        run_config = args.run_config if isinstance(args.run_config, str) else None
+        if run_config is not None and not os.path.isfile(run_config):
+            raise UsageError(f"--run_config {run_config}: file not found")
+        problems = [] if run_config is not None else load_problems(args)
         if args.print_shapes:
             sys.stdout.write(render_csv(BF16_UNTUNED_COLUMNS, [untuned_row(p) for p in problems]))
             return EXIT_OK
@@ -180,11 +227,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     search = SearchOptions(libtypes, err_ratio=args.errRatio, screen_top=args.screen_top, seed=args.seed,
                            screen_libtypes=tuple(cli.name_list(args.screen_libtypes)), min_gain=args.min_gain,
                            confirm_rounds=args.confirm_rounds, pad_check=args.pad_check == "on",
-                           **cli.timing_configs(args.timing))
-    job = TuneJob(PROG, tune_op("gemm_a16w16"), problems, search, args.tuned_file, args.batch, args.all,
+                           **with_iterations(cli.timing_configs(args.timing), args))
+    spec = tune_op("gemm_a16w16")
+    job = TuneJob(PROG, spec, problems, search, args.tuned_file, args.batch, args.all,
                   profile_file=args.profile_file, summary_file=args.summary_file, peak_tflops=args.peak_tflops,
-                  peak_bw=args.peak_bw, verbose=args.verbose)
-    return tune(job, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
+                  peak_bw=args.peak_bw, verbose=args.verbose,
+                  rows_of=run_config or (args.tuned_file if in_place(args) and not args.run_config else None),
+                  compare=None if args.run_config else compare_options(args, args.tuned_file))
+    if args.run_config:  # every candidate timed and checked, nothing confirmed or written
+        job = replace(job, search=replace(search, err_ratio=1.0, confirm_rounds=0, min_gain=1.0),
+                      run_config=f"tuned: {run_config}" if run_config else "default", err_limit=args.errRatio)
+    status = tune(job, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
+    if args.sort and not args.run_config and os.path.isfile(args.tuned_file):
+        sort_tuned_file(args.tuned_file, spec)
+    return status
 
 
 if __name__ == "__main__":
