@@ -36,6 +36,9 @@ def cpu_tuner_workers(request, monkeypatch):
     from gradlib import cli
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    # One thread per CPU worker: on a loaded machine a tiny float32 F.linear with OpenMP threads waiting for cores
+    # took 16 ms instead of 3 us, enough to reorder the fake candidates the tests rank.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setattr(cli, "worker_devices", lambda mp: [None] * (mp or 1))
 
 

@@ -6,6 +6,10 @@ this module too, so every process sees the same backends.
 solidx 1 raises, solidx 2..20 are correct with 0.1 ms more sleep per step, 21..26 are correct but sleep 50 ms
 (screened out: the 20 fastest that ran are 0 and 2..20, with a 25x margin against machine load).
 ``fakeslow``: one correct candidate sleeping 20 ms per call (keeps a run busy long enough to be killed).
+``fakepair``: two correct candidates, solidx 0 ``fast`` (F.linear in the input dtype, as the torch backend: a
+float32 F.linear of a tiny shape took 16 ms on a loaded 2-core machine, OpenMP threads waiting for cores) and solidx
+1 ``slow`` (20 ms more per call), neither of which can run N = 48 (``--compare`` / in-place retune tests: a
+deliberately slow row, a shape that cannot be tuned).
 """
 
 from __future__ import annotations
@@ -31,6 +35,16 @@ def exact(a, b, bias, otype, sa, sb, sc):
     if bias is not None:
         out = out + bias.float()
     return out.to(otype)
+
+
+def linear(a, b, bias, otype, sa, sb, sc):
+    """F.linear in the input dtype (no scales)."""
+    return F.linear(a, b, bias).to(otype)
+
+
+def slow_linear(a, b, bias, otype, sa, sb, sc):
+    time.sleep(0.02)
+    return linear(a, b, bias, otype, sa, sb, sc)
 
 
 def sleeping(seconds: float):
@@ -112,5 +126,20 @@ class FakeSlowBackend(Backend):
         return sleeping(0.02)
 
 
-for _b in (FakeBackend(), FakeLtBackend(), FakeSlowBackend()):
+class FakePairBackend(Backend):
+    name = "fakepair"
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return [Solution("fakepair", 0, 0, "fast"), Solution("fakepair", 1, 0, "slow")]
+
+    def why_not(self, problem, solution, device):
+        return "N = 48 is not supported" if problem.N == 48 else None
+
+    def prepare(self, problem, solution, device):
+        if self.why_not(problem, solution, device) is not None:
+            return None
+        return linear if solution.solidx == 0 else slow_linear
+
+
+for _b in (FakeBackend(), FakeLtBackend(), FakeSlowBackend(), FakePairBackend()):
     register_backend(_b)

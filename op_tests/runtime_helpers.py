@@ -104,3 +104,38 @@ def kill_then_resume(cmd: list[str], env: dict, cwd, tuned: Path, expected: list
     final = [key(r) for r in read_csv_rows(tuned)[1]]
     assert sorted(final) == sorted(expected) and final[: len(at_kill)] == at_kill
     return at_kill
+
+
+class InlineExecutor:
+    """A one-slot :class:`gradlib.pool.Executor` running items in this process (no spawn, no timeout): for tests of
+    the driver and the CLI flags whose candidates can neither hang nor crash."""
+
+    restarts = 0
+    slots = 1
+
+    def __init__(self, plugins=()) -> None:
+        self.plugins, self.identity, self._runtime, self._task = tuple(plugins), None, None, None
+
+    def start(self) -> None:
+        from gradlib.tasks import WorkerRuntime
+
+        self._runtime = WorkerRuntime.create(self.plugins)
+        self.identity = self._runtime.identity
+
+    def free_slots(self) -> int:
+        return 0 if self._task is not None else 1
+
+    def submit(self, task) -> None:
+        self._task = task
+
+    def poll(self, timeout: float) -> list:
+        from gradlib.pool import ItemDone, TaskDone
+
+        task, self._task = self._task, None
+        if task is None:
+            return []
+        events = [ItemDone(task, self._runtime.run_item(task, i)) for i in range(task.first, len(task.items))]
+        return [*events, TaskDone(task)]
+
+    def close(self) -> None:
+        self._task = None
