@@ -48,7 +48,7 @@ class TuneJob:
     peak_tflops: float | None = None  # TFLOP/s, overriding the measured roofline table
     peak_bw: float | None = None  # GB/s
     verbose: bool = False
-    sidecar: Callable[[DeviceIdentity], Sidecar] | None = None  # the op's side files for this device
+    sidecar: Callable[[DeviceIdentity, list[GemmProblem]], Sidecar] | None = None  # the op's side files
     #: A tuned file whose rows for the workers' device are the shapes (instead of ``problems``): ``-i X -o X
     #: --all`` retunes X in place; ``--run_config X`` times X's rows.
     rows_of: str | None = None
@@ -154,7 +154,7 @@ def tune(job: TuneJob, pool: Executor) -> int:
         pool.close()
         print(f"{job.prog}: error: tuned file unusable: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    sidecar = job.sidecar(ident) if job.sidecar is not None else None
+    sidecar = job.sidecar(ident, problems) if job.sidecar is not None else None
     todo = []
     for p in problems:
         if row_key(p) in done:

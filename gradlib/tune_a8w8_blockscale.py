@@ -26,6 +26,11 @@ device are skipped (resume), unless ``--all``. JSON: after its shapes finish, ea
 ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json`` in ``--json_dir``, rebuilt from every row of the tuned file for
 that (N, K) on this device (``--buckets``: :mod:`gradlib.blockscale`).
 
+AITER's tuner flags work as in ``gemm-tuner`` (:mod:`gradlib.aiter_flags`): ``-i/--untune_file`` (= ``--shapes``),
+``--tune_file``, ``-o2``, ``--sort``, ``--compare`` / ``--update_improved`` / ``--min_improvement_pct``,
+``--run_config [FILE]``, ``--warmup`` / ``--iters``, ``--shape_grouped`` (a shape's candidates on one worker, not
+split over all), and ``-i X -o X --all`` retunes X's rows for this device in place.
+
 Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid config; 2 bad arguments or input;
 3 workers could not start; 130 interrupted (what finished is saved).
 """
@@ -33,8 +38,10 @@ Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid con
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -48,6 +55,7 @@ from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
 from gradlib import cli
+from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, with_iterations
 from gradlib.blockscale import (
     BLOCKSCALE,
     EXTRA_LAUNCHERS,
@@ -72,6 +80,7 @@ from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, int_list, name_list
 from gradlib.driver import TuneJob, tune
 from gradlib.models import ModelConfigError
 from gradlib.pool import scoped_env
+from gradlib.results import sort_tuned_file
 from gradlib.search import SearchOptions
 from gradlib.tasks import enumerate_solutions, import_plugins
 from gradlib.timing import TimingConfig
@@ -127,18 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
     src.add_argument("--m", type=int_list, default=list(DEFAULT_MS),
                      help="batch sizes M for --nk / --model_dir (default 1,16,32,64,...,8192)")
-    src.add_argument("--shapes", help="untuned CSV with M,N,K columns (e.g. AITER's "
-                     "a8w8_blockscale_untuned_gemm.csv), tuned as listed")
+    src.add_argument("-i", "--shapes", "--untune_file", help="untuned CSV with M,N,K columns (e.g. AITER's "
+                     "a8w8_blockscale_untuned_gemm.csv), tuned as listed; -i X -o X --all: X's rows retuned in place")
     src.add_argument("--outdtype", default="bf16", help="output dtype (bf16, fp16, fp32; default bf16)")
     src.add_argument("--print_shapes", action="store_true", help="print the shapes as an untuned CSV and exit")
     out = ap.add_argument_group("output")
-    out.add_argument("-o", "--tuned_file", default="a8w8_blockscale_tuned_gemm.csv",
+    out.add_argument("-o", "--tuned_file", "--tune_file", default="a8w8_blockscale_tuned_gemm.csv",
                      help="tuned CSV to merge winners into (created if missing; other rows are kept)")
     out.add_argument("--json_dir", help="folder for the per-(N, K) JSON files (default: the tuned file's folder; "
                      "the runtime reads AITER_GEMM_TRITON_CONFIGS folders, then configs/triton/)")
     out.add_argument("--buckets", choices=("fine", "seed"), default="fine",
                      help="JSON M buckets: one per tuned M (fine) or the named small/medium/large_M (seed)")
-    out.add_argument("--profile_file", help="CSV receiving every candidate's result")
+    out.add_argument("-o2", "--profile_file", help="CSV receiving every candidate's result")
     out.add_argument("--all", action="store_true", help="retune shapes the tuned file already has (replace them)")
     out.add_argument("--batch", type=int, default=4, help="checkpoint every this many shapes (4)")
     srch = ap.add_argument_group("search")
@@ -163,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "most H100 shapes with M >= 16)")
     run = ap.add_argument_group("execution")
     cli.add_execution_arguments(run, "module imported in every process (registers extra launchers)")
+    add_aiter_flags(ap, split_shapes=True)
     return ap
 
 
@@ -171,7 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.configure_logging(args.verbose)
     plugins = cli.plugins_of(args.plugin, first=["gradlib.blockscale"])
     try:
-        shapes = load_shapes(args.shapes, args.nk, args.model_dir, args.tp, args.m)
+        check_aiter_flags(args)
+        run_config = args.run_config if isinstance(args.run_config, str) else None
+        in_place = bool(args.all and args.shapes and os.path.abspath(args.shapes) == os.path.abspath(args.tuned_file))
+        if run_config is not None and not os.path.isfile(run_config):
+            raise UsageError(f"--run_config {run_config}: file not found")
+        rows_of = run_config or (args.tuned_file if in_place and not args.run_config else None)
+        shapes = [] if rows_of else load_shapes(args.shapes, args.nk, args.model_dir, args.tp, args.m)
         if args.print_shapes:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK
@@ -204,11 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     package = GEMM_A8W8_BLOCKSCALE.backends
+    timing = with_iterations(cli.timing_configs(args.timing, None if on_gpu else CPU_TIMING), args)
     search = SearchOptions(libtypes, err_ratio=args.errRatio, seed=args.seed, min_gain=args.min_gain,
                            confirm_rounds=0 if args.candidates else args.confirm_rounds,
                            pad_check=args.pad_check == "on", op=BLOCKSCALE,
                            baseline=torch_impl.LIBTYPE if on_gpu and torch_impl.LIBTYPE in libtypes else None,
-                           quick=args.quick, **cli.timing_configs(args.timing, None if on_gpu else CPU_TIMING),
+                           quick=args.quick, **timing,
                            options=(("x_scale_layout", args.x_scale_layout),),
                            untunable=tuple(n for n in known_backends(package) if not get_backend(n, package).tunable),
                            accept=_variant_filter(args.variants))
@@ -217,15 +234,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     def fixed(p: GemmProblem) -> tuple[Solution, ...]:
         return tuple(candidate_solution(c) for c in candidate_names(p.M, p.N, p.K, args, otype))
 
-    job = TuneJob(PROG, tune_op(BLOCKSCALE), problems, search, args.tuned_file, args.batch, args.all,
-                  split_shapes=True, candidates=fixed if args.candidates else None,
+    spec = tune_op(BLOCKSCALE)
+    job = TuneJob(PROG, spec, problems, search, args.tuned_file, args.batch, args.all,
+                  split_shapes=not args.shape_grouped, candidates=fixed if args.candidates else None,
                   profile_file=args.profile_file, verbose=args.verbose,
-                  sidecar=partial(_sidecar, tuned_file=args.tuned_file, problems=problems, json_dir=args.json_dir,
-                                  bucket_mode=args.buckets))
-    return tune(job, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
+                  sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
+                                                               json_dir=args.json_dir, bucket_mode=args.buckets),
+                  rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file))
+    if args.run_config:  # every candidate timed and checked, nothing confirmed or written
+        job = replace(job, search=replace(search, err_ratio=1.0, confirm_rounds=0, min_gain=1.0),
+                      run_config=f"tuned: {run_config}" if run_config else "default", err_limit=args.errRatio)
+    status = tune(job, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
+    if args.sort and not args.run_config and os.path.isfile(args.tuned_file):
+        sort_tuned_file(args.tuned_file, spec)
+    return status
 
 
-def _sidecar(identity: DeviceIdentity, tuned_file: str, problems: list[GemmProblem], json_dir: str | None,
+def _sidecar(identity: DeviceIdentity, problems: list[GemmProblem], tuned_file: str, json_dir: str | None,
              bucket_mode: str) -> JsonSidecar:
     return JsonSidecar(identity, tuned_file, problems, json_dir, bucket_mode)
 
