@@ -175,3 +175,26 @@ def test_in_place_retune_keeps_rows_it_could_not_retune(inline, tmp_path, capsys
                                                          ("sm_90", "64", "2")]
     assert run("-i", tuned, "-o", tuned, "--all", "--indtype", "fp16") == 2  # keys are the file's
     assert "do not apply" in capsys.readouterr().err
+
+
+# ---- the block-scale tuner takes the same flags ---------------------------------------------------------------------
+def test_blockscale_tuner_with_aiters_flags(inline, tmp_path, capsys):
+    """AITER's block-scale tune scripts: -i a8w8_blockscale_untuned_gemm.csv -o ... with the common flags; then the
+    file's rows timed (--run_config) and re-timed in place (--compare --update_improved): its row still wins."""
+    from gradlib.tune_a8w8_blockscale import main as bs_main
+
+    swap16 = "swapAB-BM16_BN64_BK128_GM1_SK1_W4_S4_TMA"  # any M <= 16 (interpreted: ~50 ms a launch)
+    untuned, tuned, prof = tmp_path / "a8w8_blockscale_untuned_gemm.csv", tmp_path / "t.csv", tmp_path / "p.csv"
+    untuned.write_text("M,N,K\n3, 128, 128\n")  # AITER's file has spaces after the commas
+    common = ("--candidates", swap16, "--warmup", "0", "--iters", "3", "--json_dir", tmp_path)
+    assert bs_main(["-i", str(untuned), "--tune_file", str(tuned), "-o2", str(prof), "--shape_grouped", "--sort",
+                    "True", *map(str, common)]) == 0
+    (row,) = read_csv_rows(tuned)[1]
+    assert (row["M"], row["N"], row["K"], row["kernelName"]) == ("3", "128", "128", swap16)
+    assert bs_main(["--run_config", str(tuned), "--warmup", "0", "--iters", "3"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("(3, 128, 128)")]
+    assert swap16 in line and line.rstrip().endswith("| OK")
+    before = tuned.read_text()
+    assert bs_main(["-i", str(tuned), "-o", str(tuned), "--all", "--compare", "--update_improved",
+                    *map(str, common)]) == 0
+    assert "KEEP | the row's solution still wins" in capsys.readouterr().out and tuned.read_text() == before
