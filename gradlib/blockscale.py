@@ -278,6 +278,7 @@ TUNE_OP = register_tune_op(TuneOp(
     op=BLOCKSCALE, tuned_columns=BLOCKSCALE_TUNED_COLUMNS, key_columns=KEY_COLUMNS, key_of=key_of,
     tuned_row=tuned_row, make_inputs=_make_inputs, call=_call, err_column="errRatio", baseline=None,
     show_bias=False, sidecar=JsonSidecar, key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
+    row_candidate=lambda row: candidate_solution(row.values["kernelName"]),  # kernelId is only the listing index
 ))
 
 __all__ = ["BLOCKSCALE", "EXTRA_LAUNCHERS", "FP8", "SEED_BUCKETS", "X_SCALE_LAYOUTS", "JsonSidecar", "Launcher",

@@ -149,7 +149,8 @@ def tune(job: TuneJob, pool: Executor) -> int:
             rows_now = {r.key: r for r in device_rows(job.tuned_file, ident, spec.op)}
         elif job.run_config is not None and file_rows is not None:
             rows_now = {r.key: r for r in file_rows}
-        incumbent_of = {key: opspec.row_solution(r) for key, r in rows_now.items()}
+        as_candidate = spec.row_candidate or opspec.row_solution
+        incumbent_of = {key: as_candidate(r) for key, r in rows_now.items()}
     except ConfigError as exc:
         pool.close()
         print(f"{job.prog}: error: tuned file unusable: {exc}", file=sys.stderr)

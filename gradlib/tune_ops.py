@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.configs import TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.op import LazyRegistry
 
@@ -62,6 +63,9 @@ class TuneOp:
     sidecar: Callable[..., Sidecar] | None = None  # (device, tuned_file, problems, **options) -> Sidecar
     #: The problem a table key names (a tuned file's rows as shapes to retune or time); None: not supported.
     key_problem: Callable[[tuple], GemmProblem] | None = None
+    #: The candidate a tuned row names, equal to the search's own solution for that kernel (``--compare``,
+    #: ``--run_config``); None: the runtime's ``OpSpec.row_solution``.
+    row_candidate: Callable[[TunedRow], Solution] | None = None
 
 
 #: Op name -> module defining its TuneOp (imported on first use: a worker loads only its op's).

@@ -197,4 +197,5 @@ def test_blockscale_tuner_with_aiters_flags(inline, tmp_path, capsys):
     before = tuned.read_text()
     assert bs_main(["-i", str(tuned), "-o", str(tuned), "--all", "--compare", "--update_improved",
                     *map(str, common)]) == 0
-    assert "KEEP | the row's solution still wins" in capsys.readouterr().out and tuned.read_text() == before
+    out = capsys.readouterr().out
+    assert "KEEP | the row's solution still wins" in out and tuned.read_text() == before
