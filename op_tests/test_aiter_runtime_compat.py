@@ -17,7 +17,7 @@ from aiter_gemm import settings as settings_mod
 from aiter_gemm.configs import load_table
 from aiter_gemm.device import probe_cpu
 from aiter_gemm.dtypes import dtype_name
-from aiter_gemm.settings import load_settings
+from aiter_gemm.settings import CONFIG_KINDS, load_settings
 from op_tests.runtime_helpers import BF16_HEADER, bf16_row
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -82,6 +82,7 @@ def test_aiter_bf16_csvs_load_with_the_rows_aiter_uses(source, tmp_path, monkeyp
         hand_set += assert_same_rows([path])
     assert hand_set >= (242 if source == "reference" else 18)  # the gfx1250 rows of dsv3_* and gptoss_*
     # With no variable set, AITER merges configs/bf16_tuned_gemm.csv with every model config: so do we.
+    shipped_kinds_into(tmp_path)
     (tmp_path / "model_configs").mkdir()
     shutil.copy(main, tmp_path / "bf16_tuned_gemm.csv")
     for p in models:
@@ -105,7 +106,14 @@ def test_hand_set_row_is_dispatched_on_its_device(clean_runtime):
         ("exact", "triton", "auto", 0.0, "gfx1250", 256)
 
 
+def shipped_kinds_into(folder: Path) -> None:
+    """Every kind's shipped file copied into ``folder`` (a reload loads every op's table: the block-scale op's too)."""
+    for _, fname in CONFIG_KINDS.values():
+        shutil.copy(settings_mod.default_config_dir() / fname, folder / fname)
+
+
 def test_default_merges_model_configs_and_the_variable_replaces_them(tmp_path, monkeypatch, clean_runtime):
+    shipped_kinds_into(tmp_path)
     (tmp_path / "model_configs").mkdir()
     (tmp_path / "bf16_tuned_gemm.csv").write_text(BF16_HEADER + bf16_row(64, 96, 80, us=5.0, kernel="main"))
     (tmp_path / "model_configs" / "zeta_bf16_tuned_gemm.csv").write_text(
