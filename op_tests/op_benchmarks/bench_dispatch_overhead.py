@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         w.writerow(BF16_TUNED_COLUMNS)
         for m in (8, 16):  # M=8: exact hit; M=13 pads to 16 at gl0
             w.writerow([ident.gfx, ident.cu_num, m, N, K, False, dname, dname, False, False, "torch", 0, 0, 1.0,
-                        "F.linear", 0.0, 0.0, 0.0])
+                        "F.linear", 0.0, 0.0, 0.0, "", ""])  # pad_m_min, timing: not set
     os.environ["AITER_CONFIG_GEMM_BF16"] = str(tmp)
     aiter_gemm.reload_configs()
 
