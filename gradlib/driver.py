@@ -19,6 +19,7 @@ from gradlib.cli import EXIT_USAGE, exit_status, start_executor
 from gradlib.pool import Executor, PoolError
 from gradlib.results import CheckpointWriter, Roofline, roofline_for, tuned_keys
 from gradlib.search import SearchOptions, ShapeOutcome, ShapeSearch, run_searches
+from gradlib.tasks import backend_of
 from gradlib.tune_ops import Sidecar, TuneOp
 
 log = logging.getLogger("gradlib")
@@ -36,14 +37,23 @@ class TuneJob:
     batch: int = 8
     retune: bool = False  # --all: retune shapes the tuned file has and replace their rows
     split_shapes: bool = False  # split each shape's candidates over every worker (chunks = workers)
-    #: Fixed candidates per shape (skips enumeration); an empty tuple means nothing can run that shape.
-    candidates: Callable[[GemmProblem], tuple[Solution, ...]] | None = None
+    #: Fixed candidates per (shape, device) (skips enumeration; the op's baseline is still timed beside them); an
+    #: empty tuple: nothing can run that shape.
+    candidates: Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]] | None = None
     profile_file: str | None = None
     summary_file: str | None = None
     peak_tflops: float | None = None  # TFLOP/s, overriding the measured roofline table
     peak_bw: float | None = None  # GB/s
     verbose: bool = False
     sidecar: Callable[[DeviceIdentity], Sidecar] | None = None  # the op's side files for this device
+
+
+def _baseline_of(op: str, libtype: str | None, p: GemmProblem, ident: DeviceIdentity) -> Solution | None:
+    """The baseline backend's solution for ``p`` (its first candidate), for searches with fixed candidates."""
+    if libtype is None:
+        return None
+    backend = backend_of(op, libtype)
+    return next(iter(backend.candidates(p, ident)), None) if backend.is_available() else None
 
 
 def roofline(job: TuneJob, ident: DeviceIdentity) -> Roofline | None:
@@ -146,14 +156,15 @@ def tune(job: TuneJob, pool: Executor) -> int:
     outcomes: list[ShapeOutcome] = []
     searches = []
     for i, p in enumerate(todo):
-        fixed = job.candidates(p) if job.candidates is not None else None
+        fixed = job.candidates(p, ident) if job.candidates is not None else None
         if fixed is not None and not fixed:  # nothing can run it: a failed shape without work
             log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
             outcome = ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0)
             outcomes.append(outcome)
             writer.add(outcome)
             continue
-        searches.append(ShapeSearch(i, p, opts, fixed))
+        searches.append(ShapeSearch(i, p, opts, fixed, _baseline_of(spec.op, opts.baseline, p, ident)
+                                    if fixed is not None else None))
     log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
              ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(job.problems), skipped)
     counts = {"items": 0, "failed_items": 0}

@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "default")
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     cli.add_confirm_arguments(srch)
+    cli.add_candidates_from_argument(srch)
     run = ap.add_argument_group("execution")
     cli.add_execution_arguments(run, "module to import in every process before tuning (registers extra backends)")
     run.add_argument("--peak_tflops", type=float, help="peak TFLOP/s for %% of roofline (default: measured table)")
@@ -182,8 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            confirm_rounds=args.confirm_rounds, pad_check=args.pad_check == "on",
                            **cli.timing_configs(args.timing))
     job = TuneJob(PROG, tune_op("gemm_a16w16"), problems, search, args.tuned_file, args.batch, args.all,
-                  profile_file=args.profile_file, summary_file=args.summary_file, peak_tflops=args.peak_tflops,
-                  peak_bw=args.peak_bw, verbose=args.verbose)
+                  candidates=cli.candidates_from(args.candidates_from, "gemm_a16w16") if args.candidates_from
+                  else None, profile_file=args.profile_file, summary_file=args.summary_file,
+                  peak_tflops=args.peak_tflops, peak_bw=args.peak_bw, verbose=args.verbose)
     return tune(job, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
 
 

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import load_table
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows
@@ -123,6 +123,15 @@ def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> se
         return set()
     table = load_table(op_spec(op).kind, [path])
     return {row.key for row in table if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)}
+
+
+def row_solutions(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> dict[tuple, Solution]:
+    """Table key -> the solution its row names, for the rows of ``path`` usable on ``identity`` (re-confirming a
+    tuned file's choices: ``--candidates_from``)."""
+    spec = op_spec(op)
+    table = load_table(spec.kind, [path])
+    return {row.key: spec.row_solution(row) for row in table
+            if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)}
 
 
 class CheckpointWriter:

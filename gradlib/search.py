@@ -171,10 +171,11 @@ def pad_min_from(M: int, probes: list[Probe]) -> int:
 
 class ShapeSearch:
     """The search state of one shape; :func:`run_searches` feeds it events and asks it for its next task.
-    ``candidates`` skips enumeration and times exactly those solutions."""
+    ``candidates`` skips enumeration and times exactly those solutions (plus ``baseline``, the op's reference
+    solution, when given: eligible only if its libtype is among ``opts.libtypes``)."""
 
     def __init__(self, shape_id: int, problem: GemmProblem, opts: SearchOptions,
-                 candidates: tuple[Solution, ...] | None = None) -> None:
+                 candidates: tuple[Solution, ...] | None = None, baseline: Solution | None = None) -> None:
         self.shape_id, self.problem, self.opts = shape_id, problem, opts
         self.done = False
         self.started = 0.0
@@ -199,8 +200,11 @@ class ShapeSearch:
             for sol in candidates:
                 self._eligible.setdefault(sol, sol.libtype not in opts.untunable)
             self._others = list(dict.fromkeys(candidates))
+            self._baseline = baseline
+            if baseline is not None:
+                self._eligible.setdefault(baseline, baseline.libtype in opts.libtypes)
             self._enter("full")
-            self.planned = len(self._others)
+            self.planned = len(self._full_items())
 
     @property
     def inflight(self) -> bool:
@@ -386,9 +390,11 @@ class ShapeSearch:
     def _after_confirm(self) -> None:
         probes = [self._probe(job) for job in self._jobs]
         exact, padded = probes[0], probes[1:]
-        for job in self._jobs:
+        for job in self._jobs:  # profile rows: one per timing, the default as what it ran
             for i, sol in enumerate(job.items):
-                self.candidates.append(Candidate(sol, "confirm", job.results[i], False, i))
+                res = job.results[i]
+                shown = res.solutions[0] if sol == DEFAULT and res.solutions else sol
+                self.candidates.append(Candidate(shown, f"confirm M={job.problem.M} #{i}", res, False, i))
         pick = self._pick
         if self._baseline is not None:  # the speedup reported is the confirmation's: same rounds, same state
             base_us = exact.winner_us if self._baseline == pick.solution else exact.baseline_us
