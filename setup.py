@@ -22,6 +22,8 @@ setup(
         "test": ["pytest>=7", "ruff", "matplotlib"],  # matplotlib: the benchmark suite's plots
         "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
         "ray": ["ray>=2.9"],  # tested with 2.60.0; a ray:// client driver also needs ray[client]
+        # aiter_gemm.examples.hf_decode and op_tests/test_hf_patch.py; tested with 4.45.2, 4.46.3, 5.17.0, 5.23.0
+        "hf": ["transformers>=4.45"],
     },
     entry_points={"console_scripts": ["gemm-tuner=gradlib.gemm_tuner:main"]},
 )

@@ -263,19 +263,26 @@ def gemm_a8w8_blockscale(
     common case; partial last blocks work). x_scale may be row-major or M-major (strides (1, M)): our Triton
     kernels take either, torch's block-scaled matmul needs M-major and copies otherwise. ``config`` (a config,
     :class:`TorchBlockwise`, or a kernelName) bypasses the dispatch, for the tuner; otherwise the tuned CSV row /
-    JSON bucket / default decides."""
+    JSON bucket / default decides.
+
+    Every call is validated: the per-call key holds every property :func:`_check_inputs` looks at (shapes, dtypes,
+    devices), so a call hits the cache only with operands a validated call had (0.9 us of key against 3 us of
+    checks on CPU: the eager path stays close to torch's own block-scaled call)."""
+    if config is None:
+        try:
+            key = (XQ.shape, WQ.shape, x_scale.shape, w_scale.shape, XQ.dtype, WQ.dtype, x_scale.dtype,
+                   w_scale.dtype, dtype, XQ.device, WQ.device, x_scale.device, w_scale.device)
+        except AttributeError:  # not tensors: the checks below say which
+            key = None
+        runner = _DISPATCHER._fast.get(key)
+        if runner is None:
+            runner = _fast_miss(key, XQ, WQ, x_scale, w_scale, dtype)
+        return runner(XQ, WQ, x_scale, w_scale, dtype)
     _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
     M, K = XQ.shape
     N = WQ.shape[0]
     if M == 0:
         return torch.empty((M, N), dtype=dtype, device=XQ.device)
-    if config is None:
-        key = (M, N, K, XQ.is_cuda, dtype)
-        runner = _DISPATCHER._fast.get(key)
-        if runner is None:
-            runner = _DISPATCHER._fast[key] = _DISPATCHER.decide(
-                GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda).call_runner
-        return runner(XQ, WQ, x_scale, w_scale, dtype)
     choice = parse_choice(config) if isinstance(config, str) else config
     why = choice_error(choice, M, N, K, dtype, XQ.device)
     if why is not None:
@@ -287,3 +294,20 @@ def gemm_a8w8_blockscale(
         raise ValueError(f"gemm_a8w8_blockscale: config {choice.name} cannot run M={M} N={N} K={K} on "
                          f"{XQ.device}")
     return runner(XQ, WQ, x_scale, w_scale, dtype)
+
+
+def _fast_miss(key: tuple | None, XQ, WQ, x_scale, w_scale, dtype: torch.dtype):
+    """Validate a key's first call (errors name the tensor), decide, and cache the runner under the key."""
+    _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
+    M, K = XQ.shape
+    N = WQ.shape[0]
+    if M == 0:
+        runner = _empty_runner
+    else:
+        runner = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda).call_runner
+    _DISPATCHER._fast[key] = runner
+    return runner
+
+
+def _empty_runner(XQ, WQ, x_scale, w_scale, dtype):
+    return torch.empty((0, WQ.shape[0]), dtype=dtype, device=XQ.device)

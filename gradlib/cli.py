@@ -11,11 +11,14 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 
+from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.op import op_spec
 from gradlib.pool import Executor, PoolError, ProcessPool
 from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
 
@@ -66,6 +69,28 @@ def add_confirm_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--timing", choices=("graph", "eager"), default="graph", help="time candidates by "
                        "CUDA-graph replay (graph: GPU time, as served with CUDA graphs) or by a loop of eager calls "
                        "(eager: includes each backend's launch cost, for deployments without graphs)")
+
+
+def add_candidates_from_argument(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--candidates_from", metavar="TUNED_CSV", help="no search: time each shape's solution from "
+                       "this tuned file (and the library call), confirm it as a new winner would be, and write it "
+                       "with its checked padding range (re-confirming a shipped or stale file cheaply)")
+
+
+def candidates_from(path: str, op: str) -> Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]]:
+    """Per (shape, device): the solution ``path``'s row for it names (``()`` when the file has none)."""
+    from gradlib.results import row_solutions
+
+    row_key = op_spec(op).row_key
+    cache: dict[DeviceIdentity, dict] = {}
+
+    def fixed(p: GemmProblem, ident: DeviceIdentity) -> tuple[Solution, ...]:
+        if ident not in cache:
+            cache[ident] = row_solutions(path, ident, op)
+        sol = cache[ident].get(row_key(p))
+        return (sol,) if sol is not None else ()
+
+    return fixed
 
 
 def timing_configs(mode: str, cpu_fallback: TimingConfig | None = None) -> dict[str, TimingConfig]:

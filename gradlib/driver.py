@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from aiter_gemm import backends
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
@@ -23,7 +22,7 @@ from gradlib.compare import CompareOptions, Verdict, format_compare, format_run_
 from gradlib.pool import Executor, PoolError
 from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, tuned_keys
 from gradlib.search import SearchOptions, ShapeOutcome, ShapeSearch, run_searches
-from gradlib.tasks import DEFAULT
+from gradlib.tasks import DEFAULT, backend_of
 from gradlib.tune_ops import Sidecar, TuneOp
 
 log = logging.getLogger("gradlib")
@@ -41,8 +40,9 @@ class TuneJob:
     batch: int = 8
     retune: bool = False  # --all: retune shapes the tuned file has and replace their rows
     split_shapes: bool = False  # split each shape's candidates over every worker (chunks = workers)
-    #: Fixed candidates per shape (skips enumeration); an empty tuple means nothing can run that shape.
-    candidates: Callable[[GemmProblem], tuple[Solution, ...]] | None = None
+    #: Fixed candidates per (shape, device) (skips enumeration; the op's baseline is still timed beside them); an
+    #: empty tuple: nothing can run that shape.
+    candidates: Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]] | None = None
     profile_file: str | None = None
     summary_file: str | None = None
     peak_tflops: float | None = None  # TFLOP/s, overriding the measured roofline table
@@ -57,6 +57,14 @@ class TuneJob:
     #: print that table and write nothing; the value labels the table.
     run_config: str | None = None
     err_limit: float = 0.05  # --run_config: the --errRatio a row must stay within (AITER: or its own + 5%)
+
+
+def _baseline_of(op: str, libtype: str | None, p: GemmProblem, ident: DeviceIdentity) -> Solution | None:
+    """The baseline backend's solution for ``p`` (its first candidate), for searches with fixed candidates."""
+    if libtype is None:
+        return None
+    backend = backend_of(op, libtype)
+    return next(iter(backend.candidates(p, ident)), None) if backend.is_available() else None
 
 
 def roofline(job: TuneJob, ident: DeviceIdentity) -> Roofline | None:
@@ -181,20 +189,20 @@ def tune(job: TuneJob, pool: Executor) -> int:
     outcomes: list[ShapeOutcome] = []
     searches = []
     for i, p in enumerate(todo):
-        fixed = job.candidates(p) if job.candidates is not None else None
+        fixed = job.candidates(p, ident) if job.candidates is not None else None
         incumbent = None
         if job.compare is not None or job.run_config is not None:
             incumbent = incumbent_of.get(row_key(p), DEFAULT)
         if job.run_config is not None:  # what runs today (the incumbent) against the op's baseline, if it has one
-            fixed = tuple(backends.get_backend(spec.baseline, opspec.backends).candidates(p, ident)) \
-                if spec.baseline else ()
+            fixed = ()
         elif fixed is not None and not fixed:  # nothing can run it: a failed shape without work
             log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
             outcome = ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0)
             outcomes.append(outcome)
             writer.add(outcome)
             continue
-        searches.append(ShapeSearch(i, p, opts, fixed, incumbent))
+        searches.append(ShapeSearch(i, p, opts, fixed, _baseline_of(spec.op, opts.baseline, p, ident)
+                                    if fixed is not None else None, incumbent))
     log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
              ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(problems), skipped)
     counts = {"items": 0, "failed_items": 0}

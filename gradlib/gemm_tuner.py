@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "default")
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     cli.add_confirm_arguments(srch)
+    cli.add_candidates_from_argument(srch)
     run = ap.add_argument_group("execution")
     cli.add_execution_arguments(run, "module to import in every process before tuning (registers extra backends)")
     run.add_argument("--peak_tflops", type=float, help="peak TFLOP/s for %% of roofline (default: measured table)")
@@ -230,8 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            **with_iterations(cli.timing_configs(args.timing), args))
     spec = tune_op("gemm_a16w16")
     job = TuneJob(PROG, spec, problems, search, args.tuned_file, args.batch, args.all,
-                  profile_file=args.profile_file, summary_file=args.summary_file, peak_tflops=args.peak_tflops,
-                  peak_bw=args.peak_bw, verbose=args.verbose,
+                  candidates=cli.candidates_from(args.candidates_from, "gemm_a16w16") if args.candidates_from
+                  else None, profile_file=args.profile_file, summary_file=args.summary_file,
+                  peak_tflops=args.peak_tflops, peak_bw=args.peak_bw, verbose=args.verbose,
                   rows_of=run_config or (args.tuned_file if in_place(args) and not args.run_config else None),
                   compare=None if args.run_config else compare_options(args, args.tuned_file))
     if args.run_config:  # every candidate timed and checked, nothing confirmed or written

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import TunedRow, load_table
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows, sort_csv_rows
@@ -148,6 +148,15 @@ def sort_tuned_file(path: str | os.PathLike, spec: TuneOp) -> None:
         return tuple(out)
 
     sort_csv_rows(path, key)
+
+
+def row_solutions(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> dict[tuple, Solution]:
+    """Table key -> the solution its row names, for the rows of ``path`` usable on ``identity`` (re-confirming a
+    tuned file's choices: ``--candidates_from``)."""
+    spec = op_spec(op)
+    table = load_table(spec.kind, [path])
+    return {row.key: spec.row_solution(row) for row in table
+            if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)}
 
 
 class CheckpointWriter:

@@ -177,11 +177,13 @@ def pad_min_from(M: int, probes: list[Probe]) -> int:
 
 class ShapeSearch:
     """The search state of one shape; :func:`run_searches` feeds it events and asks it for its next task.
-    ``candidates`` skips enumeration and times exactly those solutions; ``incumbent`` is timed beside them (a
-    solution may win; :data:`DEFAULT` only competes as a reference)."""
+    ``candidates`` skips enumeration and times exactly those solutions (plus ``baseline``, the op's reference
+    solution, when given: eligible only if its libtype is among ``opts.libtypes``); ``incumbent`` is timed beside
+    them (a solution may win; :data:`DEFAULT` only competes as a reference)."""
 
     def __init__(self, shape_id: int, problem: GemmProblem, opts: SearchOptions,
-                 candidates: tuple[Solution, ...] | None = None, incumbent: Solution | None = None) -> None:
+                 candidates: tuple[Solution, ...] | None = None, baseline: Solution | None = None,
+                 incumbent: Solution | None = None) -> None:
         self.shape_id, self.problem, self.opts = shape_id, problem, opts
         self.done = False
         self.started = 0.0
@@ -208,9 +210,12 @@ class ShapeSearch:
             for sol in candidates:
                 self._eligible.setdefault(sol, sol.libtype not in opts.untunable)
             self._others = list(dict.fromkeys(candidates))
+            self._baseline = baseline
+            if baseline is not None:
+                self._eligible.setdefault(baseline, baseline.libtype in opts.libtypes)
             self._add_incumbent()
             self._enter("full")
-            self.planned = len(self._others)
+            self.planned = len(self._full_items())
 
     @property
     def inflight(self) -> bool:
@@ -413,9 +418,11 @@ class ShapeSearch:
     def _after_confirm(self) -> None:
         probes = [self._probe(job) for job in self._jobs]
         exact, padded = probes[0], probes[1:]
-        for job in self._jobs:
+        for job in self._jobs:  # profile rows: one per timing, the default as what it ran
             for i, sol in enumerate(job.items):
-                self.candidates.append(Candidate(sol, "confirm", job.results[i], False, i))
+                res = job.results[i]
+                shown = res.solutions[0] if sol == DEFAULT and res.solutions else sol
+                self.candidates.append(Candidate(shown, f"confirm M={job.problem.M} #{i}", res, False, i))
         pick = self._pick
         if self.incumbent is not None:  # what --compare weighs the winner against: the same rounds
             self._incumbent_timed = Candidate(self.incumbent, "confirm", ItemResult(

@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     srch.add_argument("--min_gain", type=float, default=1.02, help="a confirmed winner must be this many times "
                       "faster than the runtime's default (and torch's block-scaled matmul) at its M (1.02)")
     cli.add_confirm_arguments(srch)
+    cli.add_candidates_from_argument(srch)
     srch.add_argument("--x_scale_layout", choices=X_SCALE_LAYOUTS, default="row_major",
                       help="x_scale's memory layout as the model's quantizer writes it: row_major (default; "
                       "quantize_blockscale's, AITER's) or m_major (strides (1, M), vLLM's column_major_scales: "
@@ -231,12 +232,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                            accept=_variant_filter(args.variants))
     problems = [GemmProblem(m, n, k, False, FP8, otype) for m, n, k in shapes]
 
-    def fixed(p: GemmProblem) -> tuple[Solution, ...]:
+    def fixed(p: GemmProblem, ident: DeviceIdentity) -> tuple[Solution, ...]:
         return tuple(candidate_solution(c) for c in candidate_names(p.M, p.N, p.K, args, otype))
 
     spec = tune_op(BLOCKSCALE)
     job = TuneJob(PROG, spec, problems, search, args.tuned_file, args.batch, args.all,
-                  split_shapes=not args.shape_grouped, candidates=fixed if args.candidates else None,
+                  split_shapes=not args.shape_grouped, candidates=fixed if args.candidates else
+                  cli.candidates_from(args.candidates_from, BLOCKSCALE) if args.candidates_from else None,
                   profile_file=args.profile_file, verbose=args.verbose,
                   sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
                                                                json_dir=args.json_dir, bucket_mode=args.buckets),

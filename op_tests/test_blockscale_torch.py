@@ -13,6 +13,7 @@ import torch
 
 import aiter_gemm
 import op_tests.fake_scaled_mm as fake
+from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.blockscale import (
     JSONConfigError,
     TorchBlockwise,
@@ -217,3 +218,32 @@ def test_worker_inputs_lay_out_x_scale_as_asked(layout, strides):
     assert all(s[2].stride() == strides for s in data.sets) and len(data.sets) >= 2
     with pytest.raises(ValueError, match="x_scale_layout 'col'"):
         make_inputs(8, 256, 512, torch.bfloat16, 0, torch.device("cpu"), 1 << 20, "col")
+
+
+# ---- the default: torch's matmul where the H100 sweep found it faster than our Triton default ------------------
+@pytest.mark.parametrize("M,N,K,torch_default", [
+    (1, 8192, 8192, False), (16, 8192, 8192, False), (17, 8192, 8192, True), (4096, 57344, 8192, True),
+    (256, 7168, 2048, False), (257, 7168, 2048, True),  # 14.7M-element weight: Triton up to M = 256
+    (500, 4096, 512, False), (501, 4096, 512, True),  # 2.1M elements: up to M = 500
+])
+def test_torch_blockwise_is_the_default_above_the_measured_crossover(M, N, K, torch_default):
+    from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
+    from aiter_gemm.device import DeviceIdentity
+
+    h100 = DeviceIdentity("sm_90", 132, "cuda", "H100")
+    got = torch_backend.BACKEND.default_for(GemmProblem(M, N, K, False, torch.float8_e4m3fn, torch.bfloat16), h100)
+    assert (got is not None) == torch_default
+    other = DeviceIdentity("sm_100", 148, "cuda", "B200")  # no sweep there: torch's wherever it runs
+    assert torch_backend.BACKEND.default_for(GemmProblem(M, N, K, False, torch.float8_e4m3fn), other) is not None
+
+
+def test_default_dispatch_prefers_torch_blockwise_where_it_claims_and_can_run(clean_runtime, fake_torch):
+    """With torch's matmul available (the fake), an untuned large-M shape defaults to it; small M keeps Triton."""
+    clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
+    clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
+    aiter_gemm.reload_configs()
+    disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
+    ident = aiter_gemm.device.DeviceIdentity("sm_90", 132, "cuda", "H100")
+    big = disp._default(GemmProblem(1024, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
+    small = disp._default(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
+    assert big.solution.libtype == "torch" and small.solution.libtype == "triton"

@@ -190,3 +190,102 @@ def test_import_loads_no_optional_backend():
 def test_unknown_libtype_reports_reason():
     b = backends.get_backend("no_such_lib")
     assert not b.is_available() and "no backend module" in b.unavailable_reason()
+
+
+# ---- checked padded ranges (pad_m_min) ----------------------------------------------------------------------------
+def _rows_with_pad(path, rows: list[tuple[int, int | None]], libtype="rt_fake"):
+    """A tuned file of rows (M, pad_m_min) for N=96 K=80, every one naming ``libtype`` with solidx = M."""
+    import aiter_gemm as ag
+
+    ident = ag.current_device_identity()
+    lines = [BF16_HEADER.strip() + ",pad_m_min\n"]
+    for m, pad in rows:
+        lines.append(f"{ident.gfx},{ident.cu_num},{m},96,80,False,torch.float32,torch.float32,False,False,{libtype},"
+                     f"{m},0,1.0,k{m},{'' if pad is None else pad}\n")
+    path.write_text("".join(lines))
+
+
+@pytest.mark.parametrize(("pad", "M", "matched"), [
+    (993, 1024, "exact"),
+    (993, 1000, "padded_gl0"),  # 1000 pads (gl0) to 1024: inside the checked range 993..1024
+    (993, 777, "default"),  # 777 -> 800 (no row) -> 1024 at gl1: below the checked range, so not used
+    (513, 777, "padded_gl1"),  # checked down to 513: used
+    (None, 777, "padded_gl1"),  # no pad_m_min (an AITER row): AITER's rule, any M that pads to it
+    (None, 1000, "padded_gl0"),
+])
+def test_padded_row_used_only_inside_its_checked_range(clean_runtime, tmp_path, pad, M, matched):
+    path = tmp_path / "t.csv"
+    _rows_with_pad(path, [(1024, pad)])
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
+    backends.register_backend(FakeBackend("rt_fake"))
+    try:
+        aiter_gemm.reload_configs()
+        cfg = aiter_gemm.get_GEMM_A16W16_config(M, 96, 80, False, F32)
+        assert cfg["matched"] == matched
+        assert (cfg["libtype"] == "rt_fake") == (matched != "default")
+        if matched != "default":
+            assert cfg["solidx"] == 1024
+    finally:
+        backends.unregister_backend("rt_fake")
+
+
+def test_pad_m_min_above_m_is_a_config_error(clean_runtime, tmp_path):
+    path = tmp_path / "t.csv"
+    _rows_with_pad(path, [(64, 65)])
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
+    with pytest.raises(aiter_gemm.ConfigError, match=r"t\.csv:2, column 'pad_m_min'"):
+        aiter_gemm.reload_configs()
+
+
+# ---- eager calls on GPUs: launch-heavy choices give way to the cheap default ---------------------------------------
+class _Launchy(FakeBackend):
+    cheap_launch = False
+
+
+@pytest.fixture
+def launchy(clean_runtime):
+    """A launch-heavy fake backend that claims M <= 4 as the default, ahead of torch."""
+    b = _Launchy("launchy", default_max_m=4, priority=10_000)
+    backends.register_backend(b)
+    aiter_gemm.reload_configs()
+    yield b
+    backends.unregister_backend("launchy")
+
+
+H100 = aiter_gemm.device.DeviceIdentity("sm_90", 132, "cuda", "H100")
+
+
+def test_gpu_decision_of_a_launch_heavy_backend_runs_the_cheap_default_when_not_capturing(launchy, monkeypatch):
+    disp = aiter_gemm.get_dispatcher()
+    dec = disp._decide(aiter_gemm.GemmProblem(4, 64, 32, False, F32, F32), H100)
+    assert dec.solution.libtype == "launchy" and dec.eager_solution.libtype == "torch"
+    cfg = dec.as_config()
+    assert (cfg["libtype"], cfg["eager_libtype"]) == ("launchy", "torch")
+    capturing = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    run = dec.call_runner
+    a, b = torch.randn(4, 32), torch.randn(64, 32)
+    run(a, b, None, F32, None, None, None)  # first eager call: also runs the graph runner once (its warm-up)
+    assert launchy.calls == 1
+    run(a, b, None, F32, None, None, None)
+    assert launchy.calls == 1  # eager: the cheap default ran
+    capturing["on"] = True
+    out = run(a, b, None, F32, None, None, None)
+    assert launchy.calls == 2 and out.shape == (4, 64)  # capture: the tuned choice
+
+
+def test_eager_timed_rows_and_cpu_decisions_keep_their_backend(launchy, clean_runtime, tmp_path):
+    disp = aiter_gemm.get_dispatcher()
+    assert disp._decide(aiter_gemm.GemmProblem(4, 64, 32, False, F32, F32),
+                        aiter_gemm.current_device_identity(False)).eager_solution is None  # CPU: no graphs
+    path = tmp_path / "t.csv"
+    path.write_text(BF16_HEADER.strip() + ",timing\n" + bf16_row(8, 64, 32, "launchy", gfx="sm_90", cu_num=132,
+                                                                  solidx=3).strip() + ",eager\n"
+                    + bf16_row(16, 64, 32, "launchy", gfx="sm_90", cu_num=132, solidx=4).strip() + ",graph\n")
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
+    aiter_gemm.reload_configs()
+    disp = aiter_gemm.get_dispatcher()
+    eager_row = disp._decide(aiter_gemm.GemmProblem(8, 64, 32, False, F32, F32), H100)
+    graph_row = disp._decide(aiter_gemm.GemmProblem(16, 64, 32, False, F32, F32), H100)
+    assert eager_row.matched == "exact" and eager_row.eager_solution is None  # timed eagerly: used eagerly
+    assert graph_row.matched == "exact" and graph_row.eager_solution.libtype == "torch"

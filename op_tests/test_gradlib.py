@@ -336,3 +336,99 @@ def test_interleaved_rounds_alternate_the_order():
     got = interleaved({k: (lambda k=k: order.append(k) or float(len(order))) for k in "abc"}, 4)
     assert order == list("abccbaabccba")
     assert got == {"a": [1.0, 6.0, 7.0, 12.0], "b": [2.0, 5.0, 8.0, 11.0], "c": [3.0, 4.0, 9.0, 10.0]}
+
+
+# ---- confirmation of winners (issue 13) ------------------------------------------------------------------------
+def test_pad_probes_are_the_lowest_m_of_each_range_and_the_middle():
+    from gradlib.search import pad_probes
+
+    assert pad_probes(1024, 4096, 4096) == [513, 768, 993]  # gl1 513..1024, gl0 993..1024, middle of the widest
+    assert pad_probes(16, 4096, 4096) == [1, 8, 9]  # gl0 1..16 (pads to 16), gl1 9..16
+    assert pad_probes(32, 4096, 4096) == [17, 24]  # both levels start at 17
+    assert pad_probes(777, 4096, 4096) == []  # nothing pads to 777: exact use only
+    assert pad_probes(1, 4096, 4096) == []
+
+
+def _confirm_drive(search: ShapeSearch, times: dict) -> list:
+    """Drive a search whose full phase makes "tri" solidx 0 the winner, then answer the confirmation with
+    ``times[(M, slot)]`` for slot in winner / default / torch."""
+    from gradlib.tasks import DEFAULT
+
+    def full(task):
+        return [ItemResult(task.task_id, i, True, us=5.0 if s.libtype == "tri" else 9.0, err_ratio=0.0)
+                for i, s in enumerate(task.items)]
+
+    def confirm(task):
+        out = []
+        for i, s in enumerate(task.items):
+            slot = "default" if s == DEFAULT else "winner" if s.libtype == "tri" else "torch"
+            out.append(ItemResult(task.task_id, i, True, us=times[(task.problem.M, slot)], err_ratio=0.0,
+                                  solutions=(Solution("torch", 0, 0, "F.linear"),) if s == DEFAULT else ()))
+        return out
+
+    tasks = []
+    while not search.done:
+        task = search.next_task(len(tasks))
+        tasks.append(task)
+        if task.kind == ENUMERATE:
+            results = _enum(0, 1)(task)
+        elif task.problem.M == search.problem.M and search.phase == "full":
+            results = full(task)
+        else:
+            results = confirm(task)
+        for res in results:
+            search.on_item(res)
+        search.on_task_done(task)
+    return tasks
+
+
+def _times(ms, winner, default, torch_us):
+    return {(m, k): v for m in ms for k, v in (("winner", winner(m)), ("default", default), ("torch", torch_us))}
+
+
+def test_confirmation_keeps_a_winner_that_holds_and_records_its_padding_range():
+    s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
+    tasks = _confirm_drive(s, _times([1024, 513, 768, 993], lambda m: 11.0 if m < 700 else 5.0, 10.0, 10.0))
+    confirm = [t for t in tasks if t.kind == TIME and len(t.items) == 6]
+    assert sorted(t.problem.M for t in confirm) == [513, 768, 993, 1024]  # M and its three padding probes
+    for t in confirm:  # 2 rounds of (winner, default, torch), the second in reverse order
+        assert [s.libtype for s in t.items] == ["tri", "<default>", "torch", "torch", "<default>", "tri"]
+    o = s.outcome
+    assert o.winner.solution.libtype == "tri" and o.winner.us == 5.0
+    assert o.pad_m_min == 768  # held at 993 and 768 (5 us against 10); lost at 513 (11 against 10)
+
+
+def test_confirmation_pad_range_stops_at_the_first_probe_that_loses():
+    s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
+    _confirm_drive(s, _times([1024, 513, 768, 993], lambda m: 12.0 if m == 768 else 5.0, 10.0, 10.0))
+    assert s.outcome.winner.solution.libtype == "tri" and s.outcome.pad_m_min == 993  # 768 lost: 513 untrusted
+
+
+def test_confirmation_replaces_a_winner_that_does_not_hold_by_the_faster_of_default_and_baseline():
+    s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
+    _confirm_drive(s, _times([1024, 513, 768, 993], lambda m: 9.9, 10.0, 10.0))  # 1% faster: noise, not a win
+    o = s.outcome
+    assert o.winner.solution == Solution("torch", 0, 0, "F.linear")  # what the default ran
+    assert o.pad_m_min == 1024 and o.searched.solution.libtype == "tri"  # exact use only; the search's pick kept
+    assert o.probes[0].M == 1024 and not o.probes[0].passed
+
+
+def test_relative_error_twice_the_library_calls_rejects_a_candidate():
+    def full(task):
+        return [ItemResult(task.task_id, i, True, us={"torch": 10.0}.get(s.libtype, 1.0 + s.solidx), err_ratio=0.0,
+                           rel_err=1e-2 if (s.libtype, s.solidx) == ("tri", 0) else 2e-3)
+                for i, s in enumerate(task.items)]
+
+    s = ShapeSearch(0, P, SearchOptions(("tri",)))
+    _drive(s, {ENUMERATE: _enum(0, 2), "full": full})
+    assert s.outcome.winner.solution == Solution("tri", 1)  # solidx 0 is faster but 5x the library call's error
+
+
+def test_worker_resolves_the_default_and_reports_what_it_ran():
+    from gradlib.tasks import DEFAULT, Task, WorkerRuntime
+
+    rt = WorkerRuntime.create()
+    task = Task(0, 0, TIME, GemmProblem(3, 64, 32), (DEFAULT,), TimingConfig(1, 3, 0.0, False, 0.05), check=True)
+    res = rt.run_item(task, 0)
+    assert res.ok and res.solutions == (Solution("torch", 0, 0, "F.linear"),)
+    assert 0 < res.rel_err < 1e-2  # bf16 output against the float32 reference

@@ -92,3 +92,31 @@ def test_warmed_up_shapes_capture_without_io_on_every_backend(tuned_env):
     torch.cuda.synchronize()
     graph, outs = _capture(calls)
     _check(graph, [*xs, xs[0]], outs, w, biases)
+
+
+@pytest.mark.gpu
+def test_rows_of_every_backend_warm_up_eagerly_then_capture_without_io(clean_runtime, tmp_path):
+    """Tuned rows naming skinny, triton (classic and TMA), cuBLASLt and torch: an eager warm-up (whose calls run the
+    cheap-launch choice but also compile the capture-time kernels once), then a capture with no file I/O, correct."""
+    from aiter_gemm.backends import get_backend
+
+    ident = aiter_gemm.current_device_identity(on_gpu=True)
+    rows = [(1, "skinny", 0, "fma_BN8_BK1024_SK1_W4_S1"), (32, "triton", 0, "BM32_BN64_BK128_GM1_SK1_W4_S4"),
+            (128, "triton", 0, "BM128_BN128_BK64_GM8_SK1_W8_S3_TMA"), (64, "torch", 0, "F.linear")]
+    if get_backend("cublaslt").is_available():
+        rows.append((256, "cublaslt", -1, ""))  # cuBLASLt's heuristic #0
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER + "".join(bf16_row(m, N, K, lib, gfx=ident.gfx, cu_num=ident.cu_num,
+                                                    dtype="torch.bfloat16", solidx=idx, kernel=name)
+                                           for m, lib, idx, name in rows))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(tuned))
+    aiter_gemm.reload_configs()
+    got = {m: aiter_gemm.get_GEMM_A16W16_config(m, N, K, False, torch.bfloat16) for m, *_ in rows}
+    assert all(got[m]["matched"] == "exact" and got[m]["libtype"] == lib for m, lib, *_ in rows)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) for m, *_ in rows]
+    calls = lambda: [aiter_gemm.gemm_a16w16(x, w) for x in xs]  # noqa: E731
+    calls()  # warm-up
+    torch.cuda.synchronize()
+    graph, outs = _capture(calls)
+    _check(graph, xs, outs, w, [None] * len(xs))

@@ -34,8 +34,9 @@ from aiter_gemm import jsonconfigs
 from aiter_gemm.backends._triton_common import TritonKernelBackend
 from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit, typical_cu
-from aiter_gemm.kernels.common import INTERPRET
+from aiter_gemm.kernels.common import INTERPRET, tma_usable
 from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, default_config, launch_gemm_a16w16, tma_available
+from aiter_gemm.logs import WarnOnce
 from aiter_gemm.settings import Settings, default_config_dir
 
 log = logging.getLogger(__name__)
@@ -168,11 +169,20 @@ def select_config(problem: GemmProblem, solution: Solution, arch: str) -> GemmCo
     return cfg
 
 
+_TMA_FALLBACK = WarnOnce(log)
+
+
 def make_runner(cfg: GemmConfig, num_sms: int) -> Runner:
-    """A runner launching ``cfg``; per-tensor scales, if a caller passes them, are applied in float32 afterwards."""
+    """A runner launching ``cfg``; per-tensor scales, if a caller passes them, are applied in float32 afterwards. A
+    TMA config whose operands TMA cannot read on a call (a misaligned or strided slice) runs the same tile on the
+    classic kernel: said once per config, as the row's kernelName names the TMA kernel."""
     tma_sms = num_sms if cfg.TMA_PERSISTENT and tma_available() else 0
 
     def run(a, b, bias, otype, scale_a=None, scale_b=None, scale_c=None):
+        if tma_sms and not (tma_usable(a) and tma_usable(b)):
+            _TMA_FALLBACK(cfg.name, "aiter_gemm: triton %s: operands of M=%d N=%d K=%d are not 16-byte aligned with a "
+                          "unit K stride (a strides %s, b strides %s): running the classic kernel with this tile",
+                          cfg.name, a.shape[0], b.shape[0], a.shape[1], tuple(a.stride()), tuple(b.stride()))
         if scale_a is None and scale_b is None and scale_c is None:
             out = torch.empty((a.shape[0], b.shape[0]), dtype=otype, device=a.device)
             return launch_gemm_a16w16(a, b, bias, out, cfg, tma_sms)

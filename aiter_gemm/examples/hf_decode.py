@@ -1,0 +1,783 @@
+"""A Hugging Face causal LM end to end on the tuned dispatch: capture the GEMM shapes it runs, check them against the
+shapes ``gradlib.models`` derives, (tune them,) and time prefill and per-token decode with and without the patch.
+
+    python -m aiter_gemm.examples.hf_decode --config llama3_8b --mode capture --out hf_out     # 1. capture + check
+    gemm-tuner -i hf_out/captured_gemm.csv -o hf_out/tuned_gemm.csv                          # 2. tune
+    python -m aiter_gemm.examples.hf_decode --config llama3_8b --mode measure --out hf_out \\
+        --tuned hf_out/tuned_gemm.csv                                                         # 3. measure
+
+The model is built from a ``config.json`` (a shipped name such as ``llama3_8b``, or a folder holding one) with random
+weights, directly on the device: nothing is downloaded. ``--mode all`` runs capture, then (with ``--tune``) the
+tuner, then the measurement.
+
+Method. The model is patched with :func:`aiter_gemm.nn.patch_linear` ("with") or not ("without"); both run the same
+weights. A decode step is one forward of ``batch x 1`` new token against a static KV cache filled by a prefill of
+``--prompt-len`` tokens; its inputs, position and cache are static and every step first resets the cache's write
+position, so one step can be repeated or captured once in a ``torch.cuda.CUDAGraph`` and replayed any number of
+times. Per configuration (batch, eager/graph, prefill/decode) each arm is timed ``--rounds`` times, the arms
+alternating (without, with, then with, without, ...: ``gradlib.timing.interleaved``) so clock drift biases neither;
+one timing is ``--decode-steps`` steps (``--prefill-steps`` prefills) between two CUDA events. The report gives
+medians and the min/max over rounds, and the per-round ratio; eager decode is host-bound, so only the alternation and
+the medians make small differences meaningful. ``generate()`` is used for capture only (its wall time varies ~10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import inspect
+import json
+import logging
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built from a local config.json: never reach the hub
+
+import torch  # noqa: E402
+
+import aiter_gemm  # noqa: E402
+from aiter_gemm.nn import patch_linear, unpatch_linear  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CAPTURE_FILE = "captured_gemm.csv"
+TUNED_FILE = "tuned_gemm.csv"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# model
+
+
+def resolve_config(spec: str) -> Path:
+    """The folder holding ``config.json``: ``spec`` itself, the folder of a ``config.json`` path, or a shipped model
+    config (``configs/model_configs/<spec>``)."""
+    path = Path(spec)
+    if path.is_file() and path.name == "config.json":
+        return path.parent
+    if (path / "config.json").is_file():
+        return path
+    from aiter_gemm.settings import default_config_dir
+
+    shipped = default_config_dir() / "model_configs" / spec
+    if (shipped / "config.json").is_file():
+        return shipped
+    names = sorted(p.parent.name for p in (default_config_dir() / "model_configs").glob("*/config.json"))
+    raise SystemExit(f"--config {spec}: no config.json there and no shipped model of that name ({', '.join(names)})")
+
+
+def build_model(config_dir: Path, layers: int | None, dtype: torch.dtype, device: torch.device,
+                attn: str) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_config`` with random weights created on ``device`` (no download, no copy)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(config_dir))
+    if layers:
+        cfg.num_hidden_layers = layers
+    kwargs: dict[str, Any] = {"attn_implementation": attn}
+    kwargs["dtype" if _from_config_takes_dtype() else "torch_dtype"] = dtype
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, **kwargs)
+    model.eval().requires_grad_(False)
+    return model
+
+
+def _from_config_takes_dtype() -> bool:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return (major, minor) >= (4, 56)  # `torch_dtype` became `dtype` (the old name warns from 5.0 on)
+
+
+class PatchState:
+    """Which arm the model is in: patched (TunedLinear) or not; switching is a module swap, no copy."""
+
+    def __init__(self, model: torch.nn.Module, include: list[str] | None, exclude: list[str] | None) -> None:
+        self.model, self.include, self.exclude = model, include, exclude
+        self.patched = False
+        self.names: list[str] = []
+
+    def set(self, patched: bool) -> None:
+        if patched and not self.patched:
+            self.names = patch_linear(self.model, self.include, self.exclude)
+            if not self.names:
+                raise SystemExit("patch_linear swapped no module: check --include / --exclude")
+        elif not patched and self.patched:
+            unpatch_linear(self.model)
+        self.patched = patched
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# expected shapes
+
+
+def hf_projections(arch: Any) -> dict[str, tuple[int, int, bool]]:
+    """(N, K, bias) per Hugging Face module name of a Llama-family decoder (q/k/v, gate/up unfused; the vocabulary
+    unpadded), from gradlib's :class:`~gradlib.models.ModelArch` (tp = 1)."""
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    return {"q_proj": (q, arch.hidden, arch.qkv_bias), "k_proj": (kv, arch.hidden, arch.qkv_bias),
+            "v_proj": (kv, arch.hidden, arch.qkv_bias), "o_proj": (arch.hidden, q, arch.o_bias),
+            "gate_proj": (arch.intermediate, arch.hidden, arch.mlp_bias),
+            "up_proj": (arch.intermediate, arch.hidden, arch.mlp_bias),
+            "down_proj": (arch.hidden, arch.intermediate, arch.mlp_bias), "lm_head": (arch.vocab, arch.hidden, False)}
+
+
+Key = tuple[int, int, int, bool, str]  # M, N, K, bias, dtype name
+
+
+def hf_expected(arch: Any, suffixes: set[str], nsets: set[int], head_ms: set[int], dtype: torch.dtype) -> set[Key]:
+    """Every (M, N, K) the patched modules named ``*.<suffix>`` run for these token counts (lm_head: ``head_ms``)."""
+    out: set[Key] = set()
+    for name, (n, k, bias) in hf_projections(arch).items():
+        if name in suffixes:
+            out |= {(m, n, k, bias, str(dtype)) for m in (head_ms if name == "lm_head" else nsets)}
+    return out
+
+
+def gradlib_expected(arch: Any, nsets: set[int], head_ms: set[int], dtype: torch.dtype) -> set[Key]:
+    """What ``gemm-tuner --model_dir`` derives (``gradlib.models.model_problems``, tp = 1) for the same counts."""
+    from gradlib.models import model_problems
+
+    return {(p.M, p.N, p.K, bool(p.bias), str(p.dtype))
+            for p in model_problems(arch, 1, sorted(nsets), sorted(head_ms), dtype=dtype)}
+
+
+def read_untuned(path: Path) -> set[Key]:
+    """The shapes of an untuned CSV as written by capture (M,N,K,bias,dtype,...)."""
+    from aiter_gemm.dtypes import parse_dtype
+
+    with open(path, newline="") as f:
+        return {(int(r["M"]), int(r["N"]), int(r["K"]), r["bias"].strip().lower() in ("true", "1"),
+                 str(parse_dtype(r["dtype"]))) for r in csv.DictReader(f)}
+
+
+def compare(got: set[Key], want: set[Key]) -> dict[str, Any]:
+    return {"match": got == want, "missing": sorted(want - got), "unexpected": sorted(got - want)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runtime environment
+
+
+@contextlib.contextmanager
+def runtime_env(values: dict[str, str | None]) -> Iterator[None]:
+    """Set (``None``: unset) AITER_* variables and reload the runtime; restore both on exit."""
+    old = {k: os.environ.get(k) for k in values}
+
+    def apply(vals: dict[str, str | None]) -> None:
+        for k, v in vals.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    apply(values)
+    aiter_gemm.reload_configs()
+    try:
+        yield
+    finally:
+        apply(old)
+        aiter_gemm.reload_configs()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# capture
+
+
+def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchState, arch: Any,
+                out: Path) -> dict[str, Any]:
+    """Run ``generate()`` per batch size with the model patched and capture on; check the captured file against the
+    calls the patched modules saw and against both shape derivations."""
+    captured = Path(args.capture_file) if args.capture_file else out / CAPTURE_FILE
+    captured.unlink(missing_ok=True)
+    env: dict[str, str | None] = {"AITER_TUNE_GEMM": "1", "AITER_UNTUNED_GEMM_FILE": str(captured),
+                                  "AITER_TUNE_GEMM_FLUSH_S": "3600"}
+    if not args.capture_misses_only:  # capture every shape, not only those the tuned tables miss
+        empty = out / "empty_tuned_gemm.csv"
+        empty.write_text("")
+        env["AITER_CONFIG_GEMM_BF16"] = str(empty)
+    dtype, device = DTYPES[args.dtype], next(model.parameters()).device
+    seen: set[tuple[str, Key]] = set()
+    with runtime_env(env):
+        state.set(True)
+        hooks = []
+        for name in state.names:
+            suffix = name.rsplit(".", 1)[-1]
+
+            def hook(mod: torch.nn.Module, inputs: tuple, suffix: str = suffix) -> None:
+                x = inputs[0]
+                seen.add((suffix, (math.prod(x.shape[:-1]), mod.out_features, mod.in_features,
+                                   mod.bias is not None, str(x.dtype))))
+
+            hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
+        try:
+            with torch.no_grad():
+                for b in args.batch:
+                    ids = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), device=device)
+                    t0 = time.perf_counter()
+                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                                   min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+                    print(f"capture: generate batch {b} x {args.prompt_len} + {args.new_tokens} tokens "
+                          f"{time.perf_counter() - t0:.2f} s")
+        finally:
+            for h in hooks:
+                h.remove()
+            state.set(False)
+        aiter_gemm.get_dispatcher().flush_capture()
+        hits: dict[Key, str] = {}
+        if args.capture_misses_only:  # shapes a tuned row covers are, by design, not captured
+            for _, key in seen:
+                cfg = aiter_gemm.get_GEMM_A16W16_config(key[0], key[1], key[2], key[3], dtype)
+                if cfg["matched"] != "default":
+                    hits[key] = cfg["matched"]
+    got = read_untuned(captured) if captured.exists() else set()
+    ran = {key for _, key in seen}
+    nsets = {key[0] for suffix, key in seen if suffix != "lm_head"}
+    head_ms = {key[0] for suffix, key in seen if suffix == "lm_head"}
+    suffixes = {suffix for suffix, _ in seen}
+    want_nsets = {b * args.prompt_len for b in args.batch} | ({b for b in args.batch} if args.new_tokens > 1 else set())
+    hf = hf_expected(arch, suffixes, want_nsets, set(args.batch), dtype) - set(hits)
+    fused = gradlib_expected(arch, want_nsets, set(args.batch), dtype) - set(hits)
+    result = {
+        "file": str(captured), "rows": len(got), "modules_patched": len(state.names),
+        "token_counts_seen": sorted(nsets), "lm_head_m_seen": sorted(head_ms),
+        "lm_head_m_expected": sorted(args.batch) if "lm_head" in suffixes else [],
+        "covered_by_tuned_rows": [list(k) + [v] for k, v in sorted(hits.items())],
+        "captured_vs_ran": compare(got, ran - set(hits)),
+        "captured_vs_hf_layout": compare(got, hf),
+        "captured_vs_gradlib_models": compare(got, fused),
+    }
+    print_capture(result, arch)
+    (out / "capture_check.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def print_capture(r: dict[str, Any], arch: Any) -> None:
+    from gradlib.models import projections
+
+    names: dict[tuple[int, int], list[str]] = {}
+    for name, (n, k, _) in hf_projections(arch).items():
+        names.setdefault((n, k), []).append(name)
+    for p in projections(arch, 1):  # gradlib's (fused) names
+        names.setdefault((p.N, p.K), []).append(f"{p.name} (gradlib)")
+
+    def label(key: list | tuple) -> str:
+        m, n, k = key[:3]
+        return f"M={m} N={n} K={k}{' bias' if key[3] else ''}: {' / '.join(names.get((n, k), ['?']))}"
+
+    print(f"\ncapture: {r['rows']} shapes in {r['file']} from {r['modules_patched']} patched modules; token counts "
+          f"{r['token_counts_seen']}; lm_head saw M = {r['lm_head_m_seen']} (expected the batch sizes "
+          f"{r['lm_head_m_expected']}: generate() computes logits for the last position only)")
+    for what, title in (("captured_vs_ran", "calls the patched modules saw"),
+                        ("captured_vs_hf_layout", "gradlib.models arch, Hugging Face layout (q/k/v, gate/up unfused)"),
+                        ("captured_vs_gradlib_models", "gradlib.models.model_problems (gemm-tuner --model_dir)")):
+        c = r[what]
+        print(f"  vs {title}: {'MATCH' if c['match'] else 'MISMATCH'}")
+        for tag in ("missing", "unexpected"):
+            for key in c[tag][:12]:
+                print(f"      {tag}: {label(key)}")
+            if len(c[tag]) > 12:
+                print(f"      ... {len(c[tag]) - 12} more {tag}")
+    if not r["captured_vs_gradlib_models"]["match"]:
+        print("  note: gradlib.models derives vLLM's fused qkv_proj and gate_up_proj (and pads the vocabulary to 64);"
+              " a Hugging Face model runs q/k/v and gate/up as separate GEMMs, so tune the captured file, not "
+              "--model_dir, for it (tuned rows of fused shapes never match its calls)")
+
+
+def run_tuner(args: argparse.Namespace, captured: Path, tuned: Path) -> int:
+    cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(captured), "-o", str(tuned),
+           *shlex.split(args.tune_args)]
+    print("tune:", shlex.join(cmd), flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd)
+    print(f"tune: exit status {rc} after {time.perf_counter() - t0:.0f} s")
+    return rc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# replayable steps
+
+
+class StaticSteps:
+    """A static KV cache and the fixed inputs of one prefill and one decode step. Each step first puts the cache's
+    write position back (transformers >= 5 keeps it in per-layer device tensors that every update advances), so a
+    step can be repeated, or captured in a CUDA graph and replayed, any number of times with identical work."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, prompt_len: int, device: torch.device) -> None:
+        from transformers import StaticCache
+
+        self.model, self.batch, self.prompt_len = model, batch, prompt_len
+        max_len = (prompt_len + 1 + 63) // 64 * 64
+        params = inspect.signature(StaticCache.__init__).parameters
+        kw: dict[str, Any] = {"config": model.config, "max_cache_len": max_len}
+        for name, val in (("max_batch_size", batch), ("device", device), ("dtype", model.dtype)):
+            if name in params:  # transformers 4.x sizes the cache up front
+                kw[name] = val
+        self.cache = StaticCache(**kw)
+        vocab = model.config.vocab_size
+        self.prompt = torch.randint(0, vocab, (batch, prompt_len), device=device)
+        self.next_ids = torch.randint(0, vocab, (batch, 1), device=device)
+        self.prefill_pos = torch.arange(prompt_len, device=device).unsqueeze(0).expand(batch, -1)
+        self.decode_pos = torch.full((batch, 1), prompt_len, device=device, dtype=torch.long)
+        fwd = inspect.signature(model.forward).parameters
+        self.extra = {"logits_to_keep": 1} if "logits_to_keep" in fwd else \
+            {"num_logits_to_keep": 1} if "num_logits_to_keep" in fwd else {}
+        self.cache_position = "cache_position" in fwd  # transformers 4.x: the static cache writes there
+        self.counter: torch.Tensor | None = None
+        self._forward(self.prompt, self.prefill_pos)  # lazy cache allocation, then one shared position counter
+        self._share_counters()
+        self._check_replayable()
+
+    def _share_counters(self) -> None:
+        layers = [ly for ly in getattr(self.cache, "layers", ())
+                  if isinstance(getattr(ly, "cumulative_length", None), torch.Tensor)]
+        if layers:
+            c0 = layers[0].cumulative_length
+            self.counter = torch.zeros(len(layers), dtype=c0.dtype, device=c0.device)
+            for i, ly in enumerate(layers):
+                ly.cumulative_length = self.counter[i]  # a view: one fill_ resets every layer
+
+    def _check_replayable(self) -> None:
+        lengths = []
+        for _ in range(2):
+            self.decode()
+            lengths.append(int(self.cache.get_seq_length()))
+        if lengths[0] != lengths[1]:
+            raise RuntimeError(f"this transformers version's StaticCache advances its write position in a way this "
+                               f"script cannot reset (lengths {lengths}); replayed steps would not be identical")
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        kw = dict(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True, **self.extra)
+        if self.cache_position:
+            kw["cache_position"] = pos[0]
+        return self.model(**kw).logits
+
+    def prefill(self) -> torch.Tensor:
+        if self.counter is not None:
+            self.counter.fill_(0)
+        return self._forward(self.prompt, self.prefill_pos)
+
+    def decode(self) -> torch.Tensor:
+        if self.counter is not None:
+            self.counter.fill_(self.prompt_len)
+        return self._forward(self.next_ids, self.decode_pos)
+
+
+def capture_graph(step: Callable[[], torch.Tensor], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Warm ``step`` up on a side stream (dispatch decisions, Triton compilation, cuBLAS workspaces); capture it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def time_steps(fn: Callable[[], object], n: int, cuda: bool) -> float:
+    """Milliseconds per call of ``fn`` over ``n`` back-to-back calls: CUDA events on a GPU, perf_counter on CPU."""
+    if not cuda:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / n
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# measurement
+
+
+ARMS = ("without", "with")  # unpatched F.linear, patched gemm_a16w16
+
+
+def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchState, arch: Any, out: Path,
+                model_name: str) -> dict[str, Any]:
+    from gradlib.timing import interleaved
+
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    modes = [m for m in args.exec if cuda or m == "eager"]
+    if not cuda and "graph" in args.exec:
+        print("measure: no CUDA device: CUDA-graph measurements skipped (eager only)")
+    env: dict[str, str | None] = {"AITER_TUNE_GEMM": None}
+    if args.tuned:  # in front of the configured table (rows merge: on a duplicate key the lowest us wins)
+        from aiter_gemm.settings import default_config_dir
+
+        base = os.environ.get("AITER_CONFIG_GEMM_BF16") or str(default_config_dir() / "bf16_tuned_gemm.csv")
+        env["AITER_CONFIG_GEMM_BF16"] = f"{args.tuned}:{base}"
+    rounds: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    profiles: list[dict[str, Any]] = []
+    with runtime_env(env), torch.no_grad():
+        print(f"measure: AITER_CONFIG_GEMM_BF16={os.environ.get('AITER_CONFIG_GEMM_BF16') or '(shipped default)'}")
+        for b in args.batch:
+            steps = StaticSteps(model, b, args.prompt_len, device)
+            for phase in ("prefill", "decode"):
+                step = steps.prefill if phase == "prefill" else steps.decode
+                n = args.prefill_steps if phase == "prefill" else args.decode_steps
+                # Same inputs and cache for both arms: their outputs must agree (rounding of the kernels aside).
+                outs = {}
+                for arm in ARMS:
+                    state.set(arm == "with")
+                    outs[arm] = step().float()
+                checks.append(agreement(b, phase, outs))
+                for mode in modes:
+                    fns = {}
+                    graphs = []
+                    for arm in ARMS:
+                        state.set(arm == "with")
+                        if mode == "graph":
+                            g, _ = capture_graph(step)
+                            graphs.append(g)
+                            fns[arm] = _graph_timer(g, n)
+                        else:
+                            for _ in range(2):  # warm-up: decisions, compilation
+                                step()
+                            fns[arm] = _eager_timer(state, arm == "with", step, n, cuda)
+                    state.set(False)
+                    t0 = time.perf_counter()
+                    res = interleaved(fns, args.rounds)
+                    for arm, values in res.items():
+                        for r, ms in enumerate(values):
+                            first = ARMS[0] if r % 2 == 0 else ARMS[-1]
+                            rounds.append({"model": model_name, "batch": b, "mode": mode, "phase": phase, "arm": arm,
+                                           "round": r, "measured_first": arm == first, "steps": n, "ms": ms})
+                    print(f"measure: batch {b:>3} {mode:<5} {phase:<7} without {statistics.median(res['without']):9.3f}"
+                          f" ms  with {statistics.median(res['with']):9.3f} ms  ({time.perf_counter() - t0:.1f} s)",
+                          flush=True)
+                    if args.profile and cuda and phase == "decode":
+                        profiles += profile_decode(state, step, graphs, b, mode, out)
+                    del fns, graphs  # the graphs' memory pools go before the next capture
+            del steps
+            if cuda:
+                torch.cuda.empty_cache()
+        decisions = dispatch_decisions(arch, state, args, model.dtype)
+    summary = summarize(rounds, args.prompt_len)
+    return {"rounds": rounds, "summary": summary, "agreement": checks, "profile": profiles, "decisions": decisions,
+            "notes": notes(summary, decisions, args, state.names)}
+
+
+def notes(summary: list[dict[str, Any]], decisions: list[dict[str, Any]], args: argparse.Namespace,
+          patched: list[str]) -> list[str]:
+    """What the numbers are known to contain besides GEMM tuning (each seen on the H100, see the README)."""
+    out = []
+    decode_ms = set(args.batch)
+    triton_decode = [d for d in decisions if d["M"] in decode_ms and d["libtype"] in ("skinny", "triton")]
+    if triton_decode and any(r["mode"] == "eager" and r["phase"] == "decode" for r in summary):
+        out.append(f"eager decode is host-bound; {len(triton_decode)} decode shape(s) dispatch to Triton kernels "
+                   "(skinny/triton), whose Python launcher costs more host time per call than cuBLAS: for eager "
+                   "serving tune with --libtype cublaslt,torch (--tune-args); compare graph rows for kernel time")
+    if any(n.rsplit(".", 1)[-1] == "lm_head" for n in patched) and any(b > 1 for b in args.batch):
+        out.append("prefill, batch > 1: unpatched, HF computes the last position's logits with F.linear on "
+                   "hidden_states[:, -1:, :], a strided 3-D view torch.matmul cannot fold into one GEMM, so it runs a "
+                   "batched GEMM that reads the lm_head weight once per sequence; gemm_a16w16 flattens it into one "
+                   "GEMM. That, not tuning, is most of the prefill gain: --exclude lm_head measures without it")
+    return out
+
+
+def _eager_timer(state: PatchState, patched: bool, step: Callable[[], object], n: int,
+                 cuda: bool) -> Callable[[], float]:
+    def measure() -> float:
+        state.set(patched)
+        return time_steps(step, n, cuda)
+
+    return measure
+
+
+def _graph_timer(graph: torch.cuda.CUDAGraph, n: int) -> Callable[[], float]:
+    return lambda: time_steps(graph.replay, n, True)
+
+
+def agreement(batch: int, phase: str, outs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    ref, got = outs["without"], outs["with"]
+    err = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+    return {"batch": batch, "phase": phase, "max_abs_diff_over_max_abs": err,
+            "argmax_agree": float((got.argmax(-1) == ref.argmax(-1)).float().mean().item())}
+
+
+def dispatch_decisions(arch: Any, state: PatchState, args: argparse.Namespace,
+                       dtype: torch.dtype) -> list[dict[str, Any]]:
+    """What ``gemm_a16w16`` chose for each shape the patched model ran (tuned row or default), on this device."""
+    state.set(True)
+    suffixes = {n.rsplit(".", 1)[-1] for n in state.names}
+    state.set(False)
+    nsets = {b * args.prompt_len for b in args.batch} | set(args.batch)
+    out = []
+    for m, n, k, bias, _ in sorted(hf_expected(arch, suffixes, nsets, set(args.batch), dtype)):
+        cfg = aiter_gemm.get_GEMM_A16W16_config(m, n, k, bias, dtype)
+        out.append({"M": m, "N": n, "K": k, "bias": bias, **{c: cfg.get(c) for c in
+                    ("matched", "libtype", "solidx", "kernelName", "us", "source")}})
+    return out
+
+
+def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, Any]]:
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for r in rounds:
+        groups.setdefault((r["model"], r["batch"], r["mode"], r["phase"]), {}).setdefault(r["arm"], []).append(r["ms"])
+    out = []
+    for (model, b, mode, phase), arms in groups.items():
+        tokens = b * prompt_len if phase == "prefill" else b
+        wo, wi = arms["without"], arms["with"]
+        ratios = [a / c for a, c in zip(wo, wi)]
+        row = {"model": model, "batch": b, "mode": mode, "phase": phase, "rounds": len(wo)}
+        for arm, vals in (("without", wo), ("with", wi)):
+            med = statistics.median(vals)
+            row.update({f"ms_{arm}": med, f"ms_{arm}_min": min(vals), f"ms_{arm}_max": max(vals),
+                        f"tok_s_{arm}": tokens / med * 1e3})
+        row.update(speedup=row["ms_without"] / row["ms_with"], round_ratio_min=min(ratios),
+                   round_ratio_median=statistics.median(ratios), round_ratio_max=max(ratios))
+        out.append(row)
+    return out
+
+
+def markdown(summary: list[dict[str, Any]]) -> str:
+    lines = ["| model | batch | mode | phase | ms without [min-max] | ms with [min-max] | tok/s without | tok/s with "
+             "| speedup (without/with) | per-round ratio [min-max] |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in summary:
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['mode']} | {r['phase']} "
+            f"| {r['ms_without']:.3f} [{r['ms_without_min']:.3f}-{r['ms_without_max']:.3f}] "
+            f"| {r['ms_with']:.3f} [{r['ms_with_min']:.3f}-{r['ms_with_max']:.3f}] "
+            f"| {r['tok_s_without']:.0f} | {r['tok_s_with']:.0f} | {r['speedup']:.3f} "
+            f"| [{r['round_ratio_min']:.3f}-{r['round_ratio_max']:.3f}] |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# profile
+
+
+GEMM_WORDS = ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "skinny", "matmul", "cublas", "_mm_")
+NOT_GEMM_WORDS = ("fmha", "flash", "attention", "softmax", "reduce_kernel", "elementwise")
+
+
+def is_gemm_kernel(name: str) -> bool:
+    low = name.lower()
+    return any(w in low for w in GEMM_WORDS) and not any(w in low for w in NOT_GEMM_WORDS)
+
+
+def kernel_stats(trace: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Per step: GPU busy time, GEMM kernel time and share, and the idle gaps between the first and last kernel
+    (launch gaps: a host-bound step shows them, a replayed graph should not)."""
+    evs = [e for e in trace.get("traceEvents", []) if str(e.get("cat", "")).lower() in
+           ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    if not evs:
+        return {"kernels": 0, "note": "no GPU activity in the trace (kernels inside graphs need CUPTI graph tracing)"}
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in evs)
+    busy, cur_s, cur_e = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = spans[-1][1] - spans[0][0]
+    total = sum(float(e["dur"]) for e in evs)
+    gemm: dict[str, float] = {}
+    for e in evs:
+        if str(e.get("cat", "")).lower() == "kernel" and is_gemm_kernel(str(e.get("name", ""))):
+            gemm[e["name"]] = gemm.get(e["name"], 0.0) + float(e["dur"])
+    other: dict[str, float] = {}
+    for e in evs:
+        if e.get("name") not in gemm:
+            other[e["name"]] = other.get(e["name"], 0.0) + float(e["dur"])
+    gemm_us = sum(gemm.values())
+    top = sorted(gemm.items(), key=lambda kv: -kv[1])[:5]
+    top_other = sorted(other.items(), key=lambda kv: -kv[1])[:5]
+    return {"kernels_per_step": len(evs) / steps, "gpu_busy_us": busy / steps, "span_us": span / steps,
+            "gaps_us": (span - busy) / steps, "kernel_us": total / steps, "gemm_us": gemm_us / steps,
+            "gemm_share": gemm_us / total if total else 0.0,
+            "top_gemm_kernels": [{"name": k[:120], "us_per_step": v / steps} for k, v in top],
+            "top_other_kernels": [{"name": k[:120], "us_per_step": v / steps} for k, v in top_other]}
+
+
+def profile_decode(state: PatchState, step: Callable[[], object], graphs: list, batch: int, mode: str,
+                   out: Path, steps: int = 5) -> list[dict[str, Any]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    res = []
+    for i, arm in enumerate(ARMS):
+        if mode == "graph":
+            fn = graphs[i].replay
+        else:
+            state.set(arm == "with")
+            fn = step
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn()
+            torch.cuda.synchronize()
+        path = out / f"trace_decode_b{batch}_{mode}_{arm}.json"
+        prof.export_chrome_trace(str(path))
+        stats = kernel_stats(json.loads(path.read_text()), steps)
+        res.append({"batch": batch, "mode": mode, "arm": arm, "trace": str(path), **stats})
+        if "gemm_share" in stats:
+            print(f"profile: batch {batch:>3} {mode:<5} {arm:<7}: {stats['kernels_per_step']:.0f} kernels/step, "
+                  f"GPU busy {stats['gpu_busy_us']:.0f} us, GEMMs {stats['gemm_us']:.0f} us "
+                  f"({100 * stats['gemm_share']:.0f}% of kernel time), launch gaps {stats['gaps_us']:.0f} us "
+                  f"of a {stats['span_us']:.0f} us span; top other kernel "
+                  + (f"{stats['top_other_kernels'][0]['name'][:60]} ({stats['top_other_kernels'][0]['us_per_step']:.0f}"
+                     " us)" if stats["top_other_kernels"] else "-"))
+        else:
+            print(f"profile: batch {batch} {mode} {arm}: {stats['note']}")
+    state.set(False)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# main
+
+
+def int_list(text: str) -> list[int]:
+    vals = [int(v) for v in text.split(",") if v.strip()]
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return vals
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="llama3_8b", help="shipped model name (configs/model_configs/<name>), a "
+                    "folder with a config.json, or the config.json itself (default llama3_8b)")
+    ap.add_argument("--layers", type=int, default=None, help="cut num_hidden_layers to this (default: the config's)")
+    ap.add_argument("--batch", type=int_list, default=[1, 8, 32, 64], help="batch sizes (default 1,8,32,64)")
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence (default 128)")
+    ap.add_argument("--new-tokens", type=int, default=4,
+                    help="tokens generate() makes per sequence in capture (default 4)")
+    ap.add_argument("--decode-steps", type=int, default=32,
+                    help="decode steps (graph replays) per timed round (default 32)")
+    ap.add_argument("--prefill-steps", type=int, default=2, help="prefill forwards per timed round (default 2)")
+    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per arm, arms alternating in order (default 6)")
+    ap.add_argument("--mode", choices=("capture", "measure", "all"), default="all",
+                    help="capture the GEMM shapes, measure, or both (default all)")
+    ap.add_argument("--exec", type=lambda s: [m for m in s.split(",") if m], default=["eager", "graph"],
+                    help="execution modes to measure (default eager,graph; graph needs CUDA)")
+    ap.add_argument("--out", default="hf_decode_out", help="output folder (default hf_decode_out)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="model dtype (default bf16)")
+    ap.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
+    ap.add_argument("--attn", default="sdpa", help="attn_implementation of the model (default sdpa)")
+    ap.add_argument("--include", nargs="*", default=None, help="patch only modules matching these globs")
+    ap.add_argument("--exclude", nargs="*", default=None, help="do not patch modules matching these globs "
+                    "(e.g. lm_head)")
+    ap.add_argument("--capture-file", default=None, help=f"captured shapes (default <out>/{CAPTURE_FILE})")
+    ap.add_argument("--capture-misses-only", action="store_true", help="keep the configured tuned tables during "
+                    "capture, so only shapes they miss are captured (default: capture every shape the model runs)")
+    ap.add_argument("--tune", action="store_true", help=f"run gemm-tuner on the captured file into "
+                    f"<out>/{TUNED_FILE} and measure with it (mode all). Slow with every backend: on a fresh H100 "
+                    "it tuned 16 of llama3_8b's 36 shapes in 8 min (Triton compiles); --tune-args "
+                    "'--libtype cublaslt,torch,skinny' tuned 20 in 30 s")
+    ap.add_argument("--tune-args", default="",
+                    help="extra gemm-tuner arguments, e.g. '--libtype cublaslt,torch,skinny'")
+    ap.add_argument("--tuned", default=None, help="tuned CSV(s) (colon list) put in front of AITER_CONFIG_GEMM_BF16 "
+                    "(default: the shipped table) for the measurement")
+    ap.add_argument("--profile", action="store_true", help="profile decode steps (torch.profiler): GEMM share of GPU "
+                    "time and launch gaps, traces in <out>")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
+    args = ap.parse_args(argv)
+    bad = [m for m in args.exec if m not in ("eager", "graph")]
+    if bad:
+        ap.error(f"--exec: unknown modes {bad} (eager, graph)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        import transformers
+    except ImportError:
+        print("hf_decode needs transformers: pip install 'aiter_gemm[hf]' (or pip install transformers)")
+        return 2
+    from gradlib.models import ModelArch
+
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config_dir = resolve_config(args.config)
+    arch = ModelArch.from_config(json.loads((config_dir / "config.json").read_text()), str(config_dir))
+    model_name = config_dir.name + (f"[{args.layers}L]" if args.layers else "")
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    model = build_model(config_dir, args.layers, DTYPES[args.dtype], device, args.attn)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model {model_name}: {type(model).__name__}, {n_params / 1e9:.2f} B parameters, {args.dtype} on {device}, "
+          f"built in {time.perf_counter() - t0:.1f} s (transformers {transformers.__version__}, torch "
+          f"{torch.__version__})", flush=True)
+    state = PatchState(model, args.include, args.exclude)
+    meta = {"model": model_name, "config": str(config_dir), "args": vars(args), "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "transformers": transformers.__version__, "aiter_gemm": aiter_gemm.__version__,
+            "python": platform.python_version(), "parameters": n_params}
+    report: dict[str, Any] = {"meta": meta}
+    rc = 0
+    if args.mode in ("capture", "all"):
+        report["capture"] = cap = run_capture(args, model, state, arch, out)
+        if not (cap["captured_vs_ran"]["match"] and cap["captured_vs_hf_layout"]["match"]):
+            print("capture: the captured shapes differ from what the model ran (see above)")
+            rc = 1
+        if args.tune and args.mode == "all":
+            tuned = out / TUNED_FILE
+            report["tune_exit_status"] = run_tuner(args, Path(cap["file"]), tuned)
+            if args.tuned is None and tuned.exists():
+                args.tuned = str(tuned)
+    if args.mode in ("measure", "all"):
+        t1 = time.perf_counter()
+        res = run_measure(args, model, state, arch, out, model_name)
+        report.update(res)
+        meta["measure_s"] = time.perf_counter() - t1
+        if device.type == "cuda":
+            meta["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        with open(out / "rounds.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(res["rounds"][0]))
+            w.writeheader()
+            w.writerows(res["rounds"])
+        table = markdown(res["summary"])
+        (out / "results.md").write_text(table + "\n")
+        counts: dict[str, int] = {}
+        for d in res["decisions"]:
+            key = f"{d['matched']}:{d['libtype']}"
+            counts[key] = counts.get(key, 0) + 1
+        print(f"\ngemm_a16w16 decisions for the {len(res['decisions'])} shapes run (matched:libtype): "
+              + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
+        worst = max((c["max_abs_diff_over_max_abs"] for c in res["agreement"]), default=0.0)
+        print(f"logits with vs without: max |diff| / max |logits| = {worst:.2e}")
+        print("\n" + table)
+        for note in res["notes"]:
+            print(f"\nnote: {note}")
+    meta["total_s"] = time.perf_counter() - t0
+    written = [f"{CAPTURE_FILE}, capture_check.json"] if "capture" in report else []
+    if "summary" in report:  # a capture-only run leaves an earlier measurement's results alone
+        (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
+        written.append("results.json, rounds.csv, results.md" + (", trace_*.json" if report["profile"] else ""))
+    print(f"\nwrote {', '.join(written)} in {out}/ ({meta['total_s']:.0f} s)")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""``nn.Linear`` through the tuned dispatch: :class:`TunedLinear` and :func:`patch_linear` / :func:`unpatch_linear`.
+
+Use it on a model you already have (a Hugging Face model, say), without editing its code::
+
+    from aiter_gemm.nn import patch_linear, unpatch_linear
+
+    names = patch_linear(model, exclude=["lm_head"])  # swaps the model's nn.Linear modules in place
+    ...                                              # eager, torch.compile(fullgraph=True) or CUDA graphs
+    unpatch_linear(model)                            # the original module objects come back
+
+A swapped module is a :class:`TunedLinear` (a subclass of ``nn.Linear``, so ``isinstance`` checks and state dicts are
+unchanged) holding the very same ``Parameter`` objects as the module it replaces: nothing is copied, and weight
+updates made through either module are seen by both. Its forward is ``aiter_gemm.gemm_a16w16(x, weight, bias)``
+(which goes through the ``aiter_gemm::gemm_a16w16`` custom op when ``torch.compile`` traces it). Calls the tuned
+dispatch does not cover (activation dtype other than the weight's, autocast, operands on different devices, fp8 or
+tensor-subclass weights) run ``F.linear`` instead, with one warning per module and reason on logger ``aiter_gemm``.
+Under ``torch.compile`` the ambient autocast state is not visible to the module (dynamo folds the query to False), so
+compile a patched model in its own dtype rather than under autocast.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiter_gemm import gemm_a16w16
+
+log = logging.getLogger("aiter_gemm")
+
+__all__ = ["TunedLinear", "patch_linear", "unpatch", "unpatch_linear"]
+
+#: ``include`` / ``exclude`` of :func:`patch_linear`: glob pattern(s), or a predicate on (qualified name, module).
+Selector = str | Iterable[str] | Callable[[str, nn.Module], bool] | None
+
+_Tensor = torch.Tensor
+_Parameter = nn.Parameter
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+# Float dtypes gemm_a16w16 takes without scales (fp8 needs them; integer dtypes are not GEMM inputs here).
+_DISPATCH_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64})
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled())
+
+
+def _unsupported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """Why ``gemm_a16w16`` must not run this call (``None``: it can). Only tensor metadata: no sync, graph-safe.
+    The slow path of :meth:`TunedLinear.forward`, which checks the same conditions inline first."""
+    if type(weight) is not _Parameter and type(weight) is not _Tensor:
+        return f"weight is a tensor subclass ({type(weight).__name__}), e.g. a quantized or sharded weight"
+    if type(x) is not _Tensor:
+        return f"input is a tensor subclass ({type(x).__name__})"
+    if _any_autocast():  # first: under autocast, dtypes that differ are normal
+        return "autocast is enabled (F.linear applies its casts)"
+    wdt = weight.dtype
+    if x.dtype != wdt:
+        return f"input dtype {x.dtype} differs from weight dtype {wdt}"
+    if wdt not in _DISPATCH_DTYPES:
+        return f"weight dtype {wdt} is not a 16/32/64-bit float (fp8 needs gemm_a16w16's scales)"
+    if bias is not None and (bias.dtype != wdt or bias.device != weight.device):
+        return f"bias is {bias.dtype} on {bias.device}, weight {wdt} on {weight.device}"
+    if x.device != weight.device:
+        return f"input is on {x.device}, weight on {weight.device}"
+    if not (x.is_cuda or x.is_cpu):
+        return f"device type {x.device.type!r} is not dispatched (cuda and cpu are)"
+    return None
+
+
+class TunedLinear(nn.Linear):
+    """``nn.Linear`` whose forward runs ``aiter_gemm.gemm_a16w16``: same parameters, state-dict keys and results (up
+    to the chosen kernel's rounding), so models and checkpoints need no change. Build one with :meth:`from_linear`."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        # The checks of _unsupported, cheapest form first: this runs per call in host-bound eager decode.
+        if ((type(weight) is _Parameter or type(weight) is _Tensor) and type(input) is _Tensor
+                and input.dtype == weight.dtype and weight.dtype in _DISPATCH_DTYPES
+                and input.device == weight.device and (input.is_cuda or input.is_cpu) and not _any_autocast()
+                and (bias is None or (bias.dtype == weight.dtype and bias.device == weight.device))):
+            reason = None
+        else:
+            reason = _unsupported(input, weight, bias)
+        if reason is None:
+            if _grad_enabled() and (input.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+                # The eager fast path has no autograd (custom kernels); the custom op registers the gradient.
+                return torch.ops.aiter_gemm.gemm_a16w16(input, weight, bias)
+            return gemm_a16w16(input, weight, bias)
+        if not _is_compiling():  # logging inside a traced region would break fullgraph=True
+            self._warn_fallback(reason)
+        return F.linear(input, weight, bias)
+
+    def _warn_fallback(self, reason: str) -> None:
+        warned = self.__dict__.setdefault("_aiter_warned", set())
+        if reason not in warned:
+            warned.add(reason)
+            log.warning("aiter_gemm: %s runs F.linear instead of gemm_a16w16: %s (warned once per module and reason)",
+                        self.__dict__.get("_aiter_name") or f"TunedLinear({self.in_features}, {self.out_features})",
+                        reason)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str | None = None) -> TunedLinear:
+        """A ``TunedLinear`` sharing ``linear``'s Parameter objects, buffers, hooks and attributes (nothing copied);
+        ``linear`` itself is kept (see :func:`unpatch_linear`). ``name`` only labels fallback warnings."""
+        if type(linear) is not nn.Linear:
+            raise TypeError(f"TunedLinear.from_linear: expected exactly nn.Linear, got {type(linear).__qualname__}")
+        new = cls.__new__(cls)
+        state = dict(linear.__dict__)
+        for key, val in state.items():  # own containers (parameter dict, hook dicts, ...) holding the same objects
+            if isinstance(val, (dict, set)):
+                state[key] = type(val)(val)
+        state.pop("_aiter_warned", None)
+        new.__dict__.update(state)
+        # Plain attributes, not submodules: invisible to named_modules(), state_dict() and .to().
+        object.__setattr__(new, "_aiter_original", linear)
+        object.__setattr__(new, "_aiter_name", name)
+        return new
+
+
+def _matcher(selector: Selector, what: str) -> Callable[[str, nn.Module], bool] | None:
+    """``selector`` as a predicate. A pattern matches a qualified name whole or any dotted suffix of it, so
+    ``lm_head`` matches ``lm_head`` and ``base_model.model.lm_head``, ``q_proj`` every q_proj."""
+    if selector is None:
+        return None
+    if callable(selector):
+        return selector
+    patterns = [selector] if isinstance(selector, str) else list(selector)
+    for p in patterns:
+        if not isinstance(p, str):
+            raise TypeError(f"patch_linear: {what} must be glob pattern strings or a callable, got {p!r}")
+
+    def match(name: str, module: nn.Module) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) for p in patterns)
+
+    return match
+
+
+def _children(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module, str, nn.Module]]:
+    """(qualified name, parent, attribute name, child) for every place a module sits, in ``named_modules`` order,
+    a module shared by two parents at both places. The caller may replace the child just yielded."""
+    for cname, child in list(module._modules.items()):
+        if child is not None:
+            yield prefix + cname, module, cname, child
+            yield from _children(child, f"{prefix}{cname}.")
+
+
+def patch_linear(model: nn.Module, include: Selector = None, exclude: Selector = None) -> list[str]:
+    """Replace, in place, every module of ``model`` whose type is exactly ``nn.Linear`` (subclasses such as
+    quantized linears are left alone) by a :class:`TunedLinear` sharing its parameters; return the qualified names
+    swapped. ``include`` / ``exclude``: glob patterns (see :func:`_matcher`) or a ``(name, module) -> bool``
+    predicate; exclude wins. A module reached by two names is swapped once and stays shared."""
+    if type(model) is nn.Linear:
+        raise ValueError("patch_linear: the root module is an nn.Linear and cannot be replaced in place; "
+                         "use TunedLinear.from_linear(module)")
+    inc, exc = _matcher(include, "include"), _matcher(exclude, "exclude")
+    swapped: list[str] = []
+    made: dict[int, TunedLinear] = {}
+    skipped: dict[str, int] = {}
+    for name, parent, attr, child in _children(model):
+        if type(child) is not nn.Linear:
+            if isinstance(child, nn.Linear) and not isinstance(child, TunedLinear):
+                kind = type(child).__qualname__
+                skipped[kind] = skipped.get(kind, 0) + 1
+            continue
+        if (inc is not None and not inc(name, child)) or (exc is not None and exc(name, child)):
+            continue
+        if "forward" in child.__dict__:  # an instance-level forward wrapper (accelerate offload hooks, ...)
+            log.warning("aiter_gemm: patch_linear leaves %s alone: its forward is replaced on the instance", name)
+            continue
+        new = made.get(id(child))
+        if new is None:
+            new = made[id(child)] = TunedLinear.from_linear(child, name)
+        parent._modules[attr] = new
+        swapped.append(name)
+    if skipped:
+        log.info("aiter_gemm: patch_linear left nn.Linear subclasses alone: %s",
+                 ", ".join(f"{k} x{v}" for k, v in sorted(skipped.items())))
+    return swapped
+
+
+def unpatch_linear(model: nn.Module) -> list[str]:
+    """Put back the original modules that :func:`patch_linear` replaced (the identical objects); returns the
+    qualified names restored. If a parameter of a patched module was reassigned meanwhile, the original gets it."""
+    restored: list[str] = []
+    for name, parent, attr, child in _children(model):
+        original = child.__dict__.get("_aiter_original") if isinstance(child, TunedLinear) else None
+        if original is None:
+            continue
+        for store in ("_parameters", "_buffers"):
+            mine, theirs = getattr(child, store), getattr(original, store)
+            if any(theirs.get(k) is not v for k, v in mine.items()):
+                theirs.update(mine)
+        parent._modules[attr] = original
+        restored.append(name)
+    return restored
+
+
+unpatch = unpatch_linear
