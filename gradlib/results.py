@@ -154,9 +154,7 @@ def row_solutions(path: str | os.PathLike, identity: DeviceIdentity, op: str) ->
     """Table key -> the solution its row names, for the rows of ``path`` usable on ``identity`` (re-confirming a
     tuned file's choices: ``--candidates_from``)."""
     spec = op_spec(op)
-    table = load_table(spec.kind, [path])
-    return {row.key: spec.row_solution(row) for row in table
-            if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)}
+    return {row.key: spec.row_solution(row) for row in device_rows(path, identity, op)}
 
 
 class CheckpointWriter:
