@@ -175,11 +175,14 @@ def tune(job: TuneJob, pool: Executor) -> int:
     opts = replace(job.search, chunks=pool.slots) if job.split_shapes else job.search
     roof = roofline(job, ident)
     verdicts: dict[int, Verdict] = {}
-    accept = None
-    if job.run_config is not None or (job.compare is not None and not job.compare.update):
-        accept = lambda o: False  # noqa: E731 - nothing goes to the tuned file
-    elif job.compare is not None:
-        accept = lambda o: verdicts[o.shape_id].write  # noqa: E731
+
+    def accept(o: ShapeOutcome) -> bool:
+        """Which winners become rows of the tuned file: --run_config none, --compare the improved ones (only with
+        --update_improved), else all."""
+        if job.run_config is not None or (job.compare is not None and not job.compare.update):
+            return False
+        return verdicts[o.shape_id].write if job.compare is not None else True
+
     writer = CheckpointWriter(job.tuned_file, ident, job.batch, job.retune, job.profile_file, job.summary_file, roof,
                               spec, sidecar, accept)
     writers = [writer]
