@@ -199,6 +199,12 @@ class SlotExecutor:
     def _pump(self, timeout: float) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _next_deadline(self) -> float:
+        """Seconds until the earliest running item times out (so the wait wakes up for it)."""
+        now = time.monotonic()
+        left = [s.item_started + self.timeout - now for s in self._slots if s.running is not None]
+        return max(0.0, min(left)) + 0.01 if left else 3600.0
+
 
 class ProcessPool(SlotExecutor):
     """``len(devices)`` worker processes; ``devices[i]`` is slot i's CUDA_VISIBLE_DEVICES (None: CPU)."""
