@@ -10,6 +10,7 @@ malformed rows raise :class:`ConfigError` naming the file, line and column. Inpu
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import os
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 
 from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.errors import ConfigError
+from aiter_gemm.fileio import read_text
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +32,35 @@ BF16_TUNED_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS,
                       "libtype", "solidx", "splitK", "us", "kernelName", "err_ratio", "tflops", "bw")
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used as written; names the file, line (1-based, header = 1) and column."""
-
-    def __init__(self, path: str, line: int, column: str | None, message: str) -> None:
-        where = f"{path}:{line}" + (f", column {column!r}" if column else "")
-        super().__init__(f"{where}: {message}")
-        self.path, self.line, self.column = path, line, column
-
-
 def parse_int(text: str) -> int:
     return int(text)
+
+
+def parse_size(text: str) -> int:
+    """A GEMM dimension (M, N, K, B): a positive integer."""
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def parse_time(text: str | None) -> float:
+    """A row's time cell as a float (an absent or empty cell is NaN); ValueError if it is not a number."""
+    text = (text or "").strip()
+    return float(text) if text else math.nan
+
+
+def unusable_time(us: float) -> str | None:
+    """Why a tuned row with this time is not a usable tuned row, or None if it is. AITER's rule: only a finite
+    positive time is a measurement. The one place this is decided: the runtime drops such rows when loading, and the
+    tuner neither counts them as tuned nor keeps them when it has measured the shape (:mod:`gradlib.results`)."""
+    if math.isnan(us):
+        return "empty or NaN"
+    if math.isinf(us):
+        return "infinite"
+    if us <= 0:
+        return "<= 0"
+    return None
 
 
 def parse_bool(text: str) -> bool:
@@ -78,8 +99,8 @@ def _dtype_col(name: str, default: Any = None) -> Column:
     return Column(name, parse_dtype, default)
 
 
-_MNK = (Column("M", parse_int), Column("N", parse_int), Column("K", parse_int))
-_BMNK = (Column("B", parse_int), *_MNK)
+_MNK = (Column("M", parse_size), Column("N", parse_size), Column("K", parse_size))
+_BMNK = (Column("B", parse_size), *_MNK)
 _KERNEL_VALUES = (Column("kernelId", parse_int, -1), Column("splitK", parse_int, 0),
                   Column("kernelName", parse_str, ""))
 
@@ -163,8 +184,10 @@ def parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool
 
 
 def _read(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header (stripped) and non-blank data rows with their 1-based line numbers; errors on a ragged row."""
-    with open(path, newline="") as f:
+    """Header (stripped; a BOM is not part of it) and non-blank data rows with their 1-based line numbers; errors on
+    a ragged row or bytes that are not UTF-8."""
+    text, _ = read_text(path)
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f)
         header: list[str] = []
         rows: list[tuple[int, list[str]]] = []
@@ -199,12 +222,12 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
     for line, rec in data:
         key = tuple(parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
         cu_num = parse_cell(path, line, cu_col, _cell(rec, idx, "cu_num"))
-        us_text = _cell(rec, idx, spec.time_column) or ""
+        us_text = _cell(rec, idx, spec.time_column)
         try:
-            us = float(us_text) if us_text else math.nan
+            us = parse_time(us_text)
         except ValueError:
             raise ConfigError(path, line, spec.time_column, f"bad value {us_text!r}: not a number") from None
-        if not (us > 0) or math.isinf(us):
+        if unusable_time(us) is not None:
             dropped.append(line)
             continue
         values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}

@@ -189,3 +189,49 @@ def row_cu() -> int:
 
 def row_gfx() -> str:
     return aiter_gemm.current_device_identity().gfx
+
+
+# ---- encodings, BOM, non-positive sizes, typed config values (issue 17) ------------------------------------------
+BOM = b"\xef\xbb\xbf"
+
+
+def test_bom_file_loads_with_its_gfx_column(tmp_path, caplog):
+    """Excel's "CSV UTF-8" starts with a BOM: the first column must still be found (M of an untuned list, gfx of
+    a tuned file, which must keep rows to their arch instead of applying them to any)."""
+    untuned = tmp_path / "u.csv"
+    untuned.write_bytes(BOM + b"M,N,K\n4,96,80\n")
+    assert load_untuned(untuned)[0][:3] == (4, 96, 80)
+    tuned = tmp_path / "t.csv"
+    tuned.write_bytes(BOM + (BF16_HEADER + bf16_row(64, 96, 80, gfx="sm_test", cu_num=8)).encode())
+    table = load_table("GEMM_BF16", [str(tuned)])
+    assert table.lookup("sm_test", 8, KEY) is not None
+    assert table.lookup("gfx942", 8, KEY) is None, "a BOM must not turn gfx into an unknown column"
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path):
+    p = tmp_path / "latin1.csv"
+    p.write_bytes((BF16_HEADER + bf16_row(1, 96, 80)).encode() + b"cpu,2,64,96,80,False,torch.float32,"
+                  b"torch.float32,False,False,torch,0,0,1.0,caf\xe9\n")
+    with pytest.raises(ConfigError, match="UTF-8") as info:
+        load_table("GEMM_BF16", [str(p)])
+    assert (info.value.path, info.value.line) == (str(p), 3) and f"{p}:3" in str(info.value)
+    u = tmp_path / "u.csv"
+    u.write_bytes(BOM + b"M,N,K\n\xff4,96,80\n")
+    with pytest.raises(ConfigError, match="UTF-8") as info:
+        load_untuned(u)
+    assert (info.value.path, info.value.line) == (str(u), 2)
+
+
+@pytest.mark.parametrize(("col", "value"), [("M", "-4"), ("M", "0"), ("N", "-96"), ("K", "0")])
+def test_non_positive_sizes_are_errors(tmp_path, col, value):
+    fields = dict(zip(("M", "N", "K"), ("64", "96", "80")))
+    fields[col] = value
+    p = write(tmp_path, "t.csv", BF16_HEADER + bf16_row(*fields.values()))
+    with pytest.raises(ConfigError, match="positive") as info:
+        load_table("GEMM_BF16", [p])
+    assert (info.value.line, info.value.column) == (2, col)
+    u = write(tmp_path, "u.csv", "M,N,K\n" + ",".join(fields.values()) + "\n")
+    with pytest.raises(ConfigError, match="positive") as info:
+        load_untuned(u)
+    assert (info.value.path, info.value.line, info.value.column) == (u, 2, col)
+
