@@ -15,7 +15,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -93,6 +93,8 @@ class TableSpec:
     key: tuple[Column, ...]
     values: tuple[Column, ...] = ()  # typed + validated in tuned files; optional ones get their default
     time_column: str = "us"
+    #: Informational number columns the tuners write: returned as floats (None when empty) in config dicts.
+    numbers: tuple[str, ...] = ("err_ratio", "errRatio", "tflops", "bw")
 
 
 def _dtype_col(name: str, default: Any = None) -> Column:
@@ -144,6 +146,34 @@ class TunedRow:
     fields: Mapping[str, str]
     source: str
     line: int
+    #: Every column, known ones typed as AITER's config dicts have them (bools, ints, floats); dtype names and
+    #: unknown columns as written.
+    typed: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _number(text: str) -> float | str | None:
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def typed_fields(spec: TableSpec, fields: Mapping[str, str], key: tuple, values: Mapping[str, Any], cu_num: int,
+                 us: float) -> dict[str, Any]:
+    """A row's columns for a config dict: the key and value columns as parsed where they are numbers or bools,
+    ``cu_num`` and the time as numbers, :attr:`TableSpec.numbers` as floats, the rest (dtype names, unknown
+    columns) as written."""
+    out: dict[str, Any] = dict(fields)
+    for col, value in (*zip((c.name for c in spec.key), key), *values.items()):
+        if isinstance(value, (bool, int, float)):
+            out[col] = value
+    for name in spec.numbers:
+        if name in out:
+            out[name] = _number(out[name])
+    out["cu_num"], out[spec.time_column] = cu_num, us
+    return out
 
 
 class ConfigTable:
@@ -233,7 +263,8 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
         values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
         fields = {name: rec[i].strip() for name, i in idx.items()}
         yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
-                       MappingProxyType(fields), path, line)
+                       MappingProxyType(fields), path, line,
+                       MappingProxyType(typed_fields(spec, fields, key, values, cu_num, us)))
     if dropped:
         log.warning("%s: dropped %d row(s) whose %r is empty, NaN, infinite or <= 0 (lines %s)",
                     path, len(dropped), spec.time_column, ", ".join(map(str, dropped[:10])) +

@@ -58,8 +58,9 @@ class Decision:
     extra: tuple[tuple[str, Any], ...] = ()  # the op's description of the solution (OpSpec.describe)
 
     def as_config(self) -> dict[str, Any]:
-        """AITER-style config dict: the row's columns (typed where known) plus ``matched`` and ``source``."""
-        cfg: dict[str, Any] = dict(self.row.fields) if self.row is not None else {}
+        """AITER-style config dict: the row's columns (typed where known: bools, ints, floats; unknown columns as
+        written) plus ``matched`` and ``source``."""
+        cfg: dict[str, Any] = dict(self.row.typed) if self.row is not None else {}
         sol = self.solution
         cfg.update(self.extra)
         cfg.update(libtype=sol.libtype, solidx=sol.solidx, splitK=sol.splitK, kernelName=sol.kernelName,

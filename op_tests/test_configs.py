@@ -235,3 +235,17 @@ def test_non_positive_sizes_are_errors(tmp_path, col, value):
         load_untuned(u)
     assert (info.value.path, info.value.line, info.value.column) == (u, 2, col)
 
+
+def test_config_dict_values_are_typed(tmp_path, clean_runtime):
+    """AITER returns numbers and bools, not their text: ``if cfg['bias']`` must be False for a bias-free row."""
+    header = BF16_HEADER.strip() + ",err_ratio,tflops,bw,note\n"
+    p = write(tmp_path, "x.csv", header + bf16_row(64, 96, 80, us=2.5, solidx=3).strip() + ",0.01,1.5,,hi\n")
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", p)
+    aiter_gemm.reload_configs()
+    cfg = aiter_gemm.get_GEMM_A16W16_config(64, 96, 80, False, torch.float32, torch.float32)
+    for name in ("bias", "scaleAB", "bpreshuffle"):
+        assert cfg[name] is False, (name, cfg[name])
+    assert (cfg["M"], cfg["solidx"], cfg["splitK"], cfg["cu_num"]) == (64, 3, 0, row_cu())
+    assert all(type(cfg[c]) is int for c in ("M", "N", "K", "solidx", "splitK", "cu_num"))
+    assert cfg["us"] == 2.5 and cfg["err_ratio"] == 0.01 and cfg["tflops"] == 1.5 and cfg["bw"] is None
+    assert cfg["note"] == "hi" and cfg["libtype"] == "torch" and cfg["kernelName"] == "k"
