@@ -271,8 +271,13 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
                     (" ..." if len(dropped) > 10 else ""))
 
 
-def load_table(kind: str, paths: Sequence[str | os.PathLike]) -> ConfigTable:
-    """Merge the tuned CSVs ``paths`` (earlier paths win ties) into one :class:`ConfigTable` of ``kind``."""
+def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = True) -> ConfigTable:
+    """Merge the tuned CSVs ``paths`` (earlier paths win ties) into one :class:`ConfigTable` of ``kind``.
+
+    ``strict``: a malformed or unreadable file raises (:class:`ConfigError` naming file, line and column), and so does
+    every path missing. Not strict (the runtime's dispatchers): such a file is skipped with a warning saying why and
+    the table holds the other files' rows, possibly none (every shape then runs on the default heuristic), so that
+    neither the process nor the tuner that would regenerate the file dies of it."""
     spec = SPECS[kind]
     merged: dict[tuple, TunedRow] = {}
     found: list[str] = []
@@ -280,14 +285,25 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike]) -> ConfigTable:
         if not os.path.isfile(p):
             log.warning("aiter_gemm: %s config %s not found; skipped", kind, p)
             continue
+        try:
+            rows = list(_parse_tuned_file(spec, p))
+        except (ConfigError, OSError) as exc:
+            if strict:
+                raise
+            log.warning("aiter_gemm: %s config %s cannot be used, skipped (its shapes fall back to the other files' "
+                        "rows or the default heuristic): %s", kind, p, exc)
+            continue
         found.append(p)
-        for row in _parse_tuned_file(spec, p):
+        for row in rows:
             k = (row.gfx, row.cu_num, row.key)
             old = merged.get(k)
             if old is None or row.us < old.us:  # strict: a tie keeps the earlier path / earlier line
                 merged[k] = row
     if not found:
-        raise FileNotFoundError(f"aiter_gemm: no {kind} config file exists among {list(map(str, paths))}")
+        message = f"aiter_gemm: no usable {kind} config file among {list(map(str, paths))}"
+        if strict:
+            raise FileNotFoundError(message)
+        log.warning("%s; every %s shape runs on the default heuristic", message, kind)
     return ConfigTable(spec, merged, found)
 
 

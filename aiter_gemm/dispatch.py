@@ -105,7 +105,8 @@ class Dispatcher:
                                            row_key_of(self.op.table_spec, self.op.untuned_columns),
                                            self.settings.capture_flush_s) if path else None
             # The op's table loads now, not at the first GEMM, so a first GEMM inside CUDA graph capture does no
-            # file I/O (a bad file raises here, naming file, line and column).
+            # file I/O. A config file that cannot be used is skipped with a warning naming file, line and column
+            # (load_table strict=False): `import aiter_gemm`, and so gemm-tuner, must survive a broken one.
             self.table()
             if self.settings.log_tuned_config:
                 ensure_info_handler()
@@ -118,7 +119,7 @@ class Dispatcher:
             with self._lock:
                 table = self._tables.get(kind)
                 if table is None:
-                    table = self._tables[kind] = load_table(kind, self.settings.config_paths[kind])
+                    table = self._tables[kind] = load_table(kind, self.settings.config_paths[kind], strict=False)
         return table
 
     def device(self, on_gpu: bool) -> DeviceIdentity:

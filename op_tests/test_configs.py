@@ -249,3 +249,42 @@ def test_config_dict_values_are_typed(tmp_path, clean_runtime):
     assert all(type(cfg[c]) is int for c in ("M", "N", "K", "solidx", "splitK", "cu_num"))
     assert cfg["us"] == 2.5 and cfg["err_ratio"] == 0.01 and cfg["tflops"] == 1.5 and cfg["bw"] is None
     assert cfg["note"] == "hi" and cfg["libtype"] == "torch" and cfg["kernelName"] == "k"
+
+
+# ---- a broken configured file does not stop the runtime (issue 17) ----------------------------------------------
+@pytest.mark.parametrize("broken", ["missing", "malformed", "latin1"])
+def test_broken_config_file_is_skipped_with_a_warning(tmp_path, clean_runtime, caplog, broken):
+    """The runtime runs on the other files' rows (or the defaults) and says which file it skipped and why; only
+    load_table(strict=True), the validating reader, raises."""
+    bad = tmp_path / "bad.csv"
+    if broken == "malformed":
+        bad.write_text(BF16_HEADER + bf16_row(-3, 96, 80))
+    elif broken == "latin1":
+        bad.write_bytes(BF16_HEADER.encode() + bf16_row(3, 96, 80, kernel="caf\xe9").encode("latin-1"))
+    good = write(tmp_path, "good.csv", BF16_HEADER + bf16_row(64, 96, 80))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", f"{bad}:{good}")
+    with caplog.at_level(logging.WARNING):
+        aiter_gemm.reload_configs()
+    assert str(bad) in caplog.text and ("not found" if broken == "missing" else "cannot be used") in caplog.text
+    assert aiter_gemm.get_GEMM_A16W16_config(64, 96, 80, False, torch.float32)["matched"] == "exact"
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(bad))
+    aiter_gemm.reload_configs()
+    out = aiter_gemm.gemm_a16w16(torch.ones(3, 80), torch.ones(96, 80))
+    assert out.shape == (3, 96)
+    assert aiter_gemm.get_GEMM_A16W16_config(3, 96, 80, False, torch.float32)["matched"] == "default"
+    if broken != "missing":
+        with pytest.raises(ConfigError, match=str(bad)):
+            load_table("GEMM_BF16", [str(bad)])
+
+
+def test_import_survives_a_broken_configured_file(tmp_path):
+    import subprocess
+    import sys
+
+    from op_tests.runtime_helpers import repo_env
+
+    env = repo_env(AITER_CONFIG_GEMM_BF16=str(tmp_path / "typo.csv"))
+    res = subprocess.run([sys.executable, "-c", "import aiter_gemm; print('ok')"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+    assert "typo.csv" in res.stderr and "default heuristic" in res.stderr
