@@ -101,13 +101,17 @@ def merge_csv_rows(
     rows: Iterable[Mapping[str, object]],
     key_cols: Sequence[str] | Callable[[Row], Hashable],
     replace: Callable[[Row, Row], bool] | None = None,
+    timeout: float = 120.0,
+    check_header: Callable[[list[str]], None] | None = None,
 ) -> tuple[int, int]:
     """Merge ``rows`` into the CSV at ``path`` under its lock and write it back atomically.
 
     Rows already in the file are kept (their values and column order untouched; columns only ``header`` has are
     appended; a BOM the file starts with is kept). A new row whose key (``key_cols`` values, stripped, or
     ``key_cols(row)`` when it is a function) is absent is appended; one whose key is present replaces the old row
-    only if ``replace(old, new)`` says so. Returns (appended, replaced).
+    only if ``replace(old, new)`` says so. ``check_header(header)`` may refuse the file as it is under the lock
+    (raise) before anything is written; the lock is waited for up to ``timeout`` seconds (``filelock.Timeout``).
+    Returns (appended, replaced).
     """
     new_rows = [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in rows]
 
@@ -116,8 +120,10 @@ def merge_csv_rows(
             return key_cols(r)
         return tuple(str(r.get(c, "")).strip() for c in key_cols)
 
-    with locked(path):
+    with locked(path, timeout):
         old_header, old_rows, bom = _read_csv(Path(path))
+        if check_header is not None:
+            check_header(old_header)
         out_header = list(old_header) + [c for c in header if c not in old_header]
         index = {key(r): i for i, r in enumerate(old_rows)}
         appended = replaced = 0
