@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from aiter_gemm.backends import known_backends
 from aiter_gemm.backends.base import GemmProblem
-from aiter_gemm.configs import load_table
+from aiter_gemm.configs import SPECS, load_table, parse_time, unusable_time
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows
 from aiter_gemm.op import op_spec
@@ -116,13 +118,37 @@ def summary_row(spec: TuneOp, identity: DeviceIdentity, o: ShapeOutcome, roof: R
     return row
 
 
+def stale_reason(op: str, fields: Mapping[str, str]) -> str | None:
+    """Why a row of a tuned file (its cells as written) is not a usable tuned row of ``op``, or None if it is: its
+    time, by the runtime's rule (:func:`aiter_gemm.configs.unusable_time`), or a libtype no backend of the op has.
+    The tuner retunes such a shape even without ``--all`` and replaces the row with its measurement."""
+    spec = op_spec(op)
+    text = fields.get(SPECS[spec.kind].time_column)
+    try:
+        why = unusable_time(parse_time(text))
+    except ValueError:
+        why = "not a number"
+    if why is not None:
+        return f"us {text!r}: {why}"
+    libtype = (fields.get("libtype") or "").strip()
+    if libtype not in known_backends(spec.backends):
+        return f"unknown libtype {libtype!r}"
+    return None
+
+
 def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> set[tuple]:
-    """Table keys ``path`` already has a usable row for on ``identity`` (a missing file has none). A row from a file
-    without ``gfx`` counts, as it does for the runtime."""
+    """Table keys ``path`` already has a usable row for on ``identity`` (a missing file has none; rows
+    :func:`stale_reason` rejects do not count). A row from a file without ``gfx`` counts, as it does for the
+    runtime."""
     if not os.path.isfile(path):
         return set()
     table = load_table(op_spec(op).kind, [path])
-    return {row.key for row in table if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)}
+    return {row.key for row in table if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)
+            and stale_reason(op, row.fields) is None}
+
+
+def _shape(row: Mapping[str, str]) -> str:
+    return " ".join(f"{c}={row[c]}" for c in ("M", "N", "K", "bias") if c in row)
 
 
 class CheckpointWriter:
@@ -142,13 +168,25 @@ class CheckpointWriter:
         self.spec, self.sidecar = spec, sidecar
         self.tuned_file, self.identity, self.batch = tuned_file, identity, batch
         self.profile_file, self.summary_file, self.roofline = profile_file, summary_file, roofline
-        self._replace = (lambda old, new: True) if replace_existing else None
+        self.replace_existing = replace_existing
+        self._stale: list[tuple[dict[str, str], str]] = []  # rows replaced because they were not usable
+        self.stale_replaced = 0
         self._rows: list[dict[str, str]] = []
         self._profile: list[dict[str, str]] = []
         self._summary: list[dict[str, str]] = []
         self._pending_shapes = 0
         self.written = 0
         self.checkpoints = 0
+
+    def _replace(self, old: dict[str, str], new: dict[str, str]) -> bool:
+        """Whether a row of the file with the key of a new one gives way: always with ``--all``; otherwise only a
+        row that is not usable (:func:`stale_reason`), which is recorded to be reported."""
+        if self.replace_existing:
+            return True
+        why = stale_reason(self.spec.op, old)
+        if why is not None:
+            self._stale.append((old, why))
+        return why is not None
 
     def add(self, outcome: ShapeOutcome) -> None:
         spec = self.spec
@@ -168,12 +206,17 @@ class CheckpointWriter:
         """Merge everything buffered (a no-op when nothing is), then flush the side files."""
         spec = self.spec
         if self._rows:
+            self._stale = []
             added, replaced = merge_csv_rows(self.tuned_file, spec.tuned_columns, self._rows, spec.key_columns,
                                              replace=self._replace)
             kept = len(self._rows) - added - replaced
             if kept:
                 log.warning("%s: %d shape(s) were tuned meanwhile by another writer; their rows were kept",
                             self.tuned_file, kept)
+            if self._stale:
+                self.stale_replaced += len(self._stale)
+                log.warning("%s: replaced %d row(s) that were not usable as tuned rows: %s", self.tuned_file,
+                            len(self._stale), "; ".join(f"{_shape(old)} ({why})" for old, why in self._stale))
             self.written += added + replaced
             log.info("checkpoint: %d row(s) added, %d replaced in %s", added, replaced, self.tuned_file)
         if self._profile and self.profile_file is not None:
