@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import ConfigError
 from aiter_gemm.device import DeviceIdentity
-from gradlib.cli import EXIT_USAGE, exit_status, start_executor
+from gradlib.cli import EXIT_USAGE, Terminated, exit_status, sigterm_as_interrupt, start_executor
 from gradlib.pool import Executor, PoolError
+from gradlib.progress import Progress
 from gradlib.results import CheckpointWriter, Roofline, roofline_for, tuned_keys
 from gradlib.search import SearchOptions, ShapeOutcome, ShapeSearch, run_searches
 from gradlib.tune_ops import Sidecar, TuneOp
@@ -93,28 +94,30 @@ def _top(o: ShapeOutcome, n: int = 5) -> str:
     return f"M={p.M} N={p.N} K={p.K} bias={p.bias}: top {len(rows)}\n" + "\n".join(rows)
 
 
-def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, writer: CheckpointWriter
-          ) -> tuple[bool, PoolError | None]:
-    """Run the searches to the end, or until Ctrl-C or a pool failure; the checkpoint is written and the pool
-    closed either way. Returns (interrupted, pool error)."""
+def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, writer: CheckpointWriter,
+          on_tick=None) -> tuple[KeyboardInterrupt | None, PoolError | None]:
+    """Run the searches to the end, or until Ctrl-C / SIGTERM or a pool failure; the checkpoint is written and the
+    pool closed either way. Returns (the interruption, if any; pool error)."""
     try:
-        run_searches(pool, searches, on_outcome, on_item)
-    except KeyboardInterrupt:
-        return True, None
+        run_searches(pool, searches, on_outcome, on_item, on_tick)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as cli.Terminated
+        return exc, None
     except PoolError as exc:
-        return False, exc
+        return None, exc
     finally:
         writer.flush()
         pool.close()
-    return False, None
+    return None, None
 
 
 def tune(job: TuneJob, pool: Executor) -> int:
     """Run ``job`` on ``pool`` (any :class:`~gradlib.pool.Executor`: the process pool, Ray actors); the exit
-    status of :func:`gradlib.cli.exit_status`."""
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
+    status of :func:`gradlib.cli.exit_status`. SIGTERM is handled as Ctrl-C is: what finished is saved."""
+    with sigterm_as_interrupt():
+        return _tune(job, pool)
 
+
+def _tune(job: TuneJob, pool: Executor) -> int:
     t0 = time.monotonic()
     failed = start_executor(pool, job.prog)
     if failed is not None:
@@ -145,45 +148,33 @@ def tune(job: TuneJob, pool: Executor) -> int:
                               spec, sidecar)
     outcomes: list[ShapeOutcome] = []
     searches = []
-    for i, p in enumerate(todo):
-        fixed = job.candidates(p) if job.candidates is not None else None
-        if fixed is not None and not fixed:  # nothing can run it: a failed shape without work
-            log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
-            outcome = ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0)
-            outcomes.append(outcome)
-            writer.add(outcome)
-            continue
-        searches.append(ShapeSearch(i, p, opts, fixed))
-    log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
-             ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(job.problems), skipped)
+    progress = Progress(len(todo), describe)
     counts = {"items": 0, "failed_items": 0}
-    with logging_redirect_tqdm(), \
-            tqdm(total=len(todo), desc="shapes", unit="shape", position=0, disable=None) as shape_bar, \
-            tqdm(total=0, desc="candidates", unit="cand", position=1, leave=False, disable=None) as cand_bar:
-        items_of: dict[int, int] = {}  # items done per shape
-        current = {"shape": -1}
-        shape_bar.update(len(outcomes))
 
-        def on_item(search: ShapeSearch, res) -> None:
-            counts["items"] += 1
-            counts["failed_items"] += not res.ok
-            done_here = items_of[search.shape_id] = items_of.get(search.shape_id, 0) + 1
-            if current["shape"] != search.shape_id:  # the bar follows the shape last heard of
-                current["shape"] = search.shape_id
-                p = search.problem
-                cand_bar.set_description(f"M={p.M} N={p.N} K={p.K}{' bias' if p.bias else ''}", refresh=False)
-            cand_bar.total = search.planned
-            cand_bar.n = done_here
-            cand_bar.refresh()
+    def on_item(search: ShapeSearch, res) -> None:
+        counts["items"] += 1
+        counts["failed_items"] += not res.ok
+        progress.item(search, res)
 
-        def on_outcome(o: ShapeOutcome) -> None:
-            outcomes.append(o)
-            writer.add(o)
-            shape_bar.update(1)
-            if job.verbose:
-                tqdm.write(_top(o))
+    def on_outcome(o: ShapeOutcome) -> None:
+        outcomes.append(o)
+        writer.add(o)
+        progress.shape(o)
+        if job.verbose:
+            progress.write(_top(o))
 
-        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, writer)
+    with progress:
+        for i, p in enumerate(todo):
+            fixed = job.candidates(p) if job.candidates is not None else None
+            if fixed is not None and not fixed:  # nothing can run it: a failed shape without work
+                log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
+                on_outcome(ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0))
+                continue
+            searches.append(ShapeSearch(i, p, opts, fixed))
+        log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
+                 ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(job.problems),
+                 skipped)
+        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, writer, progress.tick)
     if outcomes:
         print(format_table(spec, outcomes, roof))
     tuned = sum(o.tuned for o in outcomes)
@@ -193,7 +184,13 @@ def tune(job: TuneJob, pool: Executor) -> int:
           + (f", {unfinished} not finished" if unfinished else "")
           + f"; {counts['items']} candidates run ({counts['failed_items']} failed), {pool.restarts} worker "
           f"restart(s); {pool.slots} worker(s) on {ident.gfx}/{ident.cu_num}; wall {time.monotonic() - t0:.1f} s; "
-          f"rows written to {job.tuned_file}" + (f", all candidates in {job.profile_file}" if job.profile_file
-                                                 else "")
+          f"{writer.written} row(s) written to {job.tuned_file}"
+          + (f" ({writer.stale_replaced} unusable row(s) replaced)" if writer.stale_replaced else "")
+          + (f", all candidates in {job.profile_file}" if job.profile_file else "")
           + (sidecar.summary() if sidecar is not None else ""))
+    if interrupted is not None:
+        name = "SIGTERM" if isinstance(interrupted, Terminated) else "SIGINT"
+        print(f"{job.prog}: interrupted ({name}): the {len(outcomes)} shape(s) that finished are saved "
+              f"({writer.written} row(s) in {job.tuned_file}); rerun the same command to tune the rest",
+              file=sys.stderr)
     return exit_status(job.prog, pool_error, interrupted, failed)

@@ -378,3 +378,19 @@ def test_checkpoint_into_bom_file_keeps_its_header(tmp_path):
     assert [r["M"] for r in read_csv_rows(path)[1]] == ["6", "1"]
     assert tuned_problems(path, CPU) == {GemmProblem(m, 8, 16) for m in (1, 6)}
 
+
+def test_progress_lines_off_a_terminal():
+    """Off a terminal tqdm draws nothing: a line per finished shape, and a line while shapes run long."""
+    import io
+
+    from gradlib.driver import describe
+    from gradlib.progress import Progress
+
+    stream = io.StringIO()
+    search = ShapeSearch(0, P, SearchOptions(("tri",)))
+    with Progress(2, describe, stream=stream, tty=False, heartbeat_s=0.0) as progress:
+        progress.tick([search])
+        progress.shape(_outcome(GemmProblem(4, 8, 16, True), 2.5))
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[gradlib] 0/2 shapes done") and "running M=17 N=96 K=64" in lines[0]
+    assert lines[1].startswith("[gradlib] shape 1/2 M=4 N=8 K=16 bias: tri[0,0]") and "2.500 us" in lines[1]
