@@ -99,8 +99,9 @@ def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otyp
     with the tensor's shape and dtype)."""
     for name, t in (("A", A), ("B", B), ("bias", bias), ("scale_a", scale_a), ("scale_b", scale_b),
                     ("scale_c", scale_c)):
-        if not isinstance(t, torch.Tensor) and (t is not None or name in "AB"):
-            raise TypeError(f"gemm_a16w16: {name} must be a torch.Tensor{'' if name in 'AB' else ' or None'}, got "
+        required = name in ("A", "B")
+        if not isinstance(t, torch.Tensor) and (t is not None or required):
+            raise TypeError(f"gemm_a16w16: {name} must be a torch.Tensor{'' if required else ' or None'}, got "
                             f"{type(t).__name__}")
     if A.dim() < 1 or B.dim() != 2:
         raise ValueError(f"gemm_a16w16: A must be (..., K) and B (N, K); got A {tuple(A.shape)} {A.dtype}, "

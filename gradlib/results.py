@@ -118,10 +118,11 @@ def summary_row(spec: TuneOp, identity: DeviceIdentity, o: ShapeOutcome, roof: R
     return row
 
 
-def stale_reason(op: str, fields: Mapping[str, str]) -> str | None:
+def stale_reason(op: str, fields: Mapping[str, str], known: frozenset[str] | None = None) -> str | None:
     """Why a row of a tuned file (its cells as written) is not a usable tuned row of ``op``, or None if it is: its
-    time, by the runtime's rule (:func:`aiter_gemm.configs.unusable_time`), or a libtype no backend of the op has.
-    The tuner retunes such a shape even without ``--all`` and replaces the row with its measurement."""
+    time, by the runtime's rule (:func:`aiter_gemm.configs.unusable_time`), or a libtype no backend of the op has
+    (``known``: the op's libtypes, listed once by the caller for many rows). The tuner retunes such a shape even
+    without ``--all`` and replaces the row with its measurement."""
     spec = op_spec(op)
     text = fields.get(SPECS[spec.kind].time_column)
     try:
@@ -131,9 +132,14 @@ def stale_reason(op: str, fields: Mapping[str, str]) -> str | None:
     if why is not None:
         return f"us {text!r}: {why}"
     libtype = (fields.get("libtype") or "").strip()
-    if libtype not in known_backends(spec.backends):
+    if libtype not in (known if known is not None else known_libtypes(op)):
         return f"unknown libtype {libtype!r}"
     return None
+
+
+def known_libtypes(op: str) -> frozenset[str]:
+    """Every libtype of ``op``'s backends here (modules and registrations: plugins must be imported first)."""
+    return frozenset(known_backends(op_spec(op).backends))
 
 
 def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> set[tuple]:
@@ -143,8 +149,9 @@ def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> se
     if not os.path.isfile(path):
         return set()
     table = load_table(op_spec(op).kind, [path])
+    known = known_libtypes(op)
     return {row.key for row in table if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)
-            and stale_reason(op, row.fields) is None}
+            and stale_reason(op, row.fields, known) is None}
 
 
 def _shape(row: Mapping[str, str]) -> str:
@@ -171,6 +178,7 @@ class CheckpointWriter:
         self.replace_existing = replace_existing
         self._stale: list[tuple[dict[str, str], str]] = []  # rows replaced because they were not usable
         self.stale_replaced = 0
+        self._known: frozenset[str] | None = None  # the op's libtypes, listed at the first comparison
         self._rows: list[dict[str, str]] = []
         self._profile: list[dict[str, str]] = []
         self._summary: list[dict[str, str]] = []
@@ -183,7 +191,9 @@ class CheckpointWriter:
         row that is not usable (:func:`stale_reason`), which is recorded to be reported."""
         if self.replace_existing:
             return True
-        why = stale_reason(self.spec.op, old)
+        if self._known is None:
+            self._known = known_libtypes(self.spec.op)
+        why = stale_reason(self.spec.op, old, self._known)
         if why is not None:
             self._stale.append((old, why))
         return why is not None
