@@ -3,25 +3,38 @@
 A shape is recorded when its decision is made, which happens once per distinct key, so the per-GEMM cost is zero.
 Pending shapes are flushed by a timer (``AITER_TUNE_GEMM_FLUSH_S`` after the first unflushed one) and at exit, under
 a file lock, merged with the rows already in the file (kept as they are) and written by atomic rename, so
-tensor-parallel ranks can share one file. The file is never inside the package. One recorder per op: the op says
-which columns its untuned file has (:class:`~aiter_gemm.op.OpSpec`).
+tensor-parallel ranks can share one file. The file is never inside the package, and never a tuned config (a file with
+tuned columns such as ``libtype`` or ``us`` is refused, at reload and at every write). One recorder per op: the op
+says which columns its untuned file has (:class:`~aiter_gemm.op.OpSpec`).
+
+Nothing recorded is lost without a word: a shape leaves the pending list only once it is in the file, so the exit
+flush sees every shape a timer flush has not finished writing; the exit flush waits for the lock (another rank may
+hold it) up to ``exit_wait_s``, and shapes it still cannot write are listed in an error message and saved to
+``<file>.<pid>.pending.csv`` beside the file (or in the temp folder).
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
+import tempfile
 import threading
+import time
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from pathlib import Path
 
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import ConfigError, TableSpec, typed_key
-from aiter_gemm.fileio import merge_csv_rows
+from aiter_gemm.fileio import merge_csv_rows, read_csv_rows, render_csv
+from aiter_gemm.logs import WarnOnce
 from aiter_gemm.settings import package_dirs
 
 log = logging.getLogger(__name__)
+
+EXIT_WAIT_S = 60.0  # how long the exit flush waits for the file (another rank writing) before saving elsewhere
+FLUSH_WAIT_S = 30.0  # how long a timer flush waits for the file lock before trying again later
 
 
 def row_key_of(spec: TableSpec, columns: Sequence[str]) -> Callable[[dict[str, str]], Hashable]:
@@ -37,11 +50,25 @@ def row_key_of(spec: TableSpec, columns: Sequence[str]) -> Callable[[dict[str, s
     return key
 
 
+def tuned_columns_of(spec: TableSpec) -> frozenset[str]:
+    """Columns only a tuned file of ``spec`` has: a capture target with one of them is a tuned config."""
+    return frozenset({spec.time_column, "cu_num", "libtype", *(c.name for c in spec.values)})
+
+
+def refuse_tuned_header(path: str, header: Sequence[str], tuned_columns: Collection[str]) -> None:
+    """ConfigError if ``header`` is a tuned file's: appending untuned rows would make it unloadable."""
+    found = [h.strip() for h in header if h.strip() in tuned_columns]
+    if found:
+        raise ConfigError(path, 1, found[0], f"is a tuned config file (columns {found}); captured shapes go to an "
+                          "untuned CSV: point AITER_UNTUNED_GEMM_FILE at another file (the tuner's -i input)")
+
+
 class ShapeRecorder:
     """Collects distinct untuned shapes of this process and merges them into ``path``."""
 
     def __init__(self, path: str, columns: Sequence[str], row_of: Callable[[GemmProblem], dict[str, str]],
-                 key_of: Callable[[dict[str, str]], Hashable], flush_s: float = 30.0) -> None:
+                 key_of: Callable[[dict[str, str]], Hashable], flush_s: float = 30.0,
+                 tuned_columns: Collection[str] = (), exit_wait_s: float = EXIT_WAIT_S) -> None:
         resolved = Path(path).resolve()
         for pkg in package_dirs():
             if resolved == pkg or pkg in resolved.parents:
@@ -50,49 +77,113 @@ class ShapeRecorder:
                                  "directory")
         self.path = str(resolved)
         self.columns, self._row_of, self._key_of = tuple(columns), row_of, key_of
-        self.flush_s = flush_s
+        self.flush_s, self.exit_wait_s = flush_s, exit_wait_s
+        self._tuned_columns = frozenset(tuned_columns)
+        self._check_header(read_csv_rows(self.path)[0])  # refuse a tuned file now, not at the first write
         self._seen: set[GemmProblem] = set()
-        self._pending: list[GemmProblem] = []
-        self._lock = threading.Lock()
+        self._pending: list[GemmProblem] = []  # recorded, not yet in the file: only a finished write removes them
+        self._lock = threading.Lock()  # guards _seen, _pending, _timer, _closed
+        self._flushing = threading.Lock()  # one flush at a time (a timer flush, the exit flush, close)
         self._timer: threading.Timer | None = None
         self._closed = False
+        self._warn = WarnOnce(log)
         ref = weakref.ref(self)
-        atexit.register(lambda: (r := ref()) is not None and r.flush())
+        atexit.register(lambda: (r := ref()) is not None and r.flush(final=True))
+
+    def _check_header(self, header: Sequence[str]) -> None:
+        refuse_tuned_header(self.path, header, self._tuned_columns)
 
     def record(self, problem: GemmProblem) -> None:
-        """Remember a shape (once); schedule a flush if none is pending."""
+        """Remember a shape (once); schedule a flush if none is pending. Empty GEMMs are not shapes to tune."""
+        if problem.M < 1 or problem.N < 1 or problem.K < 1:
+            return
         with self._lock:
             if problem in self._seen or self._closed:
                 return
             self._seen.add(problem)
             self._pending.append(problem)
-            if self._timer is None:
-                self._timer = threading.Timer(self.flush_s, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
+            self._schedule()
 
-    def flush(self) -> int:
+    def _schedule(self) -> None:
+        """Start the flush timer unless one is pending (call with ``_lock`` held)."""
+        if self._timer is None and not self._closed:
+            self._timer = threading.Timer(self.flush_s, self.flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def flush(self, final: bool = False) -> int:
         """Merge pending shapes into the file; returns how many rows were added. Failures are logged, not raised
-        (this runs at exit and on a timer thread), and the shapes stay pending for the next flush."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        if not pending:
+        (this runs at exit and on a timer thread). A timer flush that fails keeps the shapes and tries again later;
+        a ``final`` one (exit, reload) waits up to ``exit_wait_s`` for the file, then saves what it could not write
+        beside it and says so."""
+        deadline = time.monotonic() + (self.exit_wait_s if final else FLUSH_WAIT_S)
+        if not self._flushing.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if final:  # a timer flush is stuck on the file: these shapes are still pending, save them
+                self._give_up(self._snapshot(), TimeoutError(f"the file stayed locked for {self.exit_wait_s:g} s"))
             return 0
         try:
-            added, _ = merge_csv_rows(self.path, self.columns, [self._row_of(p) for p in pending], self._key_of)
-        except Exception:
-            log.exception("aiter_gemm: could not write captured shapes to %s; will retry", self.path)
             with self._lock:
-                self._pending[:0] = pending
-            return 0
-        log.info("aiter_gemm: captured %d new untuned shape(s) into %s", added, self.path)
-        return added
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                if self._closed and not final:
+                    return 0
+            batch = self._snapshot()
+            if not batch:
+                return 0
+            try:
+                added, _ = merge_csv_rows(self.path, self.columns, [self._row_of(p) for p in batch], self._key_of,
+                                          timeout=max(0.0, deadline - time.monotonic()),
+                                          check_header=self._check_header)
+            except Exception as exc:  # noqa: BLE001 - a lock timeout, a tuned file, a full disk: never raised here
+                if final:
+                    self._give_up(batch, exc)
+                else:
+                    self._warn(("flush", str(exc)), "aiter_gemm: could not write %d captured shape(s) to %s (%s); "
+                               "keeping them: next try in %g s and at exit", len(batch), self.path, exc, self.flush_s)
+                    with self._lock:
+                        self._schedule()
+                return 0
+            self._forget(batch)
+            log.info("aiter_gemm: captured %d new untuned shape(s) into %s", added, self.path)
+            return added
+        finally:
+            self._flushing.release()
+
+    def _snapshot(self) -> list[GemmProblem]:
+        with self._lock:
+            return list(self._pending)
+
+    def _forget(self, written: Collection[GemmProblem]) -> None:
+        done = set(written)
+        with self._lock:
+            self._pending = [p for p in self._pending if p not in done]
+
+    def _give_up(self, batch: list[GemmProblem], exc: BaseException) -> None:
+        """The last chance for ``batch``: save it in ``<file>.<pid>.pending.csv`` (beside the file, else in the
+        temp folder) and log an error listing the shapes and where they are."""
+        if not batch:
+            return
+        rows = [self._row_of(p) for p in batch]
+        text = render_csv(self.columns, rows)
+        name = f"{Path(self.path).name}.{os.getpid()}.pending.csv"
+        saved, errors = None, []
+        for folder in (Path(self.path).parent, Path(tempfile.gettempdir())):
+            try:
+                merge_csv_rows(folder / name, self.columns, rows, self._key_of, timeout=5.0)
+            except Exception as err:  # noqa: BLE001 - try the next place
+                errors.append(f"{folder / name}: {err}")
+                continue
+            saved = folder / name
+            break
+        where = (f"saved them to {saved} (merge it into the file, or tune it: gemm-tuner -i {saved})" if saved
+                 else f"could not save them elsewhere either ({'; '.join(errors)})")
+        log.error("aiter_gemm: could not write %d captured shape(s) to %s (%s); %s. The shapes:\n%s", len(batch),
+                  self.path, exc, where, text.rstrip("\n"))
+        self._forget(batch)
 
     def close(self) -> None:
-        """Flush and stop recording (on reload)."""
-        self.flush()
+        """Flush (waiting for the file as at exit) and stop recording (on reload)."""
+        self.flush(final=True)
         with self._lock:
             self._closed = True

@@ -11,17 +11,20 @@ empty or header-only file is valid; unknown columns are kept; a file without ``g
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.errors import ConfigError
+from aiter_gemm.fileio import read_text
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +38,35 @@ BF16_TUNED_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS,
 TIMING_MODES = ("graph", "eager")
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used as written; names the file, line (1-based, header = 1) and column."""
-
-    def __init__(self, path: str, line: int, column: str | None, message: str) -> None:
-        where = f"{path}:{line}" + (f", column {column!r}" if column else "")
-        super().__init__(f"{where}: {message}")
-        self.path, self.line, self.column = path, line, column
-
-
 def parse_int(text: str) -> int:
     return int(text)
+
+
+def parse_size(text: str) -> int:
+    """A GEMM dimension (M, N, K, B): a positive integer."""
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def parse_time(text: str | None) -> float:
+    """A row's time cell as a float (an absent or empty cell is NaN); ValueError if it is not a number."""
+    text = (text or "").strip()
+    return float(text) if text else math.nan
+
+
+def unusable_time(us: float) -> str | None:
+    """Why a row with this time is not a measurement, or None if it is: only a finite positive time is. The tuner
+    neither counts such rows as tuned nor keeps them once it has measured the shape (:mod:`gradlib.results`); the
+    runtime loads ``us = 0`` rows as hand-set and drops the rest (:func:`merge_rank`)."""
+    if math.isnan(us):
+        return "empty or NaN"
+    if math.isinf(us):
+        return "infinite"
+    if us <= 0:
+        return "<= 0"
+    return None
 
 
 def parse_bool(text: str) -> bool:
@@ -59,13 +80,6 @@ def parse_bool(text: str) -> bool:
 
 def parse_str(text: str) -> str:
     return text
-
-
-def parse_positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be >= 1")
-    return value
 
 
 def parse_timing(text: str) -> str:
@@ -93,15 +107,17 @@ class TableSpec:
     key: tuple[Column, ...]
     values: tuple[Column, ...] = ()  # typed + validated in tuned files; optional ones get their default
     time_column: str = "us"
+    #: Informational number columns the tuners write: returned as floats (None when empty) in config dicts.
+    numbers: tuple[str, ...] = ("err_ratio", "errRatio", "tflops", "bw")
 
 
 def _dtype_col(name: str, default: Any = None) -> Column:
     return Column(name, parse_dtype, default)
 
 
-_MNK = (Column("M", parse_int), Column("N", parse_int), Column("K", parse_int))
-_BMNK = (Column("B", parse_int), *_MNK)
-_EXTRA_VALUES = (Column("pad_m_min", parse_positive_int, optional=True),
+_MNK = (Column("M", parse_size), Column("N", parse_size), Column("K", parse_size))
+_BMNK = (Column("B", parse_size), *_MNK)
+_EXTRA_VALUES = (Column("pad_m_min", parse_size, optional=True),
                  Column("timing", parse_timing, optional=True))
 _KERNEL_VALUES = (Column("kernelId", parse_int, -1), Column("splitK", parse_int, 0),
                   Column("kernelName", parse_str, ""), *_EXTRA_VALUES)
@@ -138,9 +154,9 @@ def merge_rank(us: float) -> float | None:
     """The one rule for a row's time: None if the row is unusable (negative, NaN or infinite ``us``: dropped with a
     warning), else its rank in a merge, lower wins. A positive ``us`` ranks by itself; ``us = 0`` marks a hand-set
     row (AITER's gfx1250 Triton rows), kept but ranked after every timed row (AITER lets 0 win every merge)."""
-    if math.isnan(us) or math.isinf(us) or us < 0:
-        return None
-    return us if us > 0 else math.inf
+    if us == 0:
+        return math.inf
+    return None if unusable_time(us) is not None else us
 
 
 @dataclass(frozen=True)
@@ -155,11 +171,39 @@ class TunedRow:
     fields: Mapping[str, str]
     source: str
     line: int
+    #: Every column, known ones typed as AITER's config dicts have them (bools, ints, floats); dtype names and
+    #: unknown columns as written.
+    typed: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def hand_set(self) -> bool:
         """A row written by hand (``us = 0``), not timed by a tuner."""
         return self.us == 0
+
+
+def _number(text: str) -> float | str | None:
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def typed_fields(spec: TableSpec, fields: Mapping[str, str], key: tuple, values: Mapping[str, Any], cu_num: int,
+                 us: float) -> dict[str, Any]:
+    """A row's columns for a config dict: the key and value columns as parsed where they are numbers or bools,
+    ``cu_num`` and the time as numbers, :attr:`TableSpec.numbers` as floats, the rest (dtype names, unknown
+    columns) as written."""
+    out: dict[str, Any] = dict(fields)
+    for col, value in (*zip((c.name for c in spec.key), key), *values.items()):
+        if isinstance(value, (bool, int, float)):
+            out[col] = value
+    for name in spec.numbers:
+        if name in out:
+            out[name] = _number(out[name])
+    out["cu_num"], out[spec.time_column] = cu_num, us
+    return out
 
 
 class ConfigTable:
@@ -202,8 +246,10 @@ def parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool
 
 
 def _read(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header (stripped) and non-blank data rows with their 1-based line numbers; errors on a ragged row."""
-    with open(path, newline="") as f:
+    """Header (stripped; a BOM is not part of it) and non-blank data rows with their 1-based line numbers; errors on
+    a ragged row or bytes that are not UTF-8."""
+    text, _ = read_text(path)
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f)
         header: list[str] = []
         rows: list[tuple[int, list[str]]] = []
@@ -239,9 +285,9 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
     for line, rec in data:
         key = tuple(parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
         cu_num = parse_cell(path, line, cu_col, _cell(rec, idx, "cu_num"))
-        us_text = _cell(rec, idx, spec.time_column) or ""
+        us_text = _cell(rec, idx, spec.time_column)
         try:
-            us = float(us_text) if us_text else math.nan
+            us = parse_time(us_text)
         except ValueError:
             raise ConfigError(path, line, spec.time_column, f"bad value {us_text!r}: not a number") from None
         if merge_rank(us) is None:
@@ -254,15 +300,21 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
                               "is pad_m_min..M")
         fields = {name: rec[i].strip() for name, i in idx.items()}
         yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
-                       MappingProxyType(fields), path, line)
+                       MappingProxyType(fields), path, line,
+                       MappingProxyType(typed_fields(spec, fields, key, values, cu_num, us)))
     if dropped:
         log.warning("%s: dropped %d row(s) whose %r is empty, NaN, infinite or negative (lines %s)",
                     path, len(dropped), spec.time_column, ", ".join(map(str, dropped[:10])) +
                     (" ..." if len(dropped) > 10 else ""))
 
 
-def load_table(kind: str, paths: Sequence[str | os.PathLike]) -> ConfigTable:
-    """Merge the tuned CSVs ``paths`` (earlier paths win ties) into one :class:`ConfigTable` of ``kind``."""
+def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = True) -> ConfigTable:
+    """Merge the tuned CSVs ``paths`` (earlier paths win ties) into one :class:`ConfigTable` of ``kind``.
+
+    ``strict``: a malformed or unreadable file raises (:class:`ConfigError` naming file, line and column), and so does
+    every path missing. Not strict (the runtime's dispatchers): such a file is skipped with a warning saying why and
+    the table holds the other files' rows, possibly none (every shape then runs on the default heuristic), so that
+    neither the process nor the tuner that would regenerate the file dies of it."""
     spec = SPECS[kind]
     merged: dict[tuple, TunedRow] = {}
     found: list[str] = []
@@ -270,14 +322,25 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike]) -> ConfigTable:
         if not os.path.isfile(p):
             log.warning("aiter_gemm: %s config %s not found; skipped", kind, p)
             continue
+        try:
+            rows = list(_parse_tuned_file(spec, p))
+        except (ConfigError, OSError) as exc:
+            if strict:
+                raise
+            log.warning("aiter_gemm: %s config %s cannot be used, skipped (its shapes fall back to the other files' "
+                        "rows or the default heuristic): %s", kind, p, exc)
+            continue
         found.append(p)
-        for row in _parse_tuned_file(spec, p):
+        for row in rows:
             k = (row.gfx, row.cu_num, row.key)
             old = merged.get(k)
             if old is None or merge_rank(row.us) < merge_rank(old.us):  # strict: a tie keeps the earlier row
                 merged[k] = row
     if not found:
-        raise FileNotFoundError(f"aiter_gemm: no {kind} config file exists among {list(map(str, paths))}")
+        message = f"aiter_gemm: no usable {kind} config file among {list(map(str, paths))}"
+        if strict:
+            raise FileNotFoundError(message)
+        log.warning("%s; every %s shape runs on the default heuristic", message, kind)
     return ConfigTable(spec, merged, found)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from aiter_gemm import backends, jsonconfigs
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
-from aiter_gemm.capture import ShapeRecorder, row_key_of
+from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
 from aiter_gemm.configs import ConfigTable, TunedRow, load_table
 from aiter_gemm.device import DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
 from aiter_gemm.dtypes import dtype_name
@@ -87,9 +87,10 @@ class Decision:
         return switch
 
     def as_config(self) -> dict[str, Any]:
-        """AITER-style config dict: the row's columns (typed where known) plus ``matched`` and ``source``, and
-        ``eager_libtype`` / ``eager_kernelName``: what runs outside CUDA-graph capture."""
-        cfg: dict[str, Any] = dict(self.row.fields) if self.row is not None else {}
+        """AITER-style config dict: the row's columns (typed where known: bools, ints, floats; unknown columns as
+        written) plus ``matched`` and ``source``, and ``eager_libtype`` / ``eager_kernelName``: what runs outside
+        CUDA-graph capture."""
+        cfg: dict[str, Any] = dict(self.row.typed) if self.row is not None else {}
         sol = self.solution
         eager = self.eager_solution or sol
         cfg.update(self.extra)
@@ -131,12 +132,16 @@ class Dispatcher:
             jsonconfigs.clear_cache()
             if self._recorder is not None:
                 self._recorder.close()
+                self._recorder = None
             path = self.op.capture_path(self.settings) if self.settings.tune_gemm and self.op.capture_path else None
-            self._recorder = ShapeRecorder(path, self.op.untuned_columns, self.op.untuned_row,
-                                           row_key_of(self.op.table_spec, self.op.untuned_columns),
-                                           self.settings.capture_flush_s) if path else None
+            if path:  # a capture target inside the package or holding a tuned table raises here
+                spec = self.op.table_spec
+                self._recorder = ShapeRecorder(path, self.op.untuned_columns, self.op.untuned_row,
+                                               row_key_of(spec, self.op.untuned_columns),
+                                               self.settings.capture_flush_s, tuned_columns_of(spec))
             # The op's table loads now, not at the first GEMM, so a first GEMM inside CUDA graph capture does no
-            # file I/O (a bad file raises here, naming file, line and column).
+            # file I/O. A config file that cannot be used is skipped with a warning naming file, line and column
+            # (load_table strict=False): `import aiter_gemm`, and so gemm-tuner, must survive a broken one.
             self.table()
             if self.settings.log_tuned_config:
                 ensure_info_handler()
@@ -149,7 +154,7 @@ class Dispatcher:
             with self._lock:
                 table = self._tables.get(kind)
                 if table is None:
-                    table = self._tables[kind] = load_table(kind, self.settings.config_paths[kind])
+                    table = self._tables[kind] = load_table(kind, self.settings.config_paths[kind], strict=False)
         return table
 
     def device(self, on_gpu: bool) -> DeviceIdentity:

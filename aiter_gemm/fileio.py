@@ -1,11 +1,14 @@
 """Safe writes of files that several processes share: a file lock, a merge with what is there, an atomic rename.
 
 Used by shape capture (tensor-parallel ranks appending one untuned CSV) and by the tuner's checkpoints. A reader
-never sees a half-written file and a killed writer leaves the previous complete file behind.
+never sees a half-written file and a killed writer leaves the previous complete file behind. Every text file of the
+package is read here (:func:`read_text`): UTF-8, a leading BOM (Excel's "CSV UTF-8") accepted and kept when the
+file is rewritten, other bytes a :class:`~aiter_gemm.errors.ConfigError` naming the file and line.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import io
@@ -16,7 +19,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from aiter_gemm.errors import ConfigError
+
 Row = dict[str, str]
+BOM = "\ufeff"
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -49,15 +55,35 @@ def locked(path: str | os.PathLike, timeout: float = 120.0) -> Iterator[None]:
         yield
 
 
-def read_csv_rows(path: str | os.PathLike) -> tuple[list[str], list[Row]]:
-    """Header and rows of a CSV (empty lists for a missing or empty file). Values are kept as written."""
-    path = Path(path)
+def read_text(path: str | os.PathLike) -> tuple[str, bool]:
+    """The text of a UTF-8 file without its BOM, and whether it had one. Bytes that are not UTF-8 raise
+    :class:`ConfigError` naming the file, the line and the byte (a file saved as Latin-1 or UTF-16, say)."""
+    data = Path(path).read_bytes()
+    bom = data.startswith(codecs.BOM_UTF8)
+    body = data[len(codecs.BOM_UTF8):] if bom else data
+    try:
+        return body.decode("utf-8"), bom
+    except UnicodeDecodeError as exc:
+        line = body.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(str(path), line, None, f"not valid UTF-8 (byte {body[exc.start:exc.start + 1]!r} at "
+                          f"offset {exc.start + len(data) - len(body)}: {exc.reason}); save the file as UTF-8"
+                          ) from None
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
     if not path.exists():
-        return [], []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        rows = [dict(r) for r in reader]
-        return list(reader.fieldnames or []), rows
+        return [], [], False
+    text, bom = read_text(path)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = [dict(r) for r in reader]
+    return list(reader.fieldnames or []), rows, bom
+
+
+def read_csv_rows(path: str | os.PathLike) -> tuple[list[str], list[Row]]:
+    """Header and rows of a CSV (empty lists for a missing or empty file). Values are kept as written; a BOM is
+    not part of the first column's name."""
+    header, rows, _ = _read_csv(Path(path))
+    return header, rows
 
 
 def render_csv(header: Sequence[str], rows: Iterable[Mapping[str, object]]) -> str:
@@ -75,12 +101,16 @@ def merge_csv_rows(
     rows: Iterable[Mapping[str, object]],
     key_cols: Sequence[str] | Callable[[Row], Hashable],
     replace: Callable[[Row, Row], bool] | None = None,
+    timeout: float = 120.0,
+    check_header: Callable[[list[str]], None] | None = None,
 ) -> tuple[int, int]:
     """Merge ``rows`` into the CSV at ``path`` under its lock and write it back atomically.
 
     Rows already in the file are kept (their values and column order untouched; columns only ``header`` has are
-    appended). A new row whose key (``key_cols`` values, stripped, or ``key_cols(row)`` when it is a function) is
-    absent is appended; one whose key is present replaces the old row only if ``replace(old, new)`` says so.
+    appended; a BOM the file starts with is kept). A new row whose key (``key_cols`` values, stripped, or
+    ``key_cols(row)`` when it is a function) is absent is appended; one whose key is present replaces the old row
+    only if ``replace(old, new)`` says so. ``check_header(header)`` may refuse the file as it is under the lock
+    (raise) before anything is written; the lock is waited for up to ``timeout`` seconds (``filelock.Timeout``).
     Returns (appended, replaced).
     """
     new_rows = [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in rows]
@@ -90,8 +120,10 @@ def merge_csv_rows(
             return key_cols(r)
         return tuple(str(r.get(c, "")).strip() for c in key_cols)
 
-    with locked(path):
-        old_header, old_rows = read_csv_rows(path)
+    with locked(path, timeout):
+        old_header, old_rows, bom = _read_csv(Path(path))
+        if check_header is not None:
+            check_header(old_header)
         out_header = list(old_header) + [c for c in header if c not in old_header]
         index = {key(r): i for i, r in enumerate(old_rows)}
         appended = replaced = 0
@@ -105,7 +137,7 @@ def merge_csv_rows(
                 old_rows[index[k]] = r
                 replaced += 1
         if appended or replaced or not Path(path).exists():
-            atomic_write_text(path, render_csv(out_header, old_rows))
+            atomic_write_text(path, (BOM if bom else "") + render_csv(out_header, old_rows))
         return appended, replaced
 
 

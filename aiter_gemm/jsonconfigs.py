@@ -14,10 +14,10 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
-from aiter_gemm.fileio import atomic_write_text
+from aiter_gemm.errors import ConfigError
+from aiter_gemm.fileio import atomic_write_text, read_text
 
 T = TypeVar("T")
 
@@ -52,9 +52,11 @@ def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
                  named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T]]:
     """Every bucket of ``path`` as (bound, key, parsed entry), smallest bound first (``any``-like last)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_text(path)[0])
     except json.JSONDecodeError as exc:
         raise JSONConfigError(path, None, f"not valid JSON: {exc}") from None
+    except ConfigError as exc:  # bytes that are not UTF-8
+        raise JSONConfigError(path, None, f"line {exc.line}: {str(exc).split(': ', 1)[1]}") from None
     if not isinstance(data, dict) or not data:
         raise JSONConfigError(path, None, "must be a non-empty object mapping M buckets to configs")
     out = []

@@ -20,7 +20,7 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
-from aiter_gemm.dtypes import dtype_name, parse_dtype
+from aiter_gemm.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from aiter_gemm.op import OpSpec, op_spec, register_op
 
 
@@ -49,10 +49,18 @@ def _run(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None, oty
          scale_c: torch.Tensor | None = None) -> torch.Tensor:
     """out (..., N) = A (..., K) @ B (N, K).T (+ bias): the eager path, one dict lookup after the first call.
 
-    Measured on CPU: building and hashing this key is ~0.4 us, the rest of the added cost is two Python calls."""
-    key = (A.shape, B.shape, A.dtype, B.dtype, otype, bias is None,
-           scale_a is None and scale_b is None and scale_c is None, A.is_cuda,
-           getattr(B, "is_shuffled", False) is True)
+    The key holds everything :func:`problem_of` validates (shapes and dtypes of every tensor, otype, which scales are
+    given), so a call hits a cached entry only if that entry's first call had operands passing the same checks:
+    every call is validated, at the cost of the lookup. Measured on CPU: building and hashing this key is ~0.4 us,
+    the rest of the added cost is two Python calls."""
+    try:
+        key = (A.shape, B.shape, A.dtype, B.dtype, otype, None if bias is None else (bias.shape, bias.dtype),
+               None if scale_a is None and scale_b is None and scale_c is None
+               else (type(scale_a), type(scale_b), type(scale_c)),
+               A.is_cuda, getattr(B, "is_shuffled", False) is True)
+    except AttributeError:  # not a tensor: the checks say which argument
+        problem_of(A, B, bias, otype, scale_a, scale_b, scale_c)
+        raise
     fast = _DISPATCHER._fast.get(key)
     if fast is None:
         fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
@@ -72,12 +80,30 @@ def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tupl
     return fast
 
 
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def dtype_error(dtype: torch.dtype, otype: torch.dtype) -> str | None:
+    """Why ``gemm_a16w16`` cannot take ``dtype`` inputs to an ``otype`` output, or None: inputs are floating (bf16,
+    fp16, fp32, fp8), the output bf16, fp16, fp32 or the input dtype. The runtime and the tuner share the rule."""
+    if not dtype.is_floating_point:
+        return f"{dtype} inputs are not supported: expected a floating dtype (bf16, fp16, fp32, fp8)"
+    if otype not in _OUT_DTYPES and otype != dtype:
+        return f"{otype} output is not supported (bf16, fp16, fp32 or the input dtype {dtype})"
+    return None
+
+
 def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype | None,
                scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, scale_c: torch.Tensor | None = None,
                bpreshuffle: bool = False) -> GemmProblem:
-    """Validate the operands of ``gemm_a16w16`` and return their :class:`GemmProblem` (errors name the tensor)."""
-    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
-        raise TypeError(f"gemm_a16w16: A and B must be tensors, got {type(A).__name__} and {type(B).__name__}")
+    """Validate the operands of ``gemm_a16w16`` and return their :class:`GemmProblem` (errors name the argument,
+    with the tensor's shape and dtype)."""
+    for name, t in (("A", A), ("B", B), ("bias", bias), ("scale_a", scale_a), ("scale_b", scale_b),
+                    ("scale_c", scale_c)):
+        required = name in ("A", "B")
+        if not isinstance(t, torch.Tensor) and (t is not None or required):
+            raise TypeError(f"gemm_a16w16: {name} must be a torch.Tensor{'' if required else ' or None'}, got "
+                            f"{type(t).__name__}")
     if A.dim() < 1 or B.dim() != 2:
         raise ValueError(f"gemm_a16w16: A must be (..., K) and B (N, K); got A {tuple(A.shape)} {A.dtype}, "
                          f"B {tuple(B.shape)} {B.dtype}")
@@ -89,16 +115,26 @@ def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otyp
     if A.dtype != B.dtype:
         raise ValueError(f"gemm_a16w16: A {tuple(A.shape)} is {A.dtype} but B {tuple(B.shape)} is {B.dtype}; "
                          "both operands must have one dtype")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != N):
-        raise ValueError(f"gemm_a16w16: bias must be (N,) = ({N},), got {tuple(bias.shape)} {bias.dtype}")
     if A.device != B.device:
         raise ValueError(f"gemm_a16w16: A is on {A.device} but B {tuple(B.shape)} is on {B.device}")
     if otype is not None and not isinstance(otype, torch.dtype):
         raise TypeError(f"gemm_a16w16: otype must be a torch.dtype or None, got {otype!r}")
-    if not A.dtype.is_floating_point:
-        raise ValueError(f"gemm_a16w16: A {tuple(A.shape)} has dtype {A.dtype}; expected a floating dtype")
+    out = otype or A.dtype
+    why = dtype_error(A.dtype, out)
+    if why is not None:
+        raise ValueError(f"gemm_a16w16: A {tuple(A.shape)} {A.dtype}, otype {otype}: {why}")
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != N:
+            raise ValueError(f"gemm_a16w16: bias must be (N,) = ({N},), got {tuple(bias.shape)} {bias.dtype}")
+        allowed = (out,) if A.dtype in FP8_DTYPES or A.dtype == out else (A.dtype, out)
+        if bias.dtype not in allowed:
+            raise ValueError(f"gemm_a16w16: bias {tuple(bias.shape)} has dtype {bias.dtype}; it must be "
+                             f"{' or '.join(map(str, allowed))} (A is {A.dtype}, the output {out})")
+        if bias.device != A.device:
+            raise ValueError(f"gemm_a16w16: bias {tuple(bias.shape)} {bias.dtype} is on {bias.device} but A is on "
+                             f"{A.device}")
     return GemmProblem(M=math.prod(A.shape[:-1]), N=N, K=K, bias=bias is not None, dtype=A.dtype,
-                       otype=otype or A.dtype,
+                       otype=out,
                        scaleAB=scale_a is not None or scale_b is not None or scale_c is not None,
                        bpreshuffle=bpreshuffle)
 

@@ -18,7 +18,7 @@ import logging
 import os
 from dataclasses import replace
 
-from gradlib.cli import UsageError
+from gradlib.cli import UsageError, non_negative_float, non_negative_int, positive_int
 from gradlib.compare import CompareOptions, candidate_path
 from gradlib.timing import TimingConfig
 
@@ -55,14 +55,17 @@ def add_aiter_flags(parser: argparse.ArgumentParser, split_shapes: bool = False)
                    "in a candidate copy; the tuned file is only written with --update_improved")
     g.add_argument("--update_improved", action="store_true", help="with --compare: write only the rows whose new "
                    "winner is --min_improvement_pct faster than what runs today (or whose row no longer runs)")
-    g.add_argument("--min_improvement_pct", type=float, default=3.0, help="with --compare: the improvement "
+    g.add_argument("--min_improvement_pct", type=non_negative_float, default=3.0,
+                   help="with --compare: the improvement "
                    "(pre - post) / pre in %% a new winner needs (3.0)")
     g.add_argument("--run_config", nargs="?", const=True, default=False, metavar="TUNED_CSV", help="time the rows "
                    "of TUNED_CSV on this device (without a file: the runtime default for the input shapes) against "
                    "F.linear, print the table and exit; nothing is written")
-    g.add_argument("--warmup", type=int, default=None, help="warm-up calls before each timing (default: ours, 10 "
+    g.add_argument("--warmup", type=non_negative_int, default=None,
+                   help="warm-up calls before each timing (default: ours, 10 "
                    "in the full phase, 5 in confirmation rounds)")
-    g.add_argument("--iters", type=int, default=None, help="timed repetitions per candidate, the median is kept "
+    g.add_argument("--iters", type=positive_int, default=None,
+                   help="timed repetitions per candidate, the median is kept "
                    "(default: ours, 21 in the full phase, 11 in confirmation rounds)")
     g.add_argument("-k", "--splitK", action="store_true", help="accepted: split-K candidates are always searched")
     g.add_argument("--shape_grouped", action="store_true", help="keep each shape's candidates on one worker"
@@ -92,8 +95,6 @@ def check_aiter_flags(args: argparse.Namespace) -> None:
                          f"F.linear and by the --confirm_rounds re-timing, not by kernel id ({DIFFERENCES})")
     if args.rocblas_decode:
         raise UsageError(f"--rocblas-decode: rocBLAS is not a backend here ({DIFFERENCES})")
-    if (args.warmup is not None and args.warmup < 0) or (args.iters is not None and args.iters < 1):
-        raise UsageError("--warmup must be >= 0 and --iters >= 1")
     for flag, on in (("-k/--splitK", args.splitK), ("--post_verify", args.post_verify),
                      ("--auto_group_small_m", args.auto_group_small_m)):
         if on:

@@ -46,6 +46,7 @@ from aiter_gemm.blockscale import (
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
+from gradlib.results import known_libtypes, stale_reason
 from gradlib.search import Candidate, ShapeOutcome
 from gradlib.timing import rotating_sets
 from gradlib.tune_ops import Inputs, Sidecar, TuneOp, cloned_sets, register_tune_op
@@ -244,14 +245,20 @@ class JsonSidecar(Sidecar):
         return f"; {len(self.written)} JSON file(s) in {self.json_dir}"
 
     def tuned_configs(self, n: int, k: int) -> dict[int, Choice]:
-        """Config per M of the tuned file's rows for (n, k) on this device (rows naming no config are skipped)."""
+        """Config per M of the tuned file's rows for (n, k) on this device (rows naming no config, and rows the
+        runtime would not use (:func:`gradlib.results.stale_reason`), are skipped)."""
         if not os.path.isfile(self.tuned_file):
             return {}
         out = {}
+        known = known_libtypes(BLOCKSCALE)
         for r in read_csv_rows(self.tuned_file)[1]:
             if (r.get("gfx", "") or self.identity.gfx) != self.identity.gfx \
                     or str(r.get("cu_num", "")).strip() != str(self.identity.cu_num) \
                     or (int(r["N"]), int(r["K"])) != (n, k):
+                continue
+            stale = stale_reason(BLOCKSCALE, r, known)
+            if stale is not None:
+                log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, stale)
                 continue
             try:
                 out[int(r["M"])] = parse_choice(r["kernelName"])

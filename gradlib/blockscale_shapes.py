@@ -5,7 +5,6 @@ linears from its ``config.json`` (Llama-style through :mod:`gradlib.models`, Dee
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from aiter_gemm.fileio import read_csv_rows
 from gradlib.cli import UsageError, int_list
-from gradlib.models import ModelArch, ModelConfigError, projections, shipped_model_dir
+from gradlib.models import ModelArch, ModelConfigError, projections, read_json, shipped_model_dir
 
 __all__ = ["Projection", "UsageError", "deepseek_projections", "load_shapes", "model_projections", "nk_pair",
            "int_list", "read_shapes_csv"]
@@ -84,10 +83,7 @@ def model_projections(model_dir: str, tp: int) -> list[Projection]:
         path = shipped / "config.json" if shipped is not None else path
     if not path.is_file():
         raise ModelConfigError(f"--model_dir {model_dir}: no config.json there")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
+    cfg = read_json(path)
     cfg = cfg.get("text_config", cfg)
     if "kv_lora_rank" in cfg:
         return deepseek_projections(cfg, tp, str(path))

@@ -2,16 +2,20 @@
 ``--timeout``, ``--plugin``, ``--verbose``), and turning them into an executor (local process pool or Ray actors).
 
 Exit statuses (README): 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments
-or input; 3 workers could not start; 130 interrupted (what finished is saved).
+or input; 3 workers could not start; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (what finished is saved).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import math
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -22,11 +26,65 @@ from aiter_gemm.op import op_spec
 from gradlib.pool import Executor, PoolError, ProcessPool
 from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
 
-EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
 
 
 class UsageError(ValueError):
     """Bad arguments or input files: exit status 2 with the message."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job scheduler, ``docker stop``), raised in the main thread as Ctrl-C is, so the driver
+    saves what finished the same way."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the driver runs, SIGTERM raises :class:`Terminated` (once: a repeated SIGTERM does not interrupt the
+    final checkpoint). Only the main thread can own signal handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not seen:
+            seen.append(signum)
+            raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupt_status(exc: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C (SIGINT), 143 (128 + 15) for SIGTERM, as a shell reports a process those signals killed."""
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+
+
+def _number(convert: Callable[[str], float], ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+#: argparse types that refuse values no run can use (exit 2 naming the flag), instead of failing later.
+positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+non_negative_float = _number(float, lambda v: v >= 0 and math.isfinite(v), "a number >= 0")
+positive_float = _number(float, lambda v: v > 0 and math.isfinite(v), "a number > 0")
+fraction = _number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+gain = _number(float, lambda v: 1 <= v and math.isfinite(v), "a number >= 1.0")
 
 
 def int_list(text: str) -> list[int]:
@@ -37,6 +95,14 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def positive_int_list(text: str) -> list[int]:
+    """argparse type: comma- or space-separated integers >= 1 (token counts, batch sizes)."""
+    values = int_list(text)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
 def name_list(text: str) -> list[str]:
     """argparse type: comma-separated names."""
     return [v.strip() for v in text.split(",") if v.strip()]
@@ -45,14 +111,14 @@ def name_list(text: str) -> list[str]:
 def add_execution_arguments(group: argparse._ArgumentGroup, plugin_help: str) -> None:
     """``--mp``, ``--ray``, ``--timeout``, ``--plugin``, ``--verbose``: the same flags with the same meaning in
     every tuner."""
-    group.add_argument("--mp", type=int, default=None, help="worker processes, one per GPU (default: every visible "
-                       "GPU; 1 on CPU, where Triton kernels run in the interpreter)")
+    group.add_argument("--mp", type=positive_int, default=None, help="worker processes, one per GPU (default: "
+                       "every visible GPU; 1 on CPU, where Triton kernels run in the interpreter)")
     group.add_argument("--ray", metavar="ADDRESS", default=None,
                        help="run on a Ray cluster instead of local processes: 'auto' (the cluster 'ray start' "
                        "started on this machine), HOST:6379, ray://HOST:10001 (Ray client), or 'local' (a private "
                        "one-machine Ray instance); one actor per cluster GPU (--mp caps it). Needs "
                        "pip install 'aiter_gemm[ray]' on the driver and every node")
-    group.add_argument("--timeout", type=float, default=60.0, help="seconds one candidate may take, JIT "
+    group.add_argument("--timeout", type=positive_float, default=60.0, help="seconds one candidate may take, JIT "
                        "compilation included, before its worker is killed and it is recorded failed (60)")
     group.add_argument("--plugin", action="append", default=[], help=plugin_help + "; also GRADLIB_PLUGINS=mod1,mod2")
     group.add_argument("--verbose", "-v", action="store_true", help="log progress")
@@ -60,7 +126,8 @@ def add_execution_arguments(group: argparse._ArgumentGroup, plugin_help: str) ->
 
 def add_confirm_arguments(group: argparse._ArgumentGroup) -> None:
     """``--confirm_rounds``, ``--pad_check`` and ``--timing``: how a winner is confirmed and timed (every tuner)."""
-    group.add_argument("--confirm_rounds", type=int, default=2, help="re-time the winner against the runtime's "
+    group.add_argument("--confirm_rounds", type=non_negative_int, default=2,
+                       help="re-time the winner against the runtime's "
                        "default and the library call in this many fresh rounds of alternating order before writing "
                        "it (written only if it still wins by --min_gain; 0: off, plain fastest of the search)")
     group.add_argument("--pad_check", choices=("on", "off"), default="on", help="also confirm the winner at the "
@@ -114,6 +181,8 @@ def configure_logging(verbose: bool) -> None:
 
 def worker_devices(mp: int | None) -> list[str | None]:
     """CUDA_VISIBLE_DEVICES value per worker: the visible GPUs in order (``mp`` of them); [None]*mp on CPU."""
+    if mp is not None and mp < 1:
+        raise UsageError(f"--mp must be >= 1, got {mp}")
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n_gpu == 0:
         return [None] * (mp or 1)
@@ -166,17 +235,20 @@ def start_executor(pool: Executor, prog: str) -> int | None:
         pool.close()
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_POOL
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         pool.close()
-        return EXIT_INTERRUPTED
+        print(f"{prog}: interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'SIGINT'}) while starting "
+              "workers; nothing was tuned", file=sys.stderr)
+        return interrupt_status(exc)
     return None
 
 
-def exit_status(prog: str, pool_error: PoolError | None, interrupted: bool, failed: int) -> int:
-    """The tuners' exit status: pool failure 3, interrupted 130, some shape without a winner 1, else 0."""
+def exit_status(prog: str, pool_error: PoolError | None, interrupted: KeyboardInterrupt | None, failed: int) -> int:
+    """The tuners' exit status: pool failure 3, interrupted 130 (SIGINT) or 143 (SIGTERM), some shape without a
+    winner 1, else 0."""
     if pool_error is not None:
         print(f"{prog}: error: {pool_error}", file=sys.stderr)
         return EXIT_POOL
-    if interrupted:
-        return EXIT_INTERRUPTED
+    if interrupted is not None:
+        return interrupt_status(interrupted)
     return EXIT_FAILED_SHAPES if failed else EXIT_OK

@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
-from gradlib.cli import EXIT_FAILED_SHAPES, EXIT_USAGE, exit_status, start_executor
+from gradlib.cli import EXIT_FAILED_SHAPES, EXIT_USAGE, Terminated, exit_status, sigterm_as_interrupt, start_executor
 from gradlib.compare import CompareOptions, Verdict, format_compare, format_run_config, seed_candidate, verdict
 from gradlib.pool import Executor, PoolError
+from gradlib.progress import Progress
 from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, tuned_keys
 from gradlib.search import SearchOptions, ShapeOutcome, ShapeSearch, run_searches
 from gradlib.tasks import DEFAULT, backend_of
@@ -114,28 +115,30 @@ def _top(o: ShapeOutcome, n: int = 5) -> str:
     return f"M={p.M} N={p.N} K={p.K} bias={p.bias}: top {len(rows)}\n" + "\n".join(rows)
 
 
-def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, flush: Callable[[], None]
-          ) -> tuple[bool, PoolError | None]:
-    """Run the searches to the end, or until Ctrl-C or a pool failure; the checkpoints are written (``flush``) and
-    the pool closed either way. Returns (interrupted, pool error)."""
+def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, flush: Callable[[], None],
+          on_tick=None) -> tuple[KeyboardInterrupt | None, PoolError | None]:
+    """Run the searches to the end, or until Ctrl-C / SIGTERM or a pool failure; the checkpoints are written
+    (``flush``) and the pool closed either way. Returns (the interruption, if any; pool error)."""
     try:
-        run_searches(pool, searches, on_outcome, on_item)
-    except KeyboardInterrupt:
-        return True, None
+        run_searches(pool, searches, on_outcome, on_item, on_tick)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as cli.Terminated
+        return exc, None
     except PoolError as exc:
-        return False, exc
+        return None, exc
     finally:
         flush()
         pool.close()
-    return False, None
+    return None, None
 
 
 def tune(job: TuneJob, pool: Executor) -> int:
     """Run ``job`` on ``pool`` (any :class:`~gradlib.pool.Executor`: the process pool, Ray actors); the exit
-    status of :func:`gradlib.cli.exit_status`."""
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
+    status of :func:`gradlib.cli.exit_status`. SIGTERM is handled as Ctrl-C is: what finished is saved."""
+    with sigterm_as_interrupt():
+        return _tune(job, pool)
 
+
+def _tune(job: TuneJob, pool: Executor) -> int:
     t0 = time.monotonic()
     failed = start_executor(pool, job.prog)
     if failed is not None:
@@ -191,55 +194,42 @@ def tune(job: TuneJob, pool: Executor) -> int:
         writers.append(CheckpointWriter(job.compare.candidate_file, ident, job.batch, True, spec=spec))
     outcomes: list[ShapeOutcome] = []
     searches = []
-    for i, p in enumerate(todo):
-        fixed = job.candidates(p, ident) if job.candidates is not None else None
-        incumbent = None
-        if job.compare is not None or job.run_config is not None:
-            incumbent = incumbent_of.get(row_key(p), DEFAULT)
-        if job.run_config is not None:  # what runs today (the incumbent) against the op's baseline, if it has one
-            fixed = ()
-        elif fixed is not None and not fixed:  # nothing can run it: a failed shape without work
-            log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
-            outcome = ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0)
-            outcomes.append(outcome)
-            writer.add(outcome)
-            continue
-        searches.append(ShapeSearch(i, p, opts, fixed, _baseline_of(spec.op, opts.baseline, p, ident)
-                                    if fixed is not None else None, incumbent))
-    log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
-             ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(problems), skipped)
+    progress = Progress(len(todo), describe)
     counts = {"items": 0, "failed_items": 0}
-    with logging_redirect_tqdm(), \
-            tqdm(total=len(todo), desc="shapes", unit="shape", position=0, disable=None) as shape_bar, \
-            tqdm(total=0, desc="candidates", unit="cand", position=1, leave=False, disable=None) as cand_bar:
-        items_of: dict[int, int] = {}  # items done per shape
-        current = {"shape": -1}
-        shape_bar.update(len(outcomes))
 
-        def on_item(search: ShapeSearch, res) -> None:
-            counts["items"] += 1
-            counts["failed_items"] += not res.ok
-            done_here = items_of[search.shape_id] = items_of.get(search.shape_id, 0) + 1
-            if current["shape"] != search.shape_id:  # the bar follows the shape last heard of
-                current["shape"] = search.shape_id
-                p = search.problem
-                cand_bar.set_description(f"M={p.M} N={p.N} K={p.K}{' bias' if p.bias else ''}", refresh=False)
-            cand_bar.total = search.planned
-            cand_bar.n = done_here
-            cand_bar.refresh()
+    def on_item(search: ShapeSearch, res) -> None:
+        counts["items"] += 1
+        counts["failed_items"] += not res.ok
+        progress.item(search, res)
 
-        def on_outcome(o: ShapeOutcome) -> None:
-            outcomes.append(o)
-            if job.compare is not None:
-                verdicts[o.shape_id] = verdict(o, row_key(o.problem) in rows_now, job.compare)
-            for w in writers:
-                w.add(o)
-            shape_bar.update(1)
-            if job.verbose:
-                tqdm.write(_top(o))
+    def on_outcome(o: ShapeOutcome) -> None:
+        outcomes.append(o)
+        if job.compare is not None:
+            verdicts[o.shape_id] = verdict(o, row_key(o.problem) in rows_now, job.compare)
+        for w in writers:
+            w.add(o)
+        progress.shape(o)
+        if job.verbose:
+            progress.write(_top(o))
 
-        interrupted, pool_error = drive(pool, searches, on_outcome, on_item,
-                                        lambda: [w.flush() for w in writers])
+    with progress:
+        for i, p in enumerate(todo):
+            fixed = job.candidates(p, ident) if job.candidates is not None else None
+            incumbent = None
+            if job.compare is not None or job.run_config is not None:
+                incumbent = incumbent_of.get(row_key(p), DEFAULT)
+            if job.run_config is not None:  # what runs today (the incumbent) against the op's baseline, if any
+                fixed = ()
+            elif fixed is not None and not fixed:  # nothing can run it: a failed shape without work
+                log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
+                on_outcome(ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0))
+                continue
+            searches.append(ShapeSearch(i, p, opts, fixed, _baseline_of(spec.op, opts.baseline, p, ident)
+                                        if fixed is not None else None, incumbent))
+        log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
+                 ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(problems), skipped)
+        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, lambda: [w.flush() for w in writers],
+                                        progress.tick)
     if job.run_config is not None:
         table, bad = format_run_config(spec, outcomes, {spec.key_problem(k): r for k, r in rows_now.items()},
                                        job.err_limit, job.run_config)
@@ -259,9 +249,14 @@ def tune(job: TuneJob, pool: Executor) -> int:
           + (f", {unfinished} not finished" if unfinished else "")
           + f"; {counts['items']} candidates run ({counts['failed_items']} failed), {pool.restarts} worker "
           f"restart(s); {pool.slots} worker(s) on {ident.gfx}/{ident.cu_num}; wall {time.monotonic() - t0:.1f} s; "
-          + (f"{writer.written} row(s) written to {job.tuned_file}" if job.compare is not None
-             else f"rows written to {job.tuned_file}")
+          f"{writer.written} row(s) written to {job.tuned_file}"
+          + (f" ({writer.stale_replaced} unusable row(s) replaced)" if writer.stale_replaced else "")
           + (f", all winners in {job.compare.candidate_file}" if job.compare and job.compare.candidate_file else "")
           + (f", all candidates in {job.profile_file}" if job.profile_file else "")
           + (sidecar.summary() if sidecar is not None else ""))
+    if interrupted is not None:
+        name = "SIGTERM" if isinstance(interrupted, Terminated) else "SIGINT"
+        print(f"{job.prog}: interrupted ({name}): the {len(outcomes)} shape(s) that finished are saved "
+              f"({writer.written} row(s) in {job.tuned_file}); rerun the same command to tune the rest",
+              file=sys.stderr)
     return exit_status(job.prog, pool_error, interrupted, failed)

@@ -14,7 +14,7 @@ AITER's flags work too (:mod:`gradlib.aiter_flags`): ``--untune_file``/``--tune_
 ``GTUNE_TP``/``GTUNE_BATCH_SIZE``; README's "Differences from AITER" lists what differs.
 
 Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments or input;
-3 workers could not start; 130 interrupted (what finished is saved).
+3 workers could not start; 130 interrupted by Ctrl-C, 143 by SIGTERM (what finished is saved).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigError, load_untuned
 from aiter_gemm.dtypes import FP8_DTYPES, parse_dtype
 from aiter_gemm.fileio import read_csv_rows, render_csv
-from aiter_gemm.ops import untuned_row
+from aiter_gemm.ops import dtype_error, untuned_row
 from gradlib import cli
 from gradlib.aiter_flags import (
     DIFFERENCES,
@@ -42,7 +42,7 @@ from gradlib.aiter_flags import (
     env_default,
     with_iterations,
 )
-from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, int_list
+from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, positive_float, positive_int, positive_int_list
 from gradlib.driver import TuneJob, tune
 from gradlib.models import ModelConfigError, load_arch, model_problems
 from gradlib.pool import scoped_env
@@ -71,11 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "config.json, or the name of a shipped one (llama3_8b, llama3_70b, qwen2_5_7b, mistral_7b): "
                      "derive qkv, o, gate_up, down and lm_head shapes (M = tokens, N = out features per TP rank, "
                      "K = in features); default $GTUNE_MODEL")
-    src.add_argument("--tp", type=int, default=env_default("GTUNE_TP", "1"),
+    src.add_argument("--tp", type=positive_int, default=env_default("GTUNE_TP", "1"),
                      help="tensor-parallel degree for --model_dir (default $GTUNE_TP, else 1)")
-    src.add_argument("--nsets", type=int_list, default=list(DEFAULT_NSETS),
+    src.add_argument("--nsets", type=positive_int_list, default=list(DEFAULT_NSETS),
                      help="token counts M for --model_dir, comma-separated (default 1,2,4,...,8192)")
-    src.add_argument("--batch_size", type=int_list, default=env_default("GTUNE_BATCH_SIZE"),
+    src.add_argument("--batch_size", type=positive_int_list, default=env_default("GTUNE_BATCH_SIZE"),
                      help="sequence counts for lm_head's M (it sees one token per sequence; default "
                      "$GTUNE_BATCH_SIZE, else --nsets); unlike AITER it does not multiply --nsets")
     src.add_argument("--indtype", help="input dtype (bf16, fp16, fp32, fp8); overrides the file's dtype column")
@@ -92,17 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
                      "torch time and speedup, candidate counts, wall time")
     out.add_argument("--all", action="store_true", help="retune shapes the tuned file already has (and replace "
                      "them); with -i and -o the same file: retune its rows for this device in place")
-    out.add_argument("--batch", type=int, default=1, help="write the tuned file after every this many shapes (1, "
-                     "as AITER's gemm tuner; it never limits how many shapes run at once)")
+    out.add_argument("--batch", type=positive_int, default=1, help="write the tuned file after every this many "
+                     "shapes (1, as AITER's gemm tuner; it never limits how many shapes run at once)")
     srch = ap.add_argument_group("search")
     srch.add_argument("--libtype", default="all", help="backends to tune: comma list or 'all' (default all; on a "
                       "CPU-only machine 'all' is torch only, name triton to time it interpreted)")
-    srch.add_argument("--errRatio", type=float, default=0.05, help="max fraction of output elements outside the "
+    srch.add_argument("--errRatio", type=fraction, default=0.05, help="max fraction of output elements outside the "
                       "dtype's tolerance for a candidate to win (default 0.05)")
-    srch.add_argument("--min_gain", type=float, default=1.02, help="a winner other than torch must be this many "
+    srch.add_argument("--min_gain", type=gain, default=1.02, help="a winner other than torch must be this many "
                       "times faster than F.linear, else torch is kept (default 1.02: H100 timing noise, see "
                       "BENCHMARKS.md); 1.0 keeps the plain fastest")
-    srch.add_argument("--screen_top", type=int, default=20, help="BLASLt solutions kept after phase 1 (20)")
+    srch.add_argument("--screen_top", type=positive_int, default=20, help="BLASLt solutions kept after phase 1 (20)")
     srch.add_argument("--screen_libtypes", default="", help="comma list of non-BLASLt backends to screen in phase 1 "
                       "as well (their --screen_top fastest go to phase 2): faster on large config spaces, off by "
                       "default")
@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_candidates_from_argument(srch)
     run = ap.add_argument_group("execution")
     cli.add_execution_arguments(run, "module to import in every process before tuning (registers extra backends)")
-    run.add_argument("--peak_tflops", type=float, help="peak TFLOP/s for %% of roofline (default: measured table)")
-    run.add_argument("--peak_bw", type=float, help="peak GB/s for %% of roofline (default: measured table)")
+    run.add_argument("--peak_tflops", type=positive_float,
+                     help="peak TFLOP/s for %% of roofline (default: measured table)")
+    run.add_argument("--peak_bw", type=positive_float, help="peak GB/s for %% of roofline (default: measured table)")
     add_aiter_flags(ap)
     return ap
 
@@ -154,6 +155,13 @@ def load_problems(args: argparse.Namespace) -> list[GemmProblem]:
             new_otype = otype or (p.otype if has_out else new_dtype)
             problems.append(_fp8_scaled(replace(p, dtype=new_dtype, otype=new_otype), "scaleAB" in header,
                                         otype is not None or has_out))
+    for p in problems:  # the runtime's rule: a shape it would refuse cannot be tuned (nothing is written)
+        why = dtype_error(p.dtype, p.otype)
+        if why is not None:
+            source = ("--indtype " + args.indtype if dtype is not None and not dtype.is_floating_point
+                      else "--outdtype " + args.outdtype if otype is not None
+                      else args.model_dir or args.input_file or "bf16_untuned_gemm.csv")
+            raise UsageError(f"{source}: {why}; no backend can tune it")
     if args.all_bias:
         problems = [replace(p, bias=b) for p in problems for b in (False, True)]
     return list(dict.fromkeys(problems))
@@ -211,12 +219,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_shapes:
             sys.stdout.write(render_csv(BF16_UNTUNED_COLUMNS, [untuned_row(p) for p in problems]))
             return EXIT_OK
-        if args.min_gain < 1.0:
-            raise UsageError("--min_gain must be >= 1.0")
-        if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1) or args.screen_top < 1 \
-                or args.confirm_rounds < 0:
-            raise UsageError("--batch and --screen_top must be >= 1, --timeout > 0, 0 <= --errRatio <= 1, "
-                             "--confirm_rounds >= 0")
         devices = cli.executor_devices(args.mp, args.ray)
         env = cli.worker_env(on_gpu=devices[0] is not None)
         with scoped_env(env):

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 
 from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.errors import ConfigError
+from aiter_gemm.fileio import read_text
 
 # model_type -> whether q/k/v projections carry a bias when config.json does not say (Qwen2 always has one).
 _QKV_BIAS_BY_TYPE = {"qwen2": True}
@@ -111,11 +113,17 @@ def load_arch(model_dir: str | Path) -> ModelArch:
     if not path.is_file():
         raise ModelConfigError(f"--model_dir {model_dir}: no config.json there (shipped models: "
                                f"{', '.join(shipped_models()) or 'none found'})")
+    return ModelArch.from_config(read_json(path), str(path))
+
+
+def read_json(path: Path) -> Any:
+    """A model's config.json; ModelConfigError naming the file when it is not UTF-8 JSON."""
     try:
-        cfg = json.loads(path.read_text())
+        return json.loads(read_text(path)[0])
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
-    return ModelArch.from_config(cfg, str(path))
+    except ConfigError as exc:
+        raise ModelConfigError(str(exc)) from None
 
 
 def shipped_models() -> list[str]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from aiter_gemm.backends import known_backends
 from aiter_gemm.backends.base import GemmProblem, Solution
-from aiter_gemm.configs import TunedRow, load_table
+from aiter_gemm.configs import SPECS, TunedRow, load_table, parse_time, unusable_time
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows, sort_csv_rows
 from aiter_gemm.op import op_spec
@@ -117,6 +118,30 @@ def summary_row(spec: TuneOp, identity: DeviceIdentity, o: ShapeOutcome, roof: R
     return row
 
 
+def stale_reason(op: str, fields: Mapping[str, str], known: frozenset[str] | None = None) -> str | None:
+    """Why a row of a tuned file (its cells as written) is not a tuned row of ``op``, or None if it is: its time is
+    not a measurement (:func:`aiter_gemm.configs.unusable_time`; a hand-set ``us = 0`` row runs but was never
+    timed), or a libtype no backend of the op has (``known``: the op's libtypes, listed once by the caller for many
+    rows). The tuner retunes such a shape even without ``--all`` and replaces the row with its measurement."""
+    spec = op_spec(op)
+    text = fields.get(SPECS[spec.kind].time_column)
+    try:
+        why = unusable_time(parse_time(text))
+    except ValueError:
+        why = "not a number"
+    if why is not None:
+        return f"us {text!r}: {why}"
+    libtype = (fields.get("libtype") or "").strip()
+    if libtype not in (known if known is not None else known_libtypes(op)):
+        return f"unknown libtype {libtype!r}"
+    return None
+
+
+def known_libtypes(op: str) -> frozenset[str]:
+    """Every libtype of ``op``'s backends here (modules and registrations: plugins must be imported first)."""
+    return frozenset(known_backends(op_spec(op).backends))
+
+
 def device_rows(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> list[TunedRow]:
     """The rows of ``path`` the runtime would use on ``identity``, in file order (a missing file has none): a row
     from a file without ``gfx`` counts, as it does for the runtime."""
@@ -128,8 +153,10 @@ def device_rows(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> l
 
 
 def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> set[tuple]:
-    """Table keys ``path`` already has a usable row for on ``identity`` (the resume set)."""
-    return {row.key for row in device_rows(path, identity, op)}
+    """Table keys ``path`` already has a tuned row for on ``identity`` (the resume set; rows :func:`stale_reason`
+    rejects do not count)."""
+    known = known_libtypes(op)
+    return {row.key for row in device_rows(path, identity, op) if stale_reason(op, row.fields, known) is None}
 
 
 def sort_tuned_file(path: str | os.PathLike, spec: TuneOp) -> None:
@@ -157,6 +184,10 @@ def row_solutions(path: str | os.PathLike, identity: DeviceIdentity, op: str) ->
     return {row.key: spec.row_solution(row) for row in device_rows(path, identity, op)}
 
 
+def _shape(row: Mapping[str, str]) -> str:
+    return " ".join(f"{c}={row[c]}" for c in ("M", "N", "K", "bias") if c in row)
+
+
 class CheckpointWriter:
     """Buffers finished shapes and merges them into the tuned (and profile, summary) file every ``batch`` shapes;
     the op's side files (``sidecar``) are flushed with each checkpoint."""
@@ -176,13 +207,28 @@ class CheckpointWriter:
         self.accept = accept  # which tuned winners become rows (--compare: the improved ones); None: all
         self.tuned_file, self.identity, self.batch = tuned_file, identity, batch
         self.profile_file, self.summary_file, self.roofline = profile_file, summary_file, roofline
-        self._replace = (lambda old, new: True) if replace_existing else None
+        self.replace_existing = replace_existing
+        self._stale: list[tuple[dict[str, str], str]] = []  # rows replaced because they were not usable
+        self.stale_replaced = 0
+        self._known: frozenset[str] | None = None  # the op's libtypes, listed at the first comparison
         self._rows: list[dict[str, str]] = []
         self._profile: list[dict[str, str]] = []
         self._summary: list[dict[str, str]] = []
         self._pending_shapes = 0
         self.written = 0
         self.checkpoints = 0
+
+    def _replace(self, old: dict[str, str], new: dict[str, str]) -> bool:
+        """Whether a row of the file with the key of a new one gives way: always with ``--all``; otherwise only a
+        row that is not usable (:func:`stale_reason`), which is recorded to be reported."""
+        if self.replace_existing:
+            return True
+        if self._known is None:
+            self._known = known_libtypes(self.spec.op)
+        why = stale_reason(self.spec.op, old, self._known)
+        if why is not None:
+            self._stale.append((old, why))
+        return why is not None
 
     def add(self, outcome: ShapeOutcome) -> None:
         spec = self.spec
@@ -202,12 +248,17 @@ class CheckpointWriter:
         """Merge everything buffered (a no-op when nothing is), then flush the side files."""
         spec = self.spec
         if self._rows:
+            self._stale = []
             added, replaced = merge_csv_rows(self.tuned_file, spec.tuned_columns, self._rows, spec.key_columns,
                                              replace=self._replace)
             kept = len(self._rows) - added - replaced
             if kept:
                 log.warning("%s: %d shape(s) were tuned meanwhile by another writer; their rows were kept",
                             self.tuned_file, kept)
+            if self._stale:
+                self.stale_replaced += len(self._stale)
+                log.warning("%s: replaced %d row(s) that were not usable as tuned rows: %s", self.tuned_file,
+                            len(self._stale), "; ".join(f"{_shape(old)} ({why})" for old, why in self._stale))
             self.written += added + replaced
             log.info("checkpoint: %d row(s) added, %d replaced in %s", added, replaced, self.tuned_file)
         if self._profile and self.profile_file is not None:

@@ -462,9 +462,11 @@ class ShapeSearch:
 
 
 def run_searches(executor: Executor, searches: list[ShapeSearch], on_outcome: Callable[[ShapeOutcome], None],
-                 on_item: Callable[[ShapeSearch, ItemResult], None] | None = None) -> None:
+                 on_item: Callable[[ShapeSearch, ItemResult], None] | None = None,
+                 on_tick: Callable[[list[ShapeSearch]], None] | None = None) -> None:
     """Drive ``searches`` to completion on ``executor``: shapes already started get free slots first (so finished
-    shapes reach the checkpoint early), then new shapes in order. ``on_outcome`` runs as each shape finishes."""
+    shapes reach the checkpoint early), then new shapes in order. ``on_outcome`` runs as each shape finishes,
+    ``on_tick`` with the shapes in progress after every poll (at least every 0.5 s)."""
     by_id = {s.shape_id: s for s in searches}
     waiting = list(searches)
     active: list[ShapeSearch] = []
@@ -495,6 +497,8 @@ def run_searches(executor: Executor, searches: list[ShapeSearch], on_outcome: Ca
                 if s.done:
                     active.remove(s)
                     on_outcome(s.outcome)
+        if on_tick is not None:
+            on_tick(active)
 
 
 __all__ = ["BASELINE", "Candidate", "Probe", "SearchOptions", "ShapeOutcome", "ShapeSearch", "pad_probes",

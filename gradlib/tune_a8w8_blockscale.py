@@ -32,7 +32,7 @@ AITER's tuner flags work as in ``gemm-tuner`` (:mod:`gradlib.aiter_flags`): ``-i
 split over all), and ``-i X -o X --all`` retunes X's rows for this device in place.
 
 Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid config; 2 bad arguments or input;
-3 workers could not start; 130 interrupted (what finished is saved).
+3 workers could not start; 130 interrupted by Ctrl-C, 143 by SIGTERM (what finished is saved).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.blockscale import GEMM_A8W8_BLOCKSCALE, parse_choice
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
@@ -76,7 +77,7 @@ from gradlib.blockscale_shapes import (  # noqa: F401 - re-exported for callers 
     nk_pair,
     read_shapes_csv,
 )
-from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, int_list, name_list
+from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, name_list, positive_int, positive_int_list
 from gradlib.driver import TuneJob, tune
 from gradlib.models import ModelConfigError
 from gradlib.pool import scoped_env
@@ -133,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--nk", type=nk_pair, nargs="+", metavar="N,K", help="weight shapes to tune, e.g. 8192,8192")
     src.add_argument("--model_dir", help="folder with a Hugging Face config.json (or a shipped model config's "
                      "name): tune its fp8 linears (Llama-style or DeepSeek MLA; see gradlib.blockscale_shapes)")
-    src.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
-    src.add_argument("--m", type=int_list, default=list(DEFAULT_MS),
+    src.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
+    src.add_argument("--m", type=positive_int_list, default=list(DEFAULT_MS),
                      help="batch sizes M for --nk / --model_dir (default 1,16,32,64,...,8192)")
     src.add_argument("-i", "--shapes", "--untune_file", help="untuned CSV with M,N,K columns (e.g. AITER's "
                      "a8w8_blockscale_untuned_gemm.csv), tuned as listed; -i X -o X --all: X's rows retuned in place")
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="JSON M buckets: one per tuned M (fine) or the named small/medium/large_M (seed)")
     out.add_argument("-o2", "--profile_file", help="CSV receiving every candidate's result")
     out.add_argument("--all", action="store_true", help="retune shapes the tuned file already has (replace them)")
-    out.add_argument("--batch", type=int, default=4, help="checkpoint every this many shapes (4)")
+    out.add_argument("--batch", type=positive_int, default=4, help="checkpoint every this many shapes (4)")
     srch = ap.add_argument_group("search")
     srch.add_argument("--quick", action="store_true", help="a short hand-picked config list per M class")
     srch.add_argument("--libtype", type=name_list,
@@ -158,11 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     srch.add_argument("--variants", type=name_list, help=f"only these variants (comma list of {', '.join(VARIANTS)})")
     srch.add_argument("--candidates", type=name_list,
                       help="time exactly these kernelNames (or names registered by a --plugin) instead")
-    srch.add_argument("--errRatio", type=float, default=0.01, help="max fraction of outputs outside isclose(ref, "
+    srch.add_argument("--errRatio", type=fraction, default=0.01, help="max fraction of outputs outside isclose(ref, "
                       "rtol=atol=1e-2) for a config to win (default 0.01: a correct config scores 0, fp8 products "
                       "being exact in the float32 reference and bf16 rounding 0.4%%)")
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    srch.add_argument("--min_gain", type=float, default=1.02, help="a confirmed winner must be this many times "
+    srch.add_argument("--min_gain", type=gain, default=1.02, help="a confirmed winner must be this many times "
                       "faster than the runtime's default (and torch's block-scaled matmul) at its M (1.02)")
     cli.add_confirm_arguments(srch)
     cli.add_candidates_from_argument(srch)
@@ -192,10 +193,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_shapes:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK
-        if args.batch < 1 or args.timeout <= 0 or not (0 <= args.errRatio <= 1) or args.confirm_rounds < 0 \
-                or args.min_gain < 1.0:
-            raise UsageError("--batch must be >= 1, --timeout > 0, 0 <= --errRatio <= 1, --confirm_rounds >= 0, "
-                             "--min_gain >= 1")
         otype = parse_dtype(args.outdtype)
         if otype not in (torch.bfloat16, torch.float16, torch.float32):
             raise UsageError(f"--outdtype must be bf16, fp16 or fp32, got {args.outdtype}")
@@ -217,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             unknown = [c for c in args.candidates if c not in EXTRA_LAUNCHERS and not is_config_name(c)]
             if unknown:
                 raise UsageError(f"--candidates {unknown}: neither kernelNames nor registered launchers")
-    except (UsageError, ModelConfigError, ImportError, KeyError) as exc:
+    except (UsageError, ConfigError, ModelConfigError, ImportError, KeyError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     package = GEMM_A8W8_BLOCKSCALE.backends

@@ -280,6 +280,9 @@ def test_dispatch_csv_row_exact_and_padded(test_device, device):
         got = get_GEMM_A8W8_BLOCKSCALE_config(M, 128, 512, on_gpu=False)
         assert (got["kernelName"], got["matched"]) == (cfg.name, level)
         assert got["source"].endswith("bs.csv:2")
+        # typed as AITER's config dicts are: numbers, not their text
+        assert (got["kernelId"], got["splitK"], got["us"], got["M"]) == (11, 2, 3.5, M)
+        assert type(got["kernelId"]) is int and all(type(got[c]) is float for c in ("errRatio", "tflops", "bw"))
     XQ, WQ, xs, ws = _inputs(13, 128, 512, device)
     out = gemm_a8w8_blockscale(XQ, WQ, xs, ws)
     assert _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < TOLERANCE[torch.bfloat16]

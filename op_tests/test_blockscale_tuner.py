@@ -177,6 +177,20 @@ def test_seed_buckets_rewrite_from_the_csv_without_retuning(tmp_path, capsys):
 
 
 # ---- pieces ----------------------------------------------------------------------------------------------------------
+def test_json_skips_rows_the_runtime_would_not_use(tmp_path):
+    """A row with an unusable time or an unknown libtype is not a tuned config: the JSON buckets leave it out."""
+    from aiter_gemm.device import DeviceIdentity
+    from gradlib.blockscale import JsonSidecar
+
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text("gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio\n"
+                     f"cpu,4,1,128,128,triton,0,0,5.0,{SWAP16},0,0,0\n"
+                     f"cpu,4,16,128,128,triton,0,0,nan,{SWAP16},0,0,0\n"
+                     f"cpu,4,32,128,128,ck,0,0,2.0,{BASE64},0,0,0\n")
+    sidecar = JsonSidecar(DeviceIdentity("cpu", 4, "cpu"), tuned, [])
+    assert {m: c.name for m, c in sidecar.tuned_configs(128, 128).items()} == {1: SWAP16}
+
+
 def test_seed_buckets_pick_the_best_geomean_over_each_category():
     a, b, c = SWAP16, BASE64, "base-BM64_BN128_BK128_GM1_SK1_W4_S4_TMA"
     best = {1: BlockscaleConfig.from_name(a), 64: BlockscaleConfig.from_name(b), 4096: BlockscaleConfig.from_name(c)}

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import aiter_gemm
-from aiter_gemm.configs import load_untuned
+from aiter_gemm.configs import ConfigError, load_untuned
 from op_tests.runtime_helpers import BF16_HEADER, bf16_row
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,29 +77,145 @@ def test_capture_flushes_on_timer(clean_runtime, tmp_path):
     assert [r["M"] for r in rows(out)] == ["3"]
 
 
+def _capture_env(out: Path, tuned: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AITER_")}
+    env.update(AITER_TUNE_GEMM="1", AITER_UNTUNED_GEMM_FILE=str(out), AITER_CONFIG_GEMM_BF16=str(tuned),
+               PYTHONPATH=str(REPO), **extra)
+    return env
+
+
 WORKER = textwrap.dedent("""
-    import sys, torch, aiter_gemm
+    import sys, time, torch, aiter_gemm
     rank = int(sys.argv[1])
-    b = torch.randn(24, 32)
-    for m in [1, 2, 100 + rank, 200 + rank, 300 + rank]:  # M=1, 2 shared by every rank
-        aiter_gemm.gemm_a16w16(torch.randn(m, 32), b)
+    b = torch.randn(8, 16)
+    for m in [1, 2, 3] + [1000 * (rank + 1) + i for i in range(1, 13)]:  # M=1, 2, 3 shared by every rank
+        aiter_gemm.gemm_a16w16(torch.randn(m, 16), b)
+        time.sleep(0.004)  # timer flushes (every 10 ms) start while the other ranks hold the lock
 """)
+EXPECTED = sorted([1, 2, 3] + [1000 * (r + 1) + i for r in range(4) for i in range(1, 13)])
 
 
-def test_four_processes_share_one_file(tmp_path):
-    out = tmp_path / "shared_untuned.csv"
-    out.write_text(PREEXISTING)
+def test_four_processes_share_one_file_and_lose_no_shape(tmp_path):
+    """Ranks capturing at once, flushing every 10 ms into a file large enough that writes overlap: every shape of
+    every rank is in the file when they have exited (a timer flush waiting for the lock at exit used to lose its
+    shapes), the rows already there are kept, the tuned file is never touched, no temp file is left."""
     tuned = tmp_path / "tuned.csv"
     tuned.write_text(BF16_HEADER)
     before = hashlib.sha256(tuned.read_bytes()).hexdigest()
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("AITER_")}
-    env.update(AITER_TUNE_GEMM="1", AITER_UNTUNED_GEMM_FILE=str(out), AITER_CONFIG_GEMM_BF16=str(tuned),
-               PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r)], env=env, cwd=tmp_path) for r in range(4)]
-    assert all(p.wait(timeout=300) == 0 for p in procs)
-    got = rows(out)
-    assert got[0]["note"] == "mine"
-    ms = sorted(int(r["M"]) for r in got[1:])
-    assert ms == sorted([1, 2] + [base + r for base in (100, 200, 300) for r in range(4)])
+    filler = "".join(f"{m},7,7,False,torch.float32,torch.float32,False,False,x\n" for m in range(100_000, 102_000))
+    for trial in range(2):
+        out = tmp_path / f"shared_untuned_{trial}.csv"
+        out.write_text(PREEXISTING + filler)
+        env = _capture_env(out, tuned, AITER_TUNE_GEMM_FLUSH_S="0.01")
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r)], env=env, cwd=tmp_path,
+                                  stderr=subprocess.PIPE, text=True) for r in range(4)]
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+        assert all(p.returncode == 0 for p in procs), errs
+        got = rows(out)
+        assert got[0]["note"] == "mine" and len(got) == 1 + 2000 + len(EXPECTED), f"trial {trial}: {errs}"
+        assert sorted(int(r["M"]) for r in got[2001:]) == EXPECTED, f"trial {trial}"
+        assert not list(tmp_path.glob(f".{out.name}.*.tmp")), "no temp file left behind"
     assert hashlib.sha256(tuned.read_bytes()).hexdigest() == before
-    assert not list(tmp_path.glob(".shared_untuned.csv.*.tmp")), "no temp file left behind"
+
+
+EXIT_WORKER = textwrap.dedent("""
+    import time, torch, aiter_gemm
+    b = torch.randn(8, 16)
+    for m in range(1, 9):
+        aiter_gemm.gemm_a16w16(torch.randn(m, 16), b)
+    time.sleep(0.5)  # the timer flush has taken the shapes and waits for the lock another rank holds
+    print("recorded", flush=True)
+""")
+
+
+def test_exit_waits_for_the_lock_another_rank_holds(tmp_path):
+    from filelock import FileLock
+
+    out, tuned = tmp_path / "u.csv", tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER)
+    lock = FileLock(str(out) + ".lock")
+    lock.acquire()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", EXIT_WORKER], env=_capture_env(
+            out, tuned, AITER_TUNE_GEMM_FLUSH_S="0.05"), cwd=tmp_path, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "recorded"
+        time.sleep(1.0)  # the process is exiting
+    finally:
+        lock.release()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert sorted(int(r["M"]) for r in rows(out)) == list(range(1, 9)), err
+
+
+def _recorder(path, **kw):
+    from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
+    from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, SPECS
+    from aiter_gemm.ops import untuned_row
+
+    spec = SPECS["GEMM_BF16"]
+    return ShapeRecorder(str(path), BF16_UNTUNED_COLUMNS, untuned_row, row_key_of(spec, BF16_UNTUNED_COLUMNS),
+                         flush_s=3600, tuned_columns=tuned_columns_of(spec), **kw)
+
+
+def test_shapes_that_cannot_be_written_are_listed_and_saved(tmp_path, monkeypatch, caplog):
+    """An unwritable capture path (here its folder is a file) loses nothing at exit: the error lists the shapes
+    and saves them (beside the file if possible, else in the temp folder)."""
+    import logging
+
+    from aiter_gemm.backends.base import GemmProblem
+
+    (tmp_path / "not_a_dir").write_text("")
+    spare = tmp_path / "tmp"
+    spare.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(spare))
+    rec = _recorder(tmp_path / "not_a_dir" / "u.csv", exit_wait_s=1.0)
+    for m in (3, 5):
+        rec.record(GemmProblem(m, 96, 80))
+    with caplog.at_level(logging.ERROR):
+        assert rec.flush(final=True) == 0  # what atexit runs
+    (saved,) = spare.glob("u.csv.*.pending.csv")
+    assert sorted(int(r["M"]) for r in rows(saved)) == [3, 5]
+    assert "could not write 2 captured shape(s)" in caplog.text and str(saved) in caplog.text
+    assert "3,96,80,False" in caplog.text and "5,96,80,False" in caplog.text
+
+
+def test_capture_refuses_a_tuned_file(clean_runtime, tmp_path, caplog):
+    """Pointing AITER_UNTUNED_GEMM_FILE at a tuned CSV is refused at reload; a file that becomes a tuned one later
+    is not written either (the shapes go beside it)."""
+    import logging
+
+    from aiter_gemm.backends.base import GemmProblem
+
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER + bf16_row(8, 96, 80))
+    before = tuned.read_bytes()
+    clean_runtime.setenv("AITER_TUNE_GEMM", "1")
+    clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(tuned))
+    with pytest.raises(ConfigError, match="tuned config file") as info:
+        aiter_gemm.reload_configs()
+    assert info.value.path == str(tuned)
+    clean_runtime.delenv("AITER_TUNE_GEMM")
+    aiter_gemm.reload_configs()
+    later = tmp_path / "later.csv"
+    rec = _recorder(later)
+    rec.record(GemmProblem(3, 96, 80))
+    later.write_bytes(before)  # a tuner wrote its table there meanwhile
+    with caplog.at_level(logging.ERROR):
+        rec.flush(final=True)
+    assert later.read_bytes() == before and tuned.read_bytes() == before
+    assert "tuned config file" in caplog.text
+    assert [r["M"] for r in rows(next(tmp_path.glob("later.csv.*.pending.csv")))] == ["3"]
+
+
+def test_empty_gemms_are_not_captured(clean_runtime, tmp_path):
+    out = tmp_path / "u.csv"
+    clean_runtime.setenv("AITER_TUNE_GEMM", "1")
+    clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(out))
+    aiter_gemm.reload_configs()
+    b = torch.randn(8, 16)
+    aiter_gemm.gemm_a16w16(torch.randn(0, 16), b)
+    aiter_gemm.gemm_a16w16(torch.randn(2, 16), b)
+    aiter_gemm.get_dispatcher().flush_capture()
+    assert [r["M"] for r in rows(out)] == ["2"]
+    assert load_untuned(out)  # the captured file stays loadable (M must be positive)

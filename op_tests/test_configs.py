@@ -209,3 +209,102 @@ def row_cu() -> int:
 
 def row_gfx() -> str:
     return aiter_gemm.current_device_identity().gfx
+
+
+# ---- encodings, BOM, non-positive sizes, typed config values (issue 17) ------------------------------------------
+BOM = b"\xef\xbb\xbf"
+
+
+def test_bom_file_loads_with_its_gfx_column(tmp_path, caplog):
+    """Excel's "CSV UTF-8" starts with a BOM: the first column must still be found (M of an untuned list, gfx of
+    a tuned file, which must keep rows to their arch instead of applying them to any)."""
+    untuned = tmp_path / "u.csv"
+    untuned.write_bytes(BOM + b"M,N,K\n4,96,80\n")
+    assert load_untuned(untuned)[0][:3] == (4, 96, 80)
+    tuned = tmp_path / "t.csv"
+    tuned.write_bytes(BOM + (BF16_HEADER + bf16_row(64, 96, 80, gfx="sm_test", cu_num=8)).encode())
+    table = load_table("GEMM_BF16", [str(tuned)])
+    assert table.lookup("sm_test", 8, KEY) is not None
+    assert table.lookup("gfx942", 8, KEY) is None, "a BOM must not turn gfx into an unknown column"
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path):
+    p = tmp_path / "latin1.csv"
+    p.write_bytes((BF16_HEADER + bf16_row(1, 96, 80)).encode() + b"cpu,2,64,96,80,False,torch.float32,"
+                  b"torch.float32,False,False,torch,0,0,1.0,caf\xe9\n")
+    with pytest.raises(ConfigError, match="UTF-8") as info:
+        load_table("GEMM_BF16", [str(p)])
+    assert (info.value.path, info.value.line) == (str(p), 3) and f"{p}:3" in str(info.value)
+    u = tmp_path / "u.csv"
+    u.write_bytes(BOM + b"M,N,K\n\xff4,96,80\n")
+    with pytest.raises(ConfigError, match="UTF-8") as info:
+        load_untuned(u)
+    assert (info.value.path, info.value.line) == (str(u), 2)
+
+
+@pytest.mark.parametrize(("col", "value"), [("M", "-4"), ("M", "0"), ("N", "-96"), ("K", "0")])
+def test_non_positive_sizes_are_errors(tmp_path, col, value):
+    fields = dict(zip(("M", "N", "K"), ("64", "96", "80")))
+    fields[col] = value
+    p = write(tmp_path, "t.csv", BF16_HEADER + bf16_row(*fields.values()))
+    with pytest.raises(ConfigError, match="positive") as info:
+        load_table("GEMM_BF16", [p])
+    assert (info.value.line, info.value.column) == (2, col)
+    u = write(tmp_path, "u.csv", "M,N,K\n" + ",".join(fields.values()) + "\n")
+    with pytest.raises(ConfigError, match="positive") as info:
+        load_untuned(u)
+    assert (info.value.path, info.value.line, info.value.column) == (u, 2, col)
+
+
+def test_config_dict_values_are_typed(tmp_path, clean_runtime):
+    """AITER returns numbers and bools, not their text: ``if cfg['bias']`` must be False for a bias-free row."""
+    header = BF16_HEADER.strip() + ",err_ratio,tflops,bw,note\n"
+    p = write(tmp_path, "x.csv", header + bf16_row(64, 96, 80, us=2.5, solidx=3).strip() + ",0.01,1.5,,hi\n")
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", p)
+    aiter_gemm.reload_configs()
+    cfg = aiter_gemm.get_GEMM_A16W16_config(64, 96, 80, False, torch.float32, torch.float32)
+    for name in ("bias", "scaleAB", "bpreshuffle"):
+        assert cfg[name] is False, (name, cfg[name])
+    assert (cfg["M"], cfg["solidx"], cfg["splitK"], cfg["cu_num"]) == (64, 3, 0, row_cu())
+    assert all(type(cfg[c]) is int for c in ("M", "N", "K", "solidx", "splitK", "cu_num"))
+    assert cfg["us"] == 2.5 and cfg["err_ratio"] == 0.01 and cfg["tflops"] == 1.5 and cfg["bw"] is None
+    assert cfg["note"] == "hi" and cfg["libtype"] == "torch" and cfg["kernelName"] == "k"
+
+
+# ---- a broken configured file does not stop the runtime (issue 17) ----------------------------------------------
+@pytest.mark.parametrize("broken", ["missing", "malformed", "latin1"])
+def test_broken_config_file_is_skipped_with_a_warning(tmp_path, clean_runtime, caplog, broken):
+    """The runtime runs on the other files' rows (or the defaults) and says which file it skipped and why; only
+    load_table(strict=True), the validating reader, raises."""
+    bad = tmp_path / "bad.csv"
+    if broken == "malformed":
+        bad.write_text(BF16_HEADER + bf16_row(-3, 96, 80))
+    elif broken == "latin1":
+        bad.write_bytes(BF16_HEADER.encode() + bf16_row(3, 96, 80, kernel="caf\xe9").encode("latin-1"))
+    good = write(tmp_path, "good.csv", BF16_HEADER + bf16_row(64, 96, 80))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", f"{bad}:{good}")
+    with caplog.at_level(logging.WARNING):
+        aiter_gemm.reload_configs()
+    assert str(bad) in caplog.text and ("not found" if broken == "missing" else "cannot be used") in caplog.text
+    assert aiter_gemm.get_GEMM_A16W16_config(64, 96, 80, False, torch.float32)["matched"] == "exact"
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(bad))
+    aiter_gemm.reload_configs()
+    out = aiter_gemm.gemm_a16w16(torch.ones(3, 80), torch.ones(96, 80))
+    assert out.shape == (3, 96)
+    assert aiter_gemm.get_GEMM_A16W16_config(3, 96, 80, False, torch.float32)["matched"] == "default"
+    if broken != "missing":
+        with pytest.raises(ConfigError, match=str(bad)):
+            load_table("GEMM_BF16", [str(bad)])
+
+
+def test_import_survives_a_broken_configured_file(tmp_path):
+    import subprocess
+    import sys
+
+    from op_tests.runtime_helpers import repo_env
+
+    env = repo_env(AITER_CONFIG_GEMM_BF16=str(tmp_path / "typo.csv"))
+    res = subprocess.run([sys.executable, "-c", "import aiter_gemm; print('ok')"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+    assert "typo.csv" in res.stderr and "default heuristic" in res.stderr

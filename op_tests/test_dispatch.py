@@ -229,12 +229,16 @@ def test_padded_row_used_only_inside_its_checked_range(clean_runtime, tmp_path, 
         backends.unregister_backend("rt_fake")
 
 
-def test_pad_m_min_above_m_is_a_config_error(clean_runtime, tmp_path):
+def test_pad_m_min_above_m_is_a_config_error(clean_runtime, tmp_path, caplog):
+    from aiter_gemm.configs import load_table
+
     path = tmp_path / "t.csv"
     _rows_with_pad(path, [(64, 65)])
-    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
     with pytest.raises(aiter_gemm.ConfigError, match=r"t\.csv:2, column 'pad_m_min'"):
-        aiter_gemm.reload_configs()
+        load_table("GEMM_BF16", [path])  # the validating reader
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
+    aiter_gemm.reload_configs()  # the runtime skips the file, naming it, and runs on defaults
+    assert "t.csv:2, column 'pad_m_min'" in caplog.text and aiter_gemm.get_config_table("GEMM_BF16").sources == ()
 
 
 # ---- eager calls on GPUs: launch-heavy choices give way to the cheap default ---------------------------------------

@@ -100,6 +100,37 @@ def test_bad_bias_shape():
         aiter_gemm.gemm_a16w16(torch.ones(4, 64), torch.ones(32, 64), torch.ones(31))
 
 
+def test_bias_checked_on_every_call_not_only_the_first():
+    """A (1, N) or (M, N) bias must not broadcast silently because a (N,) bias validated the shape before."""
+    a, b = torch.randn(4, 64), torch.randn(32, 64)
+    aiter_gemm.gemm_a16w16(a, b, torch.randn(32))  # caches this shape's decision
+    for bad in (torch.randn(1, 32), torch.randn(4, 32)):
+        with pytest.raises(ValueError, match=r"bias must be \(N,\) = \(32,\)"):
+            aiter_gemm.gemm_a16w16(a, b, bad)
+    with pytest.raises(ValueError, match=r"bias \(32,\) has dtype torch.float16; it must be torch.float32"):
+        aiter_gemm.gemm_a16w16(a, b, torch.randn(32, dtype=torch.float16))
+    # bf16 in, fp32 out: a bias in either dtype is fine
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    for dt in (torch.bfloat16, torch.float32):
+        out = aiter_gemm.gemm_a16w16(a16, b16, torch.ones(32, dtype=dt), otype=torch.float32)
+        assert out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ["A", "B", "bias", "scale_a"])
+def test_non_tensor_arguments_are_type_errors_naming_them(name):
+    args = {"A": torch.randn(4, 64), "B": torch.randn(32, 64), "bias": None, "scale_a": None}
+    aiter_gemm.gemm_a16w16(args["A"], args["B"])  # a cached entry for the tensors' shape must not hide the error
+    args[name] = [[1.0] * 64] * 4 if name in "AB" else 0.5
+    with pytest.raises(TypeError, match=f"gemm_a16w16: {name} must be a torch.Tensor"):
+        aiter_gemm.gemm_a16w16(args["A"], args["B"], args["bias"], scale_a=args["scale_a"])
+
+
+@pytest.mark.parametrize("otype", [torch.int32, torch.bool, torch.int8])
+def test_non_floating_otype_refused(otype):
+    with pytest.raises(ValueError, match=f"otype {otype}: {otype} output is not supported"):
+        aiter_gemm.gemm_a16w16(torch.randn(4, 64), torch.randn(32, 64), otype=otype)
+
+
 class TinyMLP(torch.nn.Module):
     def __init__(self):
         super().__init__()

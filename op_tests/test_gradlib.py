@@ -298,11 +298,11 @@ def test_checkpoint_every_batch_keeps_foreign_rows(tmp_path):
                "sm_90,132,4,8,16,False,torch.bfloat16,torch.bfloat16,False,False,cublaslt,3,0,1.0,x\n")
     path.write_text(foreign)
     w = CheckpointWriter(path, CPU, batch=2, replace_existing=False)
-    w.add(_outcome(GemmProblem(1, 8, 16), 3.0))
+    w.add(_outcome(GemmProblem(1, 8, 16), 3.0, "triton"))  # a known libtype: rows naming none do not count
     assert len(read_csv_rows(path)[1]) == 1  # not yet: batch is 2
-    w.add(_outcome(GemmProblem(2, 8, 16), 3.0))
+    w.add(_outcome(GemmProblem(2, 8, 16), 3.0, "triton"))
     assert len(read_csv_rows(path)[1]) == 3
-    w.add(_outcome(GemmProblem(3, 8, 16), 3.0))
+    w.add(_outcome(GemmProblem(3, 8, 16), 3.0, "triton"))
     w.flush()
     rows = read_csv_rows(path)[1]
     assert [r["M"] for r in rows] == ["4", "1", "2", "3"] and rows[0]["libtype"] == "cublaslt"
@@ -432,3 +432,61 @@ def test_worker_resolves_the_default_and_reports_what_it_ran():
     res = rt.run_item(task, 0)
     assert res.ok and res.solutions == (Solution("torch", 0, 0, "F.linear"),)
     assert 0 < res.rel_err < 1e-2  # bf16 output against the float32 reference
+
+
+BAD_ROWS = "".join(f"cpu,2,{m},8,16,False,torch.bfloat16,torch.bfloat16,False,False,{lib},0,0,{us},k\n"
+                   for m, lib, us in ((1, "torch", "nan"), (2, "torch", "0"), (3, "torch", "-1"), (4, "torch", ""),
+                                      (5, "nosuch", "1.0"), (6, "torch", "5.0")))
+
+
+def test_unusable_rows_are_retuned_and_replaced(tmp_path, caplog):
+    """Rows with a bad time or a libtype no backend has are not tuned shapes: resumed, and replaced when measured."""
+    import logging
+
+    path = tmp_path / "tuned.csv"
+    path.write_text(BF16_TUNED_COLUMNS[0] + "," + ",".join(BF16_TUNED_COLUMNS[1:15]) + "\n" + BAD_ROWS)
+    assert tuned_problems(path, CPU) == {GemmProblem(6, 8, 16)}
+    w = CheckpointWriter(path, CPU, batch=10, replace_existing=False)
+    for m in range(1, 7):
+        w.add(_outcome(GemmProblem(m, 8, 16), 3.0, "torch"))
+    with caplog.at_level(logging.WARNING):
+        w.flush()
+    rows = read_csv_rows(path)[1]
+    assert [(r["M"], r["libtype"], r["us"]) for r in rows] == [(str(m), "torch", "3.0000") for m in range(1, 6)] + [
+        ("6", "torch", "5.0")], "bad rows replaced in place, the usable one kept"
+    assert w.stale_replaced == 5 and "replaced 5 row(s) that were not usable" in caplog.text
+    assert "unknown libtype 'nosuch'" in caplog.text and "us 'nan'" in caplog.text
+    assert "tuned meanwhile" in caplog.text  # M=6: a usable row is never overwritten without --all
+    assert tuned_problems(path, CPU) == {GemmProblem(m, 8, 16) for m in range(1, 7)}
+
+
+def test_checkpoint_into_bom_file_keeps_its_header(tmp_path):
+    """A tuned file saved by Excel ("CSV UTF-8") starts with a BOM: merging must neither duplicate its first column
+    nor drop the BOM."""
+    path = tmp_path / "tuned.csv"
+    header = ",".join(BF16_TUNED_COLUMNS[:15]) + "\n"
+    path.write_bytes(b"\xef\xbb\xbf" + (header + BAD_ROWS.splitlines(keepends=True)[-1]).encode())
+    assert tuned_problems(path, CPU) == {GemmProblem(6, 8, 16)}
+    CheckpointWriter(path, CPU, batch=1, replace_existing=False).add(_outcome(GemmProblem(1, 8, 16), 3.0, "torch"))
+    data = path.read_bytes()
+    assert data.startswith(b"\xef\xbb\xbf" + header.strip().encode() + b",err_ratio,tflops,bw,pad_m_min,timing\n")
+    assert data.count(b"\xef\xbb\xbf") == 1
+    assert [r["M"] for r in read_csv_rows(path)[1]] == ["6", "1"]
+    assert tuned_problems(path, CPU) == {GemmProblem(m, 8, 16) for m in (1, 6)}
+
+
+def test_progress_lines_off_a_terminal():
+    """Off a terminal tqdm draws nothing: a line per finished shape, and a line while shapes run long."""
+    import io
+
+    from gradlib.driver import describe
+    from gradlib.progress import Progress
+
+    stream = io.StringIO()
+    search = ShapeSearch(0, P, SearchOptions(("tri",)))
+    with Progress(2, describe, stream=stream, tty=False, heartbeat_s=0.0) as progress:
+        progress.tick([search])
+        progress.shape(_outcome(GemmProblem(4, 8, 16, True), 2.5))
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[gradlib] 0/2 shapes done") and "running M=17 N=96 K=64" in lines[0]
+    assert lines[1].startswith("[gradlib] shape 1/2 M=4 N=8 K=16 bias: tri[0,0]") and "2.500 us" in lines[1]

@@ -15,6 +15,7 @@ import torch
 import op_tests.gradlib_fakes  # noqa: F401  (registers fake, fakelt, fakeslow in this process too)
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.fileio import read_csv_rows
+from gradlib.a16w16 import tuned_problems
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, ProcessPool, TaskDone
 from gradlib.tasks import TIME, Task
@@ -255,3 +256,122 @@ def test_gpu_tuner_writes_sm_rows(tmp_path):
     props = torch.cuda.get_device_properties(0)
     assert len(rows) == 2 and all(r["cu_num"] == str(props.multi_processor_count) for r in rows)
     assert all(r["gfx"].startswith(("sm_", "gfx")) and float(r["err_ratio"]) <= 0.05 for r in rows)
+
+
+# ---- bad input, misuse, signals, progress (issue 17) ------------------------------------------------------------
+@pytest.mark.parametrize("flag,value", [("--mp", "-1"), ("--mp", "0"), ("--batch", "0"), ("--timeout", "0"),
+                                        ("--timeout", "nan"), ("--nsets", "0,4"), ("--tp", "0"),
+                                        ("--errRatio", "2"), ("--min_gain", "0.5"), ("--screen_top", "0"),
+                                        ("--iters", "0"), ("--warmup", "-1"), ("--confirm_rounds", "-1"),
+                                        ("--min_improvement_pct", "-3")])
+def test_cli_misuse_exits_2_naming_the_flag(tmp_path, capsys, flag, value):
+    tuned = tmp_path / "tuned.csv"
+    with pytest.raises(SystemExit) as info:
+        _run("-i", _untuned(tmp_path), "-o", tuned, "--libtype", "torch", f"{flag}={value}")
+    assert info.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err and not tuned.exists()
+
+
+def test_blockscale_cli_misuse_exits_2_naming_the_flag(tmp_path, capsys):
+    from gradlib.tune_a8w8_blockscale import main as bs_main
+
+    for flag, value in (("--mp", "0"), ("--m", "-1"), ("--batch", "0"), ("--timeout", "-5"), ("--tp", "0")):
+        with pytest.raises(SystemExit) as info:
+            bs_main(["--nk", "128,128", "-o", str(tmp_path / "t.csv"), "--print_shapes", f"{flag}={value}"])
+        assert info.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+def test_unsupported_dtype_is_refused_and_nothing_written(tmp_path, capsys):
+    tuned = tmp_path / "tuned.csv"
+    assert _run("-i", _untuned(tmp_path), "-o", tuned, "--libtype", "torch", "--indtype", "int8") == 2
+    err = capsys.readouterr().err
+    assert "--indtype int8" in err and "no backend can tune it" in err and not tuned.exists()
+    assert _run("-i", _untuned(tmp_path), "-o", tuned, "--libtype", "torch", "--outdtype", "int32") == 2
+    assert "--outdtype int32" in capsys.readouterr().err and not tuned.exists()
+    untuned = _untuned(tmp_path, "M,N,K,dtype\n4,32,32,torch.int8\n")
+    assert _run("-i", untuned, "-o", tuned, "--libtype", "torch") == 2
+    assert str(untuned) in capsys.readouterr().err and not tuned.exists()
+
+
+def test_input_encodings(tmp_path, capsys):
+    """A BOM input (Excel's "CSV UTF-8") loads; bytes that are not UTF-8 are a usage error naming the file."""
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfM,N,K\n2,32,32\n")
+    assert _run("-i", bom, "--print_shapes") == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("2,32,32,False")
+    latin = tmp_path / "latin1.csv"
+    latin.write_bytes(b"M,N,K,note\n2,32,32,caf\xe9\n")
+    assert _run("-i", latin, "-o", tmp_path / "tuned.csv", "--libtype", "torch") == 2
+    assert f"{latin}:2" in capsys.readouterr().err and not (tmp_path / "tuned.csv").exists()
+
+
+def rows_identity(row: dict):
+    from aiter_gemm.device import DeviceIdentity
+
+    return DeviceIdentity(row["gfx"], int(row["cu_num"]), "cpu")
+
+
+def test_unusable_rows_in_the_tuned_file_are_retuned_and_replaced(tmp_path, capsys, caplog):
+    cu = os.cpu_count()
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName\n"
+                     f"cpu,{cu},1,64,32,False,torch.bfloat16,torch.bfloat16,False,False,torch,0,0,nan,F.linear\n"
+                     f"cpu,{cu},17,96,64,False,torch.bfloat16,torch.bfloat16,False,False,nosuch,0,0,1.0,x\n")
+    assert _run("-i", _untuned(tmp_path), "-o", tuned, "--libtype", "torch") == 0
+    out = capsys.readouterr().out
+    assert "2 tuned, 0 skipped" in out and "(2 unusable row(s) replaced)" in out
+    # --batch 1 (AITER's default): one checkpoint per shape, each replacing its row
+    assert caplog.text.count("replaced 1 row(s) that were not usable") == 2
+    assert "us 'nan'" in caplog.text and "unknown libtype 'nosuch'" in caplog.text
+    rows = read_csv_rows(tuned)[1]
+    assert [(r["M"], r["libtype"]) for r in rows] == [("1", "torch"), ("17", "torch")]
+    assert all(float(r["us"]) > 0 for r in rows)
+    assert tuned_problems(tuned, rows_identity(rows[0])) == {GemmProblem(1, 64, 32), GemmProblem(17, 96, 64)}
+
+
+def test_tuner_runs_with_a_broken_config_env_var(tmp_path, clean_runtime):
+    """AITER_CONFIG_GEMM_BF16 naming a missing or malformed file must not stop the tool that regenerates it: its
+    processes import aiter_gemm with that environment (a warning, not a traceback)."""
+    import subprocess
+
+    broken, missing = tmp_path / "broken.csv", tmp_path / "missing.csv"
+    broken.write_text("M,N\n1\n")
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", f"{missing}:{broken}")
+    res = subprocess.run([sys.executable, "-m", "gradlib.gemm_tuner", "--model_dir", "llama3_8b", "--nsets", "1",
+                          "--print_shapes"], env=repo_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("M,N,K,bias") and str(missing) in res.stderr and str(broken) in res.stderr
+    tuned = tmp_path / "tuned.csv"  # the workers import aiter_gemm under the broken variable too
+    assert _run("-i", _untuned(tmp_path, "M,N,K\n2,32,32\n"), "-o", tuned, "--libtype", "torch") == 0
+    assert len(read_csv_rows(tuned)[1]) == 1
+
+
+def test_sigterm_checkpoints_like_ctrl_c_with_progress_lines(tmp_path):
+    """SIGTERM (a scheduler, kill) saves the shapes that finished since the last checkpoint, says so and exits 143;
+    off a terminal, each finished shape prints a progress line."""
+    import signal
+    import subprocess
+
+    shapes = [(m, 32, 32) for m in range(1, 9)]
+    untuned = _untuned(tmp_path, "M,N,K\n" + "".join(f"{m},{n},{k}\n" for m, n, k in shapes))
+    tuned = tmp_path / "tuned.csv"
+    cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
+           "fakeslow", "--batch", "100", "--plugin", PLUGIN]  # no checkpoint before the end
+    proc = subprocess.Popen(cmd, env=repo_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if "[gradlib] shape 2/8 M=2 N=32 K=32:" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(seen) + err
+    assert proc.returncode == 143, err
+    assert "interrupted (SIGTERM)" in err and "rerun the same command" in err
+    got = [int(r["M"]) for r in read_csv_rows(tuned)[1]]
+    assert 2 <= len(got) < 8 and got == sorted(got)
