@@ -17,6 +17,7 @@ import torch
 
 from aiter_gemm.backends import A16W16
 from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.torch import run_plain
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
@@ -42,39 +43,17 @@ GEMM_A16W16 = register_op(OpSpec(
 
 _DISPATCHER = dispatcher_for(GEMM_A16W16)
 _is_compiling = torch.compiler.is_compiling
-
-
-def _run(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None, otype: torch.dtype | None = None,
-         scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
-         scale_c: torch.Tensor | None = None) -> torch.Tensor:
-    """out (..., N) = A (..., K) @ B (N, K).T (+ bias): the eager path, one dict lookup after the first call.
-
-    The key holds everything :func:`problem_of` validates (shapes and dtypes of every tensor, otype, which scales are
-    given), so a call hits a cached entry only if that entry's first call had operands passing the same checks:
-    every call is validated, at the cost of the lookup. Measured on CPU: building and hashing this key is ~0.4 us,
-    the rest of the added cost is two Python calls."""
-    try:
-        key = (A.shape, B.shape, A.dtype, B.dtype, otype, None if bias is None else (bias.shape, bias.dtype),
-               None if scale_a is None and scale_b is None and scale_c is None
-               else (type(scale_a), type(scale_b), type(scale_c)),
-               A.is_cuda, getattr(B, "is_shuffled", False) is True)
-    except AttributeError:  # not a tensor: the checks say which argument
-        problem_of(A, B, bias, otype, scale_a, scale_b, scale_c)
-        raise
-    fast = _DISPATCHER._fast.get(key)
-    if fast is None:
-        fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
-    runner, out_dtype, shape2d, out_shape = fast
-    if shape2d is None:
-        return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
-    return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
+_linear = torch.nn.functional.linear
 
 
 def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tuple:
+    """Validate a call whose key is new, decide its problem and cache ``(runner, otype, 2-D shape, out shape)``;
+    ``runner`` None means the decision is plain ``F.linear`` (called with A as given: no reshape, no extra frame)."""
     problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[8])
     dec = _DISPATCHER.decide(problem, key[7])
+    runner = dec.call_runner
     flat = A.dim() == 2
-    fast = (dec.call_runner, problem.otype, None if flat else (problem.M, problem.K),
+    fast = (None if runner is run_plain else runner, problem.otype, None if flat else (problem.M, problem.K),
             None if flat else (*A.shape[:-1], problem.N))
     _DISPATCHER._fast[key] = fast
     return fast
@@ -146,7 +125,7 @@ def _gemm_a16w16_op(
     scale_a: Optional[torch.Tensor] = None, scale_b: Optional[torch.Tensor] = None,
     scale_c: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    return _run(A, B, bias, otype, scale_a, scale_b, scale_c)
+    return gemm_a16w16(A, B, bias, otype, scale_a, scale_b, scale_c)  # not compiling when a compiled graph runs
 
 
 @_gemm_a16w16_op.register_fake
@@ -181,10 +160,32 @@ def gemm_a16w16(
     scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None, scale_c: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.linear(A, B, bias)`` through the tuned dispatch: A (..., K), B (N, K) -> (..., N) in ``otype``
-    (default A.dtype). fp8 inputs take per-tensor ``scale_a``/``scale_b``; ``scale_c`` multiplies the output."""
+    (default A.dtype). fp8 inputs take per-tensor ``scale_a``/``scale_b``; ``scale_c`` multiplies the output.
+
+    Eager calls cost one dict lookup after a shape's first call: the key holds everything :func:`problem_of`
+    validates (shapes and dtypes of every tensor, otype, which scales are given), so a call hits a cached entry only
+    if that entry's first call had operands passing the same checks. Measured on CPU (bench_dispatch_overhead):
+    building and hashing the key ~0.4 us; a plain-torch decision then calls ``F.linear`` on A as given, since
+    reshaping a 3-D activation in Python costs ~1 us each way."""
     if _is_compiling():
         return torch.ops.aiter_gemm.gemm_a16w16(A, B, bias, otype, scale_a, scale_b, scale_c)
-    return _run(A, B, bias, otype, scale_a, scale_b, scale_c)
+    try:
+        key = (A.shape, B.shape, A.dtype, B.dtype, otype, None if bias is None else (bias.shape, bias.dtype),
+               None if scale_a is None and scale_b is None and scale_c is None
+               else (type(scale_a), type(scale_b), type(scale_c)),
+               A.is_cuda, getattr(B, "is_shuffled", False) is True)
+    except AttributeError:  # not a tensor: the checks say which argument
+        problem_of(A, B, bias, otype, scale_a, scale_b, scale_c)
+        raise
+    fast = _DISPATCHER._fast.get(key)
+    if fast is None:
+        fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
+    runner, out_dtype, shape2d, out_shape = fast
+    if runner is None:
+        return _linear(A, B, bias)
+    if shape2d is None:
+        return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
+    return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
 
 
 class TunedGemm:

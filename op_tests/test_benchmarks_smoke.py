@@ -41,4 +41,6 @@ def test_bench_dispatch_overhead_cpu(tmp_path, clean_runtime):
     out = tmp_path / "o.csv"
     assert bench_dispatch_overhead.main(["--calls", "200", "--repeats", "3", "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out)))
-    assert [r["case"] for r in rows] == ["exact", "padded_gl0", "default", "exact"]
+    assert [(r["path"], r["case"]) for r in rows] == [
+        ("eager gemm_a16w16", "exact"), ("eager gemm_a16w16", "padded_gl0"), ("eager gemm_a16w16", "default"),
+        ("eager gemm_a16w16", "exact_3d"), ("TunedLinear module", "exact_3d"), ("torch.ops custom op", "exact")]

@@ -1,8 +1,9 @@
 """Per-call cost that ``gemm_a16w16`` adds over calling torch directly, on tiny tensors (host time dominates).
 
-For an exact hit, a padded hit and a default decision, time N calls of ``F.linear`` and N calls of
-``gemm_a16w16`` back to back, R times, and report the median of the per-call differences (interleaving cancels
-drift from other load on the machine). Also times the ``torch.ops`` custom-op path that compiled graphs use.
+For an exact hit, a padded hit and a default decision (2-D A), an exact hit with a 3-D A, and ``TunedLinear``
+against the ``nn.Linear`` it replaces, time N calls of the torch call and N calls of ours back to back, R times,
+and report the median of the per-call differences (interleaving cancels drift from other load on the machine).
+Also times the ``torch.ops`` custom-op path that compiled graphs use.
 
     python -m op_tests.op_benchmarks.bench_dispatch_overhead [--device cuda] [--out results/dispatch_overhead.csv]
 """
@@ -85,6 +86,21 @@ def main(argv: list[str] | None = None) -> int:
                                    args.calls, args.repeats, sync)
         rows.append(dict(path="eager gemm_a16w16", case=case, M=m, N=N, K=K, torch_us=ref, call_us=ours,
                          added_us=added))
+    # A 3-D activation, as a model's linear layers get one (batch, tokens, K); and the module path: patch_linear's
+    # TunedLinear against the nn.Linear it replaces (both pay the module call machinery).
+    a3 = torch.randn(1, 8, K, device=dev, dtype=dtype)
+    ref, ours, added = measure(lambda: F.linear(a3, b), lambda: aiter_gemm.gemm_a16w16(a3, b), args.calls,
+                               args.repeats, sync)
+    rows.append(dict(path="eager gemm_a16w16", case="exact_3d", M=8, N=N, K=K, torch_us=ref, call_us=ours,
+                     added_us=added))
+    from aiter_gemm.nn import TunedLinear
+
+    linear = torch.nn.Linear(K, N, bias=False, device=dev, dtype=dtype)
+    tuned = TunedLinear.from_linear(linear)
+    with torch.no_grad():
+        ref, ours, added = measure(lambda: linear(a3), lambda: tuned(a3), args.calls, args.repeats, sync)
+    rows.append(dict(path="TunedLinear module", case="exact_3d", M=8, N=N, K=K, torch_us=ref, call_us=ours,
+                     added_us=added))
     a = torch.randn(8, K, device=dev, dtype=dtype)
     op = torch.ops.aiter_gemm.gemm_a16w16
     ref, ours, added = measure(lambda: F.linear(a, b), lambda: op(a, b), args.calls // 4, args.repeats, sync)
