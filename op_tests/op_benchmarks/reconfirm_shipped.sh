@@ -4,6 +4,8 @@
 # it would serve (pad_m_min), and rewritten with its timing mode. Nothing outside $OUT is written; copy the results
 # into configs/ after reading them.
 #
+# Each tuner is stopped by SIGTERM after BF16_LIMIT_S / FP8_LIMIT_S (it saves what finished; rerun to resume).
+#
 #   OUT=/tmp/reconfirm bash op_tests/op_benchmarks/reconfirm_shipped.sh
 set -u
 OUT=${OUT:?set OUT to an output folder}
@@ -15,12 +17,12 @@ mkdir -p "$OUT/retune/triton"
   python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1
   git rev-parse HEAD 2>/dev/null
 } > "$OUT/retune/env.txt"
-/usr/bin/time -v python -m gradlib.gemm_tuner -i configs/bf16_tuned_gemm.csv \
+/usr/bin/time -v timeout -s TERM ${BF16_LIMIT_S:-390} python -m gradlib.gemm_tuner -i configs/bf16_tuned_gemm.csv \
   --candidates_from configs/bf16_tuned_gemm.csv --libtype all --mp 1 \
   -o "$OUT/retune/bf16_tuned_gemm.csv" -o2 "$OUT/retune/bf16_profile.csv" \
   --summary_file "$OUT/retune/bf16_summary.csv" > "$OUT/retune/bf16.log" 2>&1
 echo "bf16 rc=$?" >> "$OUT/retune/env.txt"
-/usr/bin/time -v python -m gradlib.tune_a8w8_blockscale -i configs/a8w8_blockscale_tuned_gemm.csv \
+/usr/bin/time -v timeout -s TERM ${FP8_LIMIT_S:-170} python -m gradlib.tune_a8w8_blockscale -i configs/a8w8_blockscale_tuned_gemm.csv \
   --candidates_from configs/a8w8_blockscale_tuned_gemm.csv --mp 1 \
   -o "$OUT/retune/a8w8_blockscale_tuned_gemm.csv" --json_dir "$OUT/retune/triton" \
   -o2 "$OUT/retune/a8w8_blockscale_profile.csv" > "$OUT/retune/a8w8_blockscale.log" 2>&1
