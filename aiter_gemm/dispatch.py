@@ -15,9 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from aiter_gemm import backends, jsonconfigs
+from aiter_gemm import backends, cudagraph, jsonconfigs
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
 from aiter_gemm.configs import ConfigTable, TunedRow, load_table
@@ -69,11 +67,11 @@ class Decision:
 
     @property
     def call_runner(self) -> Any:
-        """The runner an entry function calls: the runner itself, or one that asks whether the current stream is
-        capturing a CUDA graph (~0.3 us, only for decisions whose eager choice differs)."""
+        """The runner an entry function calls: the runner itself, or one that asks whether this thread is capturing
+        a CUDA graph (:mod:`aiter_gemm.cudagraph`: an attribute read; only decisions whose eager choice differs)."""
         if self.eager_runner is None:
             return self.runner
-        graph, eager, capturing = self.runner, self.eager_runner, torch.cuda.is_current_stream_capturing
+        graph, eager, capturing = self.runner, self.eager_runner, cudagraph.probe()
         warmed = []
 
         def switch(*args: Any) -> Any:

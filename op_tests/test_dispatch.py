@@ -266,7 +266,7 @@ def test_gpu_decision_of_a_launch_heavy_backend_runs_the_cheap_default_when_not_
     cfg = dec.as_config()
     assert (cfg["libtype"], cfg["eager_libtype"]) == ("launchy", "torch")
     capturing = {"on": False}
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    monkeypatch.setattr(aiter_gemm.cudagraph, "probe", lambda: lambda: capturing["on"])
     run = dec.call_runner
     a, b = torch.randn(4, 32), torch.randn(64, 32)
     run(a, b, None, F32, None, None, None)  # first eager call: also runs the graph runner once (its warm-up)
@@ -276,6 +276,51 @@ def test_gpu_decision_of_a_launch_heavy_backend_runs_the_cheap_default_when_not_
     capturing["on"] = True
     out = run(a, b, None, F32, None, None, None)
     assert launchy.calls == 2 and out.shape == (4, 64)  # capture: the tuned choice
+
+
+class _Graph:
+    """Stands in for torch.cuda.CUDAGraph on CPU: capture_begin fails when told to, capture_end may raise."""
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        if capture_error_mode == "bad":
+            raise RuntimeError("capture could not begin")
+
+    def capture_end(self):
+        if getattr(self, "broken", False):
+            raise RuntimeError("capture invalidated")
+
+
+def test_capture_counting_follows_begin_and_end_per_thread():
+    import threading
+
+    from aiter_gemm.cudagraph import capturing, count_captures
+
+    class G(_Graph):
+        pass
+
+    assert count_captures(G) and count_captures(G)  # the second call wraps nothing again
+    g = G()
+    assert not capturing()
+    with pytest.raises(RuntimeError):
+        g.capture_begin(capture_error_mode="bad")
+    assert not capturing()  # a capture that did not begin is not counted
+    g.capture_begin()
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(capturing()))
+    t.start()
+    t.join()
+    assert capturing() and seen == [False]  # another thread's eager calls are not in this capture
+    g.broken = True
+    with pytest.raises(RuntimeError):
+        g.capture_end()
+    assert not capturing()  # an invalidated capture is over too
+    g.broken = False
+    g.capture_end()  # an unmatched end does not go below zero
+    g.capture_begin()
+    assert capturing()
+    g.capture_end()
+    assert not capturing()
+    assert not count_captures(type("NoCapture", (), {}))
 
 
 def test_eager_timed_rows_and_cpu_decisions_keep_their_backend(launchy, clean_runtime, tmp_path):

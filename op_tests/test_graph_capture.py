@@ -120,3 +120,21 @@ def test_rows_of_every_backend_warm_up_eagerly_then_capture_without_io(clean_run
     torch.cuda.synchronize()
     graph, outs = _capture(calls)
     _check(graph, xs, outs, w, [None] * len(xs))
+
+
+@pytest.mark.gpu
+def test_capture_is_seen_without_asking_the_driver():
+    """Decisions that switch between a graph and an eager choice learn of a capture from torch.cuda.graph itself."""
+    from aiter_gemm import cudagraph
+
+    assert cudagraph.probe() is cudagraph.capturing
+    x = torch.randn(8, 8, device="cuda")
+    torch.cuda.synchronize()
+    seen = []
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        with torch.cuda.graph(graph):
+            seen.append((cudagraph.capturing(), torch.cuda.is_current_stream_capturing()))
+            x.mul_(2)
+    seen.append((cudagraph.capturing(), torch.cuda.is_current_stream_capturing()))
+    assert seen == [(True, True), (False, False)]
