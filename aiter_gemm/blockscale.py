@@ -168,18 +168,31 @@ def read_json_configs(path: str | os.PathLike) -> list[tuple[int | None, str, Ch
     return read_buckets(path, _choice_from_json, NAMED_BUCKETS)
 
 
-def write_json_configs(path: str | os.PathLike, buckets: Mapping[str, Choice]) -> None:
-    """Write ``buckets`` (bucket key -> choice) atomically, smallest bound first; keys checked as when reading."""
+def write_json_configs(path: str | os.PathLike, buckets: Mapping[str, Choice | None]) -> None:
+    """Write ``buckets`` (bucket key -> choice, None for a ``"default"`` bucket) atomically, smallest bound first;
+    keys checked as when reading."""
     write_buckets(path, buckets, lambda choice: choice.to_json(), NAMED_BUCKETS)
 
 
-def buckets_from_tuned(best: Mapping[int, Choice]) -> dict[str, Choice]:
+def buckets_from_tuned(best: Mapping[int, Choice],
+                       pad_m_min: Mapping[int, int | None] | None = None) -> dict[str, Choice | None]:
     """JSON buckets from the best config per tuned M: ``M_LEQ_<m>`` for each tuned M (covering M above the previous
-    tuned M, so the config was timed at a size at least as large) and ``any`` repeating the largest M's config."""
+    tuned M, so the config was timed at a size at least as large) and ``any`` repeating the largest M's config.
+    ``pad_m_min[m]``: the smallest M row m was confirmed for (its CSV ``pad_m_min``); below it, down to the previous
+    tuned M, a ``"default"`` bucket ``M_LEQ_<pad_m_min - 1>`` leaves those M to the runtime's default, as the
+    padded lookup does (held-out H100 run: the M = 256 row of (10240, 8192), confirmed from 129, ran M = 100 at
+    0.81x torch's block-scaled matmul through its bucket)."""
     if not best:
         raise ValueError("buckets_from_tuned: no tuned M")
     ms = sorted(best)
-    out = {f"M_LEQ_{m}": best[m] for m in ms}
+    out: dict[str, Choice | None] = {}
+    prev = 0
+    for m in ms:
+        low = (pad_m_min or {}).get(m)
+        if low is not None and prev + 1 < low <= m:
+            out[f"M_LEQ_{low - 1}"] = None
+        out[f"M_LEQ_{m}"] = best[m]
+        prev = m
     out["any"] = best[ms[-1]]
     return out
 

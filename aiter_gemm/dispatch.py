@@ -294,6 +294,8 @@ class Dispatcher:
             if hit is None:
                 return None
             key, sol = hit
+            if sol is None:  # a "default" bucket: no config was confirmed for this M range
+                return None
             runner, why = self._runner(problem, device, sol)
             if runner is None:
                 if why is not None:
@@ -330,7 +332,7 @@ class Dispatcher:
         for backend in self._defaults:
             if (problem.bpreshuffle and not backend.is_blaslt) or (cheap_only and not backend.cheap_launch):
                 continue
-            sol = backend.default_for(problem, device)
+            sol = backend.eager_default_for(problem, device) if cheap_only else backend.default_for(problem, device)
             if sol is None or backend.why_not(problem, sol, device) is not None:
                 continue
             runner = backend.prepare(problem, sol, device)

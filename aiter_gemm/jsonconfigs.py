@@ -2,7 +2,10 @@
 
 A file maps bucket keys to config entries: ``M_LEQ_<n>`` covers M <= n, ``any`` any M, and an op may accept named
 buckets (the block-scale op's ``small_M`` / ``medium_M`` / ``large_M``: M <= 256 / 2048 / any). The entry with the
-smallest bound >= M wins. Each user turns entries into its own config type with a ``parse_entry`` function; every
+smallest bound >= M wins. An entry may also be the string ``"default"`` (:data:`DEFAULT_ENTRY`): no config for that
+range, the runtime's default serves it (the tuner writes such gaps below an M whose row was not confirmed for smaller
+M, README "Lookup"); it parses to None. Each user turns entries into its own config type with a ``parse_entry``
+function; every
 error (bad JSON, unknown key, two keys covering the same range, an entry its parser rejects) raises
 :class:`JSONConfigError` naming the file and the key. Files are only read; :func:`write_buckets` writes atomically.
 """
@@ -27,8 +30,10 @@ AITER_BUCKETS: dict[str, int | None] = {"any": None}
 NAMED_BUCKETS: dict[str, int | None] = {"small_M": 256, "medium_M": 2048, "large_M": None, "any": None}
 _LEQ_RE = re.compile(r"^M_LEQ_(\d+)$")
 
-#: Parsed buckets: (M bound or None for any M, bucket key, entry), smallest bound first.
+#: Parsed buckets: (M bound or None for any M, bucket key, entry or None for DEFAULT_ENTRY), smallest bound first.
 Buckets = list[tuple[int | None, str, Any]]
+#: A bucket value meaning "no config here: the runtime's default serves this M range".
+DEFAULT_ENTRY = "default"
 
 
 class JSONConfigError(ValueError):
@@ -49,8 +54,9 @@ def bucket_bound(path: str | os.PathLike, key: str, named: Mapping[str, int | No
 
 
 def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
-                 named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T]]:
-    """Every bucket of ``path`` as (bound, key, parsed entry), smallest bound first (``any``-like last)."""
+                 named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T | None]]:
+    """Every bucket of ``path`` as (bound, key, parsed entry or None for :data:`DEFAULT_ENTRY`), smallest bound
+    first (``any``-like last)."""
     try:
         data = json.loads(read_text(path)[0])
     except json.JSONDecodeError as exc:
@@ -66,9 +72,12 @@ def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
         if bound in bounds_seen:
             raise JSONConfigError(path, key, f"covers the same M range as {bounds_seen[bound]!r}")
         bounds_seen[bound] = key
+        if entry == DEFAULT_ENTRY:
+            out.append((bound, key, None))
+            continue
         if not isinstance(entry, dict):
-            raise JSONConfigError(path, key, f"entry must be an object of kernel parameters, got "
-                                             f"{type(entry).__name__}")
+            raise JSONConfigError(path, key, f"entry must be an object of kernel parameters or {DEFAULT_ENTRY!r}, "
+                                             f"got {type(entry).__name__}")
         try:
             parsed = parse_entry(entry)
         except (ValueError, TypeError) as exc:
@@ -78,22 +87,25 @@ def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
     return out
 
 
-def select_bucket(buckets: list[tuple[int | None, str, T]], M: int) -> tuple[str, T] | None:
-    """The (key, entry) with the smallest bound >= M (an unbounded one last); None when M exceeds every bound."""
+def select_bucket(buckets: list[tuple[int | None, str, T | None]], M: int) -> tuple[str, T | None] | None:
+    """The (key, entry) with the smallest bound >= M (an unbounded one last; entry None: the default serves M);
+    None when M exceeds every bound."""
     for bound, key, entry in buckets:
         if bound is None or M <= bound:
             return key, entry
     return None
 
 
-def write_buckets(path: str | os.PathLike, buckets: Mapping[str, T], to_json: Callable[[T], dict],
+def write_buckets(path: str | os.PathLike, buckets: Mapping[str, T | None], to_json: Callable[[T], dict],
                   named: Mapping[str, int | None] = NAMED_BUCKETS) -> None:
-    """Write ``buckets`` (key -> entry) atomically, smallest bound first; keys checked as when reading."""
+    """Write ``buckets`` (key -> entry, None for :data:`DEFAULT_ENTRY`) atomically, smallest bound first; keys
+    checked as when reading."""
     if not buckets:
         raise ValueError(f"{path}: no buckets to write")
     bounds = {key: bucket_bound(path, key, named) for key in buckets}
     order = sorted(buckets, key=lambda key: (bounds[key] is None, bounds[key] or 0))
-    atomic_write_text(path, json.dumps({key: to_json(buckets[key]) for key in order}, indent=4) + "\n")
+    atomic_write_text(path, json.dumps({key: DEFAULT_ENTRY if buckets[key] is None else to_json(buckets[key])
+                                         for key in order}, indent=4) + "\n")
 
 
 _cache: dict[tuple[str, Callable, tuple], list | None] = {}

@@ -245,8 +245,12 @@ class JsonSidecar(Sidecar):
         return f"; {len(self.written)} JSON file(s) in {self.json_dir}"
 
     def tuned_configs(self, n: int, k: int) -> dict[int, Choice]:
-        """Config per M of the tuned file's rows for (n, k) on this device (rows naming no config, and rows the
-        runtime would not use (:func:`gradlib.results.stale_reason`), are skipped)."""
+        """Config per M of the tuned file's rows for (n, k) on this device (see :meth:`tuned_rows`)."""
+        return {m: choice for m, (choice, _) in self.tuned_rows(n, k).items()}
+
+    def tuned_rows(self, n: int, k: int) -> dict[int, tuple[Choice, int | None]]:
+        """(config, pad_m_min) per M of the tuned file's rows for (n, k) on this device (rows naming no config, and
+        rows the runtime would not use (:func:`gradlib.results.stale_reason`), are skipped)."""
         if not os.path.isfile(self.tuned_file):
             return {}
         out = {}
@@ -261,19 +265,21 @@ class JsonSidecar(Sidecar):
                 log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, stale)
                 continue
             try:
-                out[int(r["M"])] = parse_choice(r["kernelName"])
+                pad = str(r.get("pad_m_min", "") or "").strip()
+                out[int(r["M"])] = (parse_choice(r["kernelName"]), int(pad) if pad else None)
             except ValueError as exc:
                 log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, exc)
         return out
 
     def write_json(self, n: int, k: int) -> None:
-        best = self.tuned_configs(n, k)
-        if not best:
+        rows = self.tuned_rows(n, k)
+        if not rows:
             return
+        best = {m: choice for m, (choice, _) in rows.items()}
         if self.bucket_mode == "seed":
             buckets = seed_buckets(best, self._times.get((n, k), {}))
         else:
-            buckets = buckets_from_tuned(best)
+            buckets = buckets_from_tuned(best, {m: pad for m, (_, pad) in rows.items()})
         self.json_dir.mkdir(parents=True, exist_ok=True)
         path = json_config_path(self.json_dir, self.identity.gfx, n, k)
         write_json_configs(path, buckets)

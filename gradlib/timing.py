@@ -181,3 +181,47 @@ def interleaved(measures: dict[str, Callable[[], float]], rounds: int) -> dict[s
         for k in (names if r % 2 == 0 else names[::-1]):
             out[k].append(measures[k]())
     return out
+
+
+def time_paired(calls: dict[str, Callable[[int], object]], n_sets: int, cfg: TimingConfig, pairs: int
+                ) -> dict[str, list[float]]:
+    """Microseconds per call of each of ``calls`` (each runs its method on buffer set ``i``) in ``pairs`` rounds of
+    CUDA-graph replays, one replay per method per round, the order reversed every round: samples of the same round
+    were taken within a millisecond of each other, so ``median(a[r] / b[r])`` compares like with like. Timings of
+    whole runs apart drift by a few percent on the H100 (identical F.linear calls 0.93-1.11x in two-round medians,
+    BENCHMARKS.md, held-out benchmark); paired replays are what a 2% bar needs."""
+    stream = torch.cuda.Stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
+    for name, call in calls.items():
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            for i in range(max(cfg.warmup, n_sets)):
+                call(i % n_sets)
+            start.record(stream)
+            for i in range(n_sets):
+                call(i)
+            end.record(stream)
+        end.synchronize()
+        est_us = max(start.elapsed_time(end) * 1e3 / n_sets, 0.1)
+        n = max(1, min(2000, math.ceil(cfg.target_us / est_us)))
+        n = max(n_sets, n - n % n_sets)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(n):
+                call(i % n_sets)
+        graph.replay()  # the first replay uploads the graph
+        graphs[name] = (graph, n)
+    torch.cuda.synchronize()
+    names = list(calls)
+    out: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(pairs):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            graph, n = graphs[name]
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            out[name].append(start.elapsed_time(end) * 1e3 / n)
+    del graphs
+    return out

@@ -332,6 +332,42 @@ def test_dispatch_json_buckets(test_device, device):
     assert get_GEMM_A8W8_BLOCKSCALE_config(17, 128, 384, on_gpu=False)["kernelName"] == SMALL["splitK"].name
 
 
+@pytest.mark.parametrize("pads,expect", [
+    ({}, ["M_LEQ_16", "M_LEQ_64", "M_LEQ_512", "any"]),  # no pad_m_min (AITER's rows): the buckets as before
+    ({16: 16, 64: 33, 512: 257}, ["M_LEQ_15", "M_LEQ_16", "M_LEQ_32", "M_LEQ_64", "M_LEQ_256", "M_LEQ_512", "any"]),
+    ({16: 1, 64: 17, 512: 65}, ["M_LEQ_16", "M_LEQ_64", "M_LEQ_512", "any"]),  # confirmed down to the previous M
+])
+def test_json_buckets_leave_unconfirmed_m_to_the_default(test_device, pads, expect):
+    """Below a row's pad_m_min, down to the previous tuned M, a "default" bucket: the JSON serves M only where the
+    tuner confirmed the config, as the padded CSV lookup does."""
+    _, _, json_dir = test_device
+    best = {16: SMALL["splitK_swapAB"], 64: SMALL["swapAB"], 512: SMALL["base"]}
+    buckets = buckets_from_tuned(best, pads)
+    assert list(buckets) == expect
+    path = json_config_path(json_dir, IDENT.gfx, 128, 384)
+    write_json_configs(path, buckets)
+    assert [key for _, key, _ in read_json_configs(path)] == expect
+    aiter_gemm.reload_configs()
+    for M in (1, 15, 16, 17, 40, 64, 100, 300, 512, 5000):
+        got = get_GEMM_A8W8_BLOCKSCALE_config(M, 128, 384, on_gpu=False)
+        low = {m: pads.get(m, 1) for m in best}
+        owner = next((m for m in sorted(best) if M <= m), None)
+        if owner is not None and M < low[owner] and M > max([0] + [m for m in best if m < owner]):
+            assert got["matched"] == "default", (M, got)
+        else:
+            assert got["matched"] == "json" and got["kernelName"] == best[owner or 512].name, (M, got)
+
+
+def test_json_default_entry_is_read_and_other_strings_are_refused(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"M_LEQ_8": "default", "any": "fast"}')
+    with pytest.raises(JSONConfigError, match=r"x\.json, key 'any'.*'default'"):
+        read_json_configs(path)
+    path.write_text('{"M_LEQ_8": "default", "any": ' + json.dumps(SMALL["base"].to_json()) + "}")
+    assert [(key, cfg) for _, key, cfg in read_json_configs(path)] == [("M_LEQ_8", None), ("any", SMALL["base"])]
+    assert select_bucket(read_json_configs(path), 3) == ("M_LEQ_8", None)
+
+
 def test_json_seed_buckets(tmp_path):
     """Seed 002's small_M / medium_M / large_M names: M <= 256, M <= 2048, any M."""
     path = tmp_path / "x.json"
@@ -427,14 +463,22 @@ SHIPPED_JSON = sorted(SHIPPED_DIR.glob("*-GEMM-A8W8_BLOCKSCALE-*.json"))
 
 @pytest.mark.parametrize("path", SHIPPED_JSON, ids=lambda p: p.name)
 def test_shipped_json_configs(path):
-    """Every shipped per-(N, K) file parses strictly, has a catch-all bucket and only choices that can run (torch's
-    availability aside: that depends on the machine)."""
+    """Every shipped per-(N, K) file parses strictly, has a catch-all bucket, only choices that can run (torch's
+    availability aside: that depends on the machine), and is what the tuner derives from the shipped CSV's rows
+    (``"default"`` buckets below each row's pad_m_min included)."""
+    from gradlib.blockscale import JsonSidecar
+
     N, K = (int(part.split("=")[1]) for part in path.stem.split("-")[-2:])
     buckets = read_json_configs(path)
     assert buckets[-1][0] is None
     for bound, key, cfg in buckets:
         M = bound or 16384
-        assert choice_error(cfg, M, N, K) is None, (key, cfg.name)
+        assert cfg is None or choice_error(cfg, M, N, K) is None, (key, cfg.name)
+    sidecar = JsonSidecar(DeviceIdentity("sm_90", 132, "cuda"), SHIPPED_DIR.parent / "a8w8_blockscale_tuned_gemm.csv",
+                          [])
+    rows = sidecar.tuned_rows(N, K)
+    derived = buckets_from_tuned({m: c for m, (c, _) in rows.items()}, {m: pad for m, (_, pad) in rows.items()})
+    assert {key: cfg for _, key, cfg in buckets} == derived
 
 
 def test_shipped_csv_rows_run_their_shapes(clean_runtime):
@@ -454,7 +498,7 @@ def test_shipped_csv_rows_run_their_shapes(clean_runtime):
 
 def test_shipped_json_dispatch(clean_runtime, caplog):
     """On an sm_90 / 132-SM identity, a shipped shape dispatches from its JSON bucket; a torch bucket is a warned
-    miss where torch's block-scaled matmul cannot run (here: CPU)."""
+    miss where torch's block-scaled matmul cannot run (here: CPU); a "default" bucket is a miss."""
     assert SHIPPED_JSON, "no shipped A8W8_BLOCKSCALE JSON configs"
     clean_runtime.delenv("AITER_GEMM_TRITON_CONFIGS", raising=False)
     clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
@@ -465,7 +509,9 @@ def test_shipped_json_dispatch(clean_runtime, caplog):
     for M in (100, 300):  # no CSV row at M nor at its padded sizes (112 / 128, 320 / 512): the JSON
         key, cfg = select_bucket(buckets, M)
         got = get_GEMM_A8W8_BLOCKSCALE_config(M, 8192, 8192, on_gpu=False)
-        if cfg.name == "scaled_mm_blockwise":
+        if cfg is None:  # a "default" bucket: the tuner did not confirm a config for M
+            assert got["matched"] == "default"
+        elif cfg.name == "scaled_mm_blockwise":
             assert got["matched"] == "default" and f"bucket {key}: scaled_mm_blockwise cannot run" in caplog.text
         else:
             assert got["matched"] == "json" and got["source"] == f"{path}#{key}" and got["kernelName"] == cfg.name

@@ -247,3 +247,21 @@ def test_default_dispatch_prefers_torch_blockwise_where_it_claims_and_can_run(cl
     big = disp._default(GemmProblem(1024, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
     small = disp._default(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
     assert big.solution.libtype == "torch" and small.solution.libtype == "triton"
+
+
+def test_eager_calls_of_a_triton_default_run_torch_blockwise(clean_runtime, fake_torch):
+    """Where the Triton config stays the graph-mode default (small M on the H100), eager calls run torch's matmul:
+    the Triton launcher's host cost (100-180 us per call on the H100 host) loses wherever torch's runs."""
+    clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
+    clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
+    aiter_gemm.reload_configs()
+    disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
+    h100 = aiter_gemm.device.DeviceIdentity("sm_90", 132, "cuda", "H100")
+    small = disp._decide(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), h100)
+    assert (small.solution.libtype, small.eager_solution.libtype) == ("triton", "torch")
+    assert small.as_config()["eager_libtype"] == "torch"
+    big = disp._decide(GemmProblem(1024, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), h100)
+    assert big.solution.libtype == "torch" and big.eager_solution is None  # cheap already: nothing to switch
+    cpu = aiter_gemm.device.DeviceIdentity("cpu", 2, "cpu")
+    assert disp._decide(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), cpu
+                        ).eager_solution is None  # no graphs on a CPU

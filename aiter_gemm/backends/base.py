@@ -129,6 +129,11 @@ class Backend:
         this backend should not be the default for it."""
         return None
 
+    def eager_default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        """The default for ``problem`` when the call is eager and only cheap-launch backends are considered (the
+        dispatcher asks only those); the same as :meth:`default_for` unless a backend claims more there."""
+        return self.default_for(problem, device)
+
     def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> Sequence[Solution]:
         """Every solution the tuner should time for ``problem`` on ``device`` (the config space, pruned of what
         cannot run). Must be the same set ``prepare`` accepts, so tuner and runtime agree."""

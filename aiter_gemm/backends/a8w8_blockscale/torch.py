@@ -61,6 +61,11 @@ class BlockscaleTorchBackend(Backend):
             return None
         return SOLUTION
 
+    def eager_default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        """Every shape on a GPU: in eager calls the Triton config's Python launch (100-180 us per call on the H100
+        host against 45-85 us for this path, held-out run in BENCHMARKS.md) loses wherever this one runs."""
+        return SOLUTION if device.is_gpu else None
+
     def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
         """The one solution where its layouts take the shape (whether this process can run it is the tuner's
         ``--libtype`` check and the worker's ``why_not``)."""
