@@ -259,9 +259,13 @@ class Dispatcher:
     def _eager_choice(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
                       row: TunedRow | None) -> tuple[Solution, Any] | None:
         """What eager (non-capturing) calls run instead of ``sol``, or None for ``sol`` itself: on a GPU, a backend
-        whose launches cost more host time than the library call's (``cheap_launch`` False) keeps only rows timed
-        eagerly; otherwise the default among cheap-launch backends runs (README, "CUDA graphs and eager calls")."""
-        if not device.is_gpu or self.backend(sol.libtype).cheap_launch:
+        whose launches cost more host time than the library call's (``cheap_launch`` False, or a row faster than the
+        backend's ``eager_min_us``) keeps only rows timed eagerly; otherwise the default among cheap-launch backends
+        runs (README, "CUDA graphs and eager calls")."""
+        if not device.is_gpu:
+            return None
+        backend = self.backend(sol.libtype)
+        if backend.cheap_launch and (row is None or row.us >= backend.eager_min_us):
             return None
         if row is not None and row.values.get("timing") == "eager":
             return None

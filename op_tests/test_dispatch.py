@@ -338,3 +338,30 @@ def test_eager_timed_rows_and_cpu_decisions_keep_their_backend(launchy, clean_ru
     graph_row = disp._decide(aiter_gemm.GemmProblem(16, 64, 32, False, F32, F32), H100)
     assert eager_row.matched == "exact" and eager_row.eager_solution is None  # timed eagerly: used eagerly
     assert graph_row.matched == "exact" and graph_row.eager_solution.libtype == "torch"
+
+
+class _HostCostly(FakeBackend):
+    eager_min_us = 30.0  # as cublaslt: cheap enough to launch, but not on calls this short
+
+
+def test_short_rows_of_a_host_costly_backend_run_the_cheap_default_eagerly(clean_runtime, tmp_path):
+    """Rows faster than the backend's eager_min_us are host-bound when called eagerly: the default runs there;
+    longer rows, eager-timed rows and CUDA-graph capture keep the tuned choice."""
+    backends.register_backend(_HostCostly("costly"))
+    try:
+        path = tmp_path / "t.csv"
+        path.write_text(BF16_HEADER.strip() + ",timing\n"
+                        + bf16_row(8, 64, 32, "costly", 12.0, gfx="sm_90", cu_num=132).strip() + ",graph\n"
+                        + bf16_row(16, 64, 32, "costly", 45.0, gfx="sm_90", cu_num=132).strip() + ",graph\n"
+                        + bf16_row(32, 64, 32, "costly", 12.0, gfx="sm_90", cu_num=132).strip() + ",eager\n")
+        clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
+        aiter_gemm.reload_configs()
+        disp = aiter_gemm.get_dispatcher()
+        got = {M: disp._decide(aiter_gemm.GemmProblem(M, 64, 32, False, F32, F32), H100) for M in (8, 16, 32)}
+        assert all(d.matched == "exact" and d.solution.libtype == "costly" for d in got.values())
+        assert got[8].eager_solution.libtype == "torch"  # 12 us: host-bound eagerly
+        assert got[16].eager_solution is None and got[32].eager_solution is None  # 45 us; timed eagerly
+        assert disp._decide(aiter_gemm.GemmProblem(8, 64, 32, False, F32, F32),
+                            aiter_gemm.current_device_identity(False)).eager_solution is None  # CPU: no graphs
+    finally:
+        backends.unregister_backend("costly")

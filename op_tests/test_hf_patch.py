@@ -343,7 +343,7 @@ def test_hf_decode_example_on_cpu(clean_runtime, tmp_path, capsys):
     tuned.write_text(BF16_HEADER)
     rc = hf_decode.main(["--config", str(cfg_dir), "--device", "cpu", "--batch", "1,3", "--prompt-len", "5",
                          "--new-tokens", "3", "--decode-steps", "2", "--prefill-steps", "1", "--rounds", "2",
-                         "--out", str(out), "--tuned", str(tuned)])
+                         "--eager-rounds", "2", "--eager-steps", "2", "--out", str(out), "--tuned", str(tuned)])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "CUDA-graph measurements skipped" in text

@@ -99,6 +99,10 @@ class Backend:
     #: launcher: +12-18 us on the H100 host, BENCHMARKS.md): outside CUDA-graph capture, on a GPU, their graph-timed
     #: choices give way to the default among cheap backends (README, "CUDA graphs and eager calls").
     cheap_launch: bool = True
+    #: For cheap-launch backends that still cost some host time more than the library call: on a GPU, their rows
+    #: whose (graph-timed) ``us`` is below this give way to the cheap default in eager calls too, since a call that
+    #: short is host-bound and the extra host time shows (0: never).
+    eager_min_us: float = 0.0
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine at all (dependency missing, wrong vendor); None if it can."""

@@ -335,6 +335,10 @@ class CublasLtBackend(Backend):
     # Above torch (0), but the default only where torch cannot run (bpreshuffle): heuristic #0 timed the same as
     # F.linear on 96 Llama shapes on an H100 (speedup geomean 1.001, range 0.987-1.020; results/cublaslt_H100.csv).
     default_priority = 10
+    # Eager calls through nvmath cost 1-5 us more host time than F.linear on the H100 host: rows timed under 30 us
+    # (host-bound calls) ran 0.80-0.96x F.linear eagerly, every row of 30 us and more 1.02-1.17x (held-out run,
+    # BENCHMARKS.md). Below it eager calls run the cheap default; CUDA-graph capture keeps the row.
+    eager_min_us = 30.0
 
     def __init__(self, loader: Callable[[], LtLibrary] = load_library) -> None:
         self._loader = loader

@@ -16,9 +16,12 @@ weights. A decode step is one forward of ``batch x 1`` new token against a stati
 position, so one step can be repeated or captured once in a ``torch.cuda.CUDAGraph`` and replayed any number of
 times. Per configuration (batch, eager/graph, prefill/decode) each arm is timed ``--rounds`` times, the arms
 alternating (without, with, then with, without, ...: ``gradlib.timing.interleaved``) so clock drift biases neither;
-one timing is ``--decode-steps`` steps (``--prefill-steps`` prefills) between two CUDA events. The report gives
-medians and the min/max over rounds, and the per-round ratio; eager decode is host-bound, so only the alternation and
-the medians make small differences meaningful. ``generate()`` is used for capture only (its wall time varies ~10%).
+one timing is ``--decode-steps`` steps (``--prefill-steps`` prefills) between two CUDA events. Eager steps are
+host-bound and the GPU machine's host drifts (one eager decode step took 26-67 ms in rounds seconds apart, H100), so
+eager timings are short (``--eager-steps`` steps or one prefill) and many (``--eager-rounds``), with Python's garbage
+collector paused while timing (collected before each timing). The speedup is the median of the per-round ratios
+(adjacent timings of the two arms); the report also gives medians and min/max over rounds. ``generate()`` is used
+for capture only (its wall time varies ~10%).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import gc
 import inspect
 import json
 import logging
@@ -436,7 +440,6 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
             steps = StaticSteps(model, b, args.prompt_len, device)
             for phase in ("prefill", "decode"):
                 step = steps.prefill if phase == "prefill" else steps.decode
-                n = args.prefill_steps if phase == "prefill" else args.decode_steps
                 # Same inputs and cache for both arms: their outputs must agree (rounding of the kernels aside).
                 outs = {}
                 for arm in ARMS:
@@ -444,6 +447,12 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                     outs[arm] = step().float()
                 checks.append(agreement(b, phase, outs))
                 for mode in modes:
+                    if mode == "graph":
+                        n = args.prefill_steps if phase == "prefill" else args.decode_steps
+                        n_rounds = args.rounds
+                    else:
+                        n = 1 if phase == "prefill" else args.eager_steps
+                        n_rounds = args.eager_rounds
                     fns = {}
                     graphs = []
                     for arm in ARMS:
@@ -458,7 +467,12 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                             fns[arm] = _eager_timer(state, arm == "with", step, n, cuda)
                     state.set(False)
                     t0 = time.perf_counter()
-                    res = interleaved(fns, args.rounds)
+                    gc.collect()
+                    gc.disable()  # a collection inside one arm's timing is noise (eager steps allocate a lot)
+                    try:
+                        res = interleaved(fns, n_rounds)
+                    finally:
+                        gc.enable()
                     for arm, values in res.items():
                         for r, ms in enumerate(values):
                             first = ARMS[0] if r % 2 == 0 else ARMS[-1]
@@ -501,6 +515,8 @@ def _eager_timer(state: PatchState, patched: bool, step: Callable[[], object], n
                  cuda: bool) -> Callable[[], float]:
     def measure() -> float:
         state.set(patched)
+        step()  # the first step after a module swap is not timed
+        gc.collect()
         return time_steps(step, n, cuda)
 
     return measure
@@ -546,7 +562,7 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
             med = statistics.median(vals)
             row.update({f"ms_{arm}": med, f"ms_{arm}_min": min(vals), f"ms_{arm}_max": max(vals),
                         f"tok_s_{arm}": tokens / med * 1e3})
-        row.update(speedup=row["ms_without"] / row["ms_with"], round_ratio_min=min(ratios),
+        row.update(speedup=statistics.median(ratios), round_ratio_min=min(ratios),
                    round_ratio_median=statistics.median(ratios), round_ratio_max=max(ratios))
         out.append(row)
     return out
@@ -554,7 +570,7 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
 
 def markdown(summary: list[dict[str, Any]]) -> str:
     lines = ["| model | batch | mode | phase | ms without [min-max] | ms with [min-max] | tok/s without | tok/s with "
-             "| speedup (without/with) | per-round ratio [min-max] |",
+             "| speedup (median per-round without/with) | per-round ratio [min-max] |",
              "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in summary:
         lines.append(
@@ -672,6 +688,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--decode-steps", type=int, default=32,
                     help="decode steps (graph replays) per timed round (default 32)")
     ap.add_argument("--prefill-steps", type=int, default=2, help="prefill forwards per timed round (default 2)")
+    ap.add_argument("--eager-rounds", type=int, default=30,
+                    help="timed rounds per arm in eager mode, arms alternating (default 30)")
+    ap.add_argument("--eager-steps", type=int, default=4,
+                    help="decode steps per eager round (default 4; an eager prefill round is one prefill)")
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per arm, arms alternating in order (default 6)")
     ap.add_argument("--mode", choices=("capture", "measure", "all"), default="all",
                     help="capture the GEMM shapes, measure, or both (default all)")
