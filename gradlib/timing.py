@@ -183,17 +183,21 @@ def interleaved(measures: dict[str, Callable[[], float]], rounds: int) -> dict[s
     return out
 
 
-def time_paired(calls: dict[str, Callable[[int], object]], n_sets: int, cfg: TimingConfig, pairs: int
-                ) -> dict[str, list[float]]:
+def time_paired(calls: dict[str, Callable[[int], object]], n_sets: int, cfg: TimingConfig, pairs: int,
+                captures: int = 1) -> dict[str, list[float]]:
     """Microseconds per call of each of ``calls`` (each runs its method on buffer set ``i``) in ``pairs`` rounds of
     CUDA-graph replays, one replay per method per round, the order reversed every round: samples of the same round
     were taken within a millisecond of each other, so ``median(a[r] / b[r])`` compares like with like. Timings of
     whole runs apart drift by a few percent on the H100 (identical F.linear calls 0.93-1.11x in two-round medians,
-    BENCHMARKS.md, held-out benchmark); paired replays are what a 2% bar needs."""
+    BENCHMARKS.md, held-out benchmark); paired replays are what a 2% bar needs. The graphs are captured again
+    ``captures`` times (rounds split evenly, capture order alternating): one capture of identical F.linear calls
+    replayed up to 9% slower than another, steadily over its replays (same run), so one capture per method is a
+    sample of one."""
     stream = torch.cuda.Stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
-    for name, call in calls.items():
+    names = list(calls)
+    counts: dict[str, int] = {}
+    for name, call in calls.items():  # warm-up, and calls per replay so that one replay lasts ~target_us
         torch.cuda.synchronize()
         with torch.cuda.stream(stream):
             for i in range(max(cfg.warmup, n_sets)):
@@ -205,23 +209,27 @@ def time_paired(calls: dict[str, Callable[[int], object]], n_sets: int, cfg: Tim
         end.synchronize()
         est_us = max(start.elapsed_time(end) * 1e3 / n_sets, 0.1)
         n = max(1, min(2000, math.ceil(cfg.target_us / est_us)))
-        n = max(n_sets, n - n % n_sets)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(n):
-                call(i % n_sets)
-        graph.replay()  # the first replay uploads the graph
-        graphs[name] = (graph, n)
-    torch.cuda.synchronize()
-    names = list(calls)
+        counts[name] = max(n_sets, n - n % n_sets)
     out: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(pairs):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            graph, n = graphs[name]
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            out[name].append(start.elapsed_time(end) * 1e3 / n)
-    del graphs
+    blocks = max(1, min(captures, pairs))
+    r = 0
+    for block in range(blocks):
+        graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        for name in (names if block % 2 == 0 else names[::-1]):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for i in range(counts[name]):
+                    calls[name](i % n_sets)
+            graph.replay()  # the first replay uploads the graph
+            graphs[name] = graph
+        torch.cuda.synchronize()
+        for _ in range(pairs * (block + 1) // blocks - pairs * block // blocks):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                start.record()
+                graphs[name].replay()
+                end.record()
+                end.synchronize()
+                out[name].append(start.elapsed_time(end) * 1e3 / counts[name])
+            r += 1
+        del graphs
     return out

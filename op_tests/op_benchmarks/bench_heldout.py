@@ -9,7 +9,8 @@ mode (a loop of calls: Python, dispatch and launch cost included), alternating t
 * ``tuned``: every row of the shipped CSV on its own shape.
 
 Each ratio is the median over paired rounds (one CUDA-graph replay, or one ~1.5 ms eager loop, per method per round,
-the order alternating; ``ratio_q1``/``ratio_q3`` give the spread): runs timed apart drift by a few percent.
+the order alternating; graphs captured anew every 5 rounds; ``ratio_q1``/``ratio_q3`` give the spread): runs timed
+apart drift by a few percent, and one capture of the same calls can replay steadily slower than another.
 
 FP8 ``gemm_a8w8_blockscale`` against torch's block-scaled matmul (``gemm_a8w8_blockscale_torch``, cuBLASLt) and bf16
 ``F.linear`` on the DeepSeek-V3 (TP8) and Llama-3-70B shapes at off-grid M, graph and eager.
@@ -57,6 +58,7 @@ FP8_NK = [(2112, 7168), (3072, 1536), (4096, 512), (7168, 2048), (4608, 7168), (
 FP8_MS = [3, 24, 100, 333, 777, 1500, 3000]
 TIMING = TimingConfig(warmup=5, reps=9, target_us=300.0, budget_s=0.4)  # one replay ~300 us of calls
 GRAPH_PAIRS, EAGER_PAIRS = 25, 21  # odd medians over paired rounds: ~25 ms of replays, ~60 ms of eager loops
+GRAPH_CAPTURES = 5  # graphs captured anew every 5 rounds: one capture can replay steadily slower than another
 COLUMNS = ("set", "model", "M", "N", "K", "method", "mode", "us", "ref_us", "ratio", "ratio_q1", "ratio_q3", "libtype",
            "eager_libtype", "matched", "rel_err", "rounds")
 
@@ -92,7 +94,7 @@ def eager_paired(calls: dict, n_sets: int, est_us: float, pairs: int) -> dict[st
 
 def compare(methods: dict, n_sets: int) -> tuple[dict, dict]:
     """(graph samples, eager samples) of every method, in paired rounds of alternating order."""
-    g = time_paired(methods, n_sets, TIMING, GRAPH_PAIRS)
+    g = time_paired(methods, n_sets, TIMING, GRAPH_PAIRS, GRAPH_CAPTURES)
     est = max(statistics.median(v) for v in g.values())
     return g, eager_paired(methods, n_sets, est, EAGER_PAIRS)
 

@@ -6,9 +6,9 @@
 #   OUT=/tmp/hf COMMIT=$(git rev-parse HEAD) TUNE_ARGS="--libtype cublaslt,torch,skinny" \
 #     bash op_tests/op_benchmarks/run_hf_h100.sh
 #
-# STEPS picks steps (default "capture tune measure"); RESUME_FROM=<tuned csv> copies an earlier, interrupted
-# tuner output in first, so the tuner resumes it (the tuner skips shapes already in its output); TUNER="python -m
-# gradlib.gemm_tuner" where the package is not pip-installed.
+# STEPS picks steps (default "capture tune measure"); TUNED=<csv> measures with that tuned file; RESUME_FROM=<csv>
+# copies an earlier, interrupted tuner output in first, so the tuner resumes it (it skips shapes already in its
+# output); TUNER="python -m gradlib.gemm_tuner" where the package is not pip-installed.
 set -u
 OUT=${OUT:?set OUT to an output folder}
 D="$OUT/hf"
@@ -31,7 +31,7 @@ for step in ${STEPS:-capture tune measure}; do
         ${TUNE_ARGS:-} > "$D/tune.log" 2>&1 ;;
     measure)
       python -m aiter_gemm.examples.hf_decode --config llama3_8b --mode measure --out "$D" \
-        --tuned "$D/tuned_gemm.csv" --profile > "$D/measure.log" 2>&1 ;;
+        --tuned "${TUNED:-$D/tuned_gemm.csv}" --profile > "$D/measure.log" 2>&1 ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - s )) s" >> "$D/env.txt"
 done
