@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 
+from aiter_gemm import cudagraph
 from aiter_gemm.backends import A16W16
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.backends.torch import run_plain
@@ -47,14 +48,22 @@ _linear = torch.nn.functional.linear
 
 
 def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tuple:
-    """Validate a call whose key is new, decide its problem and cache ``(runner, otype, 2-D shape, out shape)``;
-    ``runner`` None means the decision is plain ``F.linear`` (called with A as given: no reshape, no extra frame)."""
+    """Validate a call whose key is new, decide its problem and cache ``(runner, otype, 2-D shape, out shape,
+    capturing)``; ``runner`` None means the decision is plain ``F.linear`` (called with A as given: no reshape, no
+    extra frame). ``capturing`` (a :func:`aiter_gemm.cudagraph.probe`) is set where eager calls run plain
+    ``F.linear`` instead of a launch-heavy graph-time choice: outside capture they then skip the switch and the
+    reshapes too (3-D decode activations: ~1 us each way on CPU)."""
     problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[8])
     dec = _DISPATCHER.decide(problem, key[7])
-    runner = dec.call_runner
     flat = A.dim() == 2
-    fast = (None if runner is run_plain else runner, problem.otype, None if flat else (problem.M, problem.K),
-            None if flat else (*A.shape[:-1], problem.N))
+    shape2d = None if flat else (problem.M, problem.K)
+    runner, capturing = dec.call_runner, None
+    if dec.eager_runner is run_plain:
+        runner, capturing = dec.runner, cudagraph.probe()
+        if not capturing():  # warm the capture-time runner up now (compilation): capture must do no file I/O
+            dec.runner(A if flat else A.reshape(shape2d), B, bias, problem.otype, scale_a, scale_b, scale_c)
+    fast = (None if runner is run_plain else runner, problem.otype, shape2d,
+            None if flat else (*A.shape[:-1], problem.N), capturing)
     _DISPATCHER._fast[key] = fast
     return fast
 
@@ -180,8 +189,8 @@ def gemm_a16w16(
     fast = _DISPATCHER._fast.get(key)
     if fast is None:
         fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
-    runner, out_dtype, shape2d, out_shape = fast
-    if runner is None:
+    runner, out_dtype, shape2d, out_shape, capturing = fast
+    if runner is None or (capturing is not None and not capturing()):
         return _linear(A, B, bias)
     if shape2d is None:
         return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)

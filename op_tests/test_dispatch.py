@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import aiter_gemm
 from aiter_gemm import backends, get_padded_m
@@ -365,3 +366,25 @@ def test_short_rows_of_a_host_costly_backend_run_the_cheap_default_eagerly(clean
                             aiter_gemm.current_device_identity(False)).eager_solution is None  # CPU: no graphs
     finally:
         backends.unregister_backend("costly")
+
+
+@pytest.mark.parametrize("shape", [(4, 32), (2, 2, 32)])
+def test_eager_plain_calls_skip_the_switch_but_capture_runs_the_tuned_choice(launchy, monkeypatch, shape):
+    """gemm_a16w16 itself: where eager calls run plain F.linear, they call it on A as given (no switch, no reshape);
+    the first call warms the capture-time runner up; a capturing call runs it."""
+    from aiter_gemm import ops
+
+    disp = aiter_gemm.get_dispatcher()
+    monkeypatch.setitem(disp._devices, False, H100)  # decide as on a GPU, run on CPU tensors
+    capturing = {"on": False}
+    monkeypatch.setattr(aiter_gemm.cudagraph, "probe", lambda: lambda: capturing["on"])
+    a, b = torch.randn(*shape), torch.randn(64, 32)
+    out = ops.gemm_a16w16(a, b)
+    assert launchy.calls == 1 and torch.equal(out, F.linear(a, b))  # warm-up ran the tuned runner once
+    out = ops.gemm_a16w16(a, b)
+    assert launchy.calls == 1 and out.shape == (*shape[:-1], 64)  # eager: plain F.linear
+    key = next(k for k in disp._fast if k[0] == a.shape)
+    assert disp._fast[key][4] is not None
+    capturing["on"] = True
+    out = ops.gemm_a16w16(a, b)
+    assert launchy.calls == 2 and torch.allclose(out, F.linear(a, b))

@@ -544,7 +544,7 @@ def dispatch_decisions(arch: Any, state: PatchState, args: argparse.Namespace,
     for m, n, k, bias, _ in sorted(hf_expected(arch, suffixes, nsets, set(args.batch), dtype)):
         cfg = aiter_gemm.get_GEMM_A16W16_config(m, n, k, bias, dtype)
         out.append({"M": m, "N": n, "K": k, "bias": bias, **{c: cfg.get(c) for c in
-                    ("matched", "libtype", "solidx", "kernelName", "us", "source")}})
+                    ("matched", "libtype", "solidx", "kernelName", "us", "source", "eager_libtype")}})
     return out
 
 
