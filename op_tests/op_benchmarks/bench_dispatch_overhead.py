@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in (8, 16):  # M=8: exact hit; M=13 pads to 16 at gl0
             w.writerow([ident.gfx, ident.cu_num, m, N, K, False, dname, dname, False, False, "torch", 0, 0, 1.0,
                         "F.linear", 0.0, 0.0, 0.0, "", ""])  # pad_m_min, timing: not set
+        if dev.type == "cuda":  # a graph-timed skinny row: eager calls run plain F.linear (the eager switch)
+            w.writerow([ident.gfx, ident.cu_num, 4, N, K, False, dname, dname, False, False, "skinny", 0, 1, 1.0,
+                        "fma_BN8_BK64_SK1_W4_S1", 0.0, 0.0, 0.0, "", "graph"])
     os.environ["AITER_CONFIG_GEMM_BF16"] = str(tmp)
     aiter_gemm.reload_configs()
 
@@ -101,6 +104,18 @@ def main(argv: list[str] | None = None) -> int:
         ref, ours, added = measure(lambda: linear(a3), lambda: tuned(a3), args.calls, args.repeats, sync)
     rows.append(dict(path="TunedLinear module", case="exact_3d", M=8, N=N, K=K, torch_us=ref, call_us=ours,
                      added_us=added))
+    if dev.type == "cuda":  # decode through a skinny row outside capture: the eager switch's cost
+        a4 = torch.randn(1, 4, K, device=dev, dtype=dtype)
+        cfg = aiter_gemm.get_GEMM_A16W16_config(4, N, K, False, dtype, dtype)
+        assert (cfg["libtype"], cfg["eager_libtype"]) == ("skinny", "torch"), cfg
+        ref, ours, added = measure(lambda: F.linear(a4, b), lambda: aiter_gemm.gemm_a16w16(a4, b), args.calls,
+                                   args.repeats, sync)
+        rows.append(dict(path="eager gemm_a16w16", case="eager_switch_3d", M=4, N=N, K=K, torch_us=ref,
+                         call_us=ours, added_us=added))
+        with torch.no_grad():
+            ref, ours, added = measure(lambda: linear(a4), lambda: tuned(a4), args.calls, args.repeats, sync)
+        rows.append(dict(path="TunedLinear module", case="eager_switch_3d", M=4, N=N, K=K, torch_us=ref,
+                         call_us=ours, added_us=added))
     a = torch.randn(8, K, device=dev, dtype=dtype)
     op = torch.ops.aiter_gemm.gemm_a16w16
     ref, ours, added = measure(lambda: F.linear(a, b), lambda: op(a, b), args.calls // 4, args.repeats, sync)
