@@ -110,10 +110,12 @@ def _time_cpu(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) -> 
     return Timing(statistics.median(samples), "cpu", n_sets, len(samples))
 
 
-def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) -> Timing:
-    stream = torch.cuda.Stream()
+def _warm_up(call: Callable[[int], object], n_sets: int, cfg: TimingConfig, stream: torch.cuda.Stream
+             ) -> tuple[float, int]:
+    """Warm ``call`` up on ``stream`` (JIT compilation, cuBLAS workspaces, every buffer set touched once) and return
+    (estimated us per call, calls per repetition): enough to last ``target_us`` (<= 2000), a multiple of ``n_sets``
+    so every set is read equally."""
     torch.cuda.synchronize()
-    # Warm-up on the capture stream: JIT compilation, cuBLAS workspaces, every buffer set touched once.
     with torch.cuda.stream(stream):
         for i in range(max(cfg.warmup, n_sets)):
             call(i % n_sets)
@@ -126,9 +128,14 @@ def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) ->
         end.record(stream)
     end.synchronize()
     est_us = max(start.elapsed_time(end) * 1e3 / n_sets, 0.1)
-    # Calls per repetition: enough to last target_us (<= 2000), a multiple of n_sets so every set is read equally.
     calls = max(1, min(2000, math.ceil(cfg.target_us / est_us)))
-    calls = max(n_sets, calls - calls % n_sets)
+    return est_us, max(n_sets, calls - calls % n_sets)
+
+
+def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) -> Timing:
+    stream = torch.cuda.Stream()
+    est_us, calls = _warm_up(call, n_sets, cfg, stream)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     # A very slow candidate (a bad config on a big shape) gets fewer repetitions: it cannot win anyway.
     reps = max(3, min(cfg.reps, int(cfg.budget_s * 1e6 / (calls * est_us))))
     if cfg.use_graph:
@@ -196,20 +203,7 @@ def time_paired(calls: dict[str, Callable[[int], object]], n_sets: int, cfg: Tim
     stream = torch.cuda.Stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     names = list(calls)
-    counts: dict[str, int] = {}
-    for name, call in calls.items():  # warm-up, and calls per replay so that one replay lasts ~target_us
-        torch.cuda.synchronize()
-        with torch.cuda.stream(stream):
-            for i in range(max(cfg.warmup, n_sets)):
-                call(i % n_sets)
-            start.record(stream)
-            for i in range(n_sets):
-                call(i)
-            end.record(stream)
-        end.synchronize()
-        est_us = max(start.elapsed_time(end) * 1e3 / n_sets, 0.1)
-        n = max(1, min(2000, math.ceil(cfg.target_us / est_us)))
-        counts[name] = max(n_sets, n - n % n_sets)
+    counts = {name: _warm_up(call, n_sets, cfg, stream)[1] for name, call in calls.items()}
     out: dict[str, list[float]] = {k: [] for k in names}
     blocks = max(1, min(captures, pairs))
     r = 0
