@@ -68,6 +68,31 @@ def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tupl
     return fast
 
 
+def linear_entry(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """The cached entry (as :func:`_fast_miss` makes it) of ``gemm_a16w16(A, B, bias)``, deciding on a new key: what
+    :class:`aiter_gemm.nn.TunedLinear` keeps per input shape, so its calls skip building the key."""
+    key = (A.shape, B.shape, A.dtype, B.dtype, None, None if bias is None else (bias.shape, bias.dtype), None,
+           A.is_cuda, getattr(B, "is_shuffled", False) is True)
+    fast = _DISPATCHER._fast.get(key)
+    return fast if fast is not None else _fast_miss(key, A, B, bias, None, None, None, None)
+
+
+def run_linear_entry(fast: tuple, A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``gemm_a16w16(A, B, bias)`` through an entry of :func:`linear_entry` (the hot path of gemm_a16w16 below)."""
+    runner, out_dtype, shape2d, out_shape, capturing = fast
+    if runner is None or (capturing is not None and not capturing()):
+        return _linear(A, B, bias)
+    if shape2d is None:
+        return runner(A, B, bias, out_dtype, None, None, None)
+    return runner(A.reshape(shape2d), B, bias, out_dtype, None, None, None).reshape(out_shape)
+
+
+def entries_token() -> dict:
+    """Changes (a new object) whenever cached entries are dropped (``reload_configs``): entries kept elsewhere are
+    valid while it is the same object."""
+    return _DISPATCHER._fast
+
+
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

@@ -58,15 +58,21 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the (M, N, K) of every call TunedLinear makes to gemm_a16w16 (and still runs it)."""
+    """Counts the (M, N, K) of every call TunedLinear makes through the tuned dispatch (gemm_a16w16, or the dispatch
+    entry it keeps per input shape), and still runs it."""
     calls: list[tuple[int, int, int]] = []
-    real = agnn.gemm_a16w16
+    real, real_entry = agnn.gemm_a16w16, agnn._run_linear_entry
 
     def counting(a, b, bias=None, *args, **kw):
         calls.append((a.numel() // a.shape[-1], b.shape[0], b.shape[1]))
         return real(a, b, bias, *args, **kw)
 
+    def counting_entry(entry, a, b, bias):
+        calls.append((a.numel() // a.shape[-1], b.shape[0], b.shape[1]))
+        return real_entry(entry, a, b, bias)
+
     monkeypatch.setattr(agnn, "gemm_a16w16", counting)
+    monkeypatch.setattr(agnn, "_run_linear_entry", counting_entry)
     return calls
 
 
@@ -289,6 +295,33 @@ def test_torch_compile_fullgraph(clean_runtime):
     got = logits(torch.compile(model, fullgraph=True, backend="aot_eager"), ids)  # fake impl + functionalization
     assert rel_err(got, ref) <= TOL[torch.float32]
     torch._dynamo.reset()
+
+
+def test_kept_dispatch_entry_is_dropped_when_anything_it_assumed_changes(clean_runtime, monkeypatch):
+    """TunedLinear keeps gemm_a16w16's entry per input shape; a reload, a converted parameter (same object, new
+    dtype), another input dtype or a call that wants gradients do not reuse it."""
+    made = []
+    real = agnn._linear_entry
+    monkeypatch.setattr(agnn, "_linear_entry", lambda *a: made.append(a[0].shape) or real(*a))
+    lin = TunedLinear.from_linear(nn.Linear(32, 16))
+    x = torch.randn(2, 3, 32)
+    with torch.no_grad():  # parameters want gradients: with grad mode on, calls take the custom op instead
+        assert torch.allclose(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6)
+        lin(x)
+        assert len(made) == 1, "the second call of a shape reuses the entry"
+        lin(torch.randn(5, 32))
+        assert len(made) == 2, "another shape: another entry"
+        aiter_gemm.reload_configs()
+        lin(x)
+        assert len(made) == 3, "reload_configs drops kept entries"
+        lin.double()  # converts parameters in place: same objects, new dtype
+        xd = x.double()
+        out = lin(xd)
+        assert len(made) == 4 and out.dtype == torch.float64, "float64 input and weight: a new entry"
+        assert torch.allclose(out, F.linear(xd, lin.weight, lin.bias))
+    xg = xd.clone().requires_grad_()
+    lin(xg).sum().backward()  # the custom op, with its gradient, not the kept entry
+    assert xg.grad is not None and xg.grad.shape == xg.shape
 
 
 def test_autocast_falls_back_with_one_warning(spy, caplog):
