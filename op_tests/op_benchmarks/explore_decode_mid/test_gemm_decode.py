@@ -1,6 +1,6 @@
-"""The decode-regime kernel family (``aiter_gemm.kernels.gemm_decode``): numerics of every variant (plain, swapped,
-split-K two-pass / fix-up, stream-K; TMA and pointer loads) on odd shapes, determinism, the config name, the reasons
-of ``config_supported`` and the pruning of ``config_space``.
+"""The decode-regime kernel family (``gemm_decode.py`` beside this file: issue 14's exploration, not shipped):
+numerics of every variant (plain, swapped, split-K two-pass / fix-up, stream-K; TMA and pointer loads) on odd
+shapes, determinism, the config name, the reasons of ``config_supported`` and the pruning of ``config_space``.
 
 CPU: the Triton interpreter (conftest sets ``TRITON_INTERPRET=1``) on small shapes with small tiles; bf16 goes through
 the interpreter's float32 upcast of ``tl.dot`` operands. GPU (``@pytest.mark.gpu``): the shipped shapes in bf16.
@@ -13,8 +13,13 @@ import itertools
 import pytest
 import torch
 
-from aiter_gemm.kernels import gemm_decode as gd
-from aiter_gemm.kernels.gemm_decode import DecodeConfig, config_space, config_supported, default_config
+from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd
+from op_tests.op_benchmarks.explore_decode_mid.gemm_decode import (
+    DecodeConfig,
+    config_space,
+    config_supported,
+    default_config,
+)
 
 SHIPPED = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1280, 8192), (8192, 1024), (7168, 8192),
            (8192, 3584)]
