@@ -243,7 +243,7 @@ def test_gradients_flow_through_the_custom_op():
 
 
 def test_generate_captures_the_model_shapes(clean_runtime, tmp_path, device):
-    from aiter_gemm.examples.hf_decode import hf_expected, read_untuned
+    from aiter_gemm.examples.hf_capture import hf_expected, read_untuned
     from gradlib.models import ModelArch
 
     out = tmp_path / "captured.csv"

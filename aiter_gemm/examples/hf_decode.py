@@ -27,21 +27,17 @@ for capture only (its wall time varies ~10%).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import gc
 import inspect
 import json
 import logging
-import math
 import os
 import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +46,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built from a local 
 import torch  # noqa: E402
 
 import aiter_gemm  # noqa: E402
+from aiter_gemm.examples.hf_capture import (  # noqa: E402
+    CAPTURE_FILE,
+    DTYPES,
+    TUNED_FILE,
+    hf_expected,
+    run_capture,
+    run_tuner,
+    runtime_env,
+)
+from aiter_gemm.examples.hf_profile import ARMS, profile_decode  # noqa: E402
 from aiter_gemm.nn import patch_linear, unpatch_linear  # noqa: E402
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CAPTURE_FILE = "captured_gemm.csv"
-TUNED_FILE = "tuned_gemm.csv"
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # model
@@ -117,193 +118,6 @@ class PatchState:
         elif not patched and self.patched:
             unpatch_linear(self.model)
         self.patched = patched
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# expected shapes
-
-
-def hf_projections(arch: Any) -> dict[str, tuple[int, int, bool]]:
-    """(N, K, bias) per Hugging Face module name of a Llama-family decoder (q/k/v, gate/up unfused; the vocabulary
-    unpadded), from gradlib's :class:`~gradlib.models.ModelArch` (tp = 1)."""
-    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    return {"q_proj": (q, arch.hidden, arch.qkv_bias), "k_proj": (kv, arch.hidden, arch.qkv_bias),
-            "v_proj": (kv, arch.hidden, arch.qkv_bias), "o_proj": (arch.hidden, q, arch.o_bias),
-            "gate_proj": (arch.intermediate, arch.hidden, arch.mlp_bias),
-            "up_proj": (arch.intermediate, arch.hidden, arch.mlp_bias),
-            "down_proj": (arch.hidden, arch.intermediate, arch.mlp_bias), "lm_head": (arch.vocab, arch.hidden, False)}
-
-
-Key = tuple[int, int, int, bool, str]  # M, N, K, bias, dtype name
-
-
-def hf_expected(arch: Any, suffixes: set[str], nsets: set[int], head_ms: set[int], dtype: torch.dtype) -> set[Key]:
-    """Every (M, N, K) the patched modules named ``*.<suffix>`` run for these token counts (lm_head: ``head_ms``)."""
-    out: set[Key] = set()
-    for name, (n, k, bias) in hf_projections(arch).items():
-        if name in suffixes:
-            out |= {(m, n, k, bias, str(dtype)) for m in (head_ms if name == "lm_head" else nsets)}
-    return out
-
-
-def gradlib_expected(arch: Any, nsets: set[int], head_ms: set[int], dtype: torch.dtype) -> set[Key]:
-    """What ``gemm-tuner --model_dir`` derives (``gradlib.models.model_problems``, tp = 1) for the same counts."""
-    from gradlib.models import model_problems
-
-    return {(p.M, p.N, p.K, bool(p.bias), str(p.dtype))
-            for p in model_problems(arch, 1, sorted(nsets), sorted(head_ms), dtype=dtype)}
-
-
-def read_untuned(path: Path) -> set[Key]:
-    """The shapes of an untuned CSV as written by capture (M,N,K,bias,dtype,...)."""
-    from aiter_gemm.dtypes import parse_dtype
-
-    with open(path, newline="") as f:
-        return {(int(r["M"]), int(r["N"]), int(r["K"]), r["bias"].strip().lower() in ("true", "1"),
-                 str(parse_dtype(r["dtype"]))) for r in csv.DictReader(f)}
-
-
-def compare(got: set[Key], want: set[Key]) -> dict[str, Any]:
-    return {"match": got == want, "missing": sorted(want - got), "unexpected": sorted(got - want)}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# runtime environment
-
-
-@contextlib.contextmanager
-def runtime_env(values: dict[str, str | None]) -> Iterator[None]:
-    """Set (``None``: unset) AITER_* variables and reload the runtime; restore both on exit."""
-    old = {k: os.environ.get(k) for k in values}
-
-    def apply(vals: dict[str, str | None]) -> None:
-        for k, v in vals.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    apply(values)
-    aiter_gemm.reload_configs()
-    try:
-        yield
-    finally:
-        apply(old)
-        aiter_gemm.reload_configs()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# capture
-
-
-def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchState, arch: Any,
-                out: Path) -> dict[str, Any]:
-    """Run ``generate()`` per batch size with the model patched and capture on; check the captured file against the
-    calls the patched modules saw and against both shape derivations."""
-    captured = Path(args.capture_file) if args.capture_file else out / CAPTURE_FILE
-    captured.unlink(missing_ok=True)
-    env: dict[str, str | None] = {"AITER_TUNE_GEMM": "1", "AITER_UNTUNED_GEMM_FILE": str(captured),
-                                  "AITER_TUNE_GEMM_FLUSH_S": "3600"}
-    if not args.capture_misses_only:  # capture every shape, not only those the tuned tables miss
-        empty = out / "empty_tuned_gemm.csv"
-        empty.write_text("")
-        env["AITER_CONFIG_GEMM_BF16"] = str(empty)
-    dtype, device = DTYPES[args.dtype], next(model.parameters()).device
-    seen: set[tuple[str, Key]] = set()
-    with runtime_env(env):
-        state.set(True)
-        hooks = []
-        for name in state.names:
-            suffix = name.rsplit(".", 1)[-1]
-
-            def hook(mod: torch.nn.Module, inputs: tuple, suffix: str = suffix) -> None:
-                x = inputs[0]
-                seen.add((suffix, (math.prod(x.shape[:-1]), mod.out_features, mod.in_features,
-                                   mod.bias is not None, str(x.dtype))))
-
-            hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
-        try:
-            with torch.no_grad():
-                for b in args.batch:
-                    ids = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), device=device)
-                    t0 = time.perf_counter()
-                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                                   min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
-                    print(f"capture: generate batch {b} x {args.prompt_len} + {args.new_tokens} tokens "
-                          f"{time.perf_counter() - t0:.2f} s")
-        finally:
-            for h in hooks:
-                h.remove()
-            state.set(False)
-        aiter_gemm.get_dispatcher().flush_capture()
-        hits: dict[Key, str] = {}
-        if args.capture_misses_only:  # shapes a tuned row covers are, by design, not captured
-            for _, key in seen:
-                cfg = aiter_gemm.get_GEMM_A16W16_config(key[0], key[1], key[2], key[3], dtype)
-                if cfg["matched"] != "default":
-                    hits[key] = cfg["matched"]
-    got = read_untuned(captured) if captured.exists() else set()
-    ran = {key for _, key in seen}
-    nsets = {key[0] for suffix, key in seen if suffix != "lm_head"}
-    head_ms = {key[0] for suffix, key in seen if suffix == "lm_head"}
-    suffixes = {suffix for suffix, _ in seen}
-    want_nsets = {b * args.prompt_len for b in args.batch} | ({b for b in args.batch} if args.new_tokens > 1 else set())
-    hf = hf_expected(arch, suffixes, want_nsets, set(args.batch), dtype) - set(hits)
-    fused = gradlib_expected(arch, want_nsets, set(args.batch), dtype) - set(hits)
-    result = {
-        "file": str(captured), "rows": len(got), "modules_patched": len(state.names),
-        "token_counts_seen": sorted(nsets), "lm_head_m_seen": sorted(head_ms),
-        "lm_head_m_expected": sorted(args.batch) if "lm_head" in suffixes else [],
-        "covered_by_tuned_rows": [list(k) + [v] for k, v in sorted(hits.items())],
-        "captured_vs_ran": compare(got, ran - set(hits)),
-        "captured_vs_hf_layout": compare(got, hf),
-        "captured_vs_gradlib_models": compare(got, fused),
-    }
-    print_capture(result, arch)
-    (out / "capture_check.json").write_text(json.dumps(result, indent=1, default=str))
-    return result
-
-
-def print_capture(r: dict[str, Any], arch: Any) -> None:
-    from gradlib.models import projections
-
-    names: dict[tuple[int, int], list[str]] = {}
-    for name, (n, k, _) in hf_projections(arch).items():
-        names.setdefault((n, k), []).append(name)
-    for p in projections(arch, 1):  # gradlib's (fused) names
-        names.setdefault((p.N, p.K), []).append(f"{p.name} (gradlib)")
-
-    def label(key: list | tuple) -> str:
-        m, n, k = key[:3]
-        return f"M={m} N={n} K={k}{' bias' if key[3] else ''}: {' / '.join(names.get((n, k), ['?']))}"
-
-    print(f"\ncapture: {r['rows']} shapes in {r['file']} from {r['modules_patched']} patched modules; token counts "
-          f"{r['token_counts_seen']}; lm_head saw M = {r['lm_head_m_seen']} (expected the batch sizes "
-          f"{r['lm_head_m_expected']}: generate() computes logits for the last position only)")
-    for what, title in (("captured_vs_ran", "calls the patched modules saw"),
-                        ("captured_vs_hf_layout", "gradlib.models arch, Hugging Face layout (q/k/v, gate/up unfused)"),
-                        ("captured_vs_gradlib_models", "gradlib.models.model_problems (gemm-tuner --model_dir)")):
-        c = r[what]
-        print(f"  vs {title}: {'MATCH' if c['match'] else 'MISMATCH'}")
-        for tag in ("missing", "unexpected"):
-            for key in c[tag][:12]:
-                print(f"      {tag}: {label(key)}")
-            if len(c[tag]) > 12:
-                print(f"      ... {len(c[tag]) - 12} more {tag}")
-    if not r["captured_vs_gradlib_models"]["match"]:
-        print("  note: gradlib.models derives vLLM's fused qkv_proj and gate_up_proj (and pads the vocabulary to 64);"
-              " a Hugging Face model runs q/k/v and gate/up as separate GEMMs, so tune the captured file, not "
-              "--model_dir, for it (tuned rows of fused shapes never match its calls)")
-
-
-def run_tuner(args: argparse.Namespace, captured: Path, tuned: Path) -> int:
-    cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(captured), "-o", str(tuned),
-           *shlex.split(args.tune_args)]
-    print("tune:", shlex.join(cmd), flush=True)
-    t0 = time.perf_counter()
-    rc = subprocess.call(cmd)
-    print(f"tune: exit status {rc} after {time.perf_counter() - t0:.0f} s")
-    return rc
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -413,7 +227,6 @@ def time_steps(fn: Callable[[], object], n: int, cuda: bool) -> float:
 # measurement
 
 
-ARMS = ("without", "with")  # unpatched F.linear, patched gemm_a16w16
 
 
 def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchState, arch: Any, out: Path,
@@ -580,89 +393,6 @@ def markdown(summary: list[dict[str, Any]]) -> str:
             f"| {r['tok_s_without']:.0f} | {r['tok_s_with']:.0f} | {r['speedup']:.3f} "
             f"| [{r['round_ratio_min']:.3f}-{r['round_ratio_max']:.3f}] |")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# profile
-
-
-GEMM_WORDS = ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "skinny", "matmul", "cublas", "_mm_")
-NOT_GEMM_WORDS = ("fmha", "flash", "attention", "softmax", "reduce_kernel", "elementwise")
-
-
-def is_gemm_kernel(name: str) -> bool:
-    low = name.lower()
-    return any(w in low for w in GEMM_WORDS) and not any(w in low for w in NOT_GEMM_WORDS)
-
-
-def kernel_stats(trace: dict[str, Any], steps: int) -> dict[str, Any]:
-    """Per step: GPU busy time, GEMM kernel time and share, and the idle gaps between the first and last kernel
-    (launch gaps: a host-bound step shows them, a replayed graph should not)."""
-    evs = [e for e in trace.get("traceEvents", []) if str(e.get("cat", "")).lower() in
-           ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
-    if not evs:
-        return {"kernels": 0, "note": "no GPU activity in the trace (kernels inside graphs need CUPTI graph tracing)"}
-    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in evs)
-    busy, cur_s, cur_e = 0.0, *spans[0]
-    for s, e in spans[1:]:
-        if s > cur_e:
-            busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
-    span = spans[-1][1] - spans[0][0]
-    total = sum(float(e["dur"]) for e in evs)
-    gemm: dict[str, float] = {}
-    for e in evs:
-        if str(e.get("cat", "")).lower() == "kernel" and is_gemm_kernel(str(e.get("name", ""))):
-            gemm[e["name"]] = gemm.get(e["name"], 0.0) + float(e["dur"])
-    other: dict[str, float] = {}
-    for e in evs:
-        if e.get("name") not in gemm:
-            other[e["name"]] = other.get(e["name"], 0.0) + float(e["dur"])
-    gemm_us = sum(gemm.values())
-    top = sorted(gemm.items(), key=lambda kv: -kv[1])[:5]
-    top_other = sorted(other.items(), key=lambda kv: -kv[1])[:5]
-    return {"kernels_per_step": len(evs) / steps, "gpu_busy_us": busy / steps, "span_us": span / steps,
-            "gaps_us": (span - busy) / steps, "kernel_us": total / steps, "gemm_us": gemm_us / steps,
-            "gemm_share": gemm_us / total if total else 0.0,
-            "top_gemm_kernels": [{"name": k[:120], "us_per_step": v / steps} for k, v in top],
-            "top_other_kernels": [{"name": k[:120], "us_per_step": v / steps} for k, v in top_other]}
-
-
-def profile_decode(state: PatchState, step: Callable[[], object], graphs: list, batch: int, mode: str,
-                   out: Path, steps: int = 5) -> list[dict[str, Any]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    res = []
-    for i, arm in enumerate(ARMS):
-        if mode == "graph":
-            fn = graphs[i].replay
-        else:
-            state.set(arm == "with")
-            fn = step
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                fn()
-            torch.cuda.synchronize()
-        path = out / f"trace_decode_b{batch}_{mode}_{arm}.json"
-        prof.export_chrome_trace(str(path))
-        stats = kernel_stats(json.loads(path.read_text()), steps)
-        res.append({"batch": batch, "mode": mode, "arm": arm, "trace": str(path), **stats})
-        if "gemm_share" in stats:
-            print(f"profile: batch {batch:>3} {mode:<5} {arm:<7}: {stats['kernels_per_step']:.0f} kernels/step, "
-                  f"GPU busy {stats['gpu_busy_us']:.0f} us, GEMMs {stats['gemm_us']:.0f} us "
-                  f"({100 * stats['gemm_share']:.0f}% of kernel time), launch gaps {stats['gaps_us']:.0f} us "
-                  f"of a {stats['span_us']:.0f} us span; top other kernel "
-                  + (f"{stats['top_other_kernels'][0]['name'][:60]} ({stats['top_other_kernels'][0]['us_per_step']:.0f}"
-                     " us)" if stats["top_other_kernels"] else "-"))
-        else:
-            print(f"profile: batch {batch} {mode} {arm}: {stats['note']}")
-    state.set(False)
-    return res
 
 
 # ---------------------------------------------------------------------------------------------------------------
