@@ -20,6 +20,9 @@ from dataclasses import replace
 
 from gradlib.cli import UsageError, non_negative_float, non_negative_int, positive_int
 from gradlib.compare import CompareOptions, candidate_path
+from gradlib.driver import TuneJob, tune
+from gradlib.pool import Executor
+from gradlib.results import sort_tuned_file
 from gradlib.timing import TimingConfig
 
 log = logging.getLogger("gradlib")
@@ -114,3 +117,15 @@ def compare_options(args: argparse.Namespace, tuned_file: str) -> CompareOptions
     if not args.compare:
         return None
     return CompareOptions(args.min_improvement_pct, args.update_improved, candidate_path(tuned_file))
+
+
+def run_job(job: TuneJob, args: argparse.Namespace, run_config: str | None, executor: Executor) -> int:
+    """Run a tuner's job as AITER's flags ask: ``--run_config`` times and checks every candidate and confirms or writes
+    nothing (against ``run_config``'s rows, else the default); ``--sort`` sorts the tuned file afterwards."""
+    if args.run_config:
+        job = replace(job, search=replace(job.search, err_ratio=1.0, confirm_rounds=0, min_gain=1.0),
+                      run_config=f"tuned: {run_config}" if run_config else "default", err_limit=args.errRatio)
+    status = tune(job, executor)
+    if args.sort and not args.run_config and os.path.isfile(args.tuned_file):
+        sort_tuned_file(args.tuned_file, job.spec)
+    return status

@@ -40,13 +40,13 @@ from gradlib.aiter_flags import (
     check_aiter_flags,
     compare_options,
     env_default,
+    run_job,
     with_iterations,
 )
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, positive_float, positive_int, positive_int_list
-from gradlib.driver import TuneJob, tune
+from gradlib.driver import TuneJob
 from gradlib.models import ModelConfigError, load_arch, model_problems
 from gradlib.pool import scoped_env
-from gradlib.results import sort_tuned_file
 from gradlib.search import SearchOptions
 from gradlib.tasks import import_plugins
 from gradlib.tune_ops import tune_op
@@ -238,13 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   peak_tflops=args.peak_tflops, peak_bw=args.peak_bw, verbose=args.verbose,
                   rows_of=run_config or (args.tuned_file if in_place(args) and not args.run_config else None),
                   compare=None if args.run_config else compare_options(args, args.tuned_file))
-    if args.run_config:  # every candidate timed and checked, nothing confirmed or written
-        job = replace(job, search=replace(search, err_ratio=1.0, confirm_rounds=0, min_gain=1.0),
-                      run_config=f"tuned: {run_config}" if run_config else "default", err_limit=args.errRatio)
-    status = tune(job, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
-    if args.sort and not args.run_config and os.path.isfile(args.tuned_file):
-        sort_tuned_file(args.tuned_file, spec)
-    return status
+    return run_job(job, args, run_config, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
 
 
 if __name__ == "__main__":

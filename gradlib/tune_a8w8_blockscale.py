@@ -41,7 +41,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from functools import partial
 
 import torch
@@ -56,7 +55,7 @@ from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
 from gradlib import cli
-from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, with_iterations
+from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, run_job, with_iterations
 from gradlib.blockscale import (
     BLOCKSCALE,
     EXTRA_LAUNCHERS,
@@ -78,10 +77,9 @@ from gradlib.blockscale_shapes import (  # noqa: F401 - re-exported for callers 
     read_shapes_csv,
 )
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, name_list, positive_int, positive_int_list
-from gradlib.driver import TuneJob, tune
+from gradlib.driver import TuneJob
 from gradlib.models import ModelConfigError
 from gradlib.pool import scoped_env
-from gradlib.results import sort_tuned_file
 from gradlib.search import SearchOptions
 from gradlib.tasks import enumerate_solutions, import_plugins
 from gradlib.timing import TimingConfig
@@ -240,13 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
                                                                json_dir=args.json_dir, bucket_mode=args.buckets),
                   rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file))
-    if args.run_config:  # every candidate timed and checked, nothing confirmed or written
-        job = replace(job, search=replace(search, err_ratio=1.0, confirm_rounds=0, min_gain=1.0),
-                      run_config=f"tuned: {run_config}" if run_config else "default", err_limit=args.errRatio)
-    status = tune(job, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
-    if args.sort and not args.run_config and os.path.isfile(args.tuned_file):
-        sort_tuned_file(args.tuned_file, spec)
-    return status
+    return run_job(job, args, run_config, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
 
 
 def _sidecar(identity: DeviceIdentity, problems: list[GemmProblem], tuned_file: str, json_dir: str | None,

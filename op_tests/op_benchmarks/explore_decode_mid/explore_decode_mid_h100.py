@@ -75,10 +75,7 @@ def _load_gemm_decode():
 
 gd = _load_gemm_decode()
 
-try:
-    from gradlib.timing import TimingConfig, cache_bytes, interleaved, rotating_sets, time_runner
-except Exception:  # noqa: BLE001 - gradlib being refactored: _fallback_timing() defines the same helpers
-    TimingConfig = cache_bytes = interleaved = rotating_sets = time_runner = None
+from gradlib.timing import TimingConfig, cache_bytes, interleaved, rotating_sets, time_runner  # noqa: E402
 
 PEAK_BW = 3.0e12  # B/s, H100 device-to-device copy, bytes read + written (BENCHMARKS.md)
 PEAK_FLOPS = 790e12  # bf16 dense, H100 measured
@@ -507,71 +504,6 @@ def write_results(out_dir: Path, rows: list[dict], env: dict, args: dict, status
     return summary, agg
 
 
-def _fallback_timing() -> None:
-    """If gradlib.timing could not be imported (mid-refactor), define the same four helpers here."""
-    global TimingConfig, cache_bytes, interleaved, rotating_sets, time_runner
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class _TC:
-        warmup: int
-        reps: int
-        target_us: float
-        use_graph: bool = True
-        budget_s: float = 2.0
-
-    def _cache(device):
-        return int(torch.cuda.get_device_properties(device).L2_cache_size)
-
-    def _sets(set_bytes, cache, free):
-        want = max(1, math.ceil(2 * cache / max(set_bytes, 1)))
-        if free is not None:
-            want = min(want, max(1, int(free * 0.25) // max(set_bytes, 1)))
-        return min(want, 128)
-
-    def _time(call, n_sets, device, cfg):
-        from types import SimpleNamespace
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            for i in range(max(cfg.warmup, n_sets)):
-                call(i % n_sets)
-        stream.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            s.record(stream)
-            for i in range(n_sets):
-                call(i)
-            e.record(stream)
-        e.synchronize()
-        est = max(s.elapsed_time(e) * 1e3 / n_sets, 0.1)
-        calls = max(1, min(2000, math.ceil(cfg.target_us / est)))
-        calls = max(n_sets, calls - calls % n_sets)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for i in range(calls):
-                call(i % n_sets)
-        g.replay()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(max(3, cfg.reps)):
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            samples.append(s.elapsed_time(e) * 1e3 / calls)
-        return SimpleNamespace(us=statistics.median(samples))
-
-    def _inter(measures, rounds):
-        names = list(measures)
-        out = {k: [] for k in names}
-        for r in range(rounds):
-            for k in (names if r % 2 == 0 else names[::-1]):
-                out[k].append(measures[k]())
-        return out
-
-    TimingConfig, cache_bytes, rotating_sets, time_runner, interleaved = _TC, _cache, _sets, _time, _inter
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
@@ -590,9 +522,6 @@ def main() -> int:
     t0 = time.time()
     deadline = t0 + args.deadline_s
     args.out.mkdir(parents=True, exist_ok=True)
-    if time_runner is None and not args.smoke:
-        print("gradlib.timing not importable: using the script's stand-in timing helpers", flush=True)
-        _fallback_timing()
     env = environment(args.smoke)
     print(json.dumps(env), flush=True)
     device = "cpu" if args.smoke else "cuda"
