@@ -9,7 +9,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["aiter_gemm", "aiter_gemm.*", "gradlib", "gradlib.*"]) + ["aiter_gemm.configs"],
     package_dir={"aiter_gemm.configs": "configs"},
-    package_data={"aiter_gemm.configs": ["*.csv", "*.json", "*/*.csv", "*/*.json", "*/*/*.json", "*/*/*.csv"]},
+    package_data={"aiter_gemm.configs": ["*.csv", "*.json", "*/*.csv", "*/*.json", "*/*/*.json", "*/*/*.csv"],
+                  "aiter_gemm": ["csrc/*.cpp"]},  # the C++ eager fast path, built after install (aiter_gemm/eager_ext.py)
     install_requires=[
         "torch>=2.4",  # install the CPU or GPU build you want first (README); this range keeps it
         "triton>=3.0; platform_system == 'Linux'",
@@ -19,11 +20,13 @@ setup(
         "filelock",
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff", "matplotlib"],  # matplotlib: the benchmark suite's plots
+        "test": ["pytest>=7", "ruff", "matplotlib", "ninja"],  # matplotlib: the benchmark suite's plots
+        "ext": ["ninja"],  # torch's C++ extension builder needs it (aiter-gemm-build-ext); plus g++
         "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
         "ray": ["ray>=2.9"],  # tested with 2.60.0; a ray:// client driver also needs ray[client]
         # aiter_gemm.examples.hf_decode and op_tests/test_hf_patch.py; tested with 4.45.2, 4.46.3, 5.17.0, 5.23.0
         "hf": ["transformers>=4.45"],
     },
-    entry_points={"console_scripts": ["gemm-tuner=gradlib.gemm_tuner:main"]},
+    entry_points={"console_scripts": ["gemm-tuner=gradlib.gemm_tuner:main",
+                                      "aiter-gemm-build-ext=aiter_gemm.eager_ext:main"]},
 )

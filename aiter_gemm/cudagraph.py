@@ -24,14 +24,18 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_local = threading.local()
+class _Local(threading.local):
+    depth = 0  # a class attribute: every thread reads 0 until it captures (the C++ entry reads it too)
+
+
+_local = _Local()
 _lock = threading.Lock()
 _MARK = "_aiter_gemm_counts_captures"
 
 
 def capturing() -> bool:
     """True while this thread is between ``CUDAGraph.capture_begin`` and ``capture_end`` (see :func:`probe`)."""
-    return getattr(_local, "depth", 0) > 0
+    return _local.depth > 0
 
 
 def count_captures(cls: type) -> bool:
@@ -48,7 +52,7 @@ def count_captures(cls: type) -> bool:
         @functools.wraps(begin)
         def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = begin(self, *args, **kwargs)
-            _local.depth = getattr(_local, "depth", 0) + 1
+            _local.depth += 1
             return out
 
         @functools.wraps(end)
@@ -56,7 +60,7 @@ def count_captures(cls: type) -> bool:
             try:
                 return end(self, *args, **kwargs)
             finally:
-                depth = getattr(_local, "depth", 0)
+                depth = _local.depth
                 if depth:
                     _local.depth = depth - 1
 

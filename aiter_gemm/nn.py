@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiter_gemm import gemm_a16w16
+from aiter_gemm.ops import EAGER_EXT as _EAGER_EXT
 from aiter_gemm.ops import entries_token as _entries_token
 from aiter_gemm.ops import linear_entry as _linear_entry
 from aiter_gemm.ops import run_linear_entry as _run_linear_entry
@@ -46,6 +47,7 @@ _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _ABSENT = object()
 _NO_ENTRIES: dict = {}
+_c_linear = None if _EAGER_EXT is None else _EAGER_EXT.linear
 # Float dtypes gemm_a16w16 takes without scales (fp8 needs them; integer dtypes are not GEMM inputs here).
 _DISPATCH_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64})
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
@@ -80,6 +82,12 @@ class TunedLinear(nn.Linear):
     to the chosen kernel's rounding), so models and checkpoints need no change. Build one with :meth:`from_linear`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        # The C++ eager fast path (aiter_gemm/eager_ext.py): the cached plain F.linear case of the hit below, or
+        # None. Compiling first: dynamo folds it and never traces the extension.
+        if _c_linear is not None and not _is_compiling():
+            out = _c_linear(self, input)
+            if out is not None:
+                return out
         # Parameters straight from the parameter dict: ``self.weight`` goes through Module.__getattr__, ~0.55 us
         # each on CPU, which nn.Linear pays twice per call and we need not (host-bound eager decode runs ~200
         # linears per token). A parametrized or re-registered weight is not in the dict: the attribute then.

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from aiter_gemm import cudagraph
+from aiter_gemm import cudagraph, eager_ext
 from aiter_gemm.backends import A16W16
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.backends.torch import run_plain
@@ -45,6 +45,9 @@ GEMM_A16W16 = register_op(OpSpec(
 _DISPATCHER = dispatcher_for(GEMM_A16W16)
 _is_compiling = torch.compiler.is_compiling
 _linear = torch.nn.functional.linear
+# The C++ eager fast path (aiter_gemm/eager_ext.py), or None: the Python hot path below does the same work.
+EAGER_EXT = eager_ext.load()
+_c_remember = None if EAGER_EXT is None else EAGER_EXT.remember
 
 
 def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tuple:
@@ -65,6 +68,9 @@ def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tupl
     fast = (None if runner is run_plain else runner, problem.otype, shape2d,
             None if flat else (*A.shape[:-1], problem.N), capturing)
     _DISPATCHER._fast[key] = fast
+    if _c_remember is not None and key[4] is None and key[6] is None and not key[8] and (
+            runner is run_plain or capturing is not None):  # a plain eager decision: the C++ entry serves it
+        _c_remember(A, B, bias, None if runner is run_plain else capturing)
     return fast
 
 
@@ -220,6 +226,39 @@ def gemm_a16w16(
     if shape2d is None:
         return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
     return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
+
+
+def _gemm_a16w16_traced(A, B, bias=None, otype=None, scale_a=None, scale_b=None, scale_c=None):
+    """What ``torch.compile`` traces in place of the C++ entry of ``gemm_a16w16`` (``substitute_in_graph``)."""
+    return torch.ops.aiter_gemm.gemm_a16w16(A, B, bias, otype, scale_a, scale_b, scale_c)
+
+
+def _c_entry(python_entry):
+    """``gemm_a16w16`` as the C++ extension's entry (cached plain decisions run ``at::linear`` there, every other
+    call runs ``python_entry``); ``python_entry`` itself where the extension is absent or this torch has no
+    ``torch.compiler.substitute_in_graph`` (compiled code must trace the custom op, never the C++ function).
+    A Python wrapper around the C++ call would cost ~0.45 us per call on the CPU machine (its frame and the
+    compiling check), what the entry exists to save."""
+    if EAGER_EXT is None:
+        return python_entry
+    EAGER_EXT.setup(_DISPATCHER, python_entry, cudagraph.capturing, cudagraph._local)
+    if not hasattr(torch.compiler, "substitute_in_graph"):
+        return python_entry
+    c_fn = EAGER_EXT.gemm_a16w16
+
+    def register() -> None:
+        try:
+            torch.compiler.substitute_in_graph(c_fn)(_gemm_a16w16_traced)
+        except Exception as exc:  # compiled code then breaks its graph at gemm_a16w16 (eager is unaffected)
+            eager_ext.log.warning("aiter_gemm: torch.compile cannot trace the C++ gemm_a16w16 entry (%s: %s)",
+                                  type(exc).__name__, exc)
+
+    eager_ext.when_dynamo_loads(register)
+    return c_fn
+
+
+gemm_a16w16_python = gemm_a16w16
+gemm_a16w16 = _c_entry(gemm_a16w16_python)
 
 
 class TunedGemm:

@@ -11,6 +11,7 @@ mkdir -p "$OUT/heldout"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1
+  python -c "from aiter_gemm import ops, eager_ext; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1
   echo "commit ${COMMIT:-unknown}"
 } > "$OUT/heldout/env.txt"
 timeout -s TERM ${BENCH_LIMIT_S:-420} python op_tests/op_benchmarks/bench_heldout.py --out "$OUT/heldout" \

@@ -18,6 +18,7 @@ mkdir -p "$D"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1
+  python -c "from aiter_gemm import ops, eager_ext; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1
   echo "commit ${COMMIT:-unknown}; steps ${STEPS:-capture tune measure}; resume from ${RESUME_FROM:-nothing}"
 } >> "$D/env.txt"
 for step in ${STEPS:-capture tune measure}; do

@@ -1,0 +1,282 @@
+"""The C++ eager fast path (aiter_gemm/eager_ext.py, csrc/eager_fast.cpp): built here, then exercised in fresh
+processes (the extension loads at import) with the extension on and off. The cases: results identical to F.linear
+on odd shapes, with and without bias, 2-D and 3-D; what goes to the Python path (first calls, otype and scales,
+keywords, tensor subclasses, a TorchFunctionMode, shuffled weights, a capture in progress); reload dropping the
+cache; TunedLinear; torch.compile(fullgraph=True) through the C++ entry; import staying light."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from aiter_gemm import eager_ext
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    """Build the extension once (a no-op when .ci/run or the user already built it); skip without a toolchain."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler on this machine: the Python eager path is the only one")
+    try:
+        module = eager_ext.build()
+    except Exception as exc:  # ninja missing, headers missing: say why
+        pytest.skip(f"the C++ eager extension cannot be built here: {type(exc).__name__}: {exc}")
+    return Path(module.__file__)
+
+
+def run(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter (the extension loads at import); its stdout, or fail with its stderr."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("AITER_")}
+    full.update(env)
+    full.setdefault("OMP_NUM_THREADS", "1")
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=full, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, f"stdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res.stdout
+
+
+# ---- settings ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("raw, expected", [("", "auto"), ("auto", "auto"), ("1", "auto"), ("BUILD", "build"),
+                                           ("0", "off"), ("off", "off"), ("false", "off")])
+def test_mode_values(raw, expected):
+    assert eager_ext.mode({eager_ext.ENV: raw}) == expected
+
+
+def test_mode_rejects_unknown_value_naming_the_variable():
+    with pytest.raises(ValueError, match="AITER_GEMM_EAGER_EXT"):
+        eager_ext.mode({eager_ext.ENV: "sometimes"})
+
+
+def test_name_follows_source_and_versions(tmp_path, monkeypatch):
+    name = eager_ext.ext_name()
+    assert name.startswith("aiter_gemm_eager_") and name == eager_ext.ext_name()
+    changed = tmp_path / "eager_fast.cpp"
+    changed.write_bytes(eager_ext.SOURCE.read_bytes() + b"\n// changed\n")
+    monkeypatch.setattr(eager_ext, "SOURCE", changed)
+    assert eager_ext.ext_name() != name  # a stale build is never loaded under the new source
+
+
+def test_off_and_bad_value_keep_the_python_path():
+    out = run("""
+        import types, aiter_gemm
+        from aiter_gemm import ops, eager_ext
+        print(ops.EAGER_EXT is None, isinstance(aiter_gemm.gemm_a16w16, types.FunctionType), eager_ext.status)
+    """, AITER_GEMM_EAGER_EXT="0")
+    assert out.split()[:2] == ["True", "True"] and "off" in out
+    out = run("""
+        from aiter_gemm import ops
+        print(ops.EAGER_EXT is None)
+    """, AITER_GEMM_EAGER_EXT="sometimes")
+    assert out.strip() == "True"
+
+
+def test_missing_build_is_reported_not_raised(tmp_path):
+    out = run("""
+        from aiter_gemm import ops, eager_ext
+        print(ops.EAGER_EXT is None, '|', eager_ext.status)
+    """, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    assert out.startswith("True |") and "aiter-gemm-build-ext" in out
+
+
+# ---- the C++ entry -------------------------------------------------------------------------------------------
+def test_entry_matches_f_linear_and_caches_plain_calls(built):
+    out = run("""
+        import types, torch, torch.nn.functional as F
+        import aiter_gemm
+        from aiter_gemm import ops, gemm_a16w16
+        ext = ops.EAGER_EXT
+        assert ext is not None and not isinstance(gemm_a16w16, types.FunctionType), ops.eager_ext.status
+        torch.manual_seed(0)
+        n = 0
+        for M in (1, 3, 17, 97):
+            for lead in ((), (1,), (2,)):
+                for dtype in (torch.float32, torch.bfloat16):
+                    for with_bias in (False, True):
+                        shape = (*lead, M, 24) if lead else (M, 24)
+                        a = torch.randn(shape, dtype=dtype)
+                        w = torch.randn(40, 24, dtype=dtype)
+                        b = torch.randn(40, dtype=dtype) if with_bias else None
+                        ref = F.linear(a, w, b)
+                        first = gemm_a16w16(a, w, b)          # decides through the Python path, remembers
+                        again = gemm_a16w16(a, w, b)          # the C++ entry
+                        assert torch.equal(first, ref) and torch.equal(again, ref), (shape, dtype, with_bias)
+                        assert again.dtype == dtype and again.shape == ref.shape
+                        n += 1
+        print(n, ext.cached())
+    """)
+    calls, cached = map(int, out.split())
+    assert cached == calls  # every distinct plain call remembered once
+
+
+SPY = """
+    import torch, torch.nn.functional as F
+    from aiter_gemm import ops, cudagraph, gemm_a16w16
+    ext = ops.EAGER_EXT
+    calls = []
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return ops.gemm_a16w16_python(*args, **kwargs)
+    ext.setup(ops._DISPATCHER, spy, cudagraph.capturing, cudagraph._local)  # count Python-path calls
+    def python_calls(fn):
+        calls.clear()
+        out = fn()
+        return len(calls), out
+"""
+
+
+def test_what_goes_to_the_python_path(built):
+    out = run(SPY + """
+    a, w, b = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16)
+    assert python_calls(lambda: gemm_a16w16(a, w, b))[0] == 1      # first call decides
+    assert python_calls(lambda: gemm_a16w16(a, w, b))[0] == 0      # cached plain decision
+    assert python_calls(lambda: gemm_a16w16(a, w, b, None, None, None, None))[0] == 0  # tgemm.mm's form
+    n, o = python_calls(lambda: gemm_a16w16(a, w, bias=b))          # keywords
+    assert n == 1 and torch.equal(o, F.linear(a, w, b))
+    n, o = python_calls(lambda: gemm_a16w16(a.bfloat16(), w.bfloat16(), None, torch.float32))  # otype
+    assert n == 1 and o.dtype == torch.float32
+
+    class Sub(torch.Tensor):
+        seen = []
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            cls.seen.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+    n, o = python_calls(lambda: gemm_a16w16(a.as_subclass(Sub), w, b))
+    assert n == 1 and "linear" in Sub.seen                           # the subclass saw F.linear
+
+    from torch.overrides import TorchFunctionMode
+    class Mode(TorchFunctionMode):
+        seen = []
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Mode.seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+    with Mode():
+        n, o = python_calls(lambda: gemm_a16w16(a, w, b))
+    assert n == 1 and "linear" in Mode.seen and torch.equal(o, F.linear(a, w, b))
+
+    ws = torch.randn(16, 8)
+    ws.is_shuffled = True
+    for _ in range(2):                                              # never cached in C++: Python each time
+        calls.clear()
+        try:
+            gemm_a16w16(a, ws)
+        except RuntimeError as exc:                                 # on CPU: no BLASLt backend for it
+            assert "pre-shuffled" in str(exc)
+        assert len(calls) == 1
+
+    for bad in (lambda: gemm_a16w16([1.0], w), lambda: gemm_a16w16(torch.randn(3, 9), w)):
+        try:
+            bad()
+        except (TypeError, ValueError) as exc:
+            assert "gemm_a16w16" in str(exc)
+        else:
+            raise AssertionError("bad operands accepted")
+
+    # A decision that differs under CUDA-graph capture: plain only while the probe says "not capturing".
+    x = torch.randn(5, 8)
+    gemm_a16w16(x, w)
+    assert ext.remember(x, w, None, cudagraph.capturing)
+    assert python_calls(lambda: gemm_a16w16(x, w))[0] == 0
+    cudagraph._local.depth = 1
+    assert python_calls(lambda: gemm_a16w16(x, w))[0] == 1
+    cudagraph._local.depth = 0
+    probe_says = [True]
+    assert ext.remember(x, w, None, lambda: probe_says[0])           # any other probe is called
+    assert python_calls(lambda: gemm_a16w16(x, w))[0] == 1
+    probe_says[0] = False
+    assert python_calls(lambda: gemm_a16w16(x, w))[0] == 0
+    print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_reload_drops_the_cache(built):
+    out = run(SPY + """
+    import aiter_gemm
+    a, w = torch.randn(3, 8), torch.randn(16, 8)
+    gemm_a16w16(a, w)
+    assert python_calls(lambda: gemm_a16w16(a, w))[0] == 0
+    aiter_gemm.reload_configs()
+    assert python_calls(lambda: gemm_a16w16(a, w))[0] == 1          # decided again, under the new tables
+    assert ext.cached() == 1                                         # the old entries went with the old token
+    assert python_calls(lambda: gemm_a16w16(a, w))[0] == 0
+    print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_tuned_linear_and_gradients(built):
+    out = run("""
+        import torch, torch.nn.functional as F
+        from aiter_gemm import ops
+        from aiter_gemm.nn import TunedLinear
+        ext = ops.EAGER_EXT
+        lin = torch.nn.Linear(8, 16)
+        tl = TunedLinear.from_linear(lin)
+        x = torch.randn(2, 3, 8)
+        with torch.no_grad():
+            assert ext.linear(tl, x) is None                           # nothing decided yet
+            ref = lin(x)
+            assert torch.equal(tl(x), ref)
+            fast = ext.linear(tl, x)
+            assert fast is not None and torch.equal(fast, ref)
+            assert ext.linear(tl, torch.randn(4, 8)) is None           # another shape: not decided
+            tl.weight = torch.nn.Parameter(torch.randn(16, 8, dtype=torch.float64))
+            assert ext.linear(tl, x) is None                           # other dtype: not this decision
+        # With gradients: the cached plain call is at::linear, which autograd records like F.linear.
+        tl2 = TunedLinear.from_linear(torch.nn.Linear(8, 16))
+        ref_lin = torch.nn.Linear(8, 16)
+        ref_lin.load_state_dict(tl2.state_dict())
+        xg = torch.randn(2, 3, 8)
+        with torch.no_grad():
+            tl2(xg)
+        out, ref = tl2(xg), ref_lin(xg)
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        assert torch.allclose(tl2.weight.grad, ref_lin.weight.grad) and torch.allclose(tl2.bias.grad, ref_lin.bias.grad)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_compile_traces_the_custom_op_and_import_stays_light(built):
+    out = run("""
+        import sys, torch, torch.nn.functional as F
+        import aiter_gemm
+        from aiter_gemm import gemm_a16w16
+        from aiter_gemm.nn import TunedLinear
+        light = [m for m in ("torch._dynamo", "triton") if m in sys.modules]
+        a, w, b = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16)
+        gemm_a16w16(a, w, b); gemm_a16w16(a, w, b)                    # cached in C++ before compiling
+        graphs = []
+        def backend(gm, inputs):
+            graphs.append(str(gm.graph))
+            return gm.forward
+        f = torch.compile(lambda a, w, b: gemm_a16w16(a, w, b) * 2, fullgraph=True, backend=backend)
+        assert torch.equal(f(a, w, b), 2 * F.linear(a, w, b))
+        assert any("aiter_gemm.gemm_a16w16" in g for g in graphs), graphs
+        m = TunedLinear.from_linear(torch.nn.Linear(8, 16))
+        with torch.no_grad():
+            m(a); m(a)
+            g = torch.compile(m, fullgraph=True)
+            assert torch.allclose(g(a), F.linear(a, m.weight, m.bias))
+        print("light", light)
+    """)
+    assert "light []" in out, out
+
+
+def test_python_path_suite_without_the_extension(built):
+    """The dispatch and module tests, again with the extension off: the Python hot path stays tested."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                          "op_tests/test_gemm_a16w16.py", "op_tests/test_hf_patch.py"],
+                         cwd=ROOT, env={**os.environ, "AITER_GEMM_EAGER_EXT": "0"}, capture_output=True, text=True,
+                         timeout=1800)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
