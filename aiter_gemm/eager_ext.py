@@ -24,8 +24,8 @@ import logging
 import os
 import sys
 import sysconfig
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import torch
