@@ -280,3 +280,38 @@ def test_python_path_suite_without_the_extension(built):
                          cwd=ROOT, env={**os.environ, "AITER_GEMM_EAGER_EXT": "0"}, capture_output=True, text=True,
                          timeout=1800)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_cuda_entry_eager_and_under_capture(built):
+    """On the GPU: eager calls through the C++ entry equal F.linear where the eager decision is torch, and a
+    CUDA-graph capture of the same calls runs the graph-time decision (the probe) and replays correctly."""
+    out = run("""
+        import torch, torch.nn.functional as F
+        from aiter_gemm import ops, gemm_a16w16
+        torch.manual_seed(0)
+        for m, n, k in ((1, 4096, 4096), (4, 1280, 8192), (17, 6144, 4096), (97, 4096, 14336)):
+            a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+            ref = F.linear(a, w)
+            cfg = ops.get_GEMM_A16W16_config(m, n, k, False, torch.bfloat16)
+            gemm_a16w16(a, w)
+            eager = gemm_a16w16(a, w)
+            if cfg["eager_libtype"] == "torch":
+                assert torch.equal(eager, ref), (m, n, k)
+            assert torch.allclose(eager.float(), ref.float(), rtol=2e-2, atol=2e-2), (m, n, k)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                gemm_a16w16(a, w)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                captured = gemm_a16w16(a, w)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.allclose(captured.float(), ref.float(), rtol=2e-2, atol=2e-2), (m, n, k)
+            print(m, n, k, cfg["libtype"], cfg["eager_libtype"])
+        print("cached", ops.EAGER_EXT.cached())
+    """)
+    assert "cached" in out, out

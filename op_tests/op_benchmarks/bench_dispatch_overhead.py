@@ -123,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                      added_us=added))
 
     name = torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or platform.machine()
+    from aiter_gemm import eager_ext, ops
+
     meta = dict(device=name, torch=torch.__version__, python=platform.python_version(),
-                date=time.strftime("%Y-%m-%d"), calls=args.calls, repeats=args.repeats)
+                date=time.strftime("%Y-%m-%d"), calls=args.calls, repeats=args.repeats,
+                eager_ext="loaded" if ops.EAGER_EXT is not None else eager_ext.status)
     out = Path(args.out or Path(__file__).parent / "results" / f"dispatch_overhead_{dev.type}.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
