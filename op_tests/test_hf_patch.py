@@ -73,6 +73,17 @@ def spy(monkeypatch):
 
     monkeypatch.setattr(agnn, "gemm_a16w16", counting)
     monkeypatch.setattr(agnn, "_run_linear_entry", counting_entry)
+    real_c = agnn._c_linear
+    if real_c is not None:  # the C++ eager path (aiter_gemm/eager_ext.py): counted when it ran the call
+
+        def counting_c(module, a):
+            out = real_c(module, a)
+            if out is not None:
+                w = module._parameters["weight"]
+                calls.append((a.numel() // a.shape[-1], w.shape[0], w.shape[1]))
+            return out
+
+        monkeypatch.setattr(agnn, "_c_linear", counting_c)
     return calls
 
 

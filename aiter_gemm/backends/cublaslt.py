@@ -335,10 +335,12 @@ class CublasLtBackend(Backend):
     # Above torch (0), but the default only where torch cannot run (bpreshuffle): heuristic #0 timed the same as
     # F.linear on 96 Llama shapes on an H100 (speedup geomean 1.001, range 0.987-1.020; results/cublaslt_H100.csv).
     default_priority = 10
-    # Eager calls through nvmath cost 1-5 us more host time than F.linear on the H100 host: rows timed under 30 us
-    # (host-bound calls) ran 0.80-0.96x F.linear eagerly, every row of 30 us and more 1.02-1.17x (held-out run,
-    # BENCHMARKS.md). Below it eager calls run the cheap default; CUDA-graph capture keeps the row.
-    eager_min_us = 30.0
+    # Eager calls through nvmath cost 8-11 us more host time than F.linear on the H100 host (bench_eager_host: 40-41
+    # us against 29-33 us per call on (M, 4096, 14336)), more than rows of 45-55 us gain on the GPU (1.6-7 us): in a
+    # host-bound eager model (HF decode, batch 8) such rows made the step 0.92x; run plain, 1.00x. Rows of 150 us
+    # and more gained 12-25 us (M 1024 down_proj, lm_head at M 32-64). Below it eager calls run the cheap default;
+    # CUDA-graph capture keeps the row. (An earlier 30 us came from loops of one GEMM, which are GPU-bound.)
+    eager_min_us = 150.0
 
     def __init__(self, loader: Callable[[], LtLibrary] = load_library) -> None:
         self._loader = loader
