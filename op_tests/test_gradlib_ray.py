@@ -129,11 +129,14 @@ def test_ray_faulty_candidates_recorded_as_in_mp(tmp_path, ray_cluster, capsys):
     untuned = _untuned(tmp_path, "M,N,K\n3,64,32\n")
     prof = {k: tmp_path / f"profile_{k}.csv" for k in ("mp", "ray")}
     tuned = {k: tmp_path / f"tuned_{k}.csv" for k in ("mp", "ray")}
+    # No confirmation rounds (as test_gradlib_e2e's faulty-candidate test): with them good_fast (F.linear in float32
+    # plus casts) must also beat the torch baseline by --min_gain on this CPU, a timing coin flip that failed in all
+    # 5 runs on 2026-11-23 (the previous commit's too); what is tested here is how faulty candidates are recorded.
     assert _run("-i", untuned, "-o", tuned["mp"], "--libtype", "fake", "--timeout", TIMEOUT, "--profile_file",
-                prof["mp"], "--mp", 1) == 0
+                prof["mp"], "--mp", 1, "--confirm_rounds", 0) == 0
     capsys.readouterr()
     assert _run("-i", untuned, "-o", tuned["ray"], "--libtype", "fake", "--timeout", TIMEOUT, "--profile_file",
-                prof["ray"], "--ray", "auto") == 0
+                prof["ray"], "--ray", "auto", "--confirm_rounds", 0) == 0
     assert "3 worker restart(s)" in capsys.readouterr().out  # hangs (timeout), exits, sigkill
     assert _winners(tuned["ray"]) == _winners(tuned["mp"])
     assert next(iter(_winners(tuned["ray"]).values())) == ("fake", "0", "good_fast")
