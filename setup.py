@@ -10,7 +10,8 @@ setup(
     packages=find_packages(include=["aiter_gemm", "aiter_gemm.*", "gradlib", "gradlib.*"]) + ["aiter_gemm.configs"],
     package_dir={"aiter_gemm.configs": "configs"},
     package_data={"aiter_gemm.configs": ["*.csv", "*.json", "*/*.csv", "*/*.json", "*/*/*.json", "*/*/*.csv"],
-                  "aiter_gemm": ["csrc/*.cpp"]},  # the C++ eager fast path, built after install (aiter_gemm/eager_ext.py)
+                  # the C++ eager fast path's source, built after install (aiter_gemm/eager_ext.py)
+                  "aiter_gemm": ["csrc/*.cpp"]},
     install_requires=[
         "torch>=2.4",  # install the CPU or GPU build you want first (README); this range keeps it
         "triton>=3.0; platform_system == 'Linux'",
