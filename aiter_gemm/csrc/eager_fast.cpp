@@ -193,36 +193,37 @@ int is_shuffled(PyObject* weight) {
   return 1;
 }
 
+// The one plain path both entries share: F.linear(a, w, bias) when the operands are tensors (or Parameters) and
+// their call is a cached plain decision. nullptr with no error set: not that case (the caller's Python path runs);
+// nullptr with an error set: a Python error.
+PyObject* run_if_plain(PyObject* a_obj, PyObject* w_obj, PyObject* bias_obj) {
+  if (!is_tensor(a_obj) || !is_tensor(w_obj) || (bias_obj != Py_None && !is_tensor(bias_obj)) ||
+      is_shuffled(w_obj) != 0) {
+    return nullptr;
+  }
+  const at::Tensor& a = THPVariable_Unpack(a_obj);
+  const at::Tensor& w = THPVariable_Unpack(w_obj);
+  const at::Tensor* b = bias_obj == Py_None ? nullptr : &THPVariable_Unpack(bias_obj);
+  return lookup_plain(a, w, b) > 0 ? run_linear(a, w, b) : nullptr;
+}
+
 // gemm_a16w16(A, B, bias=None, otype=None, scale_a=None, scale_b=None, scale_c=None)
 PyObject* gemm_a16w16(PyObject* /*self*/, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
-  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  bool simple = kwnames == nullptr && nargs >= 2 && nargs <= 7 && g_fallback != nullptr;
-  for (Py_ssize_t i = 3; simple && i < nargs; ++i) {
-    simple = args[i] == Py_None;  // otype and scales: only the plain call is cached
-  }
-  PyObject* bias_obj = simple && nargs > 2 ? args[2] : Py_None;
-  if (simple && is_tensor(args[0]) && is_tensor(args[1]) && (bias_obj == Py_None || is_tensor(bias_obj))) {
-    int shuffled = is_shuffled(args[1]);
-    if (shuffled < 0) {
-      return nullptr;
-    }
-    if (!shuffled) {
-      const at::Tensor& a = THPVariable_Unpack(args[0]);
-      const at::Tensor& w = THPVariable_Unpack(args[1]);
-      const at::Tensor* b = bias_obj == Py_None ? nullptr : &THPVariable_Unpack(bias_obj);
-      int plain = lookup_plain(a, w, b);
-      if (plain < 0) {
-        return nullptr;
-      }
-      if (plain) {
-        return run_linear(a, w, b);
-      }
-    }
-  }
   if (g_fallback == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "aiter_gemm eager_fast: setup() was not called");
     return nullptr;
+  }
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  bool simple = kwnames == nullptr && nargs >= 2 && nargs <= 7;
+  for (Py_ssize_t i = 3; simple && i < nargs; ++i) {
+    simple = args[i] == Py_None;  // otype and scales: only the plain call is cached
+  }
+  if (simple) {
+    PyObject* out = run_if_plain(args[0], args[1], nargs > 2 ? args[2] : Py_None);
+    if (out != nullptr || PyErr_Occurred()) {
+      return out;
+    }
   }
   return PyObject_Vectorcall(g_fallback, args, nargsf, kwnames);
   END_HANDLE_TH_ERRORS
@@ -235,44 +236,19 @@ PyObject* linear(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.linear(module, input) takes 2 arguments");
     return nullptr;
   }
-  PyObject* input = args[1];
   PyObject** dictptr = _PyObject_GetDictPtr(args[0]);
-  if (!is_tensor(input) || dictptr == nullptr || *dictptr == nullptr) {
-    Py_RETURN_NONE;
+  PyObject* params = dictptr == nullptr || *dictptr == nullptr
+                         ? nullptr
+                         : PyDict_GetItemWithError(*dictptr, g_params_name);  // borrowed
+  PyObject* weight = params != nullptr && PyDict_Check(params) ? PyDict_GetItemWithError(params, g_weight_name)
+                                                              : nullptr;  // borrowed
+  // bias absent from the parameter dict: not nn.Linear-like (the Python path reads the attribute)
+  PyObject* bias = weight != nullptr ? PyDict_GetItemWithError(params, g_bias_name) : nullptr;
+  PyObject* out = bias != nullptr ? run_if_plain(args[1], weight, bias) : nullptr;
+  if (out != nullptr || PyErr_Occurred()) {
+    return out;
   }
-  PyObject* params = PyDict_GetItemWithError(*dictptr, g_params_name);  // borrowed
-  if (params == nullptr || !PyDict_Check(params)) {
-    if (PyErr_Occurred()) {
-      return nullptr;
-    }
-    Py_RETURN_NONE;
-  }
-  PyObject* weight = PyDict_GetItemWithError(params, g_weight_name);  // borrowed
-  PyObject* bias = PyDict_GetItemWithError(params, g_bias_name);      // borrowed; absent: not nn.Linear-like
-  if (weight == nullptr || bias == nullptr || !is_tensor(weight) || (bias != Py_None && !is_tensor(bias))) {
-    if (PyErr_Occurred()) {
-      return nullptr;
-    }
-    Py_RETURN_NONE;
-  }
-  int shuffled = is_shuffled(weight);
-  if (shuffled != 0) {
-    if (shuffled < 0) {
-      return nullptr;
-    }
-    Py_RETURN_NONE;
-  }
-  const at::Tensor& x = THPVariable_Unpack(input);
-  const at::Tensor& w = THPVariable_Unpack(weight);
-  const at::Tensor* b = bias == Py_None ? nullptr : &THPVariable_Unpack(bias);
-  int plain = lookup_plain(x, w, b);
-  if (plain < 0) {
-    return nullptr;
-  }
-  if (!plain) {
-    Py_RETURN_NONE;
-  }
-  return run_linear(x, w, b);
+  Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
