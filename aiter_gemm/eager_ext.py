@@ -154,7 +154,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def when_dynamo_loads(callback: Callable[[], None]) -> None:
     """Call ``callback`` once ``torch._dynamo`` is imported (now, if it is). Importing it here would cost every
-    ``import aiter_gemm`` ~2 s (and Triton); registering a ``substitute_in_graph`` needs it."""
+    ``import aiter_gemm`` seconds and import Triton (``test_dispatch``'s light-import test); registering a
+    ``substitute_in_graph`` needs it."""
     if "torch._dynamo" in sys.modules:
         callback()
         return

@@ -237,8 +237,8 @@ def _c_entry(python_entry):
     """``gemm_a16w16`` as the C++ extension's entry (cached plain decisions run ``at::linear`` there, every other
     call runs ``python_entry``); ``python_entry`` itself where the extension is absent or this torch has no
     ``torch.compiler.substitute_in_graph`` (compiled code must trace the custom op, never the C++ function).
-    A Python wrapper around the C++ call would cost ~0.45 us per call on the CPU machine (its frame and the
-    compiling check), what the entry exists to save."""
+    A Python wrapper around the C++ call would add back its own frame and the compiling check to every call,
+    the host time the entry exists to save."""
     if EAGER_EXT is None:
         return python_entry
     EAGER_EXT.setup(_DISPATCHER, python_entry, cudagraph.capturing, cudagraph._local)
