@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from aiter_gemm import cudagraph, eager_ext
 from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
@@ -48,6 +49,7 @@ from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_error, config_space
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.op import OpSpec, register_op
+from aiter_gemm.ops import EAGER_EXT
 
 __all__ = [
     "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "GEMM_A8W8_BLOCKSCALE", "KIND", "LIBTYPE", "LIBTYPES",
@@ -310,17 +312,33 @@ def gemm_a8w8_blockscale(
 
 
 def _fast_miss(key: tuple | None, XQ, WQ, x_scale, w_scale, dtype: torch.dtype):
-    """Validate a key's first call (errors name the tensor), decide, and cache the runner under the key."""
+    """Validate a key's first call (errors name the tensor), decide, and cache the runner under the key (and in the
+    C++ entry's map, with what runs outside capture: its calls skip this module's key and frames)."""
     _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
     M, K = XQ.shape
     N = WQ.shape[0]
     if M == 0:
         runner = _empty_runner
     else:
-        runner = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda).call_runner
+        dec = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda)
+        runner = dec.call_runner
+        if _c_remember is not None:
+            eager = dec.eager_runner
+            _c_remember(XQ, WQ, x_scale, w_scale, dtype, dec.runner if eager is None else eager,
+                        None if eager is None else cudagraph.probe())
     _DISPATCHER._fast[key] = runner
     return runner
 
 
 def _empty_runner(XQ, WQ, x_scale, w_scale, dtype):
     return torch.empty((0, WQ.shape[0]), dtype=dtype, device=XQ.device)
+
+
+# The C++ entry (aiter_gemm/eager_ext.py) where it is built: the first call of a key, and calls with a config, run
+# the Python function above.
+gemm_a8w8_blockscale_python = gemm_a8w8_blockscale
+_c_remember = None if EAGER_EXT is None else EAGER_EXT.remember_blockscale
+if EAGER_EXT is not None:
+    EAGER_EXT.setup_blockscale(_DISPATCHER, gemm_a8w8_blockscale_python)
+gemm_a8w8_blockscale = eager_ext.entry(EAGER_EXT, "gemm_a8w8_blockscale", gemm_a8w8_blockscale_python,
+                                       gemm_a8w8_blockscale_python)

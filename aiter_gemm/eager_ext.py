@@ -166,6 +166,27 @@ def when_dynamo_loads(callback: Callable[[], None]) -> None:
     sys.meta_path.insert(0, _AfterImport([callback]))
 
 
+def entry(module: ModuleType | None, name: str, python_entry: Callable, traced: Callable) -> Callable:
+    """An op's public entry: the extension's C function ``name`` (it runs remembered decisions and calls
+    ``python_entry`` for everything else), with ``traced`` registered as what ``torch.compile`` traces in its place;
+    ``python_entry`` itself where the extension is absent or this torch has no ``torch.compiler.substitute_in_graph``
+    (compiled code must never trace a C function). A Python wrapper around the C call would add back its own frame
+    and a compiling check to every call, the host time the entry exists to save."""
+    if module is None or not hasattr(torch.compiler, "substitute_in_graph"):
+        return python_entry
+    c_fn = getattr(module, name)
+
+    def register() -> None:
+        try:
+            torch.compiler.substitute_in_graph(c_fn)(traced)
+        except Exception as exc:  # compiled code then breaks its graph at the entry (eager is unaffected)
+            log.warning("aiter_gemm: torch.compile cannot trace the C++ %s entry (%s: %s)", name,
+                        type(exc).__name__, exc)
+
+    when_dynamo_loads(register)
+    return c_fn
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aiter-gemm-build-ext",
                                      description="Build the C++ eager fast path of aiter_gemm and say where it is.")

@@ -235,26 +235,10 @@ def _gemm_a16w16_traced(A, B, bias=None, otype=None, scale_a=None, scale_b=None,
 
 def _c_entry(python_entry):
     """``gemm_a16w16`` as the C++ extension's entry (cached plain decisions run ``at::linear`` there, every other
-    call runs ``python_entry``); ``python_entry`` itself where the extension is absent or this torch has no
-    ``torch.compiler.substitute_in_graph`` (compiled code must trace the custom op, never the C++ function).
-    A Python wrapper around the C++ call would add back its own frame and the compiling check to every call,
-    the host time the entry exists to save."""
-    if EAGER_EXT is None:
-        return python_entry
-    EAGER_EXT.setup(_DISPATCHER, python_entry, cudagraph.capturing, cudagraph._local)
-    if not hasattr(torch.compiler, "substitute_in_graph"):
-        return python_entry
-    c_fn = EAGER_EXT.gemm_a16w16
-
-    def register() -> None:
-        try:
-            torch.compiler.substitute_in_graph(c_fn)(_gemm_a16w16_traced)
-        except Exception as exc:  # compiled code then breaks its graph at gemm_a16w16 (eager is unaffected)
-            eager_ext.log.warning("aiter_gemm: torch.compile cannot trace the C++ gemm_a16w16 entry (%s: %s)",
-                                  type(exc).__name__, exc)
-
-    eager_ext.when_dynamo_loads(register)
-    return c_fn
+    call runs ``python_entry``), or ``python_entry`` (:func:`aiter_gemm.eager_ext.entry`)."""
+    if EAGER_EXT is not None:
+        EAGER_EXT.setup(_DISPATCHER, python_entry, cudagraph.capturing, cudagraph._local)
+    return eager_ext.entry(EAGER_EXT, "gemm_a16w16", python_entry, _gemm_a16w16_traced)
 
 
 gemm_a16w16_python = gemm_a16w16

@@ -75,6 +75,47 @@ def test_m_major_scales_are_used_without_a_copy(fake_torch):
     assert fake.CALLS[0][3] == xs_mmajor.data_ptr() and fake.CALLS[1][3] != xs.data_ptr()
 
 
+@pytest.mark.parametrize("M", [3, 8])
+def test_bound_runner_calls_the_op_as_f_scaled_mm_does(monkeypatch, M):
+    """The shape-bound runner calls torch's op behind F.scaled_mm directly, with the arguments torch's own wrapper
+    would pass (checked against the installed torch's wrapper: a recorder stands in for the op)."""
+    recorded = []
+
+    def op(*args):
+        recorded.append(args)
+        return torch.zeros((args[0].shape[0], args[1].shape[1]), dtype=args[9])
+
+    monkeypatch.setattr(torch, "_scaled_mm_v2", op)
+    if torch_impl.direct_op() is None:
+        pytest.skip(f"torch {torch.__version__}: F.scaled_mm is not the wrapper the runner knows; it calls F.scaled_mm")
+    XQ, WQ, xs, ws = _inputs(M, 256, 1024)  # 8 K blocks: no operand but A and its scales has M + pad rows
+    torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, xs, ws)  # through torch's F.scaled_mm
+    out = torch_impl.launcher(M, 256, 1024)(XQ, WQ, xs, ws, torch.bfloat16)
+    assert out.shape == (M, 256)
+    (wrapped, direct) = recorded
+
+    def flat(args):
+        for arg in args:
+            yield from (flat(arg) if isinstance(arg, list) else [arg])
+
+    for w, d in zip(flat(wrapped), flat(direct), strict=True):
+        if isinstance(w, torch.Tensor):
+            assert (w.shape, w.stride(), w.dtype) == (d.shape, d.stride(), d.dtype)
+            rows = M if w.shape[0] == M + -M % 4 else w.shape[0]  # pad rows are left uninitialised
+            assert torch.equal(w[:rows].float(), d[:rows].float())
+        else:
+            assert w == d and type(w) is type(d)
+
+
+def test_runner_calls_a_replaced_f_scaled_mm(fake_torch):
+    assert torch_impl.direct_op() is None  # a test's (or a user's) F.scaled_mm is respected
+    XQ, WQ, xs, ws = _inputs(5, 256, 512)
+    out = torch_impl.launcher(5, 256, 512)(XQ, WQ, xs, ws, torch.bfloat16)
+    assert len(fake.CALLS) == 1 and _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < BF16_TOL
+    with pytest.raises(ValueError, match="multiple of 512"):
+        torch_impl.launcher(5, 256, 384)
+
+
 @pytest.mark.parametrize("shape,dtype,why", [
     ((16, 256, 384), torch.bfloat16, "multiple of 512"),
     ((16, 200, 512), torch.bfloat16, "multiple of 16"),
@@ -268,3 +309,17 @@ def test_eager_calls_of_a_triton_default_run_torch_blockwise(h100_blockscale):
     cpu = aiter_gemm.device.DeviceIdentity("cpu", 2, "cpu")
     assert disp._decide(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), cpu
                         ).eager_solution is None  # no graphs on a CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3, 64, 1000])
+def test_gpu_bound_runner_equals_f_scaled_mm(M):
+    """The dispatcher's shape-bound runner (torch's op called directly where :func:`direct_op` allows) gives the
+    same bits as the plain F.scaled_mm call."""
+    if torch_impl.unavailable_reason(torch.device("cuda")):
+        pytest.skip(torch_impl.unavailable_reason(torch.device("cuda")))
+    XQ, WQ, xs, ws = _inputs(M, 2112, 7168, "cuda")
+    ref = torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, xs, ws)
+    got = torch_impl.launcher(M, 2112, 7168)(XQ, WQ, xs, ws, torch.bfloat16)
+    assert torch.equal(got, ref)
+    print("direct op:", torch_impl.direct_op() is not None, torch.__version__)

@@ -282,6 +282,86 @@ def test_python_path_suite_without_the_extension(built):
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
 
 
+BLOCKSCALE = """
+    import torch
+    import op_tests.fake_scaled_mm as fake
+    fake.install()                                      # F.scaled_mm on CPU (the layouts cuBLASLt takes)
+    import aiter_gemm
+    from aiter_gemm import blockscale as bs, cudagraph
+    from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
+    ext = bs.EAGER_EXT
+    op = bs.gemm_a8w8_blockscale
+    assert ext is not None and op is ext.gemm_a8w8_blockscale, bs.eager_ext.status
+    calls = []
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return bs.gemm_a8w8_blockscale_python(*args, **kwargs)
+    ext.setup_blockscale(bs._DISPATCHER, spy)           # count Python-path calls
+    def python_calls(fn):
+        calls.clear()
+        out = fn()
+        return len(calls), out
+    torch.manual_seed(0)
+    ops = {M: quantize_blockscale(torch.randn(M, 512), torch.randn(256, 512) / 512 ** 0.5) for M in (3, 16)}
+"""
+
+
+def test_blockscale_entry_runs_remembered_decisions(built, tmp_path):
+    """gemm_a8w8_blockscale's C++ entry: torch rows (the fake F.scaled_mm) run from C++ after the first call of a
+    key, with dtype positional or keyword; a config, other dtypes or devices of any operand, and a capture in progress
+    for a decision that differs there go to the Python path (which names bad operands); reload drops the map."""
+    from aiter_gemm import current_device_identity
+
+    table = tmp_path / "bs.csv"
+    cu = current_device_identity(False).cu_num
+    table.write_text("gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio\n"
+                     + "".join(f"cpu,{cu},{m},256,512,torch,0,0,5.0,scaled_mm_blockwise,1,1,0\n" for m in (3, 16)))
+    out = run(BLOCKSCALE + """
+    for M, (XQ, WQ, xs, ws) in ops.items():
+        ref = gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws)
+        n, first = python_calls(lambda: op(XQ, WQ, xs, ws))
+        assert n == 1 and bs.get_GEMM_A8W8_BLOCKSCALE_config(M, 256, 512, on_gpu=False)["libtype"] == "torch"
+        for call in (lambda: op(XQ, WQ, xs, ws), lambda: op(XQ, WQ, xs, ws, torch.bfloat16),
+                     lambda: op(XQ, WQ, xs, ws, dtype=torch.bfloat16), lambda: op(XQ, WQ, xs, ws, config=None)):
+            n, again = python_calls(call)
+            assert n == 0 and torch.equal(again, first) and again.shape == (M, 256), M
+        assert ((first.float() - ref.float()).norm() / ref.float().norm()).item() < 8e-3
+    XQ, WQ, xs, ws = ops[16]
+    assert python_calls(lambda: op(XQ, WQ, xs, ws, config="scaled_mm_blockwise"))[0] == 1
+    for bad, what in ((lambda: op(XQ, WQ, xs.double(), ws), "x_scale"),
+                      (lambda: op(XQ, WQ, xs, ws.to("meta")), "w_scale"),
+                      (lambda: op(XQ, WQ[:128], xs, ws), "w_scale"),
+                      (lambda: op(XQ, WQ, xs, ws, torch.int8), "output dtype")):
+        calls.clear()
+        try:
+            bad()
+        except (TypeError, ValueError) as exc:
+            assert what in str(exc) and len(calls) == 1, (what, exc)
+        else:
+            raise AssertionError(f"bad {what} accepted")
+    # A decision that differs under capture: its eager runner from C++ only while the probe says "not capturing".
+    seen, capturing = [], [True]
+    def runner(*args):
+        seen.append(args[4])
+        return args[0]
+    assert ext.remember_blockscale(XQ, WQ, xs, ws, torch.bfloat16, runner, lambda: capturing[0])
+    assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1 and not seen
+    capturing[0] = False
+    n, got = python_calls(lambda: op(XQ, WQ, xs, ws))
+    assert n == 0 and got is XQ and seen == [torch.bfloat16]  # the default dtype handed over
+    assert ext.remember_blockscale(XQ, WQ, xs, ws, torch.bfloat16, runner, cudagraph.capturing)
+    cudagraph._local.depth = 1
+    assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1
+    cudagraph._local.depth = 0
+    assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 0
+    aiter_gemm.reload_configs()
+    assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1     # decided again, under the new tables
+    assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 0
+    print("ok")
+    """, AITER_CONFIG_GEMM_A8W8_BLOCKSCALE=str(table), AITER_GEMM_TRITON_CONFIGS=str(tmp_path))
+    assert out.strip() == "ok"
+
+
 @pytest.mark.gpu
 def test_cuda_entry_eager_and_under_capture(built):
     """On the GPU: eager calls through the C++ entry equal F.linear where the eager decision is torch, and a
@@ -313,5 +393,38 @@ def test_cuda_entry_eager_and_under_capture(built):
             assert torch.allclose(captured.float(), ref.float(), rtol=2e-2, atol=2e-2), (m, n, k)
             print(m, n, k, cfg["libtype"], cfg["eager_libtype"])
         print("cached", ops.EAGER_EXT.cached())
+    """)
+    assert "cached" in out, out
+
+
+@pytest.mark.gpu
+def test_cuda_blockscale_entry_eager_and_under_capture(built):
+    """On the GPU: gemm_a8w8_blockscale's C++ entry runs the eager choice (torch's block-scaled matmul) bit for bit
+    as the plain call, and a capture of a Triton-decided shape runs the Triton kernel (the probe) and replays."""
+    out = run("""
+        import torch
+        from aiter_gemm import blockscale as bs
+        from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+        from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
+        assert bs.gemm_a8w8_blockscale is bs.EAGER_EXT.gemm_a8w8_blockscale
+        torch.manual_seed(0)
+        for m, n, k in ((3, 2112, 7168), (100, 4096, 512), (1000, 7168, 2048)):
+            XQ, WQ, xs, ws = (t.cuda() for t in quantize_blockscale(torch.randn(m, k), torch.randn(n, k) / k ** 0.5))
+            ref = gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)
+            cfg = bs.get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
+            bs.gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+            eager = bs.gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+            if cfg["eager_libtype"] == "torch":
+                assert torch.equal(eager, torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, xs, ws)), (m, n, k)
+            err = lambda out: ((out.float() - ref).norm() / ref.norm()).item()
+            assert err(eager) < 8e-3, (m, n, k)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                captured = bs.gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+            g.replay()
+            torch.cuda.synchronize()
+            assert err(captured) < 8e-3, (m, n, k)
+            print(m, n, k, cfg["libtype"], cfg["eager_libtype"])
+        print("cached", bs.EAGER_EXT.cached())
     """)
     assert "cached" in out, out

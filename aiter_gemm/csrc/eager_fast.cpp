@@ -10,11 +10,17 @@
 // decision, extra arguments, tensor subclasses, an active TorchFunctionMode, a weight marked is_shuffled, a CUDA
 // graph being captured for a decision that differs there) goes to the Python path, which behaves as before.
 // The map is dropped when the dispatcher's cache object changes (reload_configs).
+//
+// gemm_a8w8_blockscale has a second map, for every decision of that op: its key (the four operands' shapes, dtypes
+// and devices, and the output dtype) is the Python key's content, and its value the runner the Python path would
+// call outside capture (torch's block-scaled matmul bound to the shape, or a Triton launcher). On the H100 host
+// (held-out run 5) the Python key and frames cost the op 2-6 us per eager call against torch's own call.
 #include <Python.h>
 
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -63,10 +69,51 @@ struct Plain {
   PyObject* probe = nullptr;  // strong reference or null
 };
 
-std::unordered_map<Key, Plain, KeyHash> g_cache;
-PyObject* g_token = nullptr;       // the dispatcher's ``_fast`` dict the cache belongs to (strong)
-PyObject* g_dispatcher = nullptr;  // aiter_gemm.ops._DISPATCHER (strong)
-PyObject* g_fallback = nullptr;    // the Python gemm_a16w16 (strong)
+// A blockscale call: (XQ, WQ, x_scale, w_scale) 2-D, their dtypes and devices, and the output dtype.
+struct BlockKey {
+  std::array<int64_t, 8> sizes{};
+  std::array<int16_t, 5> dtypes{};  // XQ, WQ, x_scale, w_scale, out
+  std::array<int16_t, 4> devices{};  // (type << 8) | (index + 1) of each operand
+  bool operator==(const BlockKey& o) const {
+    return sizes == o.sizes && dtypes == o.dtypes && devices == o.devices;
+  }
+};
+
+struct BlockKeyHash {
+  size_t operator()(const BlockKey& key) const {
+    uint64_t h = 1469598103934665603ULL;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+    for (int64_t v : key.sizes) {
+      mix(static_cast<uint64_t>(v));
+    }
+    for (int16_t v : key.dtypes) {
+      mix(static_cast<uint64_t>(static_cast<uint16_t>(v)));
+    }
+    for (int16_t v : key.devices) {
+      mix(static_cast<uint64_t>(static_cast<uint16_t>(v)));
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// A blockscale decision: ``runner(XQ, WQ, x_scale, w_scale, dtype)`` outside capture (and inside it when probe is
+// null; else capture goes through the Python path, which runs the graph-time runner).
+struct Runner {
+  PyObject* runner = nullptr;  // strong
+  PyObject* probe = nullptr;   // strong or null
+};
+
+// One op's cache, valid for its dispatcher's current ``_fast`` object.
+template <class K, class V, class H>
+struct Table {
+  std::unordered_map<K, V, H> map;
+  PyObject* token = nullptr;       // the dispatcher's ``_fast`` dict the map belongs to (strong)
+  PyObject* dispatcher = nullptr;  // the op's Dispatcher (strong)
+  PyObject* fallback = nullptr;    // the op's Python entry (strong)
+};
+
+Table<Key, Plain, KeyHash> g_plain;
+Table<BlockKey, Runner, BlockKeyHash> g_block;
 PyObject* g_capturing = nullptr;   // aiter_gemm.cudagraph.capturing (strong): read as g_local.depth instead
 PyObject* g_local = nullptr;       // aiter_gemm.cudagraph._local (strong)
 PyObject* g_fast_name = nullptr;
@@ -75,35 +122,65 @@ PyObject* g_params_name = nullptr;
 PyObject* g_weight_name = nullptr;
 PyObject* g_bias_name = nullptr;
 PyObject* g_shuffled_name = nullptr;
+PyObject* g_dtype_name = nullptr;
+PyObject* g_config_name = nullptr;
 
 // torch.Tensor or nn.Parameter exactly (C++ sees no difference between them; a subclass may override anything).
 inline bool is_tensor(PyObject* obj) {
   return THPVariable_CheckExact(obj);
 }
 
-void drop_cache() {
-  for (auto& item : g_cache) {
-    Py_XDECREF(item.second.probe);
+void release(Plain& v) {
+  Py_XDECREF(v.probe);
+}
+
+void release(Runner& v) {
+  Py_XDECREF(v.runner);
+  Py_XDECREF(v.probe);
+}
+
+template <class T>
+void drop(T& table) {
+  for (auto& item : table.map) {
+    release(item.second);
   }
-  g_cache.clear();
+  table.map.clear();
 }
 
 // The cache is valid only for the dispatcher's current ``_fast`` object. 0: valid; 1: stale (dropped); -1: error.
-int check_token() {
-  if (g_dispatcher == nullptr) {
+template <class T>
+int check_token(T& table) {
+  if (table.dispatcher == nullptr) {
     return 1;
   }
-  PyObject* token = PyObject_GetAttr(g_dispatcher, g_fast_name);
+  PyObject* token = PyObject_GetAttr(table.dispatcher, g_fast_name);
   if (token == nullptr) {
     return -1;
   }
-  if (token == g_token) {
+  if (token == table.token) {
     Py_DECREF(token);
     return 0;
   }
-  drop_cache();
-  Py_XSETREF(g_token, token);
+  drop(table);
+  Py_XSETREF(table.token, token);
   return 1;
+}
+
+// Whether this thread is capturing a CUDA graph, per the decision's probe (null: never asked). 1/0; -1: error.
+int probe_says_capturing(PyObject* probe) {
+  if (probe == nullptr) {
+    return 0;
+  }
+  PyObject* res = (probe == g_capturing && g_local != nullptr) ? PyObject_GetAttr(g_local, g_depth_name)
+                                                               : PyObject_CallNoArgs(probe);
+  if (res == nullptr) {
+    return -1;
+  }
+  int capturing = (probe == g_capturing && g_local != nullptr && PyLong_Check(res))
+                      ? (PyLong_AsLong(res) > 0)
+                      : PyObject_IsTrue(res);
+  Py_DECREF(res);
+  return capturing;
 }
 
 std::optional<Key> make_key(const at::Tensor& a, const at::Tensor& w, const at::Tensor* bias) {
@@ -134,7 +211,7 @@ int lookup_plain(const at::Tensor& a, const at::Tensor& w, const at::Tensor* bia
   if (at::impl::torch_function_mode_enabled()) {
     return 0;  // F.linear would hand the call to the mode; the Python path calls F.linear
   }
-  int stale = check_token();
+  int stale = check_token(g_plain);
   if (stale != 0) {
     return stale < 0 ? -1 : 0;
   }
@@ -142,23 +219,11 @@ int lookup_plain(const at::Tensor& a, const at::Tensor& w, const at::Tensor* bia
   if (!key) {
     return 0;
   }
-  auto it = g_cache.find(*key);
-  if (it == g_cache.end()) {
+  auto it = g_plain.map.find(*key);
+  if (it == g_plain.map.end()) {
     return 0;
   }
-  PyObject* probe = it->second.probe;
-  if (probe == nullptr) {
-    return 1;
-  }
-  PyObject* res = (probe == g_capturing && g_local != nullptr) ? PyObject_GetAttr(g_local, g_depth_name)
-                                                               : PyObject_CallNoArgs(probe);
-  if (res == nullptr) {
-    return -1;
-  }
-  int capturing = (probe == g_capturing && g_local != nullptr && PyLong_Check(res))
-                      ? (PyLong_AsLong(res) > 0)
-                      : PyObject_IsTrue(res);
-  Py_DECREF(res);
+  int capturing = probe_says_capturing(it->second.probe);
   if (capturing < 0) {
     return -1;
   }
@@ -210,7 +275,7 @@ PyObject* run_if_plain(PyObject* a_obj, PyObject* w_obj, PyObject* bias_obj) {
 // gemm_a16w16(A, B, bias=None, otype=None, scale_a=None, scale_b=None, scale_c=None)
 PyObject* gemm_a16w16(PyObject* /*self*/, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
-  if (g_fallback == nullptr) {
+  if (g_plain.fallback == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "aiter_gemm eager_fast: setup() was not called");
     return nullptr;
   }
@@ -225,7 +290,7 @@ PyObject* gemm_a16w16(PyObject* /*self*/, PyObject* const* args, size_t nargsf, 
       return out;
     }
   }
-  return PyObject_Vectorcall(g_fallback, args, nargsf, kwnames);
+  return PyObject_Vectorcall(g_plain.fallback, args, nargsf, kwnames);
   END_HANDLE_TH_ERRORS
 }
 
@@ -263,7 +328,7 @@ PyObject* remember(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
   if (!is_tensor(args[0]) || !is_tensor(args[1]) || (args[2] != Py_None && !is_tensor(args[2]))) {
     Py_RETURN_FALSE;
   }
-  if (check_token() < 0) {
+  if (check_token(g_plain) < 0) {
     return nullptr;
   }
   const at::Tensor& a = THPVariable_Unpack(args[0]);
@@ -275,15 +340,141 @@ PyObject* remember(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
   }
   PyObject* probe = args[3] == Py_None ? nullptr : args[3];
   Py_XINCREF(probe);
-  auto it = g_cache.find(*key);
-  if (it != g_cache.end()) {
+  auto it = g_plain.map.find(*key);
+  if (it != g_plain.map.end()) {
     Py_XDECREF(it->second.probe);
     it->second.probe = probe;
   } else {
-    g_cache.emplace(*key, Plain{probe});
+    g_plain.map.emplace(*key, Plain{probe});
   }
   Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
+}
+
+// ------------------------------------------------------------------------------------------ gemm_a8w8_blockscale
+
+bool make_block_key(PyObject* const* ops, at::ScalarType out, BlockKey& key) {
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor& t = THPVariable_Unpack(ops[i]);
+    if (t.dim() != 2) {
+      return false;
+    }
+    key.sizes[2 * i] = t.size(0);
+    key.sizes[2 * i + 1] = t.size(1);
+    key.dtypes[i] = static_cast<int16_t>(t.scalar_type());
+    const c10::Device dev = t.device();
+    key.devices[i] = static_cast<int16_t>((static_cast<int>(dev.type()) << 8) | (dev.index() + 1));
+  }
+  key.dtypes[4] = static_cast<int16_t>(out);
+  return true;
+}
+
+// gemm_a8w8_blockscale(XQ, WQ, x_scale, w_scale, dtype=torch.bfloat16, config=None)
+PyObject* gemm_a8w8_blockscale(PyObject* /*self*/, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  if (g_block.fallback == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "aiter_gemm eager_fast: setup_blockscale() was not called");
+    return nullptr;
+  }
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* dtype = nargs > 4 ? args[4] : nullptr;
+  PyObject* config = nargs > 5 ? args[5] : Py_None;
+  bool simple = nargs >= 4 && nargs <= 6;
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t i = 0; simple && i < nkw; ++i) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
+    if (name == g_dtype_name && dtype == nullptr) {
+      dtype = args[nargs + i];
+    } else if (name == g_config_name && nargs <= 5) {
+      config = args[nargs + i];
+    } else {
+      simple = false;  // unusual spelling (a non-interned name, a duplicate): the Python entry sorts it out
+    }
+  }
+  for (int i = 0; simple && i < 4; ++i) {
+    simple = is_tensor(args[i]);
+  }
+  simple = simple && config == Py_None && (dtype == nullptr || THPDtype_Check(dtype));
+  if (simple) {
+    const int stale = check_token(g_block);
+    if (stale < 0) {
+      return nullptr;
+    }
+    BlockKey key;
+    const at::ScalarType out = dtype == nullptr ? at::kBFloat16 : reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+    if (stale == 0 && make_block_key(args, out, key)) {
+      auto it = g_block.map.find(key);
+      if (it != g_block.map.end()) {
+        const int capturing = probe_says_capturing(it->second.probe);
+        if (capturing < 0) {
+          return nullptr;
+        }
+        if (!capturing) {
+          PyObject* call[5] = {args[0], args[1], args[2], args[3],
+                               dtype != nullptr ? dtype : reinterpret_cast<PyObject*>(torch::getTHPDtype(out))};
+          return PyObject_Vectorcall(it->second.runner, call, 5, nullptr);
+        }
+      }
+    }
+  }
+  return PyObject_Vectorcall(g_block.fallback, args, nargsf, kwnames);
+  END_HANDLE_TH_ERRORS
+}
+
+// remember_blockscale(XQ, WQ, x_scale, w_scale, dtype, runner, probe): calls with these operands' shapes, dtypes
+// and devices and this output dtype run ``runner`` (always, or while probe() is false). Called by the Python path
+// after it validated the operands and decided the shape.
+PyObject* remember_blockscale(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError,
+                    "aiter_gemm eager_fast.remember_blockscale(XQ, WQ, x_scale, w_scale, dtype, runner, probe) takes "
+                    "7 arguments");
+    return nullptr;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (!is_tensor(args[i])) {
+      Py_RETURN_FALSE;
+    }
+  }
+  if (!THPDtype_Check(args[4]) || !PyCallable_Check(args[5])) {
+    Py_RETURN_FALSE;
+  }
+  if (check_token(g_block) < 0) {
+    return nullptr;
+  }
+  BlockKey key;
+  if (!make_block_key(args, reinterpret_cast<THPDtype*>(args[4])->scalar_type, key)) {
+    Py_RETURN_FALSE;
+  }
+  Runner value{args[5], args[6] == Py_None ? nullptr : args[6]};
+  Py_INCREF(value.runner);
+  Py_XINCREF(value.probe);
+  auto it = g_block.map.find(key);
+  if (it != g_block.map.end()) {
+    release(it->second);
+    it->second = value;
+  } else {
+    g_block.map.emplace(key, value);
+  }
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
+// setup_blockscale(dispatcher, fallback): the blockscale op's dispatcher (its ``_fast`` is the map's token) and
+// its Python entry. setup() must have been called (it sets the capture counter).
+PyObject* setup_blockscale(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_blockscale(dispatcher, fallback)");
+    return nullptr;
+  }
+  drop(g_block);
+  Py_CLEAR(g_block.token);
+  Py_INCREF(args[0]);
+  Py_XSETREF(g_block.dispatcher, args[0]);
+  Py_INCREF(args[1]);
+  Py_XSETREF(g_block.fallback, args[1]);
+  Py_RETURN_NONE;
 }
 
 // setup(dispatcher, fallback, capturing, local): where the cache's validity token lives (dispatcher._fast), the
@@ -293,9 +484,9 @@ PyObject* setup(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup(dispatcher, fallback, capturing, local)");
     return nullptr;
   }
-  drop_cache();
-  Py_CLEAR(g_token);
-  PyObject** slots[] = {&g_dispatcher, &g_fallback, &g_capturing, &g_local};
+  drop(g_plain);
+  Py_CLEAR(g_plain.token);
+  PyObject** slots[] = {&g_plain.dispatcher, &g_plain.fallback, &g_capturing, &g_local};
   for (int i = 0; i < 4; ++i) {
     Py_INCREF(args[i]);
     Py_XSETREF(*slots[i], args[i]);
@@ -305,7 +496,7 @@ PyObject* setup(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
 
 // cached() -> int: how many plain decisions the C++ cache holds (tests).
 PyObject* cached(PyObject* /*self*/, PyObject* /*unused*/) {
-  return PyLong_FromSize_t(g_cache.size());
+  return PyLong_FromSize_t(g_plain.map.size() + g_block.map.size());
 }
 
 PyMethodDef kMethods[] = {
@@ -320,7 +511,17 @@ PyMethodDef kMethods[] = {
      "remember(A, B, bias, probe) -> bool: cache a plain decision (probe: None, or a capture probe)"},
     {"setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(setup)), METH_FASTCALL,
      "setup(dispatcher, fallback, capturing, local)"},
-    {"cached", cached, METH_NOARGS, "cached() -> int: plain decisions held"},
+    {"gemm_a8w8_blockscale",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(gemm_a8w8_blockscale)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "gemm_a8w8_blockscale($module, XQ, WQ, x_scale, w_scale, dtype=torch.bfloat16, config=None)\n--\n\n"
+     "The block-scale op through the tuned dispatch (C++ entry: remembered decisions call their runner from here, "
+     "every other call runs aiter_gemm.blockscale's Python gemm_a8w8_blockscale)."},
+    {"remember_blockscale", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(remember_blockscale)),
+     METH_FASTCALL, "remember_blockscale(XQ, WQ, x_scale, w_scale, dtype, runner, probe) -> bool"},
+    {"setup_blockscale", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(setup_blockscale)),
+     METH_FASTCALL, "setup_blockscale(dispatcher, fallback)"},
+    {"cached", cached, METH_NOARGS, "cached() -> int: decisions held (both ops)"},
     {nullptr, nullptr, 0, nullptr}};
 
 #define AITER_STR_(x) #x
@@ -339,7 +540,10 @@ PyMODINIT_FUNC AITER_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   g_weight_name = PyUnicode_InternFromString("weight");
   g_bias_name = PyUnicode_InternFromString("bias");
   g_shuffled_name = PyUnicode_InternFromString("is_shuffled");
-  if (!g_fast_name || !g_depth_name || !g_params_name || !g_weight_name || !g_bias_name || !g_shuffled_name) {
+  g_dtype_name = PyUnicode_InternFromString("dtype");
+  g_config_name = PyUnicode_InternFromString("config");
+  if (!g_fast_name || !g_depth_name || !g_params_name || !g_weight_name || !g_bias_name || !g_shuffled_name ||
+      !g_dtype_name || !g_config_name) {
     return nullptr;
   }
   return PyModule_Create(&kModule);

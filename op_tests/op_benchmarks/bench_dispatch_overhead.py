@@ -3,7 +3,8 @@
 For an exact hit, a padded hit and a default decision (2-D A), an exact hit with a 3-D A, and ``TunedLinear``
 against the ``nn.Linear`` it replaces, time N calls of the torch call and N calls of ours back to back, R times,
 and report the median of the per-call differences (interleaving cancels drift from other load on the machine).
-Also times the ``torch.ops`` custom-op path that compiled graphs use.
+Also times the ``torch.ops`` custom-op path that compiled graphs use, and on a GPU ``gemm_a8w8_blockscale`` against
+the plain call of torch's block-scaled matmul.
 
     python -m op_tests.op_benchmarks.bench_dispatch_overhead [--device cuda] [--out results/dispatch_overhead.csv]
 """
@@ -50,6 +51,29 @@ def measure(fn_ref, fn, n: int, repeats: int, sync) -> tuple[float, float, float
         outs.append(o)
         diffs.append(o - r)
     return statistics.median(refs), statistics.median(outs), statistics.median(diffs)
+
+
+def blockscale_rows(calls: int, repeats: int, sync) -> list[dict]:
+    """``gemm_a8w8_blockscale`` against the plain call of torch's block-scaled matmul (F.scaled_mm with the layouts
+    cuBLASLt takes) on small shapes: torch-decided (M a multiple of 4, and M padded), and a Triton-decided shape
+    whose eager calls run torch's (the eager switch)."""
+    from aiter_gemm.blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+    from aiter_gemm.kernels.a8w8_blockscale import quantize_blockscale
+
+    if torch_impl.unavailable_reason(torch.device("cuda")) is not None:
+        return []
+    n, k, rows = 256, 512, []
+    for case, m in (("torch", 1024), ("torch_padded", 1027), ("eager_switch", 128)):
+        XQ, WQ, xs, ws = (t.cuda() for t in quantize_blockscale(torch.randn(m, k), torch.randn(n, k)))
+        cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
+        assert cfg["eager_libtype"] == "torch" and (cfg["libtype"] == "torch") == (case != "eager_switch"), cfg
+        ops = (XQ, WQ, xs, ws)
+        ref, ours, added = measure(lambda ops=ops: torch_impl.gemm_a8w8_blockscale_torch(*ops),
+                                   lambda ops=ops: gemm_a8w8_blockscale(*ops), calls // 4, repeats, sync)
+        rows.append(dict(path="eager gemm_a8w8_blockscale", case=case, M=m, N=n, K=k, torch_us=ref, call_us=ours,
+                         added_us=added))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             ref, ours, added = measure(lambda: linear(a4), lambda: tuned(a4), args.calls, args.repeats, sync)
         rows.append(dict(path="TunedLinear module", case="eager_switch_3d", M=4, N=N, K=K, torch_us=ref,
                          call_us=ours, added_us=added))
+    if dev.type == "cuda":
+        rows += blockscale_rows(args.calls, args.repeats, sync)
     a = torch.randn(8, K, device=dev, dtype=dtype)
     op = torch.ops.aiter_gemm.gemm_a16w16
     ref, ours, added = measure(lambda: F.linear(a, b), lambda: op(a, b), args.calls // 4, args.repeats, sync)

@@ -92,11 +92,11 @@ def eager_paired(calls: dict, n_sets: int, est_us: float, pairs: int) -> dict[st
     return out
 
 
-def compare(methods: dict, n_sets: int) -> tuple[dict, dict]:
+def compare(methods: dict, n_sets: int, eager_pairs: int = EAGER_PAIRS) -> tuple[dict, dict]:
     """(graph samples, eager samples) of every method, in paired rounds of alternating order."""
     g = time_paired(methods, n_sets, TIMING, GRAPH_PAIRS, GRAPH_CAPTURES)
     est = max(statistics.median(v) for v in g.values())
-    return g, eager_paired(methods, n_sets, est, EAGER_PAIRS)
+    return g, eager_paired(methods, n_sets, est, eager_pairs)
 
 
 def paired(ref: list[float], us: list[float]) -> tuple[float, float, float]:
@@ -112,8 +112,9 @@ def result(ref: list[float], us: list[float]) -> dict[str, str]:
 
 
 class Bench:
-    def __init__(self, out: Path, deadline_s: float) -> None:
+    def __init__(self, out: Path, deadline_s: float, eager_pairs: int = EAGER_PAIRS) -> None:
         self.out, self.deadline, self.t0 = out, deadline_s, time.monotonic()
+        self.eager_pairs = eager_pairs
         self.dev = torch.device("cuda")
         self.cache = cache_bytes(self.dev)
         self.rows: list[dict] = []
@@ -139,7 +140,7 @@ class Bench:
         err = rel_err(aiter_gemm.gemm_a16w16(x, w, b), ref)
         cfg = aiter_gemm.get_GEMM_A16W16_config(p.M, p.N, p.K, p.bias, BF16)
         g, e = compare({"F.linear": lambda i: F.linear(*sets[i]), "gemm_a16w16": lambda i: aiter_gemm.gemm_a16w16(
-            *sets[i])}, n)
+            *sets[i])}, n, self.eager_pairs)
         for mode, got in (("graph", g), ("eager", e)):
             self.rows.append({"set": set_name, "model": model, "M": p.M, "N": p.N, "K": p.K, "method": "gemm_a16w16",
                               "mode": mode, **result(got["F.linear"], got["gemm_a16w16"]),
@@ -166,7 +167,7 @@ class Bench:
                    "bf16_F.linear": lambda i: F.linear(sets[i][4], sets[i][5])}
         if torch_bs.shape_error(M, N, K) is None:
             methods["torch_blockwise"] = lambda i: torch_bs.gemm_a8w8_blockscale_torch(*sets[i][:4])
-        g, e = compare(methods, n)
+        g, e = compare(methods, n, self.eager_pairs)
         line = []
         for mode, got in (("graph", g), ("eager", e)):
             for ref_name in [k for k in methods if k != "op"]:
@@ -201,11 +202,13 @@ def main() -> int:
     ap.add_argument("--out", default="heldout_out")
     ap.add_argument("--sets", default="heldout,offgrid,tuned,fp8")
     ap.add_argument("--deadline", type=float, default=520.0)
+    ap.add_argument("--eager_pairs", type=int, default=EAGER_PAIRS,
+                    help=f"paired eager rounds per shape (default {EAGER_PAIRS}; more narrow a host-noisy median)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
-    bench = Bench(out, args.deadline)
+    bench = Bench(out, args.deadline, args.eager_pairs)
     ident = aiter_gemm.current_device_identity()
     sets = args.sets.split(",")
     work: list[tuple] = []
@@ -222,7 +225,8 @@ def main() -> int:
     fp8 = [(N, K, M) for N, K in FP8_NK for M in FP8_MS] if "fp8" in sets else []
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "timing": TIMING.__dict__, "bf16_shapes": len(work), "fp8_shapes": len(fp8)}
+            "timing": TIMING.__dict__, "eager_pairs": args.eager_pairs, "bf16_shapes": len(work),
+            "fp8_shapes": len(fp8)}
     try:
         for item in work:
             if bench.left() < 60 * (1 if not fp8 else 2):

@@ -36,10 +36,6 @@ def triton_stays_default(M: int, N: int, K: int, device: DeviceIdentity) -> bool
     return M <= next(m for w, m in TRITON_BELOW if N * K <= w)
 
 
-def _run(XQ, WQ, x_scale, w_scale, dtype):
-    return torch_impl.gemm_a8w8_blockscale_torch(XQ, WQ, x_scale, w_scale, dtype)
-
-
 class BlockscaleTorchBackend(Backend):
     name = torch_impl.LIBTYPE
     default_priority = 10  # above the Triton default config where it claims a shape (default_for)
@@ -52,7 +48,10 @@ class BlockscaleTorchBackend(Backend):
                 or torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype))
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
-        return None if self.why_not(problem, solution, device) is not None else _run
+        """A runner bound to the shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.launcher`)."""
+        if self.why_not(problem, solution, device) is not None:
+            return None
+        return torch_impl.launcher(problem.M, problem.N, problem.K, problem.otype)
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         """torch's matmul where the sweep found it faster than our Triton default (the dispatcher checks it can
