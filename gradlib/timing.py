@@ -199,11 +199,14 @@ def time_paired(calls: dict[str, Callable[[int], object]], n_sets: int, cfg: Tim
     BENCHMARKS.md, held-out benchmark); paired replays are what a 2% bar needs. The graphs are captured again
     ``captures`` times (rounds split evenly, capture order alternating): one capture of identical F.linear calls
     replayed up to 9% slower than another, steadily over its replays (same run), so one capture per method is a
-    sample of one."""
+    sample of one. Every method's graph holds the same number of calls (the most any method's warm-up asked for):
+    the warm-up estimate is eager time, host cost included, so a wrapper with more host time would otherwise get a
+    shorter graph, its replay overhead spread over fewer calls."""
     stream = torch.cuda.Stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     names = list(calls)
-    counts = {name: _warm_up(call, n_sets, cfg, stream)[1] for name, call in calls.items()}
+    common = max(_warm_up(call, n_sets, cfg, stream)[1] for call in calls.values())
+    counts = dict.fromkeys(names, common)
     out: dict[str, list[float]] = {k: [] for k in names}
     blocks = max(1, min(captures, pairs))
     r = 0
