@@ -357,6 +357,12 @@ def test_blockscale_entry_runs_remembered_decisions(built, tmp_path):
     aiter_gemm.reload_configs()
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1     # decided again, under the new tables
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 0
+    # A runner that reloads (dropping the map, and the map's reference to it) while C++ is calling it.
+    assert ext.remember_blockscale(XQ, WQ, xs, ws, torch.bfloat16, lambda *a: (aiter_gemm.reload_configs(), a[0])[1],
+                                   None)
+    n, got = python_calls(lambda: op(XQ, WQ, xs, ws))
+    assert n == 0 and got is XQ
+    assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1     # the reload dropped it
     print("ok")
     """, AITER_CONFIG_GEMM_A8W8_BLOCKSCALE=str(table), AITER_GEMM_TRITON_CONFIGS=str(tmp_path))
     assert out.strip() == "ok"

@@ -171,14 +171,14 @@ int probe_says_capturing(PyObject* probe) {
   if (probe == nullptr) {
     return 0;
   }
-  PyObject* res = (probe == g_capturing && g_local != nullptr) ? PyObject_GetAttr(g_local, g_depth_name)
-                                                               : PyObject_CallNoArgs(probe);
+  const bool counted = probe == g_capturing && g_local != nullptr;
+  Py_INCREF(probe);  // held across the call, as the runner is
+  PyObject* res = counted ? PyObject_GetAttr(g_local, g_depth_name) : PyObject_CallNoArgs(probe);
+  Py_DECREF(probe);
   if (res == nullptr) {
     return -1;
   }
-  int capturing = (probe == g_capturing && g_local != nullptr && PyLong_Check(res))
-                      ? (PyLong_AsLong(res) > 0)
-                      : PyObject_IsTrue(res);
+  int capturing = (counted && PyLong_Check(res)) ? (PyLong_AsLong(res) > 0) : PyObject_IsTrue(res);
   Py_DECREF(res);
   return capturing;
 }
@@ -412,7 +412,11 @@ PyObject* gemm_a8w8_blockscale(PyObject* /*self*/, PyObject* const* args, size_t
         if (!capturing) {
           PyObject* call[5] = {args[0], args[1], args[2], args[3],
                                dtype != nullptr ? dtype : reinterpret_cast<PyObject*>(torch::getTHPDtype(out))};
-          return PyObject_Vectorcall(it->second.runner, call, 5, nullptr);
+          PyObject* runner = it->second.runner;  // held across the call: a reload inside it may drop the map
+          Py_INCREF(runner);
+          PyObject* result = PyObject_Vectorcall(runner, call, 5, nullptr);
+          Py_DECREF(runner);
+          return result;
         }
       }
     }
