@@ -387,7 +387,8 @@ def test_hf_decode_example_on_cpu(clean_runtime, tmp_path, capsys):
     tuned.write_text(BF16_HEADER)
     rc = hf_decode.main(["--config", str(cfg_dir), "--device", "cpu", "--batch", "1,3", "--prompt-len", "5",
                          "--new-tokens", "3", "--decode-steps", "2", "--prefill-steps", "1", "--rounds", "2",
-                         "--eager-rounds", "2", "--eager-steps", "2", "--out", str(out), "--tuned", str(tuned)])
+                         "--eager-rounds", "2", "--eager-steps", "2", "--out", str(out), "--tuned", str(tuned),
+                         "--control"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "CUDA-graph measurements skipped" in text
@@ -399,10 +400,37 @@ def test_hf_decode_example_on_cpu(clean_runtime, tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     assert {(r["batch"], r["mode"], r["phase"]) for r in res["summary"]} == {
         (b, "eager", p) for b in (1, 3) for p in ("prefill", "decode")}
-    assert len(res["rounds"]) == 4 * 2 * 2
+    assert len(res["rounds"]) == 4 * 2 * 3, "4 configurations x 2 rounds x 3 arms (without, with, control)"
+    assert {r["arm"] for r in res["rounds"]} == {"without", "with", "control"}
     assert all(r["ms"] > 0 for r in res["rounds"])
+    assert all(r["aa_ratio_min"] <= r["aa_ratio"] <= r["aa_ratio_max"] for r in res["summary"])
     assert all(c["max_abs_diff_over_max_abs"] < TOL[torch.bfloat16] for c in res["agreement"])
-    assert (out / "rounds.csv").is_file() and "| speedup" in (out / "results.md").read_text()
+    table = (out / "results.md").read_text()
+    assert (out / "rounds.csv").is_file() and "| speedup" in table and "A/A without/control" in table
+
+
+def test_patch_state_switches_the_same_modules_back_and_forth(clean_runtime):
+    """hf_decode's arms alternate step by step: after the first patch a switch puts the very same module objects
+    back, and the model computes what each arm computed before."""
+    from aiter_gemm.examples.hf_decode import PatchState
+
+    model, ids = tiny_model(), torch.randint(0, VOCAB, (2, 5))
+    originals = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+    state = PatchState(model, None, ["lm_head"])
+    ref = logits(model, ids)
+    state.set(True)
+    assert sorted(state.names) == sorted(n for n in originals if n != "lm_head")
+    patched = {n: model.get_submodule(n) for n in state.names}
+    assert all(type(m) is TunedLinear for m in patched.values())
+    got = logits(model, ids)
+    for _ in range(2):
+        state.set(False)
+        assert all(model.get_submodule(n) is m for n, m in originals.items())
+        torch.testing.assert_close(logits(model, ids), ref, rtol=0, atol=0)
+        state.set(True)
+        assert all(model.get_submodule(n) is m for n, m in patched.items())
+        assert model.get_submodule("lm_head") is originals["lm_head"]
+        torch.testing.assert_close(logits(model, ids), got, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

@@ -17,11 +17,14 @@ position, so one step can be repeated or captured once in a ``torch.cuda.CUDAGra
 times. Per configuration (batch, eager/graph, prefill/decode) each arm is timed ``--rounds`` times, the arms
 alternating (without, with, then with, without, ...: ``gradlib.timing.interleaved``) so clock drift biases neither;
 one timing is ``--decode-steps`` steps (``--prefill-steps`` prefills) between two CUDA events. Eager steps are
-host-bound and the GPU machine's host drifts (one eager decode step took 26-67 ms in rounds seconds apart, H100), so
-eager timings are short (``--eager-steps`` steps or one prefill) and many (``--eager-rounds``), with Python's garbage
-collector paused while timing (collected before each timing). The speedup is the median of the per-round ratios
-(adjacent timings of the two arms); the report also gives medians and min/max over rounds. ``generate()`` is used
-for capture only (its wall time varies ~10%).
+host-bound and the hosts here run in slow phases (a CPU-only run of a tiny model: 18 ms steps, then a second of 26-40
+ms ones; H100 host: one eager decode step 26-150 ms within a run), so an eager timing is one step (``--eager-steps``)
+right after the switch to its arm (the same module objects every time: nothing to warm up) and the arms alternate
+step by step, ``--eager-rounds`` times, Python's garbage collector paused: the two steps of a pair are tens of
+milliseconds apart, inside the same phase. The speedup is the median of the per-round ratios (adjacent timings of the
+two arms); the report also gives medians and min/max over rounds. ``--control`` adds a second unpatched arm to the
+same rounds: its ratio to "without" is what the method reads for identical work (A/A). ``generate()`` is used for
+capture only (its wall time varies ~10%).
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ from aiter_gemm.examples.hf_capture import (  # noqa: E402
     runtime_env,
 )
 from aiter_gemm.examples.hf_profile import ARMS, profile_decode  # noqa: E402
-from aiter_gemm.nn import patch_linear, unpatch_linear  # noqa: E402
+from aiter_gemm.nn import TunedLinear, patch_linear  # noqa: E402
+
+CONTROL = "control"  # with --control: a second unpatched arm; without / control is the method's A/A noise floor
 
 # ---------------------------------------------------------------------------------------------------------------
 # model
@@ -103,20 +108,29 @@ def _from_config_takes_dtype() -> bool:
 
 
 class PatchState:
-    """Which arm the model is in: patched (TunedLinear) or not; switching is a module swap, no copy."""
+    """Which arm the model is in: patched (TunedLinear) or not. The first patch is :func:`patch_linear`; later
+    switches put the same module objects back in their slots (no copy, and the patched modules keep their dispatch
+    entries), so switching costs ~225 dict stores and an arm's first step after a switch is like any other."""
 
     def __init__(self, model: torch.nn.Module, include: list[str] | None, exclude: list[str] | None) -> None:
         self.model, self.include, self.exclude = model, include, exclude
         self.patched = False
         self.names: list[str] = []
+        self._slots: list[tuple[dict, str, torch.nn.Module, torch.nn.Module]] = []  # (parent._modules, attr, new, old)
 
     def set(self, patched: bool) -> None:
-        if patched and not self.patched:
+        if patched == self.patched:
+            return
+        if self._slots:
+            for modules, attr, new, old in self._slots:
+                modules[attr] = new if patched else old
+        elif patched:
             self.names = patch_linear(self.model, self.include, self.exclude)
             if not self.names:
                 raise SystemExit("patch_linear swapped no module: check --include / --exclude")
-        elif not patched and self.patched:
-            unpatch_linear(self.model)
+            self._slots = [(parent._modules, attr, child, child._aiter_original)
+                           for parent in self.model.modules() for attr, child in parent._modules.items()
+                           if isinstance(child, TunedLinear)]
         self.patched = patched
 
 
@@ -244,6 +258,7 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
 
         base = os.environ.get("AITER_CONFIG_GEMM_BF16") or str(default_config_dir() / "bf16_tuned_gemm.csv")
         env["AITER_CONFIG_GEMM_BF16"] = f"{args.tuned}:{base}"
+    arms = ARMS + (CONTROL,) if args.control else ARMS
     rounds: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     profiles: list[dict[str, Any]] = []
@@ -268,7 +283,7 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                         n_rounds = args.eager_rounds
                     fns = {}
                     graphs = []
-                    for arm in ARMS:
+                    for arm in arms:
                         state.set(arm == "with")
                         if mode == "graph":
                             g, _ = capture_graph(step)
@@ -288,14 +303,14 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                         gc.enable()
                     for arm, values in res.items():
                         for r, ms in enumerate(values):
-                            first = ARMS[0] if r % 2 == 0 else ARMS[-1]
+                            first = arms[0] if r % 2 == 0 else arms[-1]
                             rounds.append({"model": model_name, "batch": b, "mode": mode, "phase": phase, "arm": arm,
                                            "round": r, "measured_first": arm == first, "steps": n, "ms": ms})
                     print(f"measure: batch {b:>3} {mode:<5} {phase:<7} without {statistics.median(res['without']):9.3f}"
                           f" ms  with {statistics.median(res['with']):9.3f} ms  ({time.perf_counter() - t0:.1f} s)",
                           flush=True)
                     if args.profile and cuda and phase == "decode":
-                        profiles += profile_decode(state, step, graphs, b, mode, out)
+                        profiles += profile_decode(state, step, graphs[:len(ARMS)], b, mode, out)
                     del fns, graphs  # the graphs' memory pools go before the next capture
             del steps
             if cuda:
@@ -327,9 +342,7 @@ def notes(summary: list[dict[str, Any]], decisions: list[dict[str, Any]], args: 
 def _eager_timer(state: PatchState, patched: bool, step: Callable[[], object], n: int,
                  cuda: bool) -> Callable[[], float]:
     def measure() -> float:
-        state.set(patched)
-        step()  # the first step after a module swap is not timed
-        gc.collect()
+        state.set(patched)  # the same module objects every time: nothing to warm up after a switch
         return time_steps(step, n, cuda)
 
     return measure
@@ -377,21 +390,28 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
                         f"tok_s_{arm}": tokens / med * 1e3})
         row.update(speedup=statistics.median(ratios), round_ratio_min=min(ratios),
                    round_ratio_median=statistics.median(ratios), round_ratio_max=max(ratios))
+        if CONTROL in arms:  # identical work in both arms: how far from 1.0 the method reads by itself
+            aa = [a / c for a, c in zip(wo, arms[CONTROL])]
+            row.update(aa_ratio=statistics.median(aa), aa_ratio_min=min(aa), aa_ratio_max=max(aa))
         out.append(row)
     return out
 
 
 def markdown(summary: list[dict[str, Any]]) -> str:
+    control = any("aa_ratio" in r for r in summary)
     lines = ["| model | batch | mode | phase | ms without [min-max] | ms with [min-max] | tok/s without | tok/s with "
-             "| speedup (median per-round without/with) | per-round ratio [min-max] |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| speedup (median per-round without/with) | per-round ratio [min-max] |"
+             + (" A/A without/control [min-max] |" if control else ""),
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if control else "")]
     for r in summary:
+        aa = (f" {r['aa_ratio']:.3f} [{r['aa_ratio_min']:.3f}-{r['aa_ratio_max']:.3f}] |" if "aa_ratio" in r
+              else " |" if control else "")
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['mode']} | {r['phase']} "
             f"| {r['ms_without']:.3f} [{r['ms_without_min']:.3f}-{r['ms_without_max']:.3f}] "
             f"| {r['ms_with']:.3f} [{r['ms_with_min']:.3f}-{r['ms_with_max']:.3f}] "
             f"| {r['tok_s_without']:.0f} | {r['tok_s_with']:.0f} | {r['speedup']:.3f} "
-            f"| [{r['round_ratio_min']:.3f}-{r['round_ratio_max']:.3f}] |")
+            f"| [{r['round_ratio_min']:.3f}-{r['round_ratio_max']:.3f}] |" + aa)
     return "\n".join(lines)
 
 
@@ -418,10 +438,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--decode-steps", type=int, default=32,
                     help="decode steps (graph replays) per timed round (default 32)")
     ap.add_argument("--prefill-steps", type=int, default=2, help="prefill forwards per timed round (default 2)")
-    ap.add_argument("--eager-rounds", type=int, default=30,
-                    help="timed rounds per arm in eager mode, arms alternating (default 30)")
-    ap.add_argument("--eager-steps", type=int, default=4,
-                    help="decode steps per eager round (default 4; an eager prefill round is one prefill)")
+    ap.add_argument("--eager-rounds", type=int, default=100,
+                    help="timed rounds per arm in eager mode, arms alternating (default 100)")
+    ap.add_argument("--eager-steps", type=int, default=1,
+                    help="decode steps per eager round (default 1; an eager prefill round is one prefill)")
+    ap.add_argument("--control", action="store_true", help="time a second unpatched arm ('control') in the same "
+                    "rounds: without / control is the A/A ratio, the method's own noise")
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per arm, arms alternating in order (default 6)")
     ap.add_argument("--mode", choices=("capture", "measure", "all"), default="all",
                     help="capture the GEMM shapes, measure, or both (default all)")

@@ -9,7 +9,7 @@
 # STEPS picks steps (default "capture tune measure"); TUNED=<csv> measures with that tuned file; RESUME_FROM=<csv>
 # copies an earlier, interrupted tuner output in first, so the tuner resumes it (it skips shapes already in its
 # output); TUNER="python -m gradlib.gemm_tuner" where the package is not pip-installed; MEASURE_ARGS: extra
-# hf_decode arguments of the measure step (e.g. "--exec eager --eager-rounds 60 --eager-steps 8").
+# hf_decode arguments of the measure step (e.g. "--exec eager --control"); PROFILE=0 skips the profile.
 set -u
 OUT=${OUT:?set OUT to an output folder}
 D="$OUT/hf"
@@ -33,7 +33,8 @@ for step in ${STEPS:-capture tune measure}; do
         ${TUNE_ARGS:-} > "$D/tune.log" 2>&1 ;;
     measure)
       python -m aiter_gemm.examples.hf_decode --config llama3_8b --mode measure --out "$D" \
-        --tuned "${TUNED:-$D/tuned_gemm.csv}" --profile ${MEASURE_ARGS:-} > "$D/measure.log" 2>&1 ;;
+        --tuned "${TUNED:-$D/tuned_gemm.csv}" $([ "${PROFILE:-1}" = 0 ] || echo --profile) ${MEASURE_ARGS:-} \
+        > "$D/measure.log" 2>&1 ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - s )) s" >> "$D/env.txt"
 done
