@@ -84,6 +84,9 @@ class SkinnyConfig:
     NUM_KSPLIT: int = 1
     num_warps: int = 4
     num_stages: int = 1
+    #: Load B with ``eviction_policy="evict_first"`` (and A with ``evict_last``): each weight byte is read once, so
+    #: it need not stay in L2 ahead of the activations (what Inductor's M=1 reduction kernels do). Name suffix _EF.
+    evict_first: bool = False
 
     def __post_init__(self) -> None:
         if self.solidx not in VARIANTS:
@@ -106,18 +109,19 @@ class SkinnyConfig:
     @property
     def name(self) -> str:
         return (f"{self.variant.name}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_SK{self.NUM_KSPLIT}"
-                f"_W{self.num_warps}_S{self.num_stages}")
+                f"_W{self.num_warps}_S{self.num_stages}" + ("_EF" if self.evict_first else ""))
 
     @classmethod
     def from_name(cls, name: str) -> SkinnyConfig:
-        """Parse a ``kernelName`` like ``fma_BN16_BK512_SK1_W4_S1`` (variant name first, as in :data:`VARIANTS`)."""
+        """Parse a ``kernelName`` like ``fma_BN16_BK512_SK1_W4_S1`` (variant name first, as in :data:`VARIANTS`;
+        an ``_EF`` suffix sets :attr:`evict_first`)."""
         m = _NAME_RE.fullmatch(name.strip())
         by_name = {v.name: v.solidx for v in VARIANTS.values()}
         if m is None or m.group(1) not in by_name:
-            raise ValueError(f"skinny kernelName {name!r} does not match '<variant>_BN<n>_BK<k>_SK<s>_W<w>_S<st>' "
-                             f"with variant one of {sorted(by_name)} (e.g. 'fma_BN16_BK512_SK1_W4_S1')")
-        var, bn, bk, sk, w, st = m.groups()
-        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st))
+            raise ValueError(f"skinny kernelName {name!r} does not match '<variant>_BN<n>_BK<k>_SK<s>_W<w>_S<st>"
+                             f"[_EF]' with variant one of {sorted(by_name)} (e.g. 'fma_BN16_BK512_SK1_W4_S1')")
+        var, bn, bk, sk, w, st, ef = m.groups()
+        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st), ef is not None)
 
     def acc_regs_per_thread(self, M: int) -> int:
         """float32 accumulator registers per thread (the FMA variants' 3-D accumulator; the dot's [16, BN])."""
@@ -132,7 +136,7 @@ class SkinnyConfig:
         return self.num_stages * (MAX_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
 
 
-_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)")
+_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)?")
 
 
 @triton.jit
@@ -144,7 +148,7 @@ def _skinny_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
 ):
     """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1)."""
     pid_n = tl.program_id(0)
@@ -165,14 +169,17 @@ def _skinny_kernel(
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     else:
         acc3 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+    # The weight streams through once; the activations are re-read by every program.
+    a_policy: tl.constexpr = "evict_last" if EVICT_FIRST else ""
+    b_policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     for ki in tl.range(0, tl.cdiv(k_len, BLOCK_SIZE_K), num_stages=NUM_STAGES):
         if EVEN_K:
-            a = tl.load(a_ptrs, mask=m_mask[:, None], other=0.0)
-            b = tl.load(b_ptrs)
+            a = tl.load(a_ptrs, mask=m_mask[:, None], other=0.0, eviction_policy=a_policy)
+            b = tl.load(b_ptrs, eviction_policy=b_policy)
         else:
             k_mask = offs_k[None, :] < k_len - ki * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask, other=0.0)
-            b = tl.load(b_ptrs, mask=k_mask, other=0.0)
+            a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask, other=0.0, eviction_policy=a_policy)
+            b = tl.load(b_ptrs, mask=k_mask, other=0.0, eviction_policy=b_policy)
         if USE_DOT:
             if UPCAST_DOT:
                 acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
@@ -226,7 +233,7 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction,
         HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
-        EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET,
+        EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET, EVICT_FIRST=cfg.evict_first,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if var.reduction == _STORE or out_is_buffer:

@@ -1,0 +1,197 @@
+"""Skinny GEMM against ``torch.compile(mode="max-autotune-no-cudagraphs")`` at M <= 16 (issue 14, part 1).
+
+At M = 1 Inductor turns ``F.linear`` into a reduction kernel (``triton_red_fused_mm_t_0``: an ``[XBLOCK, R0_BLOCK]``
+float32 accumulator over K, B loaded ``evict_first``, A ``evict_last``; XBLOCK, R0_BLOCK and warps picked by its
+coordinate descent; ``inspect_inductor_decode.py`` printed it). Our ``fma`` variant is the same loop with a
+``[BM, BN, BK]`` accumulator, so the question is which tiles and load hints it is missing. Per shape this script
+
+1. compiles ``F.linear`` with max-autotune and reads the config Inductor settled on (its ``.best_config`` files);
+2. screens a grid of skinny configs (``fma`` / ``fma_2pass``: BN 1-16, BK 512-4096, 4-16 warps, with and without
+   ``evict_first``; plus Inductor's own tile as a skinny config) with the tuner's CUDA-graph timing over rotating
+   buffers > 2x L2, each checked against float32 first;
+3. times F.linear, max-autotune, the current dispatch (``gemm_a16w16``) and the 3 best screened configs in paired
+   rounds (``gradlib.timing.time_paired``: CUDA-graph replays, order alternating, a fresh capture per block).
+
+    python -m op_tests.op_benchmarks.explore_skinny_inductor --out results/skinny_inductor_h100 [--shapes 1x4096x4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="1x4096x4096,1x6144x4096,1x28672x4096,1x4096x14336,1x1280x8192,1x8192x1024,"
+                    "1x7168x8192,1x8192x3584", help="MxNxK list (default: the shipped M=1 shapes)")
+    ap.add_argument("--pairs", type=int, default=21, help="paired rounds of the final comparison (default 21)")
+    ap.add_argument("--top", type=int, default=3, help="screened configs that go to the final comparison")
+    ap.add_argument("--deadline_s", type=float, default=520.0, help="stop starting new shapes after this")
+    return ap.parse_args(argv)
+
+
+# Before torch: a cache of this run's own, so the .best_config files it holds are this run's choices.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_"))  # its own: best_config files
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from aiter_gemm import gemm_a16w16, get_GEMM_A16W16_config  # noqa: E402
+from aiter_gemm.kernels.skinny import MAX_M, SkinnyConfig, block_m, launch_skinny  # noqa: E402
+from gradlib.timing import SCREEN, TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
+
+PAIRED = TimingConfig(warmup=5, reps=9, target_us=500.0, budget_s=0.4)
+TOL = 2e-2  # bf16 output vs a float32 reference, relative to the largest |value|
+
+
+def grid(m: int, n: int, k: int, sms: int) -> list[SkinnyConfig]:
+    """fma (whole K) and fma_2pass (split-K while N / BN gives fewer than 2 programs per SM) tiles, with and
+    without evict_first, float32 accumulators per thread 4..64 (BM * BN * BK / (32 * warps))."""
+    out = []
+    bm = block_m(m, False)
+    for ef in (False, True):
+        for bn in (1, 2, 4, 8, 16):
+            for bk in (512, 1024, 2048, 4096):
+                if bk > triton.next_power_of_2(k):
+                    continue
+                for warps in (4, 8, 16):
+                    regs = bm * bn * bk // (32 * warps)
+                    if not 4 <= regs <= 64:
+                        continue
+                    out.append(SkinnyConfig(0, bn, bk, 1, warps, 1, ef))
+                    programs = triton.cdiv(n, bn)
+                    for split in (2, 4, 8):
+                        if programs < 2 * sms and programs * split <= 4 * sms and triton.cdiv(k, bk) >= split:
+                            out.append(SkinnyConfig(1, bn, bk, split, warps, 1, ef))
+    return out
+
+
+def inductor_configs(before: set[Path]) -> list[dict]:
+    """The ``.best_config`` files Inductor wrote since ``before`` (its coordinate-descent choice per kernel)."""
+    cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    found = []
+    for path in sorted(set(cache.rglob("*.best_config")) - before):
+        try:
+            found.append({"file": path.name, **json.loads(path.read_text())})
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def as_skinny(cfg: dict, m: int) -> SkinnyConfig | None:
+    """Inductor's reduction tile as a skinny ``fma`` config (XBLOCK rows of B, R0_BLOCK of K, evict_first)."""
+    x, r, w = cfg.get("XBLOCK"), cfg.get("R0_BLOCK") or cfg.get("RBLOCK"), cfg.get("num_warps")
+    if not (x and w) or m != 1:
+        return None
+    return SkinnyConfig(0, int(x), int(r) if r else 4096, 1, int(w), 1, True)
+
+
+def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, rows: list[dict],
+            args: argparse.Namespace) -> dict:
+    seen = set(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"))
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    compiled = torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs", dynamic=False)
+    set_bytes = (n * k + m * k + m * n) * 2
+    n_sets = rotating_sets(set_bytes, cache, torch.cuda.mem_get_info(dev)[0])
+    A = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(n_sets)]
+    W = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / math.sqrt(k) for _ in range(n_sets)]
+    ref = A[0].float() @ W[0].float().t()
+    scale = ref.abs().max().item()
+    compiled(A[0], W[0])
+    compile_s = time.perf_counter() - t0
+    ind = inductor_configs(seen)
+    cands = grid(m, n, k, sms)
+    for c in ind:
+        sk = as_skinny(c, m)
+        if sk is not None and sk not in cands:
+            cands.append(sk)
+    screened = []
+    for cfg in cands:
+        try:
+            out = launch_skinny(A[0], W[0], None, torch.bfloat16, cfg)
+            err = (out.float() - ref).abs().max().item() / scale
+            if not err < TOL:
+                rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": err, "note": "wrong"})
+                continue
+            t = time_runner(lambda i, cfg=cfg: launch_skinny(A[i], W[i], None, torch.bfloat16, cfg), n_sets, dev,
+                            SCREEN)
+        except Exception as exc:  # a config the compiler rejects (registers, shared memory): record and go on
+            rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": "",
+                         "note": f"{type(exc).__name__}: {str(exc)[:120]}"})
+            continue
+        rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": t.us, "rel_err": err, "note": ""})
+        screened.append((t.us, cfg))
+    screened.sort(key=lambda x: x[0])
+    top = [cfg for _, cfg in screened[:args.top]]
+    ind_sk = [as_skinny(c, m) for c in ind]
+    for sk in ind_sk:  # Inductor's tile always goes to the final round
+        if sk is not None and sk not in top and any(sk == c for _, c in screened):
+            top.append(sk)
+    err_c = (compiled(A[0], W[0]).float() - ref).abs().max().item() / scale
+    err_t = (gemm_a16w16(A[0], W[0]).float() - ref).abs().max().item() / scale
+    methods = {"F.linear": lambda i: F.linear(A[i], W[i]), "max-autotune": lambda i: compiled(A[i], W[i]),
+               "dispatch": lambda i: gemm_a16w16(A[i], W[i])}
+    for cfg in top:
+        methods[cfg.name] = lambda i, cfg=cfg: launch_skinny(A[i], W[i], None, torch.bfloat16, cfg)
+    samples = time_paired(methods, n_sets, PAIRED, args.pairs, captures=3)
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    vs_compile = {name: statistics.median([a / b for a, b in zip(samples["max-autotune"], v)])
+                  for name, v in samples.items()}
+    dispatch = get_GEMM_A16W16_config(m, n, k, False, torch.bfloat16)
+    floor_us = set_bytes / 3.0e12 * 1e6  # bytes at the measured copy bandwidth (3.0 TB/s, H100)
+    return {"M": m, "N": n, "K": k, "n_sets": n_sets, "compile_s": compile_s, "inductor_best_configs": ind,
+            "inductor_as_skinny": [c.name for c in ind_sk if c is not None], "screened": len(screened),
+            "rel_err_compiled": err_c, "rel_err_dispatch": err_t, "dispatch": {
+                c: dispatch.get(c) for c in ("libtype", "kernelName", "us", "matched")},
+            "floor_us": floor_us, "median_us": med, "max_autotune_over": vs_compile,
+            "fraction_of_floor": {name: floor_us / us for name, us in med.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    cache = cache_bytes(dev)
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",") if s]
+    t0 = time.monotonic()
+    rows: list[dict] = []
+    results = []
+    for m, n, k in shapes:
+        if m > MAX_M:
+            raise SystemExit(f"M={m} > {MAX_M}: not a skinny shape")
+        if time.monotonic() - t0 > args.deadline_s:
+            print(f"deadline: skipped M={m} N={n} K={k}", flush=True)
+            continue
+        res = explore(m, n, k, dev, sms, cache, rows, args)
+        results.append(res)
+        order = sorted(res["median_us"], key=res["median_us"].get)
+        print(f"M={m} N={n} K={k}: floor {res['floor_us']:.2f} us; inductor {res['inductor_as_skinny']}; "
+              + "; ".join(f"{name} {res['median_us'][name]:.2f} us ({res['max_autotune_over'][name]:.3f}x of "
+                          f"max-autotune)" for name in order), flush=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        with open(out / "screen.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["M", "N", "K", "config", "us", "rel_err", "note"])
+            w.writeheader()
+            w.writerows(rows)
+    env = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    (out / "env.json").write_text(json.dumps(env, indent=1))
+    print(f"wrote {out}/results.json, screen.csv, env.json ({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
