@@ -1,10 +1,11 @@
 """Backend ``skinny``: GEMV-like split-K Triton kernels for M <= 16 (decode), :mod:`aiter_gemm.kernels.skinny`.
 
 ``solidx`` selects the variant (0 ``fma``, 1 ``fma_2pass``, 2 ``fma_atomic``, 3 ``dot``, 4 ``dot_2pass``,
-5 ``dot_atomic``; the kernel module's docstring describes each). ``kernelName`` names the whole launch
-(``fma_BN16_BK512_SK1_W4_S1``: variant, BLOCK_SIZE_N, BLOCK_SIZE_K, split-K factor, warps, stages); it must agree
-with ``solidx``. A row with an empty ``kernelName`` gets the heuristic tile for its ``solidx`` variant (split-K
-from the row's ``splitK``). ``splitK`` mirrors ``NUM_KSPLIT``.
+5 ``dot_atomic``, 6 ``gemv`` and 7 ``gemv_2pass`` at M == 1; the kernel module's docstring describes each).
+``kernelName`` names the whole launch (``fma_BN16_BK512_SK1_W4_S1``: variant, BLOCK_SIZE_N, BLOCK_SIZE_K, split-K
+factor, warps, stages; an ``_EF`` suffix: weight loads ``evict_first``); it must agree with ``solidx``. A row with
+an empty ``kernelName`` gets the heuristic tile for its ``solidx`` variant (split-K from the row's ``splitK``).
+``splitK`` mirrors ``NUM_KSPLIT``.
 
 It is the heuristic default (priority above torch's) on GPUs for the shapes :func:`is_skinny_default_shape` accepts,
 computed from the device's SM/CU count; never on the CPU, where it only runs under the Triton interpreter for tests.
@@ -42,6 +43,8 @@ def config_error(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: to
     isz = torch.empty((), dtype=dtype).element_size()
     if M > MAX_M:
         return f"skinny kernels take M <= {MAX_M}, got M={M}"
+    if cfg.variant.gemv and M != 1:
+        return f"{cfg.name}: the gemv variants take M == 1, got M={M}"
     if cfg.smem_bytes(isz) > smem_limit(arch):
         return f"{cfg.name} needs {cfg.smem_bytes(isz)} B of shared memory, {arch} has {smem_limit(arch)}"
     if not cfg.variant.use_dot and cfg.acc_regs_per_thread(M) > _MAX_ACC_REGS:
@@ -54,12 +57,14 @@ def config_error(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: to
 def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dtype = torch.bfloat16
                  ) -> list[SkinnyConfig]:
     """The tuner's skinny space at (M, N, K): every variant, tiles BN 8..64 x BK 128..1024, warps 4/8 (4 with
-    split-K), stages; split-K 2..16 only where the slabs underfill the GPU (see above); pruned by
-    :func:`config_error`."""
+    split-K), stages; split-K 2..16 only where the slabs underfill the GPU (see above); at M == 1 also the gemv
+    variants (:func:`gemv_space`); pruned by :func:`config_error`."""
     if M > MAX_M:
         return []
-    space: list[SkinnyConfig] = []
+    space: list[SkinnyConfig] = gemv_space(N, K, cu_num) if M == 1 else []
     for var in VARIANTS.values():
+        if var.gemv:
+            continue
         bns = (16, 32, 64) if var.use_dot else (8, 16, 32)
         bks = (128, 256, 512) if var.use_dot else (128, 256, 512, 1024)
         stage_opts = ((3, 4) if var.splits_k else (2, 3, 4)) if var.use_dot else (1, 2)
@@ -78,6 +83,28 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dt
                         for sk in splits:
                             space.append(SkinnyConfig(var.solidx, bn, bk, sk, warps, stages))
     return [c for c in space if config_error(c, M, N, K, arch, dtype) is None]
+
+
+def gemv_space(N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
+    """The gemv variants' tiles at M == 1: BN 1..16 rows x BK 512..4096 (not past K), 4/8/16 warps, one stage, with
+    and without ``evict_first``, keeping 4..64 float32 accumulators per thread. It holds every tile Inductor's
+    coordinate descent chose for the 8 shipped M=1 shapes on the H100 (XBLOCK 1-8, R0_BLOCK 512-4096, 4-16 warps,
+    1 stage, evict_first; results/skinny_inductor_h100). Split-K (two-pass, 2/4/8) as for the other variants."""
+    space = []
+    for ef in (False, True):
+        for bn in (1, 2, 4, 8, 16):
+            programs = triton.cdiv(N, bn)
+            splits = [1] + ([s for s in (2, 4, 8) if programs * s <= _MAX_PROGRAMS_PER_CU * cu_num]
+                            if programs < _SPLIT_BELOW_PROGRAMS_PER_CU * cu_num else [])
+            for bk in (512, 1024, 2048, 4096):
+                if bk > max(512, triton.next_power_of_2(K)):
+                    continue
+                for warps in (4, 8, 16):
+                    if not 4 <= bn * bk // (32 * warps) <= _MAX_ACC_REGS:
+                        continue
+                    for sk in splits:
+                        space.append(SkinnyConfig(6 if sk == 1 else 7, bn, bk, sk, warps, 1, ef))
+    return space
 
 
 #: Device classes (arch, SM count) the default region below was measured on; elsewhere skinny is never the default.

@@ -3,7 +3,7 @@
 At M <= 16 the weight B (N, K) is almost all the bytes (M=1, N=K=4096: 32 MiB of B against 8 KiB of A), so the job
 is to read B at full HBM bandwidth: each program owns ``BLOCK_SIZE_N`` rows of B and a slab of K, loads
 ``[BLOCK_SIZE_N, BLOCK_SIZE_K]`` tiles with K contiguous (16-byte vector loads), and enough programs run to fill
-every SM (split-K when ``N / BLOCK_SIZE_N`` alone is too few). Six variants, selected by ``solidx``:
+every SM (split-K when ``N / BLOCK_SIZE_N`` alone is too few). Eight variants, selected by ``solidx``:
 
 ======  ==============  ============================================================================================
 solidx  name            what it does
@@ -17,6 +17,11 @@ solidx  name            what it does
 3       ``dot``         tensor-core ``tl.dot`` on A padded to 16 rows (M <= 16 rows of real data); whole K, one launch.
 4       ``dot_2pass``   ``dot`` with the deterministic two-pass split-K reduction of ``fma_2pass``.
 5       ``dot_atomic``  ``dot`` with the float32 atomic split-K reduction of ``fma_atomic``.
+6       ``gemv``        M == 1 only: a 2-D ``[BN, BK]`` float32 accumulator, the activation row broadcast over the
+                        BN rows of B, reduced over K at the end. What Inductor emits for an M=1 ``F.linear`` under
+                        max-autotune (a reduction kernel); ``fma`` at M=1 runs the same sums through a 3-D
+                        ``[1, BN, BK]`` accumulator, which compiled to code up to 1.5x slower at the same tile.
+7       ``gemv_2pass``  ``gemv`` with the two-pass split-K reduction of ``fma_2pass``.
 ======  ==============  ============================================================================================
 
 ``fma`` keeps ``BM * BN * BK / (32 * num_warps)`` float32 accumulators per thread (M rows padded to a power of two),
@@ -49,6 +54,7 @@ class SkinnyVariant:
     name: str
     use_dot: bool
     reduction: int  # _STORE (no split), _PARTIALS (two-pass) or _ATOMIC
+    gemv: bool = False  # M == 1 only, 2-D accumulator
 
     @property
     def splits_k(self) -> bool:
@@ -66,11 +72,14 @@ VARIANTS: dict[int, SkinnyVariant] = {v.solidx: v for v in (
     SkinnyVariant(3, "dot", True, _STORE),
     SkinnyVariant(4, "dot_2pass", True, _PARTIALS),
     SkinnyVariant(5, "dot_atomic", True, _ATOMIC),
+    SkinnyVariant(6, "gemv", False, _STORE, gemv=True),
+    SkinnyVariant(7, "gemv_2pass", False, _PARTIALS, gemv=True),
 )}
 
 
 def block_m(M: int, use_dot: bool) -> int:
-    """Rows of A a program holds: M rounded up to a power of two (16 for ``tl.dot``, whose tiles are >= 16)."""
+    """Rows of A a program holds: M rounded up to a power of two (16 for ``tl.dot``, whose tiles are >= 16; the
+    ``gemv`` variants take M == 1, where this is 1)."""
     return 16 if use_dot else triton.next_power_of_2(M)
 
 
@@ -124,7 +133,8 @@ class SkinnyConfig:
         return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st), ef is not None)
 
     def acc_regs_per_thread(self, M: int) -> int:
-        """float32 accumulator registers per thread (the FMA variants' 3-D accumulator; the dot's [16, BN])."""
+        """float32 accumulator registers per thread (the FMA variants' 3-D accumulator, gemv's [BN, BK], the dot's
+        [16, BN])."""
         bm = block_m(M, self.variant.use_dot)
         elems = bm * self.BLOCK_SIZE_N * (1 if self.variant.use_dot else self.BLOCK_SIZE_K)
         return max(1, elems // (32 * self.num_warps))
@@ -147,7 +157,7 @@ def _skinny_kernel(
     stride_cs, stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
+    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr, GEMV: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
 ):
     """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1)."""
@@ -167,6 +177,8 @@ def _skinny_kernel(
 
     if USE_DOT:
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    elif GEMV:  # BLOCK_SIZE_M == 1: the [1, BK] row of A broadcasts over the BN rows of B
+        acc2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
     else:
         acc3 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
     # The weight streams through once; the activations are re-read by every program.
@@ -185,12 +197,16 @@ def _skinny_kernel(
                 acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, tl.trans(b), acc)
+        elif GEMV:
+            acc2 += b.to(tl.float32) * a.to(tl.float32)
         else:
             # Elementwise accumulate; the cross-thread reduction over K happens once, after the loop.
             acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
-    if not USE_DOT:
+    if GEMV:
+        acc = tl.sum(acc2, axis=1)[None, :]
+    elif not USE_DOT:
         acc = tl.sum(acc3, axis=2)
 
     c_mask = m_mask[:, None] & (offs_n[None, :] < N)
@@ -215,6 +231,8 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
     N = b.shape[0]
     cfg = config
     var = cfg.variant
+    if var.gemv and M != 1:
+        raise ValueError(f"skinny variant {var.name} takes M == 1, got A {tuple(a.shape)}")
     split = cfg.NUM_KSPLIT
     out_is_buffer = var.reduction == _ATOMIC and otype == torch.float32
     if var.reduction == _STORE:
@@ -231,7 +249,7 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         a, b, bias if bias is not None else a, target, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
         BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
-        NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction,
+        NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction, GEMV=var.gemv,
         HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
         EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET, EVICT_FIRST=cfg.evict_first,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -6,9 +6,9 @@ coordinate descent; ``inspect_inductor_decode.py`` printed it). Our ``fma`` vari
 ``[BM, BN, BK]`` accumulator, so the question is which tiles and load hints it is missing. Per shape this script
 
 1. compiles ``F.linear`` with max-autotune and reads the config Inductor settled on (its ``.best_config`` files);
-2. screens a grid of skinny configs (``fma`` / ``fma_2pass``: BN 1-16, BK 512-4096, 4-16 warps, with and without
-   ``evict_first``; plus Inductor's own tile as a skinny config) with the tuner's CUDA-graph timing over rotating
-   buffers > 2x L2, each checked against float32 first;
+2. screens a grid of skinny configs (the tuner's ``gemv`` space at M == 1; ``fma`` / ``fma_2pass``: BN 1-16, BK
+   512-4096, 4-16 warps, with and without ``evict_first``; plus Inductor's own tile as a ``gemv`` config) with the
+   tuner's CUDA-graph timing over rotating buffers > 2x L2, each checked against float32 first;
 3. times F.linear, max-autotune, the current dispatch (``gemm_a16w16``) and the 3 best screened configs in paired
    rounds (``gradlib.timing.time_paired``: CUDA-graph replays, order alternating, a fresh capture per block).
 
@@ -47,6 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from aiter_gemm import gemm_a16w16, get_GEMM_A16W16_config  # noqa: E402
+from aiter_gemm.backends.skinny import gemv_space  # noqa: E402
 from aiter_gemm.kernels.skinny import MAX_M, SkinnyConfig, block_m, launch_skinny  # noqa: E402
 from gradlib.timing import SCREEN, TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 
@@ -55,9 +56,10 @@ TOL = 2e-2  # bf16 output vs a float32 reference, relative to the largest |value
 
 
 def grid(m: int, n: int, k: int, sms: int) -> list[SkinnyConfig]:
-    """fma (whole K) and fma_2pass (split-K while N / BN gives fewer than 2 programs per SM) tiles, with and
-    without evict_first, float32 accumulators per thread 4..64 (BM * BN * BK / (32 * warps))."""
-    out = []
+    """The gemv variants' tuner space at M == 1 (``gemv_space``), and fma (whole K) / fma_2pass (split-K while
+    N / BN gives fewer than 2 programs per SM) tiles, with and without evict_first, float32 accumulators per thread
+    4..64 (BM * BN * BK / (32 * warps))."""
+    out = gemv_space(n, k, sms) if m == 1 else []
     bm = block_m(m, False)
     for ef in (False, True):
         for bn in (1, 2, 4, 8, 16):
@@ -88,12 +90,13 @@ def inductor_configs(before: set[Path]) -> list[dict]:
     return found
 
 
-def as_skinny(cfg: dict, m: int) -> SkinnyConfig | None:
-    """Inductor's reduction tile as a skinny ``fma`` config (XBLOCK rows of B, R0_BLOCK of K, evict_first)."""
+def as_skinny(cfg: dict, m: int, k: int) -> SkinnyConfig | None:
+    """Inductor's reduction tile as a skinny ``gemv`` config (XBLOCK rows of B, R0_BLOCK of K, evict_first); a
+    persistent reduction (no R0_BLOCK) holds all of K in one block."""
     x, r, w = cfg.get("XBLOCK"), cfg.get("R0_BLOCK") or cfg.get("RBLOCK"), cfg.get("num_warps")
     if not (x and w) or m != 1:
         return None
-    return SkinnyConfig(0, int(x), int(r) if r else 4096, 1, int(w), 1, True)
+    return SkinnyConfig(6, int(x), int(r) if r else triton.next_power_of_2(k), 1, int(w), 1, True)
 
 
 def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, rows: list[dict],
@@ -113,7 +116,7 @@ def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, row
     ind = inductor_configs(seen)
     cands = grid(m, n, k, sms)
     for c in ind:
-        sk = as_skinny(c, m)
+        sk = as_skinny(c, m, k)
         if sk is not None and sk not in cands:
             cands.append(sk)
     screened = []
@@ -134,7 +137,7 @@ def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, row
         screened.append((t.us, cfg))
     screened.sort(key=lambda x: x[0])
     top = [cfg for _, cfg in screened[:args.top]]
-    ind_sk = [as_skinny(c, m) for c in ind]
+    ind_sk = [as_skinny(c, m, k) for c in ind]
     for sk in ind_sk:  # Inductor's tile always goes to the final round
         if sk is not None and sk not in top and any(sk == c for _, c in screened):
             top.append(sk)
