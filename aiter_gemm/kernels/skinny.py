@@ -108,7 +108,7 @@ class SkinnyConfig:
         if var.splits_k != (self.NUM_KSPLIT > 1):
             raise ValueError(f"variant {var.name} needs NUM_KSPLIT {'> 1' if var.splits_k else '== 1'}, "
                              f"got {self.NUM_KSPLIT}")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+        if self.num_warps not in (1, 2, 4, 8, 16, 32) or self.num_stages < 1:
             raise ValueError(f"bad num_warps/num_stages in {self!r}")
 
     @property
