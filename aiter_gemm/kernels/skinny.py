@@ -17,10 +17,11 @@ solidx  name            what it does
 3       ``dot``         tensor-core ``tl.dot`` on A padded to 16 rows (M <= 16 rows of real data); whole K, one launch.
 4       ``dot_2pass``   ``dot`` with the deterministic two-pass split-K reduction of ``fma_2pass``.
 5       ``dot_atomic``  ``dot`` with the float32 atomic split-K reduction of ``fma_atomic``.
-6       ``gemv``        M == 1 only: a 2-D ``[BN, BK]`` float32 accumulator, the activation row broadcast over the
-                        BN rows of B, reduced over K at the end. What Inductor emits for an M=1 ``F.linear`` under
-                        max-autotune (a reduction kernel); ``fma`` at M=1 runs the same sums through a 3-D
-                        ``[1, BN, BK]`` accumulator, which compiled to code up to 1.5x slower at the same tile.
+6       ``gemv``        M == 1 only (``_gemv_kernel``): a 2-D ``[BN, BK]`` float32 accumulator, the activation row
+                        broadcast over the BN rows of B, reduced over K at the end, N and K compile-time constants
+                        (a binary per weight shape). What Inductor emits for an M=1 ``F.linear`` under max-autotune
+                        (a reduction kernel specialised to the shape); ``fma`` at M=1, the same sums through a 3-D
+                        accumulator with runtime sizes, ran Inductor's tiles up to 1.5x slower (H100).
 7       ``gemv_2pass``  ``gemv`` with the two-pass split-K reduction of ``fma_2pass``.
 ======  ==============  ============================================================================================
 
@@ -157,7 +158,7 @@ def _skinny_kernel(
     stride_cs, stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr, GEMV: tl.constexpr,
+    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
 ):
     """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1)."""
@@ -177,8 +178,6 @@ def _skinny_kernel(
 
     if USE_DOT:
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    elif GEMV:  # BLOCK_SIZE_M == 1: the [1, BK] row of A broadcasts over the BN rows of B
-        acc2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
     else:
         acc3 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
     # The weight streams through once; the activations are re-read by every program.
@@ -197,16 +196,12 @@ def _skinny_kernel(
                 acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, tl.trans(b), acc)
-        elif GEMV:
-            acc2 += b.to(tl.float32) * a.to(tl.float32)
         else:
             # Elementwise accumulate; the cross-thread reduction over K happens once, after the loop.
             acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
-    if GEMV:
-        acc = tl.sum(acc2, axis=1)[None, :]
-    elif not USE_DOT:
+    if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
 
     c_mask = m_mask[:, None] & (offs_n[None, :] < N)
@@ -222,6 +217,52 @@ def _skinny_kernel(
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
             acc += tl.where(pid_k == 0, bias, 0.0)[None, :]
         tl.atomic_add(c_ptrs, acc, mask=c_mask, sem="relaxed")
+
+
+@triton.jit
+def _gemv_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr,
+    stride_ak, stride_bn, stride_bk, stride_cs,
+    N: tl.constexpr, K: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, NUM_KSPLIT: tl.constexpr,
+    REDUCTION: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT_FIRST: tl.constexpr,
+):
+    """M == 1: BLOCK_SIZE_N rows of B against the row of A over one K split (program axis 1). N and K are
+    compile-time constants, so every mask the shape does not need folds away and the K loop has a known trip count."""
+    K_SPLIT: tl.constexpr = (K // BLOCK_SIZE_K + (K % BLOCK_SIZE_K > 0) + NUM_KSPLIT - 1) // NUM_KSPLIT * BLOCK_SIZE_K
+    EVEN_N: tl.constexpr = N % BLOCK_SIZE_N == 0
+    EVEN_K: tl.constexpr = K_SPLIT * NUM_KSPLIT == K
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[:, None]  # [BN, 1]
+    offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_SIZE_K)[None, :]  # [1, BK]
+    n_mask = offs_n < N
+    a_policy: tl.constexpr = "evict_last" if EVICT_FIRST else ""
+    b_policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
+    acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+    for k in tl.range(0, K_SPLIT, BLOCK_SIZE_K):
+        kk = offs_k + k
+        if EVEN_K:
+            a = tl.load(a_ptr + kk * stride_ak, eviction_policy=a_policy)
+            if EVEN_N:
+                b = tl.load(b_ptr + offs_n * stride_bn + kk * stride_bk, eviction_policy=b_policy)
+            else:
+                b = tl.load(b_ptr + offs_n * stride_bn + kk * stride_bk, mask=n_mask, other=0.0,
+                            eviction_policy=b_policy)
+        else:
+            k_mask = kk < K
+            a = tl.load(a_ptr + kk * stride_ak, mask=k_mask, other=0.0, eviction_policy=a_policy)
+            b = tl.load(b_ptr + offs_n * stride_bn + kk * stride_bk, mask=n_mask & k_mask, other=0.0,
+                        eviction_policy=b_policy)
+        acc += b.to(tl.float32) * a.to(tl.float32)
+    out = tl.sum(acc, axis=1)[:, None]  # [BN, 1]
+    c_ptrs = c_ptr + pid_k * stride_cs + offs_n
+    if REDUCTION == 0:
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=n_mask)
+    else:  # float32 partials of split pid_k (the two-pass reduction adds the bias)
+        tl.store(c_ptrs, out, mask=n_mask)
 
 
 def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype,
@@ -245,15 +286,23 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         target = torch.zeros((M, N), dtype=torch.float32, device=a.device)
         strides = (0, target.stride(0), target.stride(1))
     grid = (triton.cdiv(N, cfg.BLOCK_SIZE_N), split)
-    _skinny_kernel[grid](
-        a, b, bias if bias is not None else a, target, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
-        BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
-        NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction, GEMV=var.gemv,
-        HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
-        EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET, EVICT_FIRST=cfg.evict_first,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    if var.gemv:
+        _gemv_kernel[grid](
+            a, b, bias if bias is not None else a, target, a.stride(1), b.stride(0), b.stride(1), strides[0],
+            N=N, K=K, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, NUM_KSPLIT=split,
+            REDUCTION=var.reduction, HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
+            EVICT_FIRST=cfg.evict_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    else:
+        _skinny_kernel[grid](
+            a, b, bias if bias is not None else a, target, M, N, K,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
+            BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+            NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction,
+            HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
+            EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET, EVICT_FIRST=cfg.evict_first,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     if var.reduction == _STORE or out_is_buffer:
         return target
     out = torch.empty((M, N), dtype=otype, device=a.device)
