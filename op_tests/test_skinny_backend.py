@@ -54,6 +54,10 @@ def test_every_variant_matches_reference(M, N, K, solidx, dtype, otype, bias):
     a = torch.randn(M, K, dtype=dtype, device=DEV)
     b = torch.randn(N, K, dtype=dtype, device=DEV)
     bvec = torch.randn(N, dtype=dtype, device=DEV) if bias else None
+    if VARIANTS[solidx].gemv and M != 1:
+        with pytest.raises(ValueError, match=rf"takes M == 1, got A \({M}, {K}\)"):
+            launch_skinny(a, b, bvec, otype, _config(solidx, 3, K))
+        return
     out = launch_skinny(a, b, bvec, otype, _config(solidx, 3, K))
     assert out.shape == (M, N) and out.dtype == otype
     assert _rel_err(out, skinny_gemm_ref(a, b, bvec, torch.float32)) < TOL[otype]
@@ -75,12 +79,14 @@ def test_rejects_m_above_16():
 
 
 @pytest.mark.parametrize("name", ["fma_BN16_BK512_SK1_W4_S1", "dot_atomic_BN32_BK256_SK4_W4_S3",
-                                  "fma_2pass_BN8_BK1024_SK16_W8_S1"])
+                                  "fma_2pass_BN8_BK1024_SK16_W8_S1", "gemv_BN1_BK2048_SK1_W8_S1_EF",
+                                  "gemv_2pass_BN4_BK1024_SK4_W32_S1", "fma_BN8_BK1024_SK1_W4_S1_EF"])
 def test_kernel_name_round_trip(name):
     assert SkinnyConfig.from_name(name).name == name
 
 
-@pytest.mark.parametrize("name", ["", "fma", "gemv_BN16_BK512_SK1_W4_S1", "fma_BN16_BK512_SK4_W4_S1",
+@pytest.mark.parametrize("name", ["", "fma", "gemm_BN16_BK512_SK1_W4_S1", "fma_BN16_BK512_SK4_W4_S1",
+                                  "gemv_BN1_BK2048_SK1_W8_S1_XX", "gemv_BN1_BK2048_SK1_W64_S1",
                                   "dot_2pass_BN16_BK512_SK1_W4_S3", "dot_BN8_BK512_SK1_W4_S3",
                                   "fma_BN12_BK512_SK1_W4_S1"])
 def test_kernel_name_rejects_malformed(name):
@@ -92,8 +98,14 @@ def test_kernel_name_rejects_malformed(name):
 def test_config_space_fits(M, N, K):
     space = sb.config_space(M, N, K, "sm_90", 132)
     solidxs = {c.solidx for c in space}
-    # FMA tiles shrink with M (64 accumulators per thread): at M=16 only the one-pass 8-warp ones remain.
-    assert solidxs == set(VARIANTS) if M <= 8 else solidxs >= {v for v in VARIANTS if VARIANTS[v].use_dot}
+    # FMA tiles shrink with M (64 accumulators per thread): at M=16 only the one-pass 8-warp ones remain. The gemv
+    # variants take M == 1 only.
+    gemv = {v for v in VARIANTS if VARIANTS[v].gemv}
+    if M == 1:
+        assert solidxs == set(VARIANTS)
+    else:
+        assert not solidxs & gemv
+        assert solidxs == set(VARIANTS) - gemv if M <= 8 else solidxs >= {v for v in VARIANTS if VARIANTS[v].use_dot}
     for c in space:
         assert c.smem_bytes() <= 227 * 1024 and c.NUM_KSPLIT <= -(-K // c.BLOCK_SIZE_K)
         assert c.variant.use_dot or c.acc_regs_per_thread(M) <= 64
@@ -168,3 +180,34 @@ def test_candidates_all_prepare(M, N, K):
         for sol in cands[::15]:
             out = sb.BACKEND.prepare(problem, sol, IDENT)(a, b, None, torch.bfloat16, None, None, None)
             assert _rel_err(out, ref) < TOL[torch.bfloat16], sol.kernelName
+
+
+# Odd M=1 shapes for the gemv kernel (N and K compile-time constants: every mask combination): N not a multiple of
+# BN, K not a multiple of BK or of the split, one row, a 4100-long K; with evict_first, bias and split-K.
+@pytest.mark.parametrize("cfg", ["gemv_BN1_BK512_SK1_W4_S1", "gemv_BN8_BK64_SK1_W4_S1_EF",
+                                 "gemv_BN4_BK512_SK1_W8_S1_EF", "gemv_2pass_BN2_BK64_SK3_W4_S1_EF",
+                                 "gemv_2pass_BN16_BK512_SK2_W4_S1"])
+@pytest.mark.parametrize("N,K", [(1, 4100), (3, 97), (17, 200), (97, 1024), (256, 512)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_odd_shapes(N, K, cfg, bias):
+    torch.manual_seed(N * 131 + K)
+    a = torch.randn(1, K, dtype=torch.bfloat16, device=DEV)
+    b = torch.randn(N, K, dtype=torch.bfloat16, device=DEV)
+    bvec = torch.randn(N, dtype=torch.bfloat16, device=DEV) if bias else None
+    for otype in (torch.bfloat16, torch.float32):
+        out = launch_skinny(a, b, bvec, otype, SkinnyConfig.from_name(cfg))
+        assert out.shape == (1, N) and out.dtype == otype
+        assert _rel_err(out, skinny_gemm_ref(a, b, bvec, torch.float32)) < TOL[otype], (cfg, otype)
+
+
+def test_gemv_space_holds_inductors_m1_tiles():
+    """Inductor's coordinate descent picked these (XBLOCK, R0_BLOCK, warps) for the shipped M=1 shapes on the H100
+    (results/skinny_inductor_h100 runs 1-3); the tuner's space must contain each as a gemv tile with evict_first."""
+    seen = {(4096, 4096): [(2, 4096, 16), (2, 4096, 32), (8, 512, 4)], (6144, 4096): [(2, 2048, 16)],
+            (28672, 4096): [(2, 4096, 16), (1, 2048, 16)], (4096, 14336): [(8, 512, 8), (2, 2048, 16)],
+            (1280, 8192): [(8, 512, 4), (1, 1024, 16)], (8192, 1024): [(2, 1024, 8), (1, 1024, 4), (2, 1024, 16)],
+            (7168, 8192): [(1, 2048, 16)], (8192, 3584): [(4, 512, 4), (1, 2048, 16), (2, 2048, 4)]}
+    for (N, K), tiles in seen.items():
+        space = set(sb.config_space(1, N, K, "sm_90", 132))
+        for bn, bk, warps in tiles:
+            assert SkinnyConfig(6, bn, bk, 1, warps, 1, True) in space, (N, K, bn, bk, warps)

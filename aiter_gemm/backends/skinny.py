@@ -87,7 +87,7 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dt
 
 def gemv_space(N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
     """The gemv variants' tiles at M == 1: BN 1..16 rows x BK 512..4096 (not past K), 4..32 warps, one stage, with
-    and without ``evict_first``, keeping 4..64 float32 accumulators per thread. It holds every tile Inductor's
+    and without ``evict_first``, keeping 2..64 float32 accumulators per thread. It holds every tile Inductor's
     coordinate descent chose for the 8 shipped M=1 shapes on the H100 (XBLOCK 1-8, R0_BLOCK 512-4096, 4-32 warps,
     1 stage, evict_first; results/skinny_inductor_h100; its choice varies between runs). Split-K (two-pass, 2/4/8)
     as for the other variants."""
@@ -101,7 +101,7 @@ def gemv_space(N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
                 if bk > max(512, triton.next_power_of_2(K)):
                     continue
                 for warps in (4, 8, 16, 32):
-                    if not 4 <= bn * bk // (32 * warps) <= _MAX_ACC_REGS:
+                    if not 2 <= bn * bk // (32 * warps) <= _MAX_ACC_REGS:
                         continue
                     for sk in splits:
                         space.append(SkinnyConfig(6 if sk == 1 else 7, bn, bk, sk, warps, 1, ef))

@@ -1,0 +1,82 @@
+"""Ship the M=1 winners of ``explore_skinny_inductor`` as tuned rows (issue 14, part 1), on the GPU that measured them.
+
+Per shape of the exploration's ``results.json``: the skinny config with the lowest median in its paired final round
+(CUDA-graph replays over rotating buffers, alternating with F.linear and max-autotune), if it beat F.linear there.
+Its ``err_ratio`` is measured here with the tuner's own check (``gradlib.accuracy``: fraction of outputs outside
+the bf16 tolerance, against float32) and a row with any error is not shipped. ``us`` is the paired median. Rows are
+merged into ``--out`` under its lock, replacing the row of the same key.
+
+    python -m op_tests.op_benchmarks.ship_skinny_m1 --results results/skinny_inductor_h100/run3/results.json \\
+        --out configs/bf16_tuned_gemm.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+from aiter_gemm import current_device_identity
+from aiter_gemm.configs import BF16_TUNED_COLUMNS
+from aiter_gemm.fileio import merge_csv_rows
+from aiter_gemm.kernels.skinny import SkinnyConfig, launch_skinny
+from gradlib.a16w16 import KEY_COLUMNS
+from gradlib.accuracy import err_ratio, tolerance_for
+
+BASELINES = ("F.linear", "max-autotune", "dispatch")
+
+
+def winner(res: dict) -> tuple[str, float] | None:
+    """(kernelName, paired median us) of the fastest skinny config of one shape, if faster than F.linear."""
+    cands = {k: v for k, v in res["median_us"].items() if k not in BASELINES}
+    if not cands:
+        return None
+    name = min(cands, key=cands.get)
+    return (name, cands[name]) if cands[name] < res["median_us"]["F.linear"] else None
+
+
+def row_for(res: dict, name: str, us: float, gfx: str, cu_num: int) -> dict:
+    m, n, k = res["M"], res["N"], res["K"]
+    cfg = SkinnyConfig.from_name(name)
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(n, k, generator=gen, device="cuda") / math.sqrt(k)).bfloat16()
+    out = launch_skinny(a, w, None, torch.bfloat16, cfg)
+    err = err_ratio(out, a.float() @ w.float().t(), tolerance_for(torch.bfloat16, torch.bfloat16))
+    moved = (n * k + m * k + m * n) * 2
+    return {"gfx": gfx, "cu_num": cu_num, "M": m, "N": n, "K": k, "bias": False, "dtype": "torch.bfloat16",
+            "outdtype": "torch.bfloat16", "scaleAB": False, "bpreshuffle": False, "libtype": "skinny",
+            "solidx": cfg.solidx, "splitK": cfg.NUM_KSPLIT, "us": f"{us:.4f}", "kernelName": name,
+            "err_ratio": f"{err:.4f}", "tflops": f"{2 * m * n * k / us / 1e6:.2f}", "bw": f"{moved / us / 1e3:.2f}",
+            "pad_m_min": 1, "timing": "graph"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    ident = current_device_identity(on_gpu=True)
+    rows = []
+    for res in json.loads(open(args.results).read()):
+        won = winner(res)
+        if won is None:
+            print(f"M={res['M']} N={res['N']} K={res['K']}: no skinny config beat F.linear; nothing shipped")
+            continue
+        row = row_for(res, *won, ident.gfx, ident.cu_num)
+        if float(row["err_ratio"]) > 0:
+            print(f"M={res['M']} N={res['N']} K={res['K']}: {won[0]} err_ratio {row['err_ratio']}: not shipped")
+            continue
+        rows.append(row)
+        print(f"M={res['M']} N={res['N']} K={res['K']}: {won[0]} {won[1]:.2f} us (F.linear "
+              f"{res['median_us']['F.linear']:.2f}, max-autotune {res['median_us']['max-autotune']:.2f})")
+    appended, replaced = merge_csv_rows(args.out, BF16_TUNED_COLUMNS, rows, KEY_COLUMNS,
+                                        replace=lambda old, new: True)
+    print(f"{args.out}: {replaced} rows replaced, {appended} appended")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
