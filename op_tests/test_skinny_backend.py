@@ -125,18 +125,22 @@ def test_registered_and_default_only_on_gpu():
     assert backend.default_for(GemmProblem(1, 4096, 4096, dtype=torch.float32, otype=torch.float32), H100) is None
 
 
-def test_default_config_splits_k_when_columns_underfill_the_gpu():
-    """Few output columns on many SMs: the heuristic config splits K; many columns: one pass, no workspace."""
-    assert default_skinny_config(1, 1280, 8192, 132).NUM_KSPLIT > 1
-    assert default_skinny_config(1, 28672, 4096, 132).NUM_KSPLIT == 1
+def test_default_config_by_m():
+    """M == 1: the gemv tile measured best across shipped and held-out shapes (one row per program: even N=1280
+    gives ~10 programs per SM, no split). M >= 2: dot on 32-row slabs, split-K while the slabs underfill the GPU."""
+    for N, K in ((1280, 8192), (28672, 4096), (3584, 3584)):
+        assert default_skinny_config(1, N, K, 132).name == "gemv_BN1_BK2048_SK1_W4_S1_EF"
+    assert default_skinny_config(2, 1280, 8192, 132).NUM_KSPLIT > 1
+    assert default_skinny_config(2, 28672, 4096, 132).NUM_KSPLIT == 1
+    assert default_skinny_config(16, 4096, 4096, 132).solidx == 3
 
 
 @pytest.mark.parametrize("M,N,K,claims", [
     (1, 28672, 4096, True), (1, 4096, 4096, True), (1, 7168, 8192, True), (1, 4096, 14336, True),
-    (1, 1280, 8192, False),  # 160 slabs on 132 SMs: lost 2.4% to F.linear in the sweep
-    (1, 3072, 8192, False),  # 384 slabs: lost 1.5%
-    (1, 4608, 3584, False), (1, 28672, 3584, False),  # K not a multiple of 1024: masked tiles lost 11-13%
-    (1, 3072, 3072, False),  # K < 4096: outside the measured-win region
+    (1, 1280, 8192, True), (1, 3072, 8192, True), (1, 4608, 3584, True), (1, 28672, 3584, True),
+    (1, 3072, 3072, True), (1, 8192, 1024, True), (1, 3584, 18944, True),  # gemv: 1.05-1.44x in the sweep
+    (1, 1024, 4096, False),  # N < 1280: narrower than anything measured
+    (1, 4096, 4100, False), (1, 4096, 512, False), (1, 4096, 20480, False),  # K off the measured grid or range
     (2, 4096, 4096, False), (8, 28672, 4096, False), (16, 3584, 14336, False),  # M >= 2 stays with F.linear
 ])
 def test_default_claims_only_the_measured_region(M, N, K, claims):

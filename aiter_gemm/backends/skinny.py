@@ -113,16 +113,15 @@ DEFAULT_MEASURED_ON = frozenset({("sm_90", 132)})
 
 
 def is_skinny_default_shape(M: int, N: int, K: int, cu_num: int, arch: str = "sm_90") -> bool:
-    """Where the skinny default claims a shape from F.linear: only where the H100 sweep (20 (N, K) of Llama, Qwen2.5,
-    Phi-3, Gemma-2 and Llama-3.2 shapes x M in 1..16, results/defaults_sweep_h100, BENCHMARKS.md) showed it winning
-    with margin on every shape of the region: M == 1 with K a multiple of 1024 (the one-pass ``fma`` kernel's BK
-    1024 tiles, unmasked), K >= 4096 and N >= 4096 (at least 512 row slabs: ~4 per SM): 1.036-1.385x F.linear on the
-    5 measured shapes there. Everything else stayed with F.linear: M >= 2 (``dot``) won by 1-3% at best on most
-    shapes and lost up to 14% on others; M == 1 with K not a multiple of 1024 (masked tiles) lost 4-14%; N = 1280 and
-    3072 (too few slabs) lost 1.5-2.4%. Other devices: no claim, no data."""
+    """Where the skinny default claims a shape from F.linear: only inside what the H100 sweeps measured winning.
+    M == 1 (the ``gemv`` default): N >= 1280 and K a multiple of 512 in 1024..18944, the envelope of the 21 shipped
+    and held-out (N, K) (Llama-3 8B/70B-TP8, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Llama-3.2-3B) where it ran
+    1.052-1.44x F.linear (results/gemv_default_h100, BENCHMARKS.md). M >= 2 stays with F.linear: the ``dot``
+    default won by 1-3% at best on most shapes of the earlier sweep (results/defaults_sweep_h100) and lost up to 14%
+    on others. Other devices: no claim, no data."""
     if (arch, cu_num) not in DEFAULT_MEASURED_ON:
         return False
-    return M == 1 and K % 1024 == 0 and K >= 4096 and N >= 4096
+    return M == 1 and N >= 1280 and 1024 <= K <= 18944 and K % 512 == 0
 
 
 def select_config(problem: GemmProblem, solution: Solution, cu_num: int) -> SkinnyConfig:
@@ -141,8 +140,8 @@ def select_config(problem: GemmProblem, solution: Solution, cu_num: int) -> Skin
         raise ValueError(f"skinny solidx {solution.solidx} is not one of {sorted(VARIANTS)}")
     var = VARIANTS[solution.solidx]
     split = max(2, solution.splitK, cfg.NUM_KSPLIT) if var.splits_k else 1
-    # dot: the dot default's tile (32 rows, BK 128 x 4 stages). FMA: 8 rows and BK so that BM * 8 * BK / 128
-    # threads = 64 accumulators per thread (BK 1024 at M=1, 64 at M=16).
+    # dot: the dot default's tile (32 rows, BK 128 x 4 stages). FMA and gemv: 8 rows and BK so that BM * 8 * BK /
+    # 128 threads = 64 accumulators per thread (BK 1024 at M=1, 64 at M=16); gemv with evict_first, as Inductor.
     bk = 128 if var.use_dot else 1024 // triton.next_power_of_2(problem.M)
     while var.splits_k and bk > 16 and triton.cdiv(problem.K, bk) < split:  # every split needs a BK tile
         bk //= 2
@@ -150,7 +149,7 @@ def select_config(problem: GemmProblem, solution: Solution, cu_num: int) -> Skin
     if var.splits_k and split < 2:
         raise ValueError(f"K={problem.K} is too short to split for variant {var.name}")
     return replace(cfg, solidx=var.solidx, NUM_KSPLIT=split, BLOCK_SIZE_N=32 if var.use_dot else 8, BLOCK_SIZE_K=bk,
-                   num_warps=4, num_stages=4 if var.use_dot else 1)
+                   num_warps=4, num_stages=4 if var.use_dot else 1, evict_first=var.gemv)
 
 
 def make_runner(cfg: SkinnyConfig) -> Runner:

@@ -312,24 +312,18 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
 
 
 def default_skinny_config(M: int, N: int, K: int, cu_num: int) -> SkinnyConfig:
-    """Heuristic config from the SM/CU count, chosen on two H100 sweeps (BENCHMARKS.md).
+    """Heuristic config from the SM/CU count, chosen on H100 sweeps (BENCHMARKS.md).
 
-    M == 1, K >= 4096: ``fma`` on 8-row slabs with BK 1024 (within 4% of the best measured on every shape); split-K
-    (two-pass, BK 512) while the slabs alone give fewer than 3 programs per SM (N=1280: 160 -> 4 splits).
-    M == 1, K < 4096: ``dot`` on 32-row slabs, BK 128 x 4 stages.
+    M == 1: ``gemv`` one row of B per program, BK 2048, 4 warps, ``evict_first``: 1.052-1.44x F.linear on all 21
+    shipped and held-out (N, K) of results/gemv_default_h100 (geomean 1.145x; the earlier ``fma`` default there:
+    1.025x, min 0.877x), N / 1 rows give every SM many programs, so no split-K.
     M >= 2: ``dot`` on 32-row slabs. With at most one slab per SM, each program must keep more bytes in flight:
     BK 512 x 3 stages (N=4096: 128 slabs on 132 SMs); else BK 128 x 4 stages up to K=2048 and BK 256 x 3 beyond.
     Split-K (two-pass) while fewer than a third of the SMs get a slab."""
-    if M == 1 and K >= 4096:
-        programs = triton.cdiv(N, 8)
-        split = 1
-        while programs * split < 3 * cu_num and K // (2 * split) >= 2 * 512:
-            split *= 2
-        if split == 1:
-            return SkinnyConfig(0, 8, 1024, 1, 4, 1)
-        return SkinnyConfig(1, 8, 512, split, 4, 1)
+    if M == 1:
+        return SkinnyConfig(6, 1, 2048, 1, 4, 1, True)
     programs = triton.cdiv(N, 32)
-    if M == 1 or (programs > cu_num and K <= 2048):
+    if programs > cu_num and K <= 2048:
         bk, stages = 128, 4
     elif programs > cu_num:
         bk, stages = 256, 3
