@@ -58,10 +58,11 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dt
                  ) -> list[SkinnyConfig]:
     """The tuner's skinny space at (M, N, K): every variant, tiles BN 8..64 x BK 128..1024, warps 4/8 (4 with
     split-K), stages; split-K 2..16 only where the slabs underfill the GPU (see above); at M == 1 also the gemv
-    variants (:func:`gemv_space`); pruned by :func:`config_error`."""
+    variants (:func:`gemv_space`), at M >= 2 shape-specialised dot tiles (:func:`dot_sp_space`); pruned by
+    :func:`config_error`."""
     if M > MAX_M:
         return []
-    space: list[SkinnyConfig] = gemv_space(N, K, cu_num) if M == 1 else []
+    space: list[SkinnyConfig] = gemv_space(N, K, cu_num) if M == 1 else dot_sp_space()
     for var in VARIANTS.values():
         if var.gemv:
             continue
@@ -106,6 +107,14 @@ def gemv_space(N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
                     for sk in splits:
                         space.append(SkinnyConfig(6 if sk == 1 else 7, bn, bk, sk, warps, 1, ef))
     return space
+
+
+def dot_sp_space() -> list[SkinnyConfig]:
+    """M >= 2: whole-K ``dot`` tiles with N and K compiled in (``_SP``), over the range of Inductor's mm templates
+    for these M (BLOCK_M 16, BLOCK_N 32-128, BLOCK_K 64-128, 3-5 stages, 2-8 warps: its autotune tables on the H100,
+    results/skinny_inductor_h100), BK up to 256; :func:`config_error` prunes what exceeds shared memory."""
+    return [SkinnyConfig(3, bn, bk, 1, warps, stages, False, True)
+            for bn in (16, 32, 64, 128) for bk in (64, 128, 256) for stages in (3, 4, 5) for warps in (2, 4, 8)]
 
 
 #: Device classes (arch, SM count) the default region below was measured on; elsewhere skinny is never the default.

@@ -97,6 +97,9 @@ class SkinnyConfig:
     #: Load B with ``eviction_policy="evict_first"`` (and A with ``evict_last``): each weight byte is read once, so
     #: it need not stay in L2 ahead of the activations (what Inductor's M=1 reduction kernels do). Name suffix _EF.
     evict_first: bool = False
+    #: Compile N and K into the kernel (a binary per weight shape), as Inductor's templates are: masks and the K
+    #: loop's trip count become constants. Name suffix _SP. The gemv variants always are.
+    specialize: bool = False
 
     def __post_init__(self) -> None:
         if self.solidx not in VARIANTS:
@@ -111,6 +114,8 @@ class SkinnyConfig:
                              f"got {self.NUM_KSPLIT}")
         if self.num_warps not in (1, 2, 4, 8, 16, 32) or self.num_stages < 1:
             raise ValueError(f"bad num_warps/num_stages in {self!r}")
+        if self.specialize and var.gemv:
+            raise ValueError(f"variant {var.name} is always shape-specialised: drop _SP")
 
     @property
     def variant(self) -> SkinnyVariant:
@@ -119,19 +124,20 @@ class SkinnyConfig:
     @property
     def name(self) -> str:
         return (f"{self.variant.name}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_SK{self.NUM_KSPLIT}"
-                f"_W{self.num_warps}_S{self.num_stages}" + ("_EF" if self.evict_first else ""))
+                f"_W{self.num_warps}_S{self.num_stages}" + ("_EF" if self.evict_first else "")
+                + ("_SP" if self.specialize else ""))
 
     @classmethod
     def from_name(cls, name: str) -> SkinnyConfig:
         """Parse a ``kernelName`` like ``fma_BN16_BK512_SK1_W4_S1`` (variant name first, as in :data:`VARIANTS`;
-        an ``_EF`` suffix sets :attr:`evict_first`)."""
+        an ``_EF`` suffix sets :attr:`evict_first`, ``_SP`` :attr:`specialize`)."""
         m = _NAME_RE.fullmatch(name.strip())
         by_name = {v.name: v.solidx for v in VARIANTS.values()}
         if m is None or m.group(1) not in by_name:
             raise ValueError(f"skinny kernelName {name!r} does not match '<variant>_BN<n>_BK<k>_SK<s>_W<w>_S<st>"
-                             f"[_EF]' with variant one of {sorted(by_name)} (e.g. 'fma_BN16_BK512_SK1_W4_S1')")
-        var, bn, bk, sk, w, st, ef = m.groups()
-        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st), ef is not None)
+                             f"[_EF][_SP]' with variant one of {sorted(by_name)} (e.g. 'fma_BN16_BK512_SK1_W4_S1')")
+        var, bn, bk, sk, w, st, ef, sp = m.groups()
+        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st), ef is not None, sp is not None)
 
     def acc_regs_per_thread(self, M: int) -> int:
         """float32 accumulator registers per thread (the FMA variants' 3-D accumulator, gemv's [BN, BK], the dot's
@@ -147,11 +153,11 @@ class SkinnyConfig:
         return self.num_stages * (MAX_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
 
 
-_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)?")
+_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)?(_SP)?")
 
 
 @triton.jit
-def _skinny_kernel(
+def _skinny_tile(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk,
@@ -161,7 +167,8 @@ def _skinny_kernel(
     USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
 ):
-    """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1)."""
+    """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1). N and K are whatever the kernel
+    below passes: runtime values, or compile-time constants (``_skinny_kernel_sp``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     k_tiles_per_split = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), NUM_KSPLIT)
@@ -217,6 +224,40 @@ def _skinny_kernel(
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
             acc += tl.where(pid_k == 0, bias, 0.0)[None, :]
         tl.atomic_add(c_ptrs, acc, mask=c_mask, sem="relaxed")
+
+
+@triton.jit
+def _skinny_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bn, stride_bk,
+    stride_cs, stride_cm, stride_cn,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
+):
+    """One binary for every (N, K) of a tile."""
+    _skinny_tile(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+                 stride_cs, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_KSPLIT, NUM_STAGES,
+                 USE_DOT, REDUCTION, HAS_BIAS, EVEN_K, UPCAST_DOT, EVICT_FIRST)
+
+
+@triton.jit
+def _skinny_kernel_sp(
+    a_ptr, b_ptr, bias_ptr, c_ptr,
+    M, N: tl.constexpr, K: tl.constexpr,
+    stride_am, stride_ak, stride_bn, stride_bk,
+    stride_cs, stride_cm, stride_cn,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
+):
+    """A binary per (N, K): the tile with the weight's shape compiled in (``SkinnyConfig.specialize``)."""
+    _skinny_tile(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+                 stride_cs, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_KSPLIT, NUM_STAGES,
+                 USE_DOT, REDUCTION, HAS_BIAS, EVEN_K, UPCAST_DOT, EVICT_FIRST)
 
 
 @triton.jit
@@ -294,7 +335,7 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
             EVICT_FIRST=cfg.evict_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     else:
-        _skinny_kernel[grid](
+        (_skinny_kernel_sp if cfg.specialize else _skinny_kernel)[grid](
             a, b, bias if bias is not None else a, target, M, N, K,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
             BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,

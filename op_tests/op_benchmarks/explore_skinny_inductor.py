@@ -56,10 +56,14 @@ TOL = 2e-2  # bf16 output vs a float32 reference, relative to the largest |value
 
 
 def grid(m: int, n: int, k: int, sms: int) -> list[SkinnyConfig]:
-    """The gemv variants' tuner space at M == 1 (``gemv_space``), and fma (whole K) / fma_2pass (split-K while
-    N / BN gives fewer than 2 programs per SM) tiles, with and without evict_first, float32 accumulators per thread
-    4..64 (BM * BN * BK / (32 * warps))."""
-    out = gemv_space(n, k, sms) if m == 1 else []
+    """M >= 2: dot tiles (shape-specialised and not). M == 1: the gemv variants' tuner space (``gemv_space``), and
+    fma (whole K) / fma_2pass (split-K while N / BN gives fewer than 2 programs per SM) tiles, with and without
+    evict_first, float32 accumulators per thread 4..64 (BM * BN * BK / (32 * warps))."""
+    if m > 1:  # dot tiles: shape-specialised over Inductor's template range, and the unspecialised best-known ones
+        sp = [SkinnyConfig(3, bn, bk, 1, w, st, False, True) for bn in (32, 64, 128) for bk in (64, 128)
+              for st in (3, 4, 5) for w in (4, 8)]
+        return sp + [SkinnyConfig(3, bn, bk, 1, 4, st) for bn in (32, 64) for bk in (128, 256) for st in (3, 4)]
+    out = gemv_space(n, k, sms)
     bm = block_m(m, False)
     for ef in (False, True):
         for bn in (1, 2, 4, 8, 16):
