@@ -1,12 +1,13 @@
-"""Ship the M=1 winners of ``explore_skinny_inductor`` as tuned rows (issue 14, part 1), on the GPU that measured them.
+"""Ship the winners of ``explore_skinny_inductor`` as tuned rows (issue 14, part 1), on the GPU that measured them.
 
 Per shape of the exploration's ``results.json``: the skinny config with the lowest median in its paired final round
-(CUDA-graph replays over rotating buffers, alternating with F.linear and max-autotune), if it beat F.linear there.
+(CUDA-graph replays over rotating buffers, alternating with F.linear and max-autotune), if it beat F.linear there by
+the tuner's ``--min_gain`` (default 1.02: a smaller win is not worth a Triton launch; the shape keeps its row).
 Its ``err_ratio`` is measured here with the tuner's own check (``gradlib.accuracy``: fraction of outputs outside
 the bf16 tolerance, against float32) and a row with any error is not shipped. ``us`` is the paired median. Rows are
 merged into ``--out`` under its lock, replacing the row of the same key.
 
-    python -m op_tests.op_benchmarks.ship_skinny_m1 --results results/skinny_inductor_h100/run3/results.json \\
+    python -m op_tests.op_benchmarks.ship_skinny_rows --results results/skinny_inductor_h100/run3/results.json \\
         --out configs/bf16_tuned_gemm.csv
 """
 
@@ -28,13 +29,14 @@ from gradlib.accuracy import err_ratio, tolerance_for
 BASELINES = ("F.linear", "max-autotune", "dispatch")
 
 
-def winner(res: dict) -> tuple[str, float] | None:
-    """(kernelName, paired median us) of the fastest skinny config of one shape, if faster than F.linear."""
+def winner(res: dict, min_gain: float) -> tuple[str, float] | None:
+    """(kernelName, paired median us) of the fastest skinny config of one shape, if ``min_gain`` x faster than
+    F.linear."""
     cands = {k: v for k, v in res["median_us"].items() if k not in BASELINES}
     if not cands:
         return None
     name = min(cands, key=cands.get)
-    return (name, cands[name]) if cands[name] < res["median_us"]["F.linear"] else None
+    return (name, cands[name]) if cands[name] * min_gain <= res["median_us"]["F.linear"] else None
 
 
 def row_for(res: dict, name: str, us: float, gfx: str, cu_num: int) -> dict:
@@ -57,13 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--min_gain", type=float, default=1.02)
     args = ap.parse_args(argv)
     ident = current_device_identity(on_gpu=True)
     rows = []
     for res in json.loads(open(args.results).read()):
-        won = winner(res)
+        won = winner(res, args.min_gain)
         if won is None:
-            print(f"M={res['M']} N={res['N']} K={res['K']}: no skinny config beat F.linear; nothing shipped")
+            print(f"M={res['M']} N={res['N']} K={res['K']}: no skinny config beat F.linear by {args.min_gain}x; "
+                  "nothing shipped")
             continue
         row = row_for(res, *won, ident.gfx, ident.cu_num)
         if float(row["err_ratio"]) > 0:
