@@ -21,12 +21,15 @@ solidx  name            what it does
                         broadcast over the BN rows of B, reduced over K at the end, N and K compile-time constants
                         (a binary per weight shape). What Inductor emits for an M=1 ``F.linear`` under max-autotune
                         (a reduction kernel specialised to the shape); ``fma`` at M=1, the same sums through a 3-D
-                        accumulator with runtime sizes, ran Inductor's tiles up to 1.5x slower (H100).
+                        accumulator with runtime sizes, ran Inductor's tiles at 0.64-0.69x of it (H100).
 7       ``gemv_2pass``  ``gemv`` with the two-pass split-K reduction of ``fma_2pass``.
 ======  ==============  ============================================================================================
 
 ``fma`` keeps ``BM * BN * BK / (32 * num_warps)`` float32 accumulators per thread (M rows padded to a power of two),
 so its tiles shrink as M grows; ``dot`` pays for padding M to 16 with tensor-core work that is free at these sizes.
+Two load options apply to every variant (kernelName suffixes): ``_EF`` loads the weight ``evict_first``, ``_SP``
+compiles N and K into the kernel (``_skinny_kernel_sp``: a binary per weight shape, as Inductor's kernels are; at
+M = 2 and 16 it took the dot tiles past max-autotune on the H100, results/skinny_inductor_h100/run4).
 """
 
 from __future__ import annotations
