@@ -3,9 +3,9 @@
 ``solidx`` selects the variant (0 ``fma``, 1 ``fma_2pass``, 2 ``fma_atomic``, 3 ``dot``, 4 ``dot_2pass``,
 5 ``dot_atomic``, 6 ``gemv`` and 7 ``gemv_2pass`` at M == 1; the kernel module's docstring describes each).
 ``kernelName`` names the whole launch (``fma_BN16_BK512_SK1_W4_S1``: variant, BLOCK_SIZE_N, BLOCK_SIZE_K, split-K
-factor, warps, stages; an ``_EF`` suffix: weight loads ``evict_first``); it must agree with ``solidx``. A row with
-an empty ``kernelName`` gets the heuristic tile for its ``solidx`` variant (split-K from the row's ``splitK``).
-``splitK`` mirrors ``NUM_KSPLIT``.
+factor, warps, stages; suffixes ``_EF``: weight loads ``evict_first``, ``_SP``: N and K compiled in); it must
+agree with ``solidx``. A row with an empty ``kernelName`` gets the heuristic tile for its ``solidx`` variant
+(split-K from the row's ``splitK``). ``splitK`` mirrors ``NUM_KSPLIT``.
 
 It is the heuristic default (priority above torch's) on GPUs for the shapes :func:`is_skinny_default_shape` accepts,
 computed from the device's SM/CU count; never on the CPU, where it only runs under the Triton interpreter for tests.
