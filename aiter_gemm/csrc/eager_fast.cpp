@@ -147,6 +147,18 @@ void drop(T& table) {
   table.map.clear();
 }
 
+// Put ``value`` (its references already taken) under ``key``, releasing what was there.
+template <class T, class K, class V>
+void store(T& table, const K& key, V value) {
+  auto it = table.map.find(key);
+  if (it != table.map.end()) {
+    release(it->second);
+    it->second = value;
+  } else {
+    table.map.emplace(key, value);
+  }
+}
+
 // The cache is valid only for the dispatcher's current ``_fast`` object. 0: valid; 1: stale (dropped); -1: error.
 template <class T>
 int check_token(T& table) {
@@ -340,13 +352,7 @@ PyObject* remember(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
   }
   PyObject* probe = args[3] == Py_None ? nullptr : args[3];
   Py_XINCREF(probe);
-  auto it = g_plain.map.find(*key);
-  if (it != g_plain.map.end()) {
-    Py_XDECREF(it->second.probe);
-    it->second.probe = probe;
-  } else {
-    g_plain.map.emplace(*key, Plain{probe});
-  }
+  store(g_plain, *key, Plain{probe});
   Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
 }
@@ -454,13 +460,7 @@ PyObject* remember_blockscale(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   Runner value{args[5], args[6] == Py_None ? nullptr : args[6]};
   Py_INCREF(value.runner);
   Py_XINCREF(value.probe);
-  auto it = g_block.map.find(key);
-  if (it != g_block.map.end()) {
-    release(it->second);
-    it->second = value;
-  } else {
-    g_block.map.emplace(key, value);
-  }
+  store(g_block, key, value);
   Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
 }
