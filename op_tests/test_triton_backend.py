@@ -28,6 +28,9 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
 CONFIGS = {
     "nosplit": GemmConfig(16, 32, 32, 1, 1, 4, 2),
     "splitk3": GemmConfig(32, 64, 64, 4, 3, 4, 2),
+    # N and K compiled in (_SP): the masks of ragged N / K tails become constants.
+    "nosplit_sp": GemmConfig(16, 32, 32, 1, 1, 4, 2, SPECIALIZE=True),
+    "splitk3_sp": GemmConfig(32, 64, 64, 4, 3, 4, 2, SPECIALIZE=True),
 }
 
 
@@ -62,14 +65,16 @@ def test_non_contiguous_operands():
 
 
 @pytest.mark.parametrize("name", ["BM128_BN128_BK64_GM8_SK1_W8_S3", "BM16_BN64_BK128_GM1_SK4_W4_S4",
-                                  "BM128_BN256_BK64_GM8_SK1_W8_S3_TMA", "BM128_BN256_BK64_GM8_SK1_W8_S3_TMAF"])
+                                  "BM128_BN256_BK64_GM8_SK1_W8_S3_TMA", "BM128_BN256_BK64_GM8_SK1_W8_S3_TMAF",
+                                  "BM32_BN64_BK128_GM8_SK2_W4_S4_SP"])
 def test_kernel_name_round_trip(name):
     assert GemmConfig.from_name(name).name == name
 
 
 @pytest.mark.parametrize("name", ["", "auto", "BM128_BN128_BK64_GM8_SK1_W8", "BM100_BN128_BK64_GM8_SK1_W8_S3",
                                   "BM128_BN128_BK64_GM8_SK2_W8_S3_TMA", "bm128_BN128_BK64_GM8_SK1_W8_S3",
-                                  "BM128_BN128_BK64_GM8_SK1_W8_S3_X", "BM128_BN128_BK64_GM8_SK1_W8_S3_TMAX"])
+                                  "BM128_BN128_BK64_GM8_SK1_W8_S3_X", "BM128_BN128_BK64_GM8_SK1_W8_S3_TMAX",
+                                  "BM128_BN128_BK64_GM8_SK1_W8_S3_SP_TMA", "BM128_BN128_BK64_GM8_SK1_W8_S3_TMA_SP"])
 def test_kernel_name_rejects_malformed(name):
     with pytest.raises(ValueError):
         GemmConfig.from_name(name)

@@ -3,7 +3,8 @@
 Config selection (AITER's Triton convention), for a GEMM of shape (M, N, K) on arch ``{arch}`` (``sm_90``, ``gfx942``):
 
 1. a tuned CSV row's ``kernelName`` naming a config (``BM128_BN128_BK64_GM8_SK1_W8_S3``; suffix ``_TMA`` for the
-   Hopper persistent TMA kernel, ``_TMAF`` for it with flattened loops; see
+   Hopper persistent TMA kernel, ``_TMAF`` for it with flattened loops, ``_SP`` for the classic kernel with N and K
+   compiled in; see
    :class:`~aiter_gemm.kernels.gemm_a16w16.GemmConfig`) wins;
 2. else (``kernelName`` empty or ``auto``, as AITER writes) ``configs/triton/{arch}-GEMM-A16W16-N={N}-K={K}.json``,
    then ``configs/triton/{arch}-GEMM-A16W16.json``: the first key ``M_LEQ_<x>`` (ascending x) with M <= x, else

@@ -56,6 +56,9 @@ class GemmConfig:
     num_stages: int = 3
     TMA_PERSISTENT: bool = False
     FLATTEN: bool = False  # TMA kernel only: flatten the tile and K loops so the next tile's loads overlap the epilogue
+    #: Classic kernel only: compile N and K in (a binary per weight shape, as Inductor's templates are; the skinny
+    #: kernels' ``_SP``). Name suffix _SP.
+    SPECIALIZE: bool = False
 
     def __post_init__(self) -> None:
         for field in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -70,30 +73,33 @@ class GemmConfig:
             raise ValueError("the TMA persistent variant does not split K (NUM_KSPLIT must be 1)")
         if self.FLATTEN and not self.TMA_PERSISTENT:
             raise ValueError("FLATTEN applies to the TMA persistent variant only")
+        if self.SPECIALIZE and self.TMA_PERSISTENT:
+            raise ValueError("SPECIALIZE (_SP) applies to the classic kernel only, not the TMA persistent variant")
 
     @property
     def name(self) -> str:
         base = (f"BM{self.BLOCK_SIZE_M}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_GM{self.GROUP_SIZE_M}"
                 f"_SK{self.NUM_KSPLIT}_W{self.num_warps}_S{self.num_stages}")
-        return base + ("_TMAF" if self.FLATTEN else "_TMA" if self.TMA_PERSISTENT else "")
+        return base + ("_TMAF" if self.FLATTEN else "_TMA" if self.TMA_PERSISTENT else "_SP" if self.SPECIALIZE else "")
 
     @classmethod
     def from_name(cls, name: str) -> GemmConfig:
         """Parse a ``kernelName`` such as ``BM128_BN128_BK64_GM8_SK1_W8_S3`` (suffix ``_TMA``: persistent TMA
-        kernel; ``_TMAF``: the same with flattened loops)."""
+        kernel; ``_TMAF``: the same with flattened loops; ``_SP``: the classic kernel with N and K compiled in)."""
         m = _NAME_RE.fullmatch(name.strip())
         if m is None:
             raise ValueError(f"triton kernelName {name!r} does not match 'BM<m>_BN<n>_BK<k>_GM<g>_SK<s>_W<w>_S<st>"
-                             "[_TMA|_TMAF]' (e.g. 'BM128_BN128_BK64_GM8_SK1_W8_S3')")
-        bm, bn, bk, gm, sk, w, st, tma = m.groups()
-        return cls(int(bm), int(bn), int(bk), int(gm), int(sk), int(w), int(st), tma is not None, tma == "_TMAF")
+                             "[_TMA|_TMAF|_SP]' (e.g. 'BM128_BN128_BK64_GM8_SK1_W8_S3')")
+        bm, bn, bk, gm, sk, w, st, sfx = m.groups()
+        return cls(int(bm), int(bn), int(bk), int(gm), int(sk), int(w), int(st), sfx in ("_TMA", "_TMAF"),
+                   sfx == "_TMAF", sfx == "_SP")
 
     def smem_bytes(self, itemsize: int = 2) -> int:
         """Shared memory the software pipeline needs: ``num_stages`` buffers of an A and a B tile."""
         return self.num_stages * (self.BLOCK_SIZE_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
 
 
-_NAME_RE = re.compile(r"BM(\d+)_BN(\d+)_BK(\d+)_GM(\d+)_SK(\d+)_W(\d+)_S(\d+)(_TMAF|_TMA)?")
+_NAME_RE = re.compile(r"BM(\d+)_BN(\d+)_BK(\d+)_GM(\d+)_SK(\d+)_W(\d+)_S(\d+)(_TMAF|_TMA|_SP)?")
 
 
 @triton.jit
@@ -105,8 +111,13 @@ def _gemm_a16w16_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, NUM_KSPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    SPEC_N: tl.constexpr = 0, SPEC_K: tl.constexpr = 0,
 ):
-    """One (M, N) tile over one K split; NUM_KSPLIT == 1 writes C, else float32 partials at c_ptr[pid_k]."""
+    """One (M, N) tile over one K split; NUM_KSPLIT == 1 writes C, else float32 partials at c_ptr[pid_k].
+    ``SPEC_N``/``SPEC_K`` > 0 compile the weight's shape in (``GemmConfig.SPECIALIZE``); 0 keeps the runtime N, K."""
+    if SPEC_N > 0:  # a static branch: N and K become compile-time constants below
+        N = SPEC_N
+        K = SPEC_K
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
@@ -226,6 +237,7 @@ def launch_gemm_a16w16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=split, HAS_BIAS=bias is not None and split == 1,
         EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET,
+        SPEC_N=N if cfg.SPECIALIZE else 0, SPEC_K=K if cfg.SPECIALIZE else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split > 1:

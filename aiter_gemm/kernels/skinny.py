@@ -28,8 +28,9 @@ solidx  name            what it does
 ``fma`` keeps ``BM * BN * BK / (32 * num_warps)`` float32 accumulators per thread (M rows padded to a power of two),
 so its tiles shrink as M grows; ``dot`` pays for padding M to 16 with tensor-core work that is free at these sizes.
 Two load options apply to every variant (kernelName suffixes): ``_EF`` loads the weight ``evict_first``, ``_SP``
-compiles N and K into the kernel (``_skinny_kernel_sp``: a binary per weight shape, as Inductor's kernels are; on
-the H100 the same dot tile ran 0.98-1.10x as fast with it at M = 2 and 16, results/skinny_inductor_h100/run4).
+compiles N and K into the kernel (``SPEC_N``/``SPEC_K`` of ``_skinny_kernel``: a binary per weight shape, as
+Inductor's kernels are; on the H100 the same dot tile ran 0.98-1.10x as fast with it at M = 2 and 16,
+results/skinny_inductor_h100/run4).
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ _NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)
 
 
 @triton.jit
-def _skinny_tile(
+def _skinny_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk,
@@ -169,9 +170,13 @@ def _skinny_tile(
     NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
+    SPEC_N: tl.constexpr, SPEC_K: tl.constexpr,
 ):
-    """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1). N and K are whatever the kernel
-    below passes: runtime values, or compile-time constants (``_skinny_kernel_sp``)."""
+    """BLOCK_SIZE_N output columns x all M rows over one K split (program axis 1). ``SPEC_N``/``SPEC_K`` > 0 compile
+    the weight's shape in (``SkinnyConfig.specialize``: a binary per (N, K)); 0 keeps the runtime N and K."""
+    if SPEC_N > 0:  # a static branch: N and K become compile-time constants below
+        N = SPEC_N
+        K = SPEC_K
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     k_tiles_per_split = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), NUM_KSPLIT)
@@ -227,40 +232,6 @@ def _skinny_tile(
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
             acc += tl.where(pid_k == 0, bias, 0.0)[None, :]
         tl.atomic_add(c_ptrs, acc, mask=c_mask, sem="relaxed")
-
-
-@triton.jit
-def _skinny_kernel(
-    a_ptr, b_ptr, bias_ptr, c_ptr,
-    M, N, K,
-    stride_am, stride_ak, stride_bn, stride_bk,
-    stride_cs, stride_cm, stride_cn,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
-):
-    """One binary for every (N, K) of a tile."""
-    _skinny_tile(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                 stride_cs, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_KSPLIT, NUM_STAGES,
-                 USE_DOT, REDUCTION, HAS_BIAS, EVEN_K, UPCAST_DOT, EVICT_FIRST)
-
-
-@triton.jit
-def _skinny_kernel_sp(
-    a_ptr, b_ptr, bias_ptr, c_ptr,
-    M, N: tl.constexpr, K: tl.constexpr,
-    stride_am, stride_ak, stride_bn, stride_bk,
-    stride_cs, stride_cm, stride_cn,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr, EVICT_FIRST: tl.constexpr,
-):
-    """A binary per (N, K): the tile with the weight's shape compiled in (``SkinnyConfig.specialize``)."""
-    _skinny_tile(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                 stride_cs, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_KSPLIT, NUM_STAGES,
-                 USE_DOT, REDUCTION, HAS_BIAS, EVEN_K, UPCAST_DOT, EVICT_FIRST)
 
 
 @triton.jit
@@ -338,13 +309,14 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
             EVICT_FIRST=cfg.evict_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     else:
-        (_skinny_kernel_sp if cfg.specialize else _skinny_kernel)[grid](
+        _skinny_kernel[grid](
             a, b, bias if bias is not None else a, target, M, N, K,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
             BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
             NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction,
             HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
             EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET, EVICT_FIRST=cfg.evict_first,
+            SPEC_N=N if cfg.specialize else 0, SPEC_K=K if cfg.specialize else 0,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if var.reduction == _STORE or out_is_buffer:

@@ -12,6 +12,11 @@ coordinate descent; ``inspect_inductor_decode.py`` printed it). Our ``fma`` vari
 3. times F.linear, max-autotune, the current dispatch (``gemm_a16w16``) and the 3 best screened configs in paired
    rounds (``gradlib.timing.time_paired``: CUDA-graph replays, order alternating, a fresh capture per block).
 
+At M > 16 (batched decode, issue 14 part 2) the candidates are the Triton GEMM's classic tiles
+(:class:`~aiter_gemm.kernels.gemm_a16w16.GemmConfig`, BLOCK_M 32-128, split-K 1-4): screened unspecialised (one binary
+per tile, shared by every shape), then the best ``--sp_top`` compiled for the shape (``_SP``) and screened again; the
+paired round holds the best of both. max-autotune is compiled only where M <= ``--compile_max_m``.
+
     python -m op_tests.op_benchmarks.explore_skinny_inductor --out results/skinny_inductor_h100 [--shapes 1x4096x4096]
 """
 
@@ -25,6 +30,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -36,6 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pairs", type=int, default=21, help="paired rounds of the final comparison (default 21)")
     ap.add_argument("--top", type=int, default=3, help="screened configs that go to the final comparison")
     ap.add_argument("--deadline_s", type=float, default=520.0, help="stop starting new shapes after this")
+    ap.add_argument("--compile_max_m", type=int, default=16, help="time max-autotune only where M <= this")
+    ap.add_argument("--sp_top", type=int, default=4, help="M > 16: screened tiles compiled again for the shape")
     return ap.parse_args(argv)
 
 
@@ -48,6 +56,7 @@ import triton  # noqa: E402
 
 from aiter_gemm import gemm_a16w16, get_GEMM_A16W16_config  # noqa: E402
 from aiter_gemm.backends.skinny import gemv_space  # noqa: E402
+from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, launch_gemm_a16w16  # noqa: E402
 from aiter_gemm.kernels.skinny import MAX_M, SkinnyConfig, block_m, launch_skinny  # noqa: E402
 from gradlib.timing import SCREEN, TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 
@@ -55,7 +64,37 @@ PAIRED = TimingConfig(warmup=5, reps=9, target_us=500.0, budget_s=0.4)
 TOL = 2e-2  # bf16 output vs a float32 reference, relative to the largest |value|
 
 
-def grid(m: int, n: int, k: int, sms: int) -> list[SkinnyConfig]:
+Config = SkinnyConfig | GemmConfig
+
+
+def launch(cfg: Config, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a @ w.T`` in bf16 with ``cfg``: a skinny kernel or the Triton GEMM's classic kernel."""
+    if isinstance(cfg, SkinnyConfig):
+        return launch_skinny(a, w, None, torch.bfloat16, cfg)
+    out = torch.empty((a.shape[0], w.shape[0]), dtype=torch.bfloat16, device=a.device)
+    return launch_gemm_a16w16(a, w, None, out, cfg)
+
+
+def gemm_grid(m: int) -> list[GemmConfig]:
+    """M > 16: the Triton GEMM's classic tiles around M (BLOCK_M one or two powers of two up to 128; BN 32-128, BK 64
+    and 128, 3-5 stages, 8 warps for 128x128 and larger), split-K 2 and 4 on a few tiles (N / BN alone can leave
+    SMs idle at N = 4096); unspecialised: the top ones are compiled for the shape afterwards."""
+    top = min(128, max(32, triton.next_power_of_2(m)))
+    bms = sorted({top, max(32, top // 2)})
+    out = []
+    for bm in bms:
+        for bn in (32, 64, 128):
+            warps = 8 if bm * bn >= 128 * 128 else 4
+            for bk in (64, 128):
+                for st in (3, 4, 5):
+                    out.append(GemmConfig(bm, bn, bk, 8, 1, warps, st))
+            for sk in (2, 4):
+                if bn >= 64:
+                    out.append(GemmConfig(bm, bn, 128, 8, sk, warps, 4))
+    return [c for c in out if c.smem_bytes() <= 227 * 1024]
+
+
+def grid(m: int, n: int, k: int, sms: int) -> list[Config]:
     """M >= 2: dot tiles (shape-specialised and not). M == 1: the gemv variants' tuner space (``gemv_space``), and
     fma (whole K) / fma_2pass (split-K while N / BN gives fewer than 2 programs per SM) tiles, with and without
     evict_first, float32 accumulators per thread 4..64 (BM * BN * BK / (32 * warps))."""
@@ -111,60 +150,77 @@ def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, row
     seen = set(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"))
     torch._dynamo.reset()
     t0 = time.perf_counter()
-    compiled = torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs", dynamic=False)
+    compiled = None
+    if m <= args.compile_max_m:
+        compiled = torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs", dynamic=False)
     set_bytes = (n * k + m * k + m * n) * 2
     n_sets = rotating_sets(set_bytes, cache, torch.cuda.mem_get_info(dev)[0])
     A = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(n_sets)]
     W = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / math.sqrt(k) for _ in range(n_sets)]
     ref = A[0].float() @ W[0].float().t()
     scale = ref.abs().max().item()
-    compiled(A[0], W[0])
+    if compiled is not None:
+        compiled(A[0], W[0])
     compile_s = time.perf_counter() - t0
-    ind = inductor_configs(seen)
-    cands = grid(m, n, k, sms)
+    ind = inductor_configs(seen) if compiled is not None else []
+    cands = grid(m, n, k, sms) if m <= MAX_M else gemm_grid(m)
     for c in ind:
         sk = as_skinny(c, m, k)
         if sk is not None and sk not in cands:
             cands.append(sk)
-    screened = []
-    for cfg in cands:
-        try:
-            out = launch_skinny(A[0], W[0], None, torch.bfloat16, cfg)
-            err = (out.float() - ref).abs().max().item() / scale
-            if not err < TOL:
-                rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": err, "note": "wrong"})
+
+    def screen(configs: list[Config]) -> list[tuple[float, Config]]:
+        timed = []
+        for cfg in configs:
+            try:
+                err = (launch(cfg, A[0], W[0]).float() - ref).abs().max().item() / scale
+                if not err < TOL:
+                    rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": err,
+                                 "note": "wrong"})
+                    continue
+                t = time_runner(lambda i, cfg=cfg: launch(cfg, A[i], W[i]), n_sets, dev, SCREEN)
+            except Exception as exc:  # a config the compiler rejects (registers, shared memory): record and go on
+                rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": "",
+                             "note": f"{type(exc).__name__}: {str(exc)[:120]}"})
                 continue
-            t = time_runner(lambda i, cfg=cfg: launch_skinny(A[i], W[i], None, torch.bfloat16, cfg), n_sets, dev,
-                            SCREEN)
-        except Exception as exc:  # a config the compiler rejects (registers, shared memory): record and go on
-            rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": "",
-                         "note": f"{type(exc).__name__}: {str(exc)[:120]}"})
-            continue
-        rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": t.us, "rel_err": err, "note": ""})
-        screened.append((t.us, cfg))
+            rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": t.us, "rel_err": err, "note": ""})
+            timed.append((t.us, cfg))
+        return timed
+
+    screened = screen(cands)
+    if m > MAX_M:  # the best unspecialised tiles, compiled for this (N, K)
+        screened.sort(key=lambda x: x[0])
+        screened += screen([replace(cfg, SPECIALIZE=True) for _, cfg in screened[:args.sp_top]])
     screened.sort(key=lambda x: x[0])
     top = [cfg for _, cfg in screened[:args.top]]
     ind_sk = [as_skinny(c, m, k) for c in ind]
     for sk in ind_sk:  # Inductor's tile always goes to the final round
         if sk is not None and sk not in top and any(sk == c for _, c in screened):
             top.append(sk)
-    err_c = (compiled(A[0], W[0]).float() - ref).abs().max().item() / scale
+    if m > MAX_M:  # the best unspecialised tile too: what _SP itself is worth, paired
+        plain = next((cfg for _, cfg in screened if not cfg.SPECIALIZE), None)
+        if plain is not None and plain not in top:
+            top.append(plain)
+    err_c = (compiled(A[0], W[0]).float() - ref).abs().max().item() / scale if compiled is not None else None
     err_t = (gemm_a16w16(A[0], W[0]).float() - ref).abs().max().item() / scale
-    methods = {"F.linear": lambda i: F.linear(A[i], W[i]), "max-autotune": lambda i: compiled(A[i], W[i]),
-               "dispatch": lambda i: gemm_a16w16(A[i], W[i])}
+    methods = {"F.linear": lambda i: F.linear(A[i], W[i]), "dispatch": lambda i: gemm_a16w16(A[i], W[i])}
+    if compiled is not None:
+        methods["max-autotune"] = lambda i: compiled(A[i], W[i])
     for cfg in top:
-        methods[cfg.name] = lambda i, cfg=cfg: launch_skinny(A[i], W[i], None, torch.bfloat16, cfg)
+        methods[cfg.name] = lambda i, cfg=cfg: launch(cfg, A[i], W[i])
     samples = time_paired(methods, n_sets, PAIRED, args.pairs, captures=3)
     med = {name: statistics.median(v) for name, v in samples.items()}
-    vs_compile = {name: statistics.median([a / b for a, b in zip(samples["max-autotune"], v)])
-                  for name, v in samples.items()}
+
+    def over(base: str) -> dict[str, float]:
+        return {name: statistics.median([a / b for a, b in zip(samples[base], v)]) for name, v in samples.items()}
     dispatch = get_GEMM_A16W16_config(m, n, k, False, torch.bfloat16)
     floor_us = set_bytes / 3.0e12 * 1e6  # bytes at the measured copy bandwidth (3.0 TB/s, H100)
     return {"M": m, "N": n, "K": k, "n_sets": n_sets, "compile_s": compile_s, "inductor_best_configs": ind,
             "inductor_as_skinny": [c.name for c in ind_sk if c is not None], "screened": len(screened),
             "rel_err_compiled": err_c, "rel_err_dispatch": err_t, "dispatch": {
                 c: dispatch.get(c) for c in ("libtype", "kernelName", "us", "matched")},
-            "floor_us": floor_us, "median_us": med, "max_autotune_over": vs_compile,
+            "floor_us": floor_us, "median_us": med, "linear_over": over("F.linear"),
+            "max_autotune_over": over("max-autotune") if compiled is not None else {},
             "fraction_of_floor": {name: floor_us / us for name, us in med.items()}}
 
 
@@ -180,17 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     results = []
     for m, n, k in shapes:
-        if m > MAX_M:
-            raise SystemExit(f"M={m} > {MAX_M}: not a skinny shape")
         if time.monotonic() - t0 > args.deadline_s:
             print(f"deadline: skipped M={m} N={n} K={k}", flush=True)
             continue
         res = explore(m, n, k, dev, sms, cache, rows, args)
         results.append(res)
         order = sorted(res["median_us"], key=res["median_us"].get)
+        base = "max-autotune" if res["max_autotune_over"] else "F.linear"
+        ratios = res["max_autotune_over"] or res["linear_over"]
         print(f"M={m} N={n} K={k}: floor {res['floor_us']:.2f} us; inductor {res['inductor_as_skinny']}; "
-              + "; ".join(f"{name} {res['median_us'][name]:.2f} us ({res['max_autotune_over'][name]:.3f}x of "
-                          f"max-autotune)" for name in order), flush=True)
+              + "; ".join(f"{name} {res['median_us'][name]:.2f} us ({ratios[name]:.3f}x of {base})"
+                          for name in order), flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
         with open(out / "screen.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["M", "N", "K", "config", "us", "rel_err", "note"])

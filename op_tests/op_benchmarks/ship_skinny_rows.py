@@ -1,8 +1,9 @@
-"""Ship the winners of ``explore_skinny_inductor`` as tuned rows (issue 14, part 1), on the GPU that measured them.
+"""Ship the winners of ``explore_skinny_inductor`` as tuned rows (issue 14), on the GPU that measured them.
 
-Per shape of the exploration's ``results.json``: the skinny config with the lowest median in its paired final round
-(CUDA-graph replays over rotating buffers, alternating with F.linear and max-autotune), if it beat F.linear there by
-the tuner's ``--min_gain`` (default 1.02: a smaller win is not worth a Triton launch; the shape keeps its row).
+Per shape of the exploration's ``results.json``: the config (skinny at M <= 16, the Triton GEMM above) with the
+lowest median in its paired final round (CUDA-graph replays over rotating buffers, alternating with F.linear, the
+dispatch as shipped and max-autotune), if it beat F.linear there by the tuner's ``--min_gain`` (default 1.02: a
+smaller win is not worth a Triton launch) and the shipped dispatch too (else the shape keeps its row).
 Its ``err_ratio`` is measured here with the tuner's own check (``gradlib.accuracy``: fraction of outputs outside
 the bf16 tolerance, against float32) and a row with any error is not shipped. ``us`` is the paired median. Rows are
 merged into ``--out`` under its lock, replacing the row of the same key.
@@ -22,6 +23,7 @@ import torch
 from aiter_gemm import current_device_identity
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.fileio import merge_csv_rows
+from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, launch_gemm_a16w16
 from aiter_gemm.kernels.skinny import SkinnyConfig, launch_skinny
 from gradlib.a16w16 import KEY_COLUMNS
 from gradlib.accuracy import err_ratio, tolerance_for
@@ -30,27 +32,39 @@ BASELINES = ("F.linear", "max-autotune", "dispatch")
 
 
 def winner(res: dict, min_gain: float) -> tuple[str, float] | None:
-    """(kernelName, paired median us) of the fastest skinny config of one shape, if ``min_gain`` x faster than
-    F.linear."""
-    cands = {k: v for k, v in res["median_us"].items() if k not in BASELINES}
+    """(kernelName, paired median us) of the fastest explored config of one shape, if ``min_gain`` x faster than
+    F.linear and faster than the dispatch as shipped (its row may already be a faster cuBLASLt solution)."""
+    med = res["median_us"]
+    cands = {k: v for k, v in med.items() if k not in BASELINES}
     if not cands:
         return None
     name = min(cands, key=cands.get)
-    return (name, cands[name]) if cands[name] * min_gain <= res["median_us"]["F.linear"] else None
+    return (name, cands[name]) if cands[name] * min_gain <= med["F.linear"] and cands[name] < med["dispatch"] \
+        else None
+
+
+def parse_config(name: str) -> SkinnyConfig | GemmConfig:
+    """A skinny kernelName (variant first) or a Triton GEMM one (``BM...``)."""
+    return GemmConfig.from_name(name) if name.startswith("BM") else SkinnyConfig.from_name(name)
 
 
 def row_for(res: dict, name: str, us: float, gfx: str, cu_num: int) -> dict:
     m, n, k = res["M"], res["N"], res["K"]
-    cfg = SkinnyConfig.from_name(name)
+    cfg = parse_config(name)
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
     a = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
     w = (torch.randn(n, k, generator=gen, device="cuda") / math.sqrt(k)).bfloat16()
-    out = launch_skinny(a, w, None, torch.bfloat16, cfg)
+    if isinstance(cfg, SkinnyConfig):
+        out = launch_skinny(a, w, None, torch.bfloat16, cfg)
+        libtype, solidx = "skinny", cfg.solidx
+    else:
+        out = launch_gemm_a16w16(a, w, None, torch.empty((m, n), dtype=torch.bfloat16, device="cuda"), cfg)
+        libtype, solidx = "triton", 0
     err = err_ratio(out, a.float() @ w.float().t(), tolerance_for(torch.bfloat16, torch.bfloat16))
     moved = (n * k + m * k + m * n) * 2
     return {"gfx": gfx, "cu_num": cu_num, "M": m, "N": n, "K": k, "bias": False, "dtype": "torch.bfloat16",
-            "outdtype": "torch.bfloat16", "scaleAB": False, "bpreshuffle": False, "libtype": "skinny",
-            "solidx": cfg.solidx, "splitK": cfg.NUM_KSPLIT, "us": f"{us:.4f}", "kernelName": name,
+            "outdtype": "torch.bfloat16", "scaleAB": False, "bpreshuffle": False, "libtype": libtype,
+            "solidx": solidx, "splitK": cfg.NUM_KSPLIT, "us": f"{us:.4f}", "kernelName": name,
             "err_ratio": f"{err:.4f}", "tflops": f"{2 * m * n * k / us / 1e6:.2f}", "bw": f"{moved / us / 1e3:.2f}",
             "pad_m_min": m, "timing": "graph"}  # exact use only: the exploration timed this M alone
 
@@ -66,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     for res in json.loads(open(args.results).read()):
         won = winner(res, args.min_gain)
         if won is None:
-            print(f"M={res['M']} N={res['N']} K={res['K']}: no skinny config beat F.linear by {args.min_gain}x; "
-                  "nothing shipped")
+            print(f"M={res['M']} N={res['N']} K={res['K']}: no explored config beat F.linear by {args.min_gain}x "
+                  "and the shipped dispatch; nothing shipped")
             continue
         row = row_for(res, *won, ident.gfx, ident.cu_num)
         if float(row["err_ratio"]) > 0:
@@ -75,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(row)
         print(f"M={res['M']} N={res['N']} K={res['K']}: {won[0]} {won[1]:.2f} us (F.linear "
-              f"{res['median_us']['F.linear']:.2f}, max-autotune {res['median_us']['max-autotune']:.2f})")
+              f"{res['median_us']['F.linear']:.2f}, dispatch {res['median_us']['dispatch']:.2f}, max-autotune "
+              f"{res['median_us'].get('max-autotune', float('nan')):.2f})")
     appended, replaced = merge_csv_rows(args.out, BF16_TUNED_COLUMNS, rows, KEY_COLUMNS,
                                         replace=lambda old, new: True)
     print(f"{args.out}: {replaced} rows replaced, {appended} appended")
