@@ -100,7 +100,7 @@ def grid(m: int, n: int, k: int, sms: int) -> list[Config]:
     evict_first, float32 accumulators per thread 4..64 (BM * BN * BK / (32 * warps))."""
     if m > 1:  # dot tiles: shape-specialised over Inductor's template range, and the unspecialised best-known ones
         sp = [SkinnyConfig(3, bn, bk, 1, w, st, False, True) for bn in (32, 64, 128) for bk in (64, 128)
-              for st in (3, 4, 5) for w in (4, 8)]
+              for st in (3, 4, 5) for w in (2, 4, 8)]
         return sp + [SkinnyConfig(3, bn, bk, 1, 4, st) for bn in (32, 64) for bk in (128, 256) for st in (3, 4)]
     out = gemv_space(n, k, sms)
     bm = block_m(m, False)
