@@ -80,7 +80,9 @@ def test_rejects_m_above_16():
 
 @pytest.mark.parametrize("name", ["fma_BN16_BK512_SK1_W4_S1", "dot_atomic_BN32_BK256_SK4_W4_S3",
                                   "fma_2pass_BN8_BK1024_SK16_W8_S1", "gemv_BN1_BK2048_SK1_W8_S1_EF",
-                                  "gemv_2pass_BN4_BK1024_SK4_W32_S1", "fma_BN8_BK1024_SK1_W4_S1_EF"])
+                                  "gemv_2pass_BN4_BK1024_SK4_W32_S1", "fma_BN8_BK1024_SK1_W4_S1_EF",
+                                  "gemv_BN1_BK2048_SK1_W4_S1_EF_PDL", "gemv_BN2_BK1024_SK1_W8_S1_PDLW",
+                                  "dot_BN64_BK128_SK1_W4_S5_SP"])
 def test_kernel_name_round_trip(name):
     assert SkinnyConfig.from_name(name).name == name
 
@@ -88,7 +90,8 @@ def test_kernel_name_round_trip(name):
 @pytest.mark.parametrize("name", ["", "fma", "gemm_BN16_BK512_SK1_W4_S1", "fma_BN16_BK512_SK4_W4_S1",
                                   "gemv_BN1_BK2048_SK1_W8_S1_XX", "gemv_BN1_BK2048_SK1_W64_S1",
                                   "dot_2pass_BN16_BK512_SK1_W4_S3", "dot_BN8_BK512_SK1_W4_S3",
-                                  "fma_BN12_BK512_SK1_W4_S1"])
+                                  "fma_BN12_BK512_SK1_W4_S1", "dot_BN32_BK128_SK1_W4_S3_PDL",
+                                  "gemv_2pass_BN2_BK512_SK2_W4_S1_PDL", "gemv_BN1_BK2048_SK1_W4_S1_PDL_EF"])
 def test_kernel_name_rejects_malformed(name):
     with pytest.raises(ValueError):
         SkinnyConfig.from_name(name)
@@ -196,7 +199,8 @@ def test_candidates_all_prepare(M, N, K):
 # BN, K not a multiple of BK or of the split, one row, a 4100-long K; with evict_first, bias and split-K.
 @pytest.mark.parametrize("cfg", ["gemv_BN1_BK512_SK1_W4_S1", "gemv_BN8_BK64_SK1_W4_S1_EF",
                                  "gemv_BN4_BK512_SK1_W8_S1_EF", "gemv_2pass_BN2_BK64_SK3_W4_S1_EF",
-                                 "gemv_2pass_BN16_BK512_SK2_W4_S1"])
+                                 "gemv_2pass_BN16_BK512_SK2_W4_S1", "gemv_BN4_BK64_SK1_W4_S1_EF_PDL",
+                                 "gemv_BN2_BK64_SK1_W4_S1_PDLW"])
 @pytest.mark.parametrize("N,K", [(1, 4100), (3, 97), (17, 200), (97, 1024), (256, 512)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_odd_shapes(N, K, cfg, bias):
@@ -221,3 +225,52 @@ def test_gemv_space_holds_inductors_m1_tiles():
         space = set(sb.config_space(1, N, K, "sm_90", 132))
         for bn, bk, warps in tiles:
             assert SkinnyConfig(6, bn, bk, 1, warps, 1, True) in space, (N, K, bn, bk, warps)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="programmatic dependent launch needs a GPU (sm_90+)")
+@pytest.mark.parametrize("name", ["gemv_BN1_BK2048_SK1_W4_S1_EF_PDL", "gemv_BN1_BK2048_SK1_W4_S1_EF_PDLW",
+                                  "gemv_BN4_BK512_SK1_W8_S1_PDLW"])
+@pytest.mark.parametrize("graph", [False, True])
+def test_gemv_pdl_waits_for_the_kernel_that_writes_its_activation(name, graph):
+    """A PDL gemv may start while the kernel before it runs: each step writes the activation with a kernel right
+    before the gemv (and the gemv's output feeds the next step's activation), eagerly and in a CUDA graph; every
+    step must see the fresh activation. A missing wait reads a stale or half-written one."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    cfg = SkinnyConfig.from_name(name)
+    N = K = 4096
+    torch.manual_seed(0)
+    w = (torch.randn(N, K, device="cuda") / K ** 0.5).bfloat16()
+    x0 = torch.randn(1, K, device="cuda").bfloat16()
+    steps = 8
+
+    def chain(x):
+        outs = []
+        for i in range(steps):
+            x = torch.tanh(x * (1.0 + 0.1 * i))  # the kernel right before the gemv writes its activation
+            x = launch_skinny(x, w, None, torch.bfloat16, cfg)
+            outs.append(x)
+        return torch.cat(outs)
+
+    def chain_ref(x):
+        outs = []
+        for i in range(steps):
+            x = torch.tanh(x * (1.0 + 0.1 * i))
+            x = skinny_gemm_ref(x, w, None, torch.bfloat16)
+            outs.append(x)
+        return torch.cat(outs)
+
+    ref = chain_ref(x0)
+    if graph:
+        xs = x0.clone()
+        chain(xs)  # compile and warm up outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = chain(xs)
+        for _ in range(3):
+            g.replay()
+    else:
+        out = chain(x0)
+    torch.cuda.synchronize()
+    assert _rel_err(out, ref) < 3 * TOL[torch.bfloat16], name

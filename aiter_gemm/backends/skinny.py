@@ -3,9 +3,10 @@
 ``solidx`` selects the variant (0 ``fma``, 1 ``fma_2pass``, 2 ``fma_atomic``, 3 ``dot``, 4 ``dot_2pass``,
 5 ``dot_atomic``, 6 ``gemv`` and 7 ``gemv_2pass`` at M == 1; the kernel module's docstring describes each).
 ``kernelName`` names the whole launch (``fma_BN16_BK512_SK1_W4_S1``: variant, BLOCK_SIZE_N, BLOCK_SIZE_K, split-K
-factor, warps, stages; suffixes ``_EF``: weight loads ``evict_first``, ``_SP``: N and K compiled in); it must
-agree with ``solidx``. A row with an empty ``kernelName`` gets the heuristic tile for its ``solidx`` variant
-(split-K from the row's ``splitK``). ``splitK`` mirrors ``NUM_KSPLIT``.
+factor, warps, stages; suffixes ``_EF``: weight loads ``evict_first``, ``_SP``: N and K compiled in, ``_PDL`` /
+``_PDLW``: gemv launched with programmatic dependent launch); it must agree with ``solidx``. A row with an empty
+``kernelName`` gets the heuristic tile for its ``solidx`` variant (split-K from the row's ``splitK``). ``splitK``
+mirrors ``NUM_KSPLIT``.
 
 It is the heuristic default (priority above torch's) on GPUs for the shapes :func:`is_skinny_default_shape` accepts,
 computed from the device's SM/CU count; never on the CPU, where it only runs under the Triton interpreter for tests.
@@ -21,7 +22,7 @@ import triton
 
 from aiter_gemm.backends._triton_common import TritonKernelBackend
 from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
-from aiter_gemm.device import DeviceIdentity, smem_limit
+from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit
 from aiter_gemm.kernels.skinny import MAX_M, VARIANTS, SkinnyConfig, default_skinny_config, launch_skinny
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ def config_error(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: to
         return f"skinny kernels take M <= {MAX_M}, got M={M}"
     if cfg.variant.gemv and M != 1:
         return f"{cfg.name}: the gemv variants take M == 1, got M={M}"
+    if cfg.pdl and not has_tma(arch):  # programmatic dependent launch: sm_90+, like TMA
+        return f"{cfg.name} needs programmatic dependent launch (sm_90+); {arch} has none"
     if cfg.smem_bytes(isz) > smem_limit(arch):
         return f"{cfg.name} needs {cfg.smem_bytes(isz)} B of shared memory, {arch} has {smem_limit(arch)}"
     if not cfg.variant.use_dot and cfg.acc_regs_per_thread(M) > _MAX_ACC_REGS:

@@ -45,6 +45,14 @@ import triton.language as tl
 from aiter_gemm.kernels.common import INTERPRET, splitk_reduce
 from aiter_gemm.kernels.gemm_a16w16 import check_operands
 
+try:  # Hopper's grid dependency control (Triton >= 3.3); the interpreter has none
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: _PDL configs run without it
+    gdc_launch_dependents = gdc_wait = None
+#: Whether a ``_PDL`` config really launches with programmatic dependent launch here (else it runs as plain gemv).
+PDL_AVAILABLE = gdc_wait is not None and not INTERPRET
+_PDL_LAUNCH = {False: {}, True: {"launch_pdl": True} if PDL_AVAILABLE else {}}  # launch options by cfg.pdl
+
 MAX_M = 16
 
 # Reduction modes of the kernel's epilogue.
@@ -104,6 +112,12 @@ class SkinnyConfig:
     #: Compile N and K into the kernel (a binary per weight shape), as Inductor's templates are: masks and the K
     #: loop's trip count become constants. Name suffix _SP. The gemv variants always are.
     specialize: bool = False
+    #: gemv only: launch with programmatic dependent launch (Hopper's PDL, ``griddepcontrol``), so the programs are
+    #: placed on the SMs while the previous kernel of the stream drains. 1 (suffix _PDL): they wait for its writes
+    #: before loading anything. 2 (suffix _PDLW): they load their first weight tile first, then wait before reading
+    #: the activation; correct only while the kernel right before does not write the weight (true of inference:
+    #: weights are written long before).
+    pdl: int = 0
 
     def __post_init__(self) -> None:
         if self.solidx not in VARIANTS:
@@ -120,6 +134,10 @@ class SkinnyConfig:
             raise ValueError(f"bad num_warps/num_stages in {self!r}")
         if self.specialize and var.gemv:
             raise ValueError(f"variant {var.name} is always shape-specialised: drop _SP")
+        if self.pdl not in (0, 1, 2):
+            raise ValueError(f"pdl={self.pdl} must be 0, 1 (_PDL) or 2 (_PDLW)")
+        if self.pdl and not (var.gemv and var.reduction == _STORE):
+            raise ValueError(f"_PDL applies to the one-pass gemv variant only, not {var.name}")
 
     @property
     def variant(self) -> SkinnyVariant:
@@ -129,19 +147,21 @@ class SkinnyConfig:
     def name(self) -> str:
         return (f"{self.variant.name}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_SK{self.NUM_KSPLIT}"
                 f"_W{self.num_warps}_S{self.num_stages}" + ("_EF" if self.evict_first else "")
-                + ("_SP" if self.specialize else ""))
+                + ("_SP" if self.specialize else "") + ("", "_PDL", "_PDLW")[self.pdl])
 
     @classmethod
     def from_name(cls, name: str) -> SkinnyConfig:
         """Parse a ``kernelName`` like ``fma_BN16_BK512_SK1_W4_S1`` (variant name first, as in :data:`VARIANTS`;
-        an ``_EF`` suffix sets :attr:`evict_first`, ``_SP`` :attr:`specialize`)."""
+        an ``_EF`` suffix sets :attr:`evict_first`, ``_SP`` :attr:`specialize`, ``_PDL`` / ``_PDLW`` :attr:`pdl`)."""
         m = _NAME_RE.fullmatch(name.strip())
         by_name = {v.name: v.solidx for v in VARIANTS.values()}
         if m is None or m.group(1) not in by_name:
             raise ValueError(f"skinny kernelName {name!r} does not match '<variant>_BN<n>_BK<k>_SK<s>_W<w>_S<st>"
-                             f"[_EF][_SP]' with variant one of {sorted(by_name)} (e.g. 'fma_BN16_BK512_SK1_W4_S1')")
-        var, bn, bk, sk, w, st, ef, sp = m.groups()
-        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st), ef is not None, sp is not None)
+                             f"[_EF][_SP][_PDL|_PDLW]' with variant one of {sorted(by_name)} "
+                             "(e.g. 'fma_BN16_BK512_SK1_W4_S1')")
+        var, bn, bk, sk, w, st, ef, sp, pdl = m.groups()
+        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st), ef is not None, sp is not None,
+                   {None: 0, "_PDL": 1, "_PDLW": 2}[pdl])
 
     def acc_regs_per_thread(self, M: int) -> int:
         """float32 accumulator registers per thread (the FMA variants' 3-D accumulator, gemv's [BN, BK], the dot's
@@ -157,7 +177,7 @@ class SkinnyConfig:
         return self.num_stages * (MAX_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
 
 
-_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)?(_SP)?")
+_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)?(_SP)?(_PDLW|_PDL)?")
 
 
 @triton.jit
@@ -235,15 +255,40 @@ def _skinny_kernel(
 
 
 @triton.jit
+def _gemv_load_a(a_ptr, kk, stride_ak, K: tl.constexpr, EVEN_K: tl.constexpr, EVICT_FIRST: tl.constexpr):
+    """The activation's [1, BK] slice at columns ``kk`` (kept in L2: every program reads it)."""
+    policy: tl.constexpr = "evict_last" if EVICT_FIRST else ""
+    if EVEN_K:
+        return tl.load(a_ptr + kk * stride_ak, eviction_policy=policy)
+    return tl.load(a_ptr + kk * stride_ak, mask=kk < K, other=0.0, eviction_policy=policy)
+
+
+@triton.jit
+def _gemv_load_b(b_ptr, offs_n, kk, stride_bn, stride_bk, N: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+                 EVEN_K: tl.constexpr, EVICT_FIRST: tl.constexpr):
+    """The weight's [BN, BK] tile at rows ``offs_n``, columns ``kk`` (read once: evict_first)."""
+    policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
+    ptrs = b_ptr + offs_n * stride_bn + kk * stride_bk
+    if EVEN_K:
+        if EVEN_N:
+            return tl.load(ptrs, eviction_policy=policy)
+        return tl.load(ptrs, mask=offs_n < N, other=0.0, eviction_policy=policy)
+    return tl.load(ptrs, mask=(offs_n < N) & (kk < K), other=0.0, eviction_policy=policy)
+
+
+@triton.jit
 def _gemv_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     stride_ak, stride_bn, stride_bk, stride_cs,
     N: tl.constexpr, K: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, NUM_KSPLIT: tl.constexpr,
-    REDUCTION: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT_FIRST: tl.constexpr,
+    REDUCTION: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT_FIRST: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """M == 1: BLOCK_SIZE_N rows of B against the row of A over one K split (program axis 1). N and K are
-    compile-time constants, so every mask the shape does not need folds away and the K loop has a known trip count."""
+    compile-time constants, so every mask the shape does not need folds away and the K loop has a known trip count.
+    PDL > 0 (launched with programmatic dependent launch): let the next kernel launch as our programs retire and wait
+    until the previous kernel's writes are visible before reading A; PDL == 2 loads the first weight tile before
+    that wait (``SkinnyConfig.pdl``)."""
     K_SPLIT: tl.constexpr = (K // BLOCK_SIZE_K + (K % BLOCK_SIZE_K > 0) + NUM_KSPLIT - 1) // NUM_KSPLIT * BLOCK_SIZE_K
     EVEN_N: tl.constexpr = N % BLOCK_SIZE_N == 0
     EVEN_K: tl.constexpr = K_SPLIT * NUM_KSPLIT == K
@@ -252,23 +297,21 @@ def _gemv_kernel(
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[:, None]  # [BN, 1]
     offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_SIZE_K)[None, :]  # [1, BK]
     n_mask = offs_n < N
-    a_policy: tl.constexpr = "evict_last" if EVICT_FIRST else ""
-    b_policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
-    for k in tl.range(0, K_SPLIT, BLOCK_SIZE_K):
+    K_FIRST: tl.constexpr = BLOCK_SIZE_K if PDL == 2 else 0
+    if PDL == 1:
+        gdc_launch_dependents()
+        gdc_wait()
+    if PDL == 2:
+        gdc_launch_dependents()
+        b = _gemv_load_b(b_ptr, offs_n, offs_k, stride_bn, stride_bk, N, K, EVEN_N, EVEN_K, EVICT_FIRST)
+        gdc_wait()
+        a = _gemv_load_a(a_ptr, offs_k, stride_ak, K, EVEN_K, EVICT_FIRST)
+        acc += b.to(tl.float32) * a.to(tl.float32)
+    for k in tl.range(K_FIRST, K_SPLIT, BLOCK_SIZE_K):
         kk = offs_k + k
-        if EVEN_K:
-            a = tl.load(a_ptr + kk * stride_ak, eviction_policy=a_policy)
-            if EVEN_N:
-                b = tl.load(b_ptr + offs_n * stride_bn + kk * stride_bk, eviction_policy=b_policy)
-            else:
-                b = tl.load(b_ptr + offs_n * stride_bn + kk * stride_bk, mask=n_mask, other=0.0,
-                            eviction_policy=b_policy)
-        else:
-            k_mask = kk < K
-            a = tl.load(a_ptr + kk * stride_ak, mask=k_mask, other=0.0, eviction_policy=a_policy)
-            b = tl.load(b_ptr + offs_n * stride_bn + kk * stride_bk, mask=n_mask & k_mask, other=0.0,
-                        eviction_policy=b_policy)
+        a = _gemv_load_a(a_ptr, kk, stride_ak, K, EVEN_K, EVICT_FIRST)
+        b = _gemv_load_b(b_ptr, offs_n, kk, stride_bn, stride_bk, N, K, EVEN_N, EVEN_K, EVICT_FIRST)
         acc += b.to(tl.float32) * a.to(tl.float32)
     out = tl.sum(acc, axis=1)[:, None]  # [BN, 1]
     c_ptrs = c_ptr + pid_k * stride_cs + offs_n
@@ -306,7 +349,8 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
             a, b, bias if bias is not None else a, target, a.stride(1), b.stride(0), b.stride(1), strides[0],
             N=N, K=K, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, NUM_KSPLIT=split,
             REDUCTION=var.reduction, HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
-            EVICT_FIRST=cfg.evict_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            EVICT_FIRST=cfg.evict_first, PDL=cfg.pdl if PDL_AVAILABLE else 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_PDL_LAUNCH[cfg.pdl > 0],
         )
     else:
         _skinny_kernel[grid](

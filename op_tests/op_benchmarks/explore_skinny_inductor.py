@@ -6,7 +6,8 @@ coordinate descent; ``inspect_inductor_decode.py`` printed it). Our ``fma`` vari
 ``[BM, BN, BK]`` accumulator, so the question is which tiles and load hints it is missing. Per shape this script
 
 1. compiles ``F.linear`` with max-autotune and reads the config Inductor settled on (its ``.best_config`` files);
-2. screens a grid of skinny configs (the tuner's ``gemv`` space at M == 1; ``fma`` / ``fma_2pass``: BN 1-16, BK
+2. screens a grid of skinny configs (``--pdl``: then the best gemv ones again with programmatic dependent launch;
+   the tuner's ``gemv`` space at M == 1; ``fma`` / ``fma_2pass``: BN 1-16, BK
    512-4096, 4-16 warps, with and without ``evict_first``; plus Inductor's own tile as a ``gemv`` config) with the
    tuner's CUDA-graph timing over rotating buffers > 2x L2, each checked against float32 first;
 3. times F.linear, max-autotune, the current dispatch (``gemm_a16w16``) and the 3 best screened configs in paired
@@ -43,7 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--top", type=int, default=3, help="screened configs that go to the final comparison")
     ap.add_argument("--deadline_s", type=float, default=520.0, help="stop starting new shapes after this")
     ap.add_argument("--compile_max_m", type=int, default=16, help="time max-autotune only where M <= this")
-    ap.add_argument("--sp_top", type=int, default=4, help="M > 16: screened tiles compiled again for the shape")
+    ap.add_argument("--sp_top", type=int, default=4, help="M > 16: screened tiles compiled again for the shape; "
+                    "M == 1 with --pdl: gemv tiles launched again with PDL")
+    ap.add_argument("--pdl", action="store_true", help="M == 1: also the best gemv tiles with _PDL and _PDLW")
     return ap.parse_args(argv)
 
 
@@ -191,6 +194,10 @@ def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, row
     if m > MAX_M:  # the best unspecialised tiles, compiled for this (N, K)
         screened.sort(key=lambda x: x[0])
         screened += screen([replace(cfg, SPECIALIZE=True) for _, cfg in screened[:args.sp_top]])
+    if m == 1 and args.pdl:  # the best one-pass gemv tiles launched with programmatic dependent launch
+        screened.sort(key=lambda x: x[0])
+        gemvs = [cfg for _, cfg in screened if cfg.solidx == 6][:args.sp_top]
+        screened += screen([replace(cfg, pdl=p) for cfg in gemvs for p in (1, 2)])
     screened.sort(key=lambda x: x[0])
     top = [cfg for _, cfg in screened[:args.top]]
     ind_sk = [as_skinny(c, m, k) for c in ind]
