@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -57,10 +59,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from aiter_gemm import gemm_a16w16, get_GEMM_A16W16_config  # noqa: E402
-from aiter_gemm.backends.skinny import gemv_space  # noqa: E402
-from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, launch_gemm_a16w16  # noqa: E402
-from aiter_gemm.kernels.skinny import MAX_M, SkinnyConfig, block_m, launch_skinny  # noqa: E402
+from aiter_gemm import current_device_identity, gemm_a16w16, get_GEMM_A16W16_config  # noqa: E402
+from aiter_gemm.backends import get_backend  # noqa: E402
+from aiter_gemm.backends import skinny as skinny_backend  # noqa: E402
+from aiter_gemm.backends import triton as triton_backend  # noqa: E402
+from aiter_gemm.backends.skinny import dot_sp_space, gemv_space  # noqa: E402
+from aiter_gemm.device import DeviceIdentity  # noqa: E402
+from aiter_gemm.kernels.gemm_a16w16 import GemmConfig  # noqa: E402
+from aiter_gemm.kernels.skinny import MAX_M, SkinnyConfig, block_m  # noqa: E402
 from gradlib.timing import SCREEN, TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 
 PAIRED = TimingConfig(warmup=5, reps=9, target_us=500.0, budget_s=0.4)
@@ -70,41 +76,35 @@ TOL = 2e-2  # bf16 output vs a float32 reference, relative to the largest |value
 Config = SkinnyConfig | GemmConfig
 
 
-def launch(cfg: Config, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``a @ w.T`` in bf16 with ``cfg``: a skinny kernel or the Triton GEMM's classic kernel."""
-    if isinstance(cfg, SkinnyConfig):
-        return launch_skinny(a, w, None, torch.bfloat16, cfg)
-    out = torch.empty((a.shape[0], w.shape[0]), dtype=torch.bfloat16, device=a.device)
-    return launch_gemm_a16w16(a, w, None, out, cfg)
+def runner(cfg: Config) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``(a, w) -> a @ w.T`` in bf16 through the backend's own runner for ``cfg`` (skinny, or the Triton GEMM)."""
+    run = get_backend("skinny" if isinstance(cfg, SkinnyConfig) else "triton").runner(cfg, _identity())
+    return lambda a, w: run(a, w, None, torch.bfloat16)
 
 
-def gemm_grid(m: int) -> list[GemmConfig]:
-    """M > 16: the Triton GEMM's classic tiles around M (BLOCK_M one or two powers of two up to 128; BN 32-128, BK 64
-    and 128, 3-5 stages, 8 warps for 128x128 and larger), split-K 2 and 4 on a few tiles (N / BN alone can leave
-    SMs idle at N = 4096); unspecialised: the top ones are compiled for the shape afterwards."""
-    top = min(128, max(32, triton.next_power_of_2(m)))
-    bms = sorted({top, max(32, top // 2)})
-    out = []
-    for bm in bms:
-        for bn in (32, 64, 128):
-            warps = 8 if bm * bn >= 128 * 128 else 4
-            for bk in (64, 128):
-                for st in (3, 4, 5):
-                    out.append(GemmConfig(bm, bn, bk, 8, 1, warps, st))
-            for sk in (2, 4):
-                if bn >= 64:
-                    out.append(GemmConfig(bm, bn, 128, 8, sk, warps, 4))
-    return [c for c in out if c.smem_bytes() <= 227 * 1024]
+@functools.cache
+def _identity() -> DeviceIdentity:
+    return current_device_identity(on_gpu=True)
 
 
-def grid(m: int, n: int, k: int, sms: int) -> list[Config]:
-    """M >= 2: dot tiles (shape-specialised and not). M == 1: the gemv variants' tuner space (``gemv_space``), and
-    fma (whole K) / fma_2pass (split-K while N / BN gives fewer than 2 programs per SM) tiles, with and without
-    evict_first, float32 accumulators per thread 4..64 (BM * BN * BK / (32 * warps))."""
-    if m > 1:  # dot tiles: shape-specialised over Inductor's template range, and the unspecialised best-known ones
-        sp = [SkinnyConfig(3, bn, bk, 1, w, st, False, True) for bn in (32, 64, 128) for bk in (64, 128)
-              for st in (3, 4, 5) for w in (2, 4, 8)]
-        return sp + [SkinnyConfig(3, bn, bk, 1, 4, st) for bn in (32, 64) for bk in (128, 256) for st in (3, 4)]
+def gemm_grid(m: int, n: int, k: int, arch: str, sms: int) -> list[GemmConfig]:
+    """M > 16: the tuner's space of the Triton GEMM (:func:`aiter_gemm.backends.triton.config_space`: tiles around M,
+    split-K where the tiles underfill the GPU), its classic-kernel configs, unspecialised: the top ones are compiled
+    for the shape afterwards. (Runs up to commit 3441b4d screened a hand-made subset of it instead: BLOCK_M one or
+    two powers of two up to 128, BN 32-128, BK 64/128, 3-5 stages, split-K 2/4 on a few tiles.)"""
+    return [c for c in triton_backend.config_space(m, n, k, arch, sms) if not c.TMA_PERSISTENT]
+
+
+def grid(m: int, n: int, k: int, arch: str, sms: int) -> list[Config]:
+    """M >= 2: the tuner's whole-K ``dot`` tiles, shape-specialised (``dot_sp_space``) and not (the one-pass dot
+    configs of the skinny ``config_space``), pruned by the backend's ``config_error``. (Runs up to commit 3441b4d
+    screened a subset: ``_SP`` BN 32-128 x BK 64/128 x 3-5 stages x 2-8 warps, and 8 unspecialised tiles.) M == 1:
+    the gemv variants' tuner space (``gemv_space``), and fma (whole K) / fma_2pass (split-K while N / BN gives fewer
+    than 2 programs per SM) tiles, with and without evict_first, float32 accumulators per thread 4..64
+    (BM * BN * BK / (32 * warps))."""
+    if m > 1:
+        plain = [c for c in skinny_backend.config_space(m, n, k, arch, sms) if c.solidx == 3 and not c.specialize]
+        return [c for c in dot_sp_space() + plain if skinny_backend.config_error(c, m, n, k, arch) is None]
     out = gemv_space(n, k, sms)
     bm = block_m(m, False)
     for ef in (False, True):
@@ -148,7 +148,7 @@ def as_skinny(cfg: dict, m: int, k: int) -> SkinnyConfig | None:
         return None
 
 
-def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, rows: list[dict],
+def explore(m: int, n: int, k: int, dev: torch.device, arch: str, sms: int, cache: int, rows: list[dict],
             args: argparse.Namespace) -> dict:
     seen = set(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"))
     torch._dynamo.reset()
@@ -166,7 +166,7 @@ def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, row
         compiled(A[0], W[0])
     compile_s = time.perf_counter() - t0
     ind = inductor_configs(seen) if compiled is not None else []
-    cands = grid(m, n, k, sms) if m <= MAX_M else gemm_grid(m)
+    cands = grid(m, n, k, arch, sms) if m <= MAX_M else gemm_grid(m, n, k, arch, sms)
     for c in ind:
         sk = as_skinny(c, m, k)
         if sk is not None and sk not in cands:
@@ -176,12 +176,13 @@ def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, row
         timed = []
         for cfg in configs:
             try:
-                err = (launch(cfg, A[0], W[0]).float() - ref).abs().max().item() / scale
+                run = runner(cfg)
+                err = (run(A[0], W[0]).float() - ref).abs().max().item() / scale
                 if not err < TOL:
                     rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": err,
                                  "note": "wrong"})
                     continue
-                t = time_runner(lambda i, cfg=cfg: launch(cfg, A[i], W[i]), n_sets, dev, SCREEN)
+                t = time_runner(lambda i, run=run: run(A[i], W[i]), n_sets, dev, SCREEN)
             except Exception as exc:  # a config the compiler rejects (registers, shared memory): record and go on
                 rows.append({"M": m, "N": n, "K": k, "config": cfg.name, "us": "", "rel_err": "",
                              "note": f"{type(exc).__name__}: {str(exc)[:120]}"})
@@ -214,7 +215,7 @@ def explore(m: int, n: int, k: int, dev: torch.device, sms: int, cache: int, row
     if compiled is not None:
         methods["max-autotune"] = lambda i: compiled(A[i], W[i])
     for cfg in top:
-        methods[cfg.name] = lambda i, cfg=cfg: launch(cfg, A[i], W[i])
+        methods[cfg.name] = lambda i, run=runner(cfg): run(A[i], W[i])
     samples = time_paired(methods, n_sets, PAIRED, args.pairs, captures=3)
     med = {name: statistics.median(v) for name, v in samples.items()}
 
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    arch = _identity().gfx
     cache = cache_bytes(dev)
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",") if s]
     t0 = time.monotonic()
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - t0 > args.deadline_s:
             print(f"deadline: skipped M={m} N={n} K={k}", flush=True)
             continue
-        res = explore(m, n, k, dev, sms, cache, rows, args)
+        res = explore(m, n, k, dev, arch, sms, cache, rows, args)
         results.append(res)
         order = sorted(res["median_us"], key=res["median_us"].get)
         base = "max-autotune" if res["max_autotune_over"] else "F.linear"

@@ -21,12 +21,14 @@ import math
 import torch
 
 from aiter_gemm import current_device_identity
+from aiter_gemm.backends import get_backend
+from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
+from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows
-from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, launch_gemm_a16w16
-from aiter_gemm.kernels.skinny import SkinnyConfig, launch_skinny
-from gradlib.a16w16 import KEY_COLUMNS
+from gradlib.a16w16 import KEY_COLUMNS, problem_key
 from gradlib.accuracy import err_ratio, tolerance_for
+from gradlib.results import metrics
 
 BASELINES = ("F.linear", "max-autotune", "dispatch")
 
@@ -43,30 +45,24 @@ def winner(res: dict, min_gain: float) -> tuple[str, float] | None:
         else None
 
 
-def parse_config(name: str) -> SkinnyConfig | GemmConfig:
-    """A skinny kernelName (variant first) or a Triton GEMM one (``BM...``)."""
-    return GemmConfig.from_name(name) if name.startswith("BM") else SkinnyConfig.from_name(name)
-
-
-def row_for(res: dict, name: str, us: float, gfx: str, cu_num: int) -> dict:
-    m, n, k = res["M"], res["N"], res["K"]
-    cfg = parse_config(name)
-    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
-    a = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
-    w = (torch.randn(n, k, generator=gen, device="cuda") / math.sqrt(k)).bfloat16()
-    if isinstance(cfg, SkinnyConfig):
-        out = launch_skinny(a, w, None, torch.bfloat16, cfg)
-        libtype, solidx = "skinny", cfg.solidx
-    else:
-        out = launch_gemm_a16w16(a, w, None, torch.empty((m, n), dtype=torch.bfloat16, device="cuda"), cfg)
-        libtype, solidx = "triton", 0
+def row_for(res: dict, name: str, us: float, ident: DeviceIdentity) -> dict:
+    """The tuned row of ``name`` (a skinny kernelName, or a Triton GEMM one: ``BM...``) at the exploration's shape,
+    through the backend's own parser and runner; ``err_ratio`` by the tuner's check. ``pad_m_min`` = M: exact use
+    only, the exploration timed this M alone."""
+    p = GemmProblem(res["M"], res["N"], res["K"])
+    libtype = "triton" if name.startswith("BM") else "skinny"
+    backend = get_backend(libtype)
+    cfg = backend.select(p, Solution(libtype, -1, 0, name), ident)
+    gen = torch.Generator(device="cuda").manual_seed(p.M + p.N + p.K)
+    a = torch.randn(p.M, p.K, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(p.N, p.K, generator=gen, device="cuda") / math.sqrt(p.K)).bfloat16()
+    out = backend.runner(cfg, ident)(a, w, None, torch.bfloat16)
     err = err_ratio(out, a.float() @ w.float().t(), tolerance_for(torch.bfloat16, torch.bfloat16))
-    moved = (n * k + m * k + m * n) * 2
-    return {"gfx": gfx, "cu_num": cu_num, "M": m, "N": n, "K": k, "bias": False, "dtype": "torch.bfloat16",
-            "outdtype": "torch.bfloat16", "scaleAB": False, "bpreshuffle": False, "libtype": libtype,
-            "solidx": solidx, "splitK": cfg.NUM_KSPLIT, "us": f"{us:.4f}", "kernelName": name,
-            "err_ratio": f"{err:.4f}", "tflops": f"{2 * m * n * k / us / 1e6:.2f}", "bw": f"{moved / us / 1e3:.2f}",
-            "pad_m_min": m, "timing": "graph"}  # exact use only: the exploration timed this M alone
+    sol = backend.solution_of(cfg)
+    tflops, bw = metrics(p, us)
+    return {**problem_key(ident, p), "libtype": sol.libtype, "solidx": str(sol.solidx), "splitK": str(sol.splitK),
+            "us": f"{us:.4f}", "kernelName": sol.kernelName, "err_ratio": f"{err:.4f}", "tflops": tflops, "bw": bw,
+            "pad_m_min": str(p.M), "timing": "graph"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"M={res['M']} N={res['N']} K={res['K']}: no explored config beat F.linear by {args.min_gain}x "
                   "and the shipped dispatch; nothing shipped")
             continue
-        row = row_for(res, *won, ident.gfx, ident.cu_num)
+        row = row_for(res, *won, ident)
         if float(row["err_ratio"]) > 0:
             print(f"M={res['M']} N={res['N']} K={res['K']}: {won[0]} err_ratio {row['err_ratio']}: not shipped")
             continue
