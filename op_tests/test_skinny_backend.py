@@ -11,6 +11,7 @@ from aiter_gemm.backends import skinny as sb
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels.skinny import (
+    GEMV_MAX_M,
     VARIANTS,
     SkinnyConfig,
     default_skinny_config,
@@ -54,8 +55,8 @@ def test_every_variant_matches_reference(M, N, K, solidx, dtype, otype, bias):
     a = torch.randn(M, K, dtype=dtype, device=DEV)
     b = torch.randn(N, K, dtype=dtype, device=DEV)
     bvec = torch.randn(N, dtype=dtype, device=DEV) if bias else None
-    if VARIANTS[solidx].gemv and M != 1:
-        with pytest.raises(ValueError, match=rf"takes M == 1, got A \({M}, {K}\)"):
+    if VARIANTS[solidx].gemv and M > GEMV_MAX_M:
+        with pytest.raises(ValueError, match=rf"takes M <= {GEMV_MAX_M}, got A \({M}, {K}\)"):
             launch_skinny(a, b, bvec, otype, _config(solidx, 3, K))
         return
     out = launch_skinny(a, b, bvec, otype, _config(solidx, 3, K))
@@ -97,18 +98,19 @@ def test_kernel_name_rejects_malformed(name):
         SkinnyConfig.from_name(name)
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 1280, 8192), (8, 97, 4100)])
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 1280, 8192), (8, 97, 4100), (3, 4096, 4096)])
 def test_config_space_fits(M, N, K):
     space = sb.config_space(M, N, K, "sm_90", 132)
     solidxs = {c.solidx for c in space}
     # FMA tiles shrink with M (64 accumulators per thread): at M=16 only the one-pass 8-warp ones remain. The gemv
-    # variants take M == 1 only.
+    # variants take M <= 8 (one-pass only where N / BN rows already give every SM 2 programs).
     gemv = {v for v in VARIANTS if VARIANTS[v].gemv}
     if M == 1:
         assert solidxs == set(VARIANTS)
+    elif M <= GEMV_MAX_M:
+        assert solidxs == set(VARIANTS) - ({7} if N >= 2 * 132 else set())
     else:
-        assert not solidxs & gemv
-        assert solidxs == set(VARIANTS) - gemv if M <= 8 else solidxs >= {v for v in VARIANTS if VARIANTS[v].use_dot}
+        assert not solidxs & gemv and solidxs >= {v for v in VARIANTS if VARIANTS[v].use_dot}
     for c in space:
         assert c.smem_bytes() <= 227 * 1024 and c.NUM_KSPLIT <= -(-K // c.BLOCK_SIZE_K)
         assert c.variant.use_dot or c.acc_regs_per_thread(M) <= 64
@@ -166,17 +168,12 @@ def test_prepare_solidx_and_kernel_name():
     assert sb.BACKEND.prepare(problem, Solution("skinny", 3, 1, "fma_BN16_BK512_SK1_W4_S1"), IDENT) is None
     assert sb.BACKEND.prepare(problem, Solution("skinny", 9, 0, ""), IDENT) is None
     assert sb.BACKEND.prepare(GemmProblem(17, 97, 200), Solution("skinny", 0, 0, ""), IDENT) is None
+    assert sb.BACKEND.prepare(GemmProblem(9, 97, 200), Solution("skinny", 6, 1, ""), IDENT) is None  # gemv: M <= 8
     a = torch.randn(4, 200, dtype=torch.bfloat16, device=DEV)
     b = torch.randn(97, 200, dtype=torch.bfloat16, device=DEV)
     ref = skinny_gemm_ref(a, b, None, torch.float32)
     for solidx in sorted(VARIANTS):  # a row with only solidx (+ splitK) set gets that variant's heuristic tile
         run = sb.BACKEND.prepare(problem, Solution("skinny", solidx, 2, ""), IDENT)
-        if VARIANTS[solidx].gemv:  # M == 1 only: refused at M=4, run on the first row alone
-            assert run is None, solidx
-            run = sb.BACKEND.prepare(GemmProblem(1, 97, 200), Solution("skinny", solidx, 2, ""), IDENT)
-            assert run is not None, solidx
-            assert _rel_err(run(a[:1], b, None, torch.bfloat16, None, None, None), ref[:1]) < TOL[torch.bfloat16]
-            continue
         assert run is not None, solidx
         assert _rel_err(run(a, b, None, torch.bfloat16, None, None, None), ref) < TOL[torch.bfloat16]
 
@@ -212,6 +209,36 @@ def test_gemv_odd_shapes(N, K, cfg, bias):
         out = launch_skinny(a, b, bvec, otype, SkinnyConfig.from_name(cfg))
         assert out.shape == (1, N) and out.dtype == otype
         assert _rel_err(out, skinny_gemm_ref(a, b, bvec, torch.float32)) < TOL[otype], (cfg, otype)
+
+
+# The gemv kernel at M = 2..8 (M a compile-time constant; BLOCK_SIZE_M the next power of two, rows past M re-read
+# row M - 1 and are not stored): odd M, N and K, bias, split-K, fp32 partials, strided activations.
+@pytest.mark.parametrize("cfg", ["gemv_BN1_BK512_SK1_W4_S1_EF", "gemv_BN1_BK64_SK1_W2_S1", "gemv_BN2_BK64_SK1_W4_S1",
+                                 "gemv_2pass_BN1_BK64_SK3_W2_S1_EF"])
+@pytest.mark.parametrize("M", [2, 3, 5, 8])
+@pytest.mark.parametrize("N,K", [(3, 97), (17, 4100), (97, 1024)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_several_rows(M, N, K, cfg, bias):
+    torch.manual_seed(M * 17 + N * 131 + K)
+    a = torch.randn(K, M, dtype=torch.bfloat16, device=DEV).t() if M == 3 else torch.randn(M, K, dtype=torch.bfloat16,
+                                                                                          device=DEV)
+    b = torch.randn(N, K, dtype=torch.bfloat16, device=DEV)
+    bvec = torch.randn(N, dtype=torch.bfloat16, device=DEV) if bias else None
+    for otype in (torch.bfloat16, torch.float32):
+        out = launch_skinny(a, b, bvec, otype, SkinnyConfig.from_name(cfg))
+        assert out.shape == (M, N) and out.dtype == otype
+        assert _rel_err(out, skinny_gemm_ref(a, b, bvec, torch.float32)) < TOL[otype], (cfg, otype)
+
+
+def test_gemv_space_rows():
+    """At M >= 2 the gemv space keeps BN 1 with >= 8 K elements per thread (16-byte loads) and <= 64 accumulators;
+    none above GEMV_MAX_M."""
+    for M in range(2, GEMV_MAX_M + 1):
+        space = sb.gemv_space(M, 4096, 4096, 132)
+        assert space and all(c.BLOCK_SIZE_N == 1 and c.BLOCK_SIZE_K // (32 * c.num_warps) >= 8 for c in space)
+        assert all(c.acc_regs_per_thread(M) <= 64 for c in space)
+        assert {c.solidx for c in sb.config_space(M, 4096, 4096, "sm_90", 132)} >= {6}
+    assert not any(c.variant.gemv for c in sb.config_space(GEMV_MAX_M + 1, 4096, 4096, "sm_90", 132))
 
 
 def test_gemv_space_holds_inductors_m1_tiles():

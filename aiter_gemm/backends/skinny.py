@@ -1,7 +1,7 @@
 """Backend ``skinny``: GEMV-like split-K Triton kernels for M <= 16 (decode), :mod:`aiter_gemm.kernels.skinny`.
 
 ``solidx`` selects the variant (0 ``fma``, 1 ``fma_2pass``, 2 ``fma_atomic``, 3 ``dot``, 4 ``dot_2pass``,
-5 ``dot_atomic``, 6 ``gemv`` and 7 ``gemv_2pass`` at M == 1; the kernel module's docstring describes each).
+5 ``dot_atomic``, 6 ``gemv`` and 7 ``gemv_2pass`` at M <= 8; the kernel module's docstring describes each).
 ``kernelName`` names the whole launch (``fma_BN16_BK512_SK1_W4_S1``: variant, BLOCK_SIZE_N, BLOCK_SIZE_K, split-K
 factor, warps, stages; suffixes ``_EF``: weight loads ``evict_first``, ``_SP``: N and K compiled in, ``_PDL`` /
 ``_PDLW``: gemv launched with programmatic dependent launch); it must agree with ``solidx``. A row with an empty
@@ -23,7 +23,14 @@ import triton
 from aiter_gemm.backends._triton_common import TritonKernelBackend
 from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit
-from aiter_gemm.kernels.skinny import MAX_M, VARIANTS, SkinnyConfig, default_skinny_config, launch_skinny
+from aiter_gemm.kernels.skinny import (
+    GEMV_MAX_M,
+    MAX_M,
+    VARIANTS,
+    SkinnyConfig,
+    default_skinny_config,
+    launch_skinny,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +51,8 @@ def config_error(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: to
     isz = torch.empty((), dtype=dtype).element_size()
     if M > MAX_M:
         return f"skinny kernels take M <= {MAX_M}, got M={M}"
-    if cfg.variant.gemv and M != 1:
-        return f"{cfg.name}: the gemv variants take M == 1, got M={M}"
+    if cfg.variant.gemv and M > GEMV_MAX_M:
+        return f"{cfg.name}: the gemv variants take M <= {GEMV_MAX_M}, got M={M}"
     if cfg.pdl and not has_tma(arch):  # programmatic dependent launch: sm_90+, like TMA
         return f"{cfg.name} needs programmatic dependent launch (sm_90+); {arch} has none"
     if cfg.smem_bytes(isz) > smem_limit(arch):
@@ -60,12 +67,14 @@ def config_error(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: to
 def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dtype = torch.bfloat16
                  ) -> list[SkinnyConfig]:
     """The tuner's skinny space at (M, N, K): every variant, tiles BN 8..64 x BK 128..1024, warps 4/8 (4 with
-    split-K), stages; split-K 2..16 only where the slabs underfill the GPU (see above); at M == 1 also the gemv
+    split-K), stages; split-K 2..16 only where the slabs underfill the GPU (see above); at M <= 8 also the gemv
     variants (:func:`gemv_space`), at M >= 2 shape-specialised dot tiles (:func:`dot_sp_space`); pruned by
     :func:`config_error`."""
     if M > MAX_M:
         return []
-    space: list[SkinnyConfig] = gemv_space(N, K, cu_num) if M == 1 else dot_sp_space()
+    space: list[SkinnyConfig] = gemv_space(M, N, K, cu_num) if M <= GEMV_MAX_M else []
+    if M >= 2:
+        space += dot_sp_space()
     for var in VARIANTS.values():
         if var.gemv:
             continue
@@ -89,23 +98,27 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dt
     return [c for c in space if config_error(c, M, N, K, arch, dtype) is None]
 
 
-def gemv_space(N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
-    """The gemv variants' tiles at M == 1: BN 1..16 rows x BK 512..4096 (not past K), 4..32 warps, one stage, with
-    and without ``evict_first``, keeping 2..64 float32 accumulators per thread. It holds every tile Inductor's
-    coordinate descent chose for the 8 shipped M=1 shapes on the H100 (XBLOCK 1-8, R0_BLOCK 512-4096, 4-32 warps,
-    1 stage, evict_first; results/skinny_inductor_h100; its choice varies between runs). Split-K (two-pass, 2/4/8)
-    as for the other variants."""
+def gemv_space(M: int, N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
+    """The gemv variants' tiles: BN 1..16 rows x BK 512..4096 (not past K), 4..32 warps, one stage, with and without
+    ``evict_first``, keeping 2..64 float32 accumulators per thread (BM * BN * BK / (32 * warps)). At M == 1 it holds
+    every tile Inductor's coordinate descent chose for the 8 shipped M=1 shapes on the H100 (XBLOCK 1-8, R0_BLOCK
+    512-4096, 4-32 warps, 1 stage, evict_first; results/skinny_inductor_h100; its choice varies between runs). At
+    M >= 2 only BN 1 (2..16 warps) with at least 8 K elements (one 16-byte load) per thread: compiled for sm_90, BN 2
+    and shorter K slices convert the accumulator's layout through shared memory in every K step, BN 1 does not.
+    Split-K (two-pass, 2/4/8) as for the other variants."""
+    bm = triton.next_power_of_2(M)
     space = []
     for ef in (False, True):
-        for bn in (1, 2, 4, 8, 16):
+        for bn in (1, 2, 4, 8, 16) if M == 1 else (1,):
             programs = triton.cdiv(N, bn)
             splits = [1] + ([s for s in (2, 4, 8) if programs * s <= _MAX_PROGRAMS_PER_CU * cu_num]
                             if programs < _SPLIT_BELOW_PROGRAMS_PER_CU * cu_num else [])
             for bk in (512, 1024, 2048, 4096):
                 if bk > max(512, triton.next_power_of_2(K)):
                     continue
-                for warps in (4, 8, 16, 32):
-                    if not 2 <= bn * bk // (32 * warps) <= _MAX_ACC_REGS:
+                for warps in (4, 8, 16, 32) if M == 1 else (2, 4, 8, 16):
+                    per_thread = bn * bk // (32 * warps)
+                    if not 2 <= bm * per_thread <= _MAX_ACC_REGS or (M > 1 and per_thread < 8):
                         continue
                     for sk in splits:
                         space.append(SkinnyConfig(6 if sk == 1 else 7, bn, bk, sk, warps, 1, ef))

@@ -17,11 +17,12 @@ solidx  name            what it does
 3       ``dot``         tensor-core ``tl.dot`` on A padded to 16 rows (M <= 16 rows of real data); whole K, one launch.
 4       ``dot_2pass``   ``dot`` with the deterministic two-pass split-K reduction of ``fma_2pass``.
 5       ``dot_atomic``  ``dot`` with the float32 atomic split-K reduction of ``fma_atomic``.
-6       ``gemv``        M == 1 only (``_gemv_kernel``): a 2-D ``[BN, BK]`` float32 accumulator, the activation row
-                        broadcast over the BN rows of B, reduced over K at the end, N and K compile-time constants
-                        (a binary per weight shape). What Inductor emits for an M=1 ``F.linear`` under max-autotune
-                        (a reduction kernel specialised to the shape); ``fma`` at M=1, the same sums through a 3-D
-                        accumulator with runtime sizes, ran Inductor's tiles at 0.64-0.69x of it (H100).
+6       ``gemv``        M <= 8 (``_gemv_kernel``): a ``[BN, BK]`` float32 accumulator per row of A, each weight
+                        tile loaded once and multiplied into every row, reduced over K at the end; M, N and K
+                        compile-time constants (a binary per shape). At M = 1 what Inductor emits for ``F.linear``
+                        under max-autotune (a reduction kernel specialised to the shape); ``fma`` at M=1, the same
+                        sums through a 3-D accumulator with runtime sizes, ran Inductor's tiles at 0.64-0.69x of
+                        it (H100). Up to M = 8 the multiply-adds stay CUDA-core work the weight stream hides.
 7       ``gemv_2pass``  ``gemv`` with the two-pass split-K reduction of ``fma_2pass``.
 ======  ==============  ============================================================================================
 
@@ -54,6 +55,9 @@ PDL_AVAILABLE = gdc_wait is not None and not INTERPRET
 _PDL_LAUNCH = {False: {}, True: {"launch_pdl": True} if PDL_AVAILABLE else {}}  # launch options by cfg.pdl
 
 MAX_M = 16
+#: Rows the ``gemv`` variants take: their M * N * K multiply-adds run on CUDA cores (fp32, ~30 T FMA/s on an H100),
+#: which at M = 8 is ~40% of the time an (N, K) = (4096, 4096) weight takes to stream; at M = 16 it would be ~80%.
+GEMV_MAX_M = 8
 
 # Reduction modes of the kernel's epilogue.
 _STORE, _PARTIALS, _ATOMIC = 0, 1, 2
@@ -67,7 +71,7 @@ class SkinnyVariant:
     name: str
     use_dot: bool
     reduction: int  # _STORE (no split), _PARTIALS (two-pass) or _ATOMIC
-    gemv: bool = False  # M == 1 only, 2-D accumulator
+    gemv: bool = False  # M <= GEMV_MAX_M, a [BN, BK] accumulator per row
 
     @property
     def splits_k(self) -> bool:
@@ -91,8 +95,7 @@ VARIANTS: dict[int, SkinnyVariant] = {v.solidx: v for v in (
 
 
 def block_m(M: int, use_dot: bool) -> int:
-    """Rows of A a program holds: M rounded up to a power of two (16 for ``tl.dot``, whose tiles are >= 16; the
-    ``gemv`` variants take M == 1, where this is 1)."""
+    """Rows of A a program holds: M rounded up to a power of two (16 for ``tl.dot``, whose tiles are >= 16)."""
     return 16 if use_dot else triton.next_power_of_2(M)
 
 
@@ -255,18 +258,20 @@ def _skinny_kernel(
 
 
 @triton.jit
-def _gemv_load_a(a_ptr, kk, stride_ak, K: tl.constexpr, EVEN_K: tl.constexpr, EVICT_FIRST: tl.constexpr):
-    """The activation's [1, BK] slice at columns ``kk`` (kept in L2: every program reads it)."""
+def _gemv_load_a(a_ptr, offs_m, kk, stride_am, stride_ak, K: tl.constexpr, EVEN_K: tl.constexpr,
+                 EVICT_FIRST: tl.constexpr):
+    """The activation's [BM, 1, BK] slice at rows ``offs_m``, columns ``kk`` (kept in L2: every program reads it)."""
     policy: tl.constexpr = "evict_last" if EVICT_FIRST else ""
+    ptrs = a_ptr + offs_m * stride_am + kk * stride_ak
     if EVEN_K:
-        return tl.load(a_ptr + kk * stride_ak, eviction_policy=policy)
-    return tl.load(a_ptr + kk * stride_ak, mask=kk < K, other=0.0, eviction_policy=policy)
+        return tl.load(ptrs, eviction_policy=policy)
+    return tl.load(ptrs, mask=kk < K, other=0.0, eviction_policy=policy)
 
 
 @triton.jit
 def _gemv_load_b(b_ptr, offs_n, kk, stride_bn, stride_bk, N: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
                  EVEN_K: tl.constexpr, EVICT_FIRST: tl.constexpr):
-    """The weight's [BN, BK] tile at rows ``offs_n``, columns ``kk`` (read once: evict_first)."""
+    """The weight's [1, BN, BK] tile at rows ``offs_n``, columns ``kk`` (read once: evict_first)."""
     policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     ptrs = b_ptr + offs_n * stride_bn + kk * stride_bk
     if EVEN_K:
@@ -279,13 +284,17 @@ def _gemv_load_b(b_ptr, offs_n, kk, stride_bn, stride_bk, N: tl.constexpr, K: tl
 @triton.jit
 def _gemv_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
-    stride_ak, stride_bn, stride_bk, stride_cs,
-    N: tl.constexpr, K: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, NUM_KSPLIT: tl.constexpr,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_cs, stride_cm,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, NUM_KSPLIT: tl.constexpr,
     REDUCTION: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT_FIRST: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    """M == 1: BLOCK_SIZE_N rows of B against the row of A over one K split (program axis 1). N and K are
-    compile-time constants, so every mask the shape does not need folds away and the K loop has a known trip count.
+    """M <= GEMV_MAX_M rows of A (BLOCK_SIZE_M: M rounded up to a power of two) against BLOCK_SIZE_N rows of B over
+    one K split (program axis 1): each weight element is loaded once and multiplied into the M rows' [BN, BK] float32
+    accumulators, reduced over K at the end. M, N and K are compile-time constants, so every mask the shape does not
+    need folds away and the K loop has a known trip count; at M == 1 the row axis folds away (compiled for sm_90, the
+    same instructions as the earlier M == 1 kernel with a 2-D [BN, BK] accumulator). Rows past M re-read row M - 1
+    (no load masks) and are not stored.
     PDL > 0 (launched with programmatic dependent launch): let the next kernel launch as our programs retire and wait
     until the previous kernel's writes are visible before reading A; PDL == 2 loads the first weight tile before
     that wait (``SkinnyConfig.pdl``)."""
@@ -294,10 +303,11 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr = K_SPLIT * NUM_KSPLIT == K
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[:, None]  # [BN, 1]
-    offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_SIZE_K)[None, :]  # [1, BK]
-    n_mask = offs_n < N
-    acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+    rows = tl.arange(0, BLOCK_SIZE_M)[:, None, None]  # [BM, 1, 1]
+    offs_m = tl.minimum(rows, M - 1)  # rows past M load row M - 1: unmasked (vector) loads
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :, None]  # [1, BN, 1]
+    offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_SIZE_K)[None, None, :]  # [1, 1, BK]
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
     K_FIRST: tl.constexpr = BLOCK_SIZE_K if PDL == 2 else 0
     if PDL == 1:
         gdc_launch_dependents()
@@ -306,21 +316,22 @@ def _gemv_kernel(
         gdc_launch_dependents()
         b = _gemv_load_b(b_ptr, offs_n, offs_k, stride_bn, stride_bk, N, K, EVEN_N, EVEN_K, EVICT_FIRST)
         gdc_wait()
-        a = _gemv_load_a(a_ptr, offs_k, stride_ak, K, EVEN_K, EVICT_FIRST)
+        a = _gemv_load_a(a_ptr, offs_m, offs_k, stride_am, stride_ak, K, EVEN_K, EVICT_FIRST)
         acc += b.to(tl.float32) * a.to(tl.float32)
     for k in tl.range(K_FIRST, K_SPLIT, BLOCK_SIZE_K):
         kk = offs_k + k
-        a = _gemv_load_a(a_ptr, kk, stride_ak, K, EVEN_K, EVICT_FIRST)
+        a = _gemv_load_a(a_ptr, offs_m, kk, stride_am, stride_ak, K, EVEN_K, EVICT_FIRST)
         b = _gemv_load_b(b_ptr, offs_n, kk, stride_bn, stride_bk, N, K, EVEN_N, EVEN_K, EVICT_FIRST)
         acc += b.to(tl.float32) * a.to(tl.float32)
-    out = tl.sum(acc, axis=1)[:, None]  # [BN, 1]
-    c_ptrs = c_ptr + pid_k * stride_cs + offs_n
+    out = tl.sum(acc, axis=2)[:, :, None]  # [BM, BN, 1]
+    c_ptrs = c_ptr + pid_k * stride_cs + rows * stride_cm + offs_n
+    c_mask = (rows < M) & (offs_n < N)
     if REDUCTION == 0:
         if HAS_BIAS:
-            out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=n_mask)
+            out += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=c_mask)
     else:  # float32 partials of split pid_k (the two-pass reduction adds the bias)
-        tl.store(c_ptrs, out, mask=n_mask)
+        tl.store(c_ptrs, out, mask=c_mask)
 
 
 def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype,
@@ -330,8 +341,8 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
     N = b.shape[0]
     cfg = config
     var = cfg.variant
-    if var.gemv and M != 1:
-        raise ValueError(f"skinny variant {var.name} takes M == 1, got A {tuple(a.shape)}")
+    if var.gemv and M > GEMV_MAX_M:
+        raise ValueError(f"skinny variant {var.name} takes M <= {GEMV_MAX_M}, got A {tuple(a.shape)}")
     split = cfg.NUM_KSPLIT
     out_is_buffer = var.reduction == _ATOMIC and otype == torch.float32
     if var.reduction == _STORE:
@@ -346,8 +357,9 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
     grid = (triton.cdiv(N, cfg.BLOCK_SIZE_N), split)
     if var.gemv:
         _gemv_kernel[grid](
-            a, b, bias if bias is not None else a, target, a.stride(1), b.stride(0), b.stride(1), strides[0],
-            N=N, K=K, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, NUM_KSPLIT=split,
+            a, b, bias if bias is not None else a, target, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            strides[0], strides[1], M=M, N=N, K=K, BLOCK_SIZE_M=block_m(M, False), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N,
+            BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, NUM_KSPLIT=split,
             REDUCTION=var.reduction, HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
             EVICT_FIRST=cfg.evict_first, PDL=cfg.pdl if PDL_AVAILABLE else 0,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_PDL_LAUNCH[cfg.pdl > 0],

@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--compile_max_m", type=int, default=16, help="time max-autotune only where M <= this")
     ap.add_argument("--sp_top", type=int, default=4, help="M > 16: screened tiles compiled again for the shape; "
                     "M == 1 with --pdl: gemv tiles launched again with PDL")
+    ap.add_argument("--only_gemv", action="store_true", help="M <= 16: screen the gemv tiles only (up to M = 8)")
     ap.add_argument("--pdl", action="store_true", help="M == 1: also the best gemv tiles with _PDL and _PDLW")
     return ap.parse_args(argv)
 
@@ -66,7 +67,7 @@ from aiter_gemm.backends import triton as triton_backend  # noqa: E402
 from aiter_gemm.backends.skinny import dot_sp_space, gemv_space  # noqa: E402
 from aiter_gemm.device import DeviceIdentity  # noqa: E402
 from aiter_gemm.kernels.gemm_a16w16 import GemmConfig  # noqa: E402
-from aiter_gemm.kernels.skinny import MAX_M, SkinnyConfig, block_m  # noqa: E402
+from aiter_gemm.kernels.skinny import GEMV_MAX_M, MAX_M, SkinnyConfig, block_m  # noqa: E402
 from gradlib.timing import SCREEN, TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 
 PAIRED = TimingConfig(warmup=5, reps=9, target_us=500.0, budget_s=0.4)
@@ -95,17 +96,23 @@ def gemm_grid(m: int, n: int, k: int, arch: str, sms: int) -> list[GemmConfig]:
     return [c for c in triton_backend.config_space(m, n, k, arch, sms) if not c.TMA_PERSISTENT]
 
 
-def grid(m: int, n: int, k: int, arch: str, sms: int) -> list[Config]:
-    """M >= 2: the tuner's whole-K ``dot`` tiles, shape-specialised (``dot_sp_space``) and not (the one-pass dot
-    configs of the skinny ``config_space``), pruned by the backend's ``config_error``. (Runs up to commit 3441b4d
+def grid(m: int, n: int, k: int, arch: str, sms: int, only_gemv: bool = False) -> list[Config]:
+    """M >= 2: the tuner's gemv tiles up to M = 8 (``gemv_space``), whole-K ``dot`` tiles, shape-specialised
+    (``dot_sp_space``) and not (the one-pass dot configs of the skinny ``config_space``), pruned by the backend's
+    ``config_error``; ``only_gemv``: the gemv tiles alone. (Runs up to commit 3441b4d
     screened a subset: ``_SP`` BN 32-128 x BK 64/128 x 3-5 stages x 2-8 warps, and 8 unspecialised tiles.) M == 1:
     the gemv variants' tuner space (``gemv_space``), and fma (whole K) / fma_2pass (split-K while N / BN gives fewer
     than 2 programs per SM) tiles, with and without evict_first, float32 accumulators per thread 4..64
     (BM * BN * BK / (32 * warps))."""
     if m > 1:
+        gemv = gemv_space(m, n, k, sms) if m <= GEMV_MAX_M else []
+        if only_gemv:
+            return gemv
         plain = [c for c in skinny_backend.config_space(m, n, k, arch, sms) if c.solidx == 3 and not c.specialize]
-        return [c for c in dot_sp_space() + plain if skinny_backend.config_error(c, m, n, k, arch) is None]
-    out = gemv_space(n, k, sms)
+        return [c for c in gemv + dot_sp_space() + plain if skinny_backend.config_error(c, m, n, k, arch) is None]
+    out = gemv_space(m, n, k, sms)
+    if only_gemv:
+        return out
     bm = block_m(m, False)
     for ef in (False, True):
         for bn in (1, 2, 4, 8, 16):
@@ -166,7 +173,7 @@ def explore(m: int, n: int, k: int, dev: torch.device, arch: str, sms: int, cach
         compiled(A[0], W[0])
     compile_s = time.perf_counter() - t0
     ind = inductor_configs(seen) if compiled is not None else []
-    cands = grid(m, n, k, arch, sms) if m <= MAX_M else gemm_grid(m, n, k, arch, sms)
+    cands = grid(m, n, k, arch, sms, args.only_gemv) if m <= MAX_M else gemm_grid(m, n, k, arch, sms)
     for c in ind:
         sk = as_skinny(c, m, k)
         if sk is not None and sk not in cands:
