@@ -113,7 +113,7 @@ def test_config_space_fits(M, N, K):
         assert not solidxs & gemv and solidxs >= {v for v in VARIANTS if VARIANTS[v].use_dot}
     for c in space:
         assert c.smem_bytes() <= 227 * 1024 and c.NUM_KSPLIT <= -(-K // c.BLOCK_SIZE_K)
-        assert c.variant.use_dot or c.acc_regs_per_thread(M) <= 64
+        assert c.variant.use_dot or c.acc_regs_per_thread(M) <= (128 if c.variant.gemv and M > 1 else 64)
     assert sb.config_space(17, N, K, "sm_90", 132) == []
 
 
@@ -212,16 +212,23 @@ def test_gemv_odd_shapes(N, K, cfg, bias):
 
 
 # The gemv kernel at M = 2..8 (M a compile-time constant; BLOCK_SIZE_M the next power of two, rows past M re-read
-# row M - 1 and are not stored): odd M, N and K, bias, split-K, fp32 partials, strided activations.
-@pytest.mark.parametrize("cfg", ["gemv_BN1_BK512_SK1_W4_S1_EF", "gemv_BN1_BK64_SK1_W2_S1", "gemv_BN2_BK64_SK1_W4_S1",
-                                 "gemv_2pass_BN1_BK64_SK3_W2_S1_EF"])
-@pytest.mark.parametrize("M", [2, 3, 5, 8])
-@pytest.mark.parametrize("N,K", [(3, 97), (17, 4100), (97, 1024)])
-@pytest.mark.parametrize("bias", [False, True])
+# row M - 1 and are not stored): odd M, N and K (N not a multiple of BN, K of BK or of the split), BN 1-4 rows, bias,
+# split-K, strided activations; bf16 and fp32 output.
+@pytest.mark.parametrize("M,N,K,cfg,bias", [
+    (2, 3, 97, "gemv_BN1_BK64_SK1_W2_S1", True),
+    (3, 17, 4100, "gemv_BN1_BK512_SK1_W4_S1_EF", False),
+    (5, 97, 1024, "gemv_BN2_BK256_SK1_W2_S1", True),
+    (8, 17, 200, "gemv_BN4_BK64_SK1_W2_S1_EF", True),
+    (4, 97, 4100, "gemv_2pass_BN2_BK512_SK3_W4_S1", False),
+    (7, 3, 97, "gemv_2pass_BN1_BK64_SK2_W2_S1_EF", True),
+    (2, 256, 512, "gemv_BN4_BK128_SK1_W4_S1", False),
+    (8, 97, 1024, "gemv_BN1_BK1024_SK1_W4_S1", True),
+])
 def test_gemv_several_rows(M, N, K, cfg, bias):
     torch.manual_seed(M * 17 + N * 131 + K)
-    a = torch.randn(K, M, dtype=torch.bfloat16, device=DEV).t() if M == 3 else torch.randn(M, K, dtype=torch.bfloat16,
-                                                                                          device=DEV)
+    a = torch.randn(M, K, dtype=torch.bfloat16, device=DEV)
+    if M == 3:  # rows not contiguous with each other (stride_am > K)
+        a = torch.randn(M, K + 8, dtype=torch.bfloat16, device=DEV)[:, :K]
     b = torch.randn(N, K, dtype=torch.bfloat16, device=DEV)
     bvec = torch.randn(N, dtype=torch.bfloat16, device=DEV) if bias else None
     for otype in (torch.bfloat16, torch.float32):
@@ -231,12 +238,14 @@ def test_gemv_several_rows(M, N, K, cfg, bias):
 
 
 def test_gemv_space_rows():
-    """At M >= 2 the gemv space keeps BN 1 with >= 8 K elements per thread (16-byte loads) and <= 64 accumulators;
-    none above GEMV_MAX_M."""
+    """At M >= 2 the gemv space keeps BN 1-4 rows with >= 8 K elements per thread (16-byte loads, no layout
+    conversion in the K loop) and <= 128 accumulators, all allowed by config_error; none above GEMV_MAX_M."""
     for M in range(2, GEMV_MAX_M + 1):
         space = sb.gemv_space(M, 4096, 4096, 132)
-        assert space and all(c.BLOCK_SIZE_N == 1 and c.BLOCK_SIZE_K // (32 * c.num_warps) >= 8 for c in space)
-        assert all(c.acc_regs_per_thread(M) <= 64 for c in space)
+        assert space and all(c.BLOCK_SIZE_N <= 4 and c.BLOCK_SIZE_K // (32 * c.num_warps) >= 8 for c in space)
+        assert all(c.acc_regs_per_thread(M) <= 128 for c in space)
+        assert all(sb.config_error(c, M, 4096, 4096, "sm_90") is None for c in space)
+        assert any(c.BLOCK_SIZE_N > 1 for c in space)
         assert {c.solidx for c in sb.config_space(M, 4096, 4096, "sm_90", 132)} >= {6}
     assert not any(c.variant.gemv for c in sb.config_space(GEMV_MAX_M + 1, 4096, 4096, "sm_90", 132))
 
