@@ -268,6 +268,38 @@ class LtLibrary:
         lt.matmul_algo_cap_get_attribute(algo.ctypes.data, int(attr), buf.ctypes.data, buf.itemsize, 0)
         return int(buf[0])
 
+    def cap_ids(self, raw: bytes, name: str) -> list[int]:
+        """An array capability of the algorithm (``TILE_IDS``, ``STAGES_IDS``): its size queried first, then read."""
+        lt = self.lt
+        attr = int(getattr(lt.MatmulAlgoCapAttribute, name))
+        algo = _algo_array(raw)
+        written = np.zeros(1, dtype=np.uint64)
+        lt.matmul_algo_cap_get_attribute(algo.ctypes.data, attr, 0, 0, written.ctypes.data)
+        n = int(written[0]) // 4
+        if n == 0:
+            return []
+        buf = np.zeros(n, dtype=np.uint32)
+        lt.matmul_algo_cap_get_attribute(algo.ctypes.data, attr, buf.ctypes.data, buf.nbytes, written.ctypes.data)
+        return [int(v) for v in buf]
+
+    def algo_ids(self, problem: GemmProblem, count: int = 256) -> list[int]:
+        """``cublasLtMatmulAlgoGetIds``: every algorithm id for the problem's types, not only the heuristic's."""
+        tin, tout = _CUDA_DTYPE[problem.dtype], _CUDA_DTYPE[problem.otype]
+        got = self.lt.matmul_algo_get_ids(self.handle, COMPUTE_32F, CUDA_R_32F, tin, tin, tout, tout, count)
+        flat = list(got[0]) if got and not isinstance(got[0], (int, np.integer)) else list(got)
+        return [int(v) for v in flat]
+
+    def init_algo(self, problem: GemmProblem, algo_id: int) -> bytes:
+        """``cublasLtMatmulAlgoInit``: algorithm ``algo_id`` for the problem's types, its config at defaults."""
+        tin, tout = _CUDA_DTYPE[problem.dtype], _CUDA_DTYPE[problem.otype]
+        algo = np.zeros(ALGO_BYTES, dtype=np.uint8)
+        try:
+            self.lt.matmul_algo_init(self.handle, COMPUTE_32F, CUDA_R_32F, tin, tin, tout, tout, algo_id,
+                                     algo.ctypes.data)
+        except self.lt.cuBLASLtError as exc:
+            raise AlgoRejected(f"algorithm id {algo_id}: {exc}") from None
+        return algo.tobytes()
+
     def tile_dims(self, tile_id: int) -> tuple[int, int] | None:
         """(rows, cols) of a ``cublasLtMatmulTile_t`` id from its enum name (``TILE_128x64``), None if unknown."""
         try:

@@ -179,6 +179,55 @@ def enumerate_candidates(lib: LtLibrary, problem: GemmProblem, device: DeviceIde
     return out
 
 
+def enumerate_space(lib: LtLibrary, problem: GemmProblem, device: DeviceIdentity,
+                    max_tile_cols: int | None = None, max_checks: int = 20000) -> list[EnumeratedAlgo]:
+    """Every algorithm id of the problem's types x its tiles x its stage counts (x split-K 2..16 where the output
+    tiles leave SMs idle), each checked on the plan; unique by config. The heuristic (:func:`enumerate_candidates`)
+    returns 8-37 of these per shape; this is the space it picks from. ``max_tile_cols``: skip tiles wider than this
+    along M (cuBLAS sees out.T: tile columns run over M), default 2 * max(M, 8); at most ``max_checks`` checks."""
+    plan = lib.plan(problem)
+    checks = 0
+    cols_cap = max_tile_cols or 2 * max(problem.M, 8)
+    seen: set[tuple[int, ...]] = set()
+    out: list[EnumeratedAlgo] = []
+    for algo_id in lib.algo_ids(problem):
+        try:
+            base = lib.init_algo(problem, algo_id)
+        except AlgoRejected:
+            continue
+        split_ok = lib.cap(base, "SPLITK_SUPPORT")
+        schemes = lib.cap(base, "REDUCTION_SCHEME_MASK")
+        scheme = next((s for s in (2, 1, 4) if schemes & s), 0)
+        stages = lib.cap_ids(base, "STAGES_IDS") or [0]
+        for tile in lib.cap_ids(base, "TILE_IDS") or [0]:
+            dims = lib.tile_dims(tile)
+            if dims is not None and dims[1] > cols_cap:
+                continue
+            tiles = -(-problem.N // dims[0]) * -(-problem.M // dims[1]) if dims else device.cu_num
+            splits = [1] + [s for s in (2, 4, 8, 16) if split_ok and scheme and tiles < device.cu_num
+                            and tiles * s <= 2 * device.cu_num and problem.K >= 256 * s]
+            for stage in stages:
+                for split in splits:
+                    checks += 1
+                    if checks > max_checks:
+                        log.warning("cublaslt space of %s: stopped after %d checks", problem, max_checks)
+                        return out
+                    change = {"TILE_ID": tile, "STAGES_ID": stage}
+                    if split > 1:
+                        change.update(SPLITK_NUM=split, REDUCTION_SCHEME=scheme)
+                    try:
+                        checked = lib.check(plan, lib.with_config(base, **change))
+                    except AlgoRejected:
+                        continue
+                    key = _config_key(lib.config(checked.raw))
+                    if checked.workspace > DEFAULT_WORKSPACE or key in seen:
+                        continue
+                    seen.add(key)
+                    out.append(EnumeratedAlgo(solution_for(lib, checked.raw),
+                                              f"id{algo_id}/tile{tile}/stages{stage}/sk{split}", checked.workspace))
+    return out
+
+
 # ---- the runner -----------------------------------------------------------------------------------------------
 def _raw_stream_fn() -> Callable[[int], int]:
     fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton/inductor use: no Stream object
