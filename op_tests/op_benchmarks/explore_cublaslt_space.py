@@ -40,7 +40,7 @@ def explore(m: int, n: int, k: int, args: argparse.Namespace, rows: list[dict]) 
     dev = torch.device("cuda")
     ident = current_device_identity(on_gpu=True)
     backend = get_backend("cublaslt")
-    lib = backend.library
+    lib = backend.library()
     problem = GemmProblem(m, n, k)
     t0 = time.perf_counter()
     heur = [c.solution for c in enumerate_candidates(lib, problem, ident)]
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             w.writeheader()
             w.writerows(rows)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cublaslt": get_backend("cublaslt").library.version,
+           "cublaslt": get_backend("cublaslt").library().version,
            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "seconds": time.monotonic() - t0}
     (out / "env.json").write_text(json.dumps(env, indent=1))
     return 0
