@@ -180,26 +180,29 @@ def enumerate_candidates(lib: LtLibrary, problem: GemmProblem, device: DeviceIde
 
 
 def enumerate_space(lib: LtLibrary, problem: GemmProblem, device: DeviceIdentity,
-                    max_tile_cols: int | None = None, max_checks: int = 20000) -> list[EnumeratedAlgo]:
-    """Every algorithm id of the problem's types x its tiles x its stage counts (x split-K 2..16 where the output
-    tiles leave SMs idle), each checked on the plan; unique by config. The heuristic (:func:`enumerate_candidates`)
-    returns 8-37 of these per shape; this is the space it picks from. ``max_tile_cols``: skip tiles wider than this
-    along M (cuBLAS sees out.T: tile columns run over M), default 2 * max(M, 8); at most ``max_checks`` checks."""
+                    max_tile_cols: int | None = None, max_checks: int = 40000) -> list[EnumeratedAlgo]:
+    """The tile x stage-count neighbourhood (x split-K 2..16 where the output tiles leave SMs idle) of every
+    heuristic candidate (:func:`enumerate_candidates`, whose inner shape, cluster and swizzle it keeps) and of every
+    algorithm id at its default config (``cublasLtMatmulAlgoInit``), each checked on the plan; unique by config.
+    ``max_tile_cols``: skip tiles wider than this along M (cuBLAS sees out.T: tile columns run over M), default
+    2 * max(M, 8); at most ``max_checks`` checks."""
     plan = lib.plan(problem)
-    checks = 0
     cols_cap = max_tile_cols or 2 * max(problem.M, 8)
-    seen: set[tuple[int, ...]] = set()
-    out: list[EnumeratedAlgo] = []
+    bases = [(decode_algo(c.solution.kernelName)[1], c.origin) for c in enumerate_candidates(lib, problem, device)]
     for algo_id in lib.algo_ids(problem):
         try:
-            base = lib.init_algo(problem, algo_id)
+            bases.append((lib.init_algo(problem, algo_id), f"init{algo_id}"))
         except AlgoRejected:
             continue
+    seen: set[tuple[int, ...]] = set()
+    out: list[EnumeratedAlgo] = []
+    checks = 0
+    for base, origin in bases:
         split_ok = lib.cap(base, "SPLITK_SUPPORT")
         schemes = lib.cap(base, "REDUCTION_SCHEME_MASK")
         scheme = next((s for s in (2, 1, 4) if schemes & s), 0)
-        stages = lib.cap_ids(base, "STAGES_IDS") or [0]
-        for tile in lib.cap_ids(base, "TILE_IDS") or [0]:
+        stages = lib.cap_ids(base, "STAGES_IDS") or [lib.config(base)["STAGES_ID"]]
+        for tile in lib.cap_ids(base, "TILE_IDS") or [lib.config(base)["TILE_ID"]]:
             dims = lib.tile_dims(tile)
             if dims is not None and dims[1] > cols_cap:
                 continue
@@ -212,9 +215,9 @@ def enumerate_space(lib: LtLibrary, problem: GemmProblem, device: DeviceIdentity
                     if checks > max_checks:
                         log.warning("cublaslt space of %s: stopped after %d checks", problem, max_checks)
                         return out
-                    change = {"TILE_ID": tile, "STAGES_ID": stage}
+                    change = {"TILE_ID": tile, "STAGES_ID": stage, "SPLITK_NUM": split}
                     if split > 1:
-                        change.update(SPLITK_NUM=split, REDUCTION_SCHEME=scheme)
+                        change["REDUCTION_SCHEME"] = scheme
                     try:
                         checked = lib.check(plan, lib.with_config(base, **change))
                     except AlgoRejected:
@@ -224,7 +227,7 @@ def enumerate_space(lib: LtLibrary, problem: GemmProblem, device: DeviceIdentity
                         continue
                     seen.add(key)
                     out.append(EnumeratedAlgo(solution_for(lib, checked.raw),
-                                              f"id{algo_id}/tile{tile}/stages{stage}/sk{split}", checked.workspace))
+                                              f"{origin}/tile{tile}/stages{stage}/sk{split}", checked.workspace))
     return out
 
 
