@@ -94,7 +94,18 @@ class FakeLib:
         return {"CTA_SWIZZLING_SUPPORT": 1, "SPLITK_SUPPORT": 1, "REDUCTION_SCHEME_MASK": 7}.get(name, 16)
 
     def tile_dims(self, tile_id):
-        return {1: (128, 64), 2: (256, 128)}.get(tile_id)
+        return {1: (128, 64), 2: (256, 128), 3: (64, 16), 4: (128, 256)}.get(tile_id)
+
+    def cap_ids(self, raw, name):
+        return {"TILE_IDS": [1, 3, 4], "STAGES_IDS": [7, 9]}[name]
+
+    def algo_ids(self, problem, count=256):
+        return [1, 6]
+
+    def init_algo(self, problem, algo_id):
+        if algo_id == 6:
+            raise ltlib.AlgoRejected("algorithm id 6: CUBLAS_STATUS_NOT_SUPPORTED")
+        return self.make(ID=algo_id)
 
     def cluster_id(self, shape):
         return {"1x1x1": 2, "2x1x1": 3, "1x2x1": 5}[shape]
@@ -212,6 +223,25 @@ def test_no_split_k_when_tiles_fill_the_gpu():
     lib.lists = {(32 << 20, None): [raw]}
     big = GemmProblem(4096, 4096, 4096)
     assert not any(c.solution.splitK for c in cublaslt.enumerate_candidates(lib, big, H100))
+
+
+def test_space_is_the_tile_stage_neighbourhood_checked_and_unique():
+    lib = FakeLib(reject=lambda cfg: cfg["TILE_ID"] == 3 and cfg["STAGES_ID"] == 9)
+    lib.lists = {(32 << 20, None): [lib.make(ID=2, TILE_ID=1, STAGES_ID=7, CLUSTER_SHAPE_ID=3)]}
+    found = cublaslt.enumerate_space(lib, PROBLEM, H100)  # M=64: tiles wider than 128 along M are skipped
+    cfgs = [lib.config(cublaslt.decode_algo(c.solution.kernelName)[1]) for c in found]
+    keys = [tuple(c.values()) for c in cfgs]
+    assert len(keys) == len(set(keys)) and {c["ID"] for c in cfgs} == {1, 2}  # the heuristic's and AlgoInit's
+    assert all(c["TILE_ID"] in (1, 3) for c in cfgs)  # tile 4 (128 x 256) is wider than 2 * M along M
+    assert not any(c["TILE_ID"] == 3 and c["STAGES_ID"] == 9 for c in cfgs)  # refused by the check
+    # the heuristic pick's cluster (and its cluster variations) kept; AlgoInit's default config has none set
+    assert 3 in {c["CLUSTER_SHAPE_ID"] for c in cfgs if c["ID"] == 2}
+    assert {c["CLUSTER_SHAPE_ID"] for c in cfgs if c["ID"] == 1} == {0}
+    # 128 x 64 tiles: 32 x 1 = 32 < 132 SMs, so split-K 2 and 4 (K >= 256 * split, <= 2 x SMs of tiles); 64 x 16
+    # tiles: 64 x 4 = 256 fill the GPU, no split.
+    assert {c["SPLITK_NUM"] for c in cfgs if c["TILE_ID"] == 1} == {1, 2, 4, 8}
+    assert {c["SPLITK_NUM"] for c in cfgs if c["TILE_ID"] == 3} == {1}
+    assert len(cublaslt.enumerate_space(lib, PROBLEM, H100, max_checks=3)) <= 3
 
 
 # ---- the call path on CPU, through a fake nvmath module: pointer mapping, copies, per-call attributes --------------

@@ -1,13 +1,14 @@
 """Does cuBLASLt hold faster kernels than its heuristic returns? (issue 14, M 17-256)
 
 The ``cublaslt`` tuner searches what ``cublasLtMatmulAlgoGetHeuristic`` returns under 15 preference variants plus
-split-K / swizzle / cluster changes of those (:func:`aiter_gemm.backends.cublaslt.enumerate_candidates`: 8-37
-distinct algorithms per shape on the H100). :func:`~aiter_gemm.backends.cublaslt.enumerate_space` walks a wider
-space: the tile x stage-count neighbourhood (x split-K where the tiles leave SMs idle) of every heuristic candidate
-and of every algorithm id at its default config, each accepted by ``cublasLtMatmulAlgoCheck``. Per shape this script checks every candidate of both against float32, screens them
-with the tuner's CUDA-graph timing over rotating buffers > 2x L2 (``--screen_max``: at most this many from the
-space, sampled, plus every heuristic one), then times F.linear, the dispatch as shipped, the best heuristic
-candidate and the best ``--top`` of the space in paired rounds (``gradlib.timing.time_paired``).
+split-K / swizzle / cluster changes of those (:func:`aiter_gemm.backends.cublaslt.enumerate_candidates`: 33-142
+distinct algorithms per shape at M 32-256 on the H100). :func:`~aiter_gemm.backends.cublaslt.enumerate_space` walks
+a wider space: the tile x stage-count neighbourhood (x split-K where the tiles leave SMs idle) of every heuristic
+candidate and of every algorithm id at its default config, each accepted by ``cublasLtMatmulAlgoCheck``. Per shape
+this script checks every candidate of both against float32, screens them with the tuner's CUDA-graph timing over
+rotating buffers > 2x L2 (``--screen_max``: at most this many from the space, sampled, plus every heuristic one),
+then times F.linear, the dispatch as shipped, the best heuristic candidate and the best ``--top`` of the space in
+paired rounds (``gradlib.timing.time_paired``).
 
     python -m op_tests.op_benchmarks.explore_cublaslt_space --out $OUT --shapes 64x4096x4096,32x1280x8192
 """
