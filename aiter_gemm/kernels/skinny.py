@@ -22,7 +22,8 @@ solidx  name            what it does
                         compile-time constants (a binary per shape). At M = 1 what Inductor emits for ``F.linear``
                         under max-autotune (a reduction kernel specialised to the shape); ``fma`` at M=1, the same
                         sums through a 3-D accumulator with runtime sizes, ran Inductor's tiles at 0.64-0.69x of
-                        it (H100). Up to M = 8 the multiply-adds stay CUDA-core work the weight stream hides.
+                        it (H100). CUDA-core multiply-adds: on the H100 it won at M = 2 (every shipped shape), at
+                        M = 4 on one, and ran 0.48-0.67x F.linear at M = 8 (instruction-bound).
 7       ``gemv_2pass``  ``gemv`` with the two-pass split-K reduction of ``fma_2pass``.
 ======  ==============  ============================================================================================
 
@@ -55,8 +56,9 @@ PDL_AVAILABLE = gdc_wait is not None and not INTERPRET
 _PDL_LAUNCH = {False: {}, True: {"launch_pdl": True} if PDL_AVAILABLE else {}}  # launch options by cfg.pdl
 
 MAX_M = 16
-#: Rows the ``gemv`` variants take: their M * N * K multiply-adds run on CUDA cores (fp32, ~30 T FMA/s on an H100),
-#: which at M = 8 is ~40% of the time an (N, K) = (4096, 4096) weight takes to stream; at M = 16 it would be ~80%.
+#: Rows the ``gemv`` variants take. Their M * N * K multiply-adds (plus converting M rows of A per weight load) run
+#: on CUDA cores: at M = 8 every tile ran 0.48-0.67x F.linear on the H100 (results/skinny_inductor_h100/gemv_m2_m8),
+#: so more rows would only be slower; the tensor-core ``dot`` variants cover M up to 16.
 GEMV_MAX_M = 8
 
 # Reduction modes of the kernel's epilogue.
