@@ -4,7 +4,9 @@
 # optionally shipping the winners (SHIP=1: ship_skinny_rows.py into configs/bf16_tuned_gemm.csv, copied to $OUT).
 #
 #   OUT=/tmp/x SHAPES=4x4096x4096,8x4096x4096 COMMIT=$(git rev-parse HEAD) bash op_tests/op_benchmarks/run_explore_h100.sh
-# EXPLORE_ARGS: extra explore arguments (e.g. "--deadline_s 300 --compile_max_m 0"); RUN_TESTS=0 skips the tests.
+# EXPLORE_ARGS: extra explore arguments (e.g. "--deadline_s 300 --compile_max_m 0"); RUN_TESTS=0 skips the tests;
+# TEST_LIMIT_S (default 360: in results gemv_m2_m8* the skinny tests alone ran past 150-170 s on the H100, compiling
+# a kernel per shape). COMMIT: take it from your checkout; a device copy's own git HEAD can be stale.
 set -u
 OUT=${OUT:?set OUT to an output folder}
 SHAPES=${SHAPES:?set SHAPES to MxNxK,...}
@@ -16,7 +18,7 @@ mkdir -p "$OUT"
   echo "commit ${COMMIT:-unknown}; shapes $SHAPES; args ${EXPLORE_ARGS:-}"
 } > "$OUT/env.txt"
 if [ "${RUN_TESTS:-1}" != 0 ]; then
-  timeout -s TERM ${TEST_LIMIT_S:-200} python -m pytest -q -p no:cacheprovider op_tests/test_skinny_backend.py \
+  timeout -s TERM ${TEST_LIMIT_S:-360} python -m pytest -q -p no:cacheprovider op_tests/test_skinny_backend.py \
     op_tests/test_triton_backend.py op_tests/test_shipped_configs.py > "$OUT/pytest_gpu.log" 2>&1
   echo "tests rc=$?" >> "$OUT/env.txt"
 fi
