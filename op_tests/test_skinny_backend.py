@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from aiter_gemm.backends import get_backend
 from aiter_gemm.backends import skinny as sb
@@ -113,7 +114,7 @@ def test_config_space_fits(M, N, K):
         assert not solidxs & gemv and solidxs >= {v for v in VARIANTS if VARIANTS[v].use_dot}
     for c in space:
         assert c.smem_bytes() <= 227 * 1024 and c.NUM_KSPLIT <= -(-K // c.BLOCK_SIZE_K)
-        assert c.variant.use_dot or c.acc_regs_per_thread(M) <= (128 if c.variant.gemv and M > 1 else 64)
+        assert c.variant.use_dot or c.acc_regs_per_thread(M) <= 64
     assert sb.config_space(17, N, K, "sm_90", 132) == []
 
 
@@ -223,6 +224,8 @@ def test_gemv_odd_shapes(N, K, cfg, bias):
     (7, 3, 97, "gemv_2pass_BN1_BK64_SK2_W2_S1_EF", True),
     (2, 256, 512, "gemv_BN4_BK128_SK1_W4_S1", False),
     (8, 97, 1024, "gemv_BN1_BK1024_SK1_W4_S1", True),
+    (6, 97, 1024, "gemv_BN8_BK256_SK1_W2_S1_EF", False),
+    (5, 33, 200, "gemv_BN8_BK64_SK1_W2_S1", True),
 ])
 def test_gemv_several_rows(M, N, K, cfg, bias):
     torch.manual_seed(M * 17 + N * 131 + K)
@@ -238,12 +241,15 @@ def test_gemv_several_rows(M, N, K, cfg, bias):
 
 
 def test_gemv_space_rows():
-    """At M >= 2 the gemv space keeps BN 1-4 rows with >= 8 K elements per thread (16-byte loads, no layout
-    conversion in the K loop) and <= 128 accumulators, all allowed by config_error; none above GEMV_MAX_M."""
+    """At M >= 2 the gemv space keeps BN 1-8 rows with >= 8 K elements per thread (16-byte loads, no layout
+    conversion in the K loop) and <= 64 accumulators (folded by 8 along K), all allowed by config_error; none above
+    GEMV_MAX_M."""
     for M in range(2, GEMV_MAX_M + 1):
         space = sb.gemv_space(M, 4096, 4096, 132)
-        assert space and all(c.BLOCK_SIZE_N <= 4 and c.BLOCK_SIZE_K // (32 * c.num_warps) >= 8 for c in space)
-        assert all(c.acc_regs_per_thread(M) <= 128 for c in space)
+        assert space and all(c.BLOCK_SIZE_N <= 8 and c.BLOCK_SIZE_K // (32 * c.num_warps) >= 8 for c in space)
+        assert all(c.acc_regs_per_thread(M) <= 64 for c in space)
+        assert SkinnyConfig.from_name("gemv_BN2_BK1024_SK1_W4_S1").acc_regs_per_thread(M) == (
+            triton.next_power_of_2(M) * 2 * 1024 // 8 // 128)
         assert all(sb.config_error(c, M, 4096, 4096, "sm_90") is None for c in space)
         assert any(c.BLOCK_SIZE_N > 1 for c in space)
         assert {c.solidx for c in sb.config_space(M, 4096, 4096, "sm_90", 132)} >= {6}

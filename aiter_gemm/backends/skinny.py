@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 # The FMA variants keep BM*BN*BK float32 accumulators in registers: at most this many per thread (255 is the cap;
 # the tile of B in flight and addresses need the rest).
 _MAX_ACC_REGS = 64
-# The gemv kernel at M >= 2: its accumulators are nearly all it holds (a 16-byte load of B and M of A per K step).
-_MAX_ACC_REGS_GEMV_ROWS = 128
 # Split-K is searched only while the slabs alone give fewer than 2 programs per SM, up to 4 programs per SM with the
 # splits: on the H100 no split beat the one-pass kernels once N / BLOCK_SIZE_N >= 2 * SMs, and beyond 4 programs per
 # SM splits only add partial-sum traffic (explore sweep, BENCHMARKS.md).
@@ -59,9 +57,8 @@ def config_error(cfg: SkinnyConfig, M: int, N: int, K: int, arch: str, dtype: to
         return f"{cfg.name} needs programmatic dependent launch (sm_90+); {arch} has none"
     if cfg.smem_bytes(isz) > smem_limit(arch):
         return f"{cfg.name} needs {cfg.smem_bytes(isz)} B of shared memory, {arch} has {smem_limit(arch)}"
-    max_acc = _MAX_ACC_REGS_GEMV_ROWS if cfg.variant.gemv and M > 1 else _MAX_ACC_REGS
-    if not cfg.variant.use_dot and cfg.acc_regs_per_thread(M) > max_acc:
-        return f"{cfg.name} at M={M} keeps {cfg.acc_regs_per_thread(M)} accumulators per thread (> {max_acc})"
+    if not cfg.variant.use_dot and cfg.acc_regs_per_thread(M) > _MAX_ACC_REGS:
+        return f"{cfg.name} at M={M} keeps {cfg.acc_regs_per_thread(M)} accumulators per thread (> {_MAX_ACC_REGS})"
     if cfg.NUM_KSPLIT > triton.cdiv(K, cfg.BLOCK_SIZE_K):
         return f"{cfg.name} splits K={K} into more parts than it has BLOCK_SIZE_K tiles"
     return None
@@ -102,18 +99,16 @@ def config_space(M: int, N: int, K: int, arch: str, cu_num: int, dtype: torch.dt
 
 
 def gemv_space(M: int, N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
-    """The gemv variants' tiles: BN 1..16 rows x BK 512..4096 (not past K), 4..32 warps, one stage, with and without
-    ``evict_first``, keeping 2..64 float32 accumulators per thread (BM * BN * BK / (32 * warps)). At M == 1 it holds
-    every tile Inductor's coordinate descent chose for the 8 shipped M=1 shapes on the H100 (XBLOCK 1-8, R0_BLOCK
-    512-4096, 4-32 warps, 1 stage, evict_first; results/skinny_inductor_h100; its choice varies between runs). At
-    M >= 2 (2..16 warps, up to 128 accumulators) only tiles with at least 8 K elements (one 16-byte load) per thread:
-    compiled for sm_90, shorter K slices convert the accumulator's layout through shared memory in every K step; BN
-    1..4 rows share each load of A (at BN 1 every program re-reads A: M = 4 and 8 ran slower than M = 2 on the H100,
-    results/skinny_inductor_h100/gemv_m2_m8). Split-K (two-pass, 2/4/8) as for the other variants."""
-    bm = triton.next_power_of_2(M)
+    """The gemv variants' tiles: BN 1..16 rows x BK 512..4096 (not past K), one stage, with and without
+    ``evict_first``, keeping 2..64 float32 accumulators per thread (:meth:`SkinnyConfig.acc_regs_per_thread`). At
+    M == 1 (4..32 warps) it holds every tile Inductor's coordinate descent chose for the 8 shipped M=1 shapes on the
+    H100 (XBLOCK 1-8, R0_BLOCK 512-4096, 4-32 warps, 1 stage, evict_first; results/skinny_inductor_h100; its choice
+    varies between runs). At M >= 2 (BN 1..8, 2..16 warps) only tiles with at least 8 K elements (one 16-byte load)
+    per thread: compiled for sm_90, shorter K slices convert the accumulator's layout through shared memory in every
+    K step; BN > 1 rows share each load of A. Split-K (two-pass, 2/4/8) as for the other variants."""
     space = []
     for ef in (False, True):
-        for bn in (1, 2, 4, 8, 16) if M == 1 else (1, 2, 4):
+        for bn in (1, 2, 4, 8, 16) if M == 1 else (1, 2, 4, 8):
             programs = triton.cdiv(N, bn)
             splits = [1] + ([s for s in (2, 4, 8) if programs * s <= _MAX_PROGRAMS_PER_CU * cu_num]
                             if programs < _SPLIT_BELOW_PROGRAMS_PER_CU * cu_num else [])
@@ -121,12 +116,12 @@ def gemv_space(M: int, N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
                 if bk > max(512, triton.next_power_of_2(K)):
                     continue
                 for warps in (4, 8, 16, 32) if M == 1 else (2, 4, 8, 16):
-                    per_thread = bn * bk // (32 * warps)
-                    if not 2 <= bm * per_thread <= (_MAX_ACC_REGS if M == 1 else _MAX_ACC_REGS_GEMV_ROWS) or (
-                            M > 1 and bk // (32 * warps) < 8):  # M > 1: 16-byte loads, no layout conversion
+                    if M > 1 and bk // (32 * warps) < 8:  # 16-byte loads, no layout conversion in the loop
                         continue
                     for sk in splits:
-                        space.append(SkinnyConfig(6 if sk == 1 else 7, bn, bk, sk, warps, 1, ef))
+                        cfg = SkinnyConfig(6 if sk == 1 else 7, bn, bk, sk, warps, 1, ef)
+                        if 2 <= cfg.acc_regs_per_thread(M) <= _MAX_ACC_REGS:
+                            space.append(cfg)
     return space
 
 

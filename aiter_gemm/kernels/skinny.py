@@ -60,6 +60,8 @@ MAX_M = 16
 #: on CUDA cores: at M = 8 every tile ran 0.48-0.67x F.linear on the H100 (results/skinny_inductor_h100/gemv_m2_m8),
 #: so more rows would only be slower; the tensor-core ``dot`` variants cover M up to 16.
 GEMV_MAX_M = 8
+#: At M > 1 the gemv kernel sums each thread's 8 products of one 16-byte weight load at once (``_gemv_fma``).
+GEMV_FOLD = tl.constexpr(8)  # a constexpr: the kernel reads it too
 
 # Reduction modes of the kernel's epilogue.
 _STORE, _PARTIALS, _ATOMIC = 0, 1, 2
@@ -169,10 +171,12 @@ class SkinnyConfig:
                    {None: 0, "_PDL": 1, "_PDLW": 2}[pdl])
 
     def acc_regs_per_thread(self, M: int) -> int:
-        """float32 accumulator registers per thread (the FMA variants' 3-D accumulator, gemv's [BN, BK], the dot's
-        [16, BN])."""
+        """float32 accumulator registers per thread (the FMA variants' 3-D accumulator, gemv's [BN, BK] per row,
+        folded by 8 along K at M > 1 (``_gemv_fma``), the dot's [16, BN])."""
         bm = block_m(M, self.variant.use_dot)
         elems = bm * self.BLOCK_SIZE_N * (1 if self.variant.use_dot else self.BLOCK_SIZE_K)
+        if self.variant.gemv and bm > 1:
+            elems //= GEMV_FOLD.value
         return max(1, elems // (32 * self.num_warps))
 
     def smem_bytes(self, itemsize: int = 2) -> int:
@@ -284,6 +288,45 @@ def _gemv_load_b(b_ptr, offs_n, kk, stride_bn, stride_bk, N: tl.constexpr, K: tl
 
 
 @triton.jit
+def _halves(x):
+    """[d0, d1, r, 2j] -> its even and its odd positions along the last axis, each [d0, d1, r, j]."""
+    return tl.split(tl.reshape(x, (x.shape[0], x.shape[1], x.shape[2], x.shape[3] // 2, 2)))
+
+
+@triton.jit
+def _eighths(x):
+    """[d0, d1, BK] -> 8 tensors [d0, d1, BK // 8], tensor j holding the elements 8i + j' (j' = j bit-reversed):
+    the 8 values of one 16-byte load, which one thread holds, in 8 registers. No data moves between threads."""
+    r: tl.constexpr = x.shape[2] // 8
+    x0, x1 = _halves(tl.reshape(x, (x.shape[0], x.shape[1], r, 8)))
+    x00, x01 = _halves(x0)
+    x10, x11 = _halves(x1)
+    x000, x001 = _halves(x00)
+    x010, x011 = _halves(x01)
+    x100, x101 = _halves(x10)
+    x110, x111 = _halves(x11)
+    s: tl.constexpr = (x.shape[0], x.shape[1], r)
+    return (tl.reshape(x000, s), tl.reshape(x001, s), tl.reshape(x010, s), tl.reshape(x011, s),
+            tl.reshape(x100, s), tl.reshape(x101, s), tl.reshape(x110, s), tl.reshape(x111, s))
+
+
+@triton.jit
+def _gemv_fma(acc, a, b, FOLD: tl.constexpr):
+    """``acc`` + the products of ``a`` [BM, 1, BK] and ``b`` [1, BN, BK] in float32. FOLD == 8 (M > 1): each
+    thread sums the 8 products of one 16-byte load into one accumulator per row and column, as a chain of 8
+    multiply-adds (acc is [BM, BN, BK // 8]); FOLD == 1: one accumulator per product (acc is [BM, BN, BK])."""
+    a = a.to(tl.float32)
+    b = b.to(tl.float32)
+    if FOLD == 1:
+        acc = acc + b * a
+    else:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eighths(a)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _eighths(b)
+        acc = acc + a0 * b0 + a1 * b1 + a2 * b2 + a3 * b3 + a4 * b4 + a5 * b5 + a6 * b6 + a7 * b7
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cs, stride_cm,
@@ -309,7 +352,10 @@ def _gemv_kernel(
     offs_m = tl.minimum(rows, M - 1)  # rows past M load row M - 1: unmasked (vector) loads
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :, None]  # [1, BN, 1]
     offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_SIZE_K)[None, None, :]  # [1, 1, BK]
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+    # M > 1: each thread folds the 8 products of one 16-byte load into one accumulator per row and column right away
+    # (``_gemv_fma``), so the BM * BN accumulators cost BK / 8 registers each, not BK.
+    FOLD: tl.constexpr = GEMV_FOLD if BLOCK_SIZE_M > 1 else 1
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K // FOLD), dtype=tl.float32)
     K_FIRST: tl.constexpr = BLOCK_SIZE_K if PDL == 2 else 0
     if PDL == 1:
         gdc_launch_dependents()
@@ -319,12 +365,12 @@ def _gemv_kernel(
         b = _gemv_load_b(b_ptr, offs_n, offs_k, stride_bn, stride_bk, N, K, EVEN_N, EVEN_K, EVICT_FIRST)
         gdc_wait()
         a = _gemv_load_a(a_ptr, offs_m, offs_k, stride_am, stride_ak, K, EVEN_K, EVICT_FIRST)
-        acc += b.to(tl.float32) * a.to(tl.float32)
+        acc = _gemv_fma(acc, a, b, FOLD)
     for k in tl.range(K_FIRST, K_SPLIT, BLOCK_SIZE_K):
         kk = offs_k + k
         a = _gemv_load_a(a_ptr, offs_m, kk, stride_am, stride_ak, K, EVEN_K, EVICT_FIRST)
         b = _gemv_load_b(b_ptr, offs_n, kk, stride_bn, stride_bk, N, K, EVEN_N, EVEN_K, EVICT_FIRST)
-        acc += b.to(tl.float32) * a.to(tl.float32)
+        acc = _gemv_fma(acc, a, b, FOLD)
     out = tl.sum(acc, axis=2)[:, :, None]  # [BM, BN, 1]
     c_ptrs = c_ptr + pid_k * stride_cs + rows * stride_cm + offs_n
     c_mask = (rows < M) & (offs_n < N)
