@@ -16,6 +16,7 @@ from aiter_gemm.kernels.skinny import (
     VARIANTS,
     SkinnyConfig,
     default_skinny_config,
+    gemv_fold,
     launch_skinny,
     skinny_gemm,
     skinny_gemm_ref,
@@ -242,14 +243,16 @@ def test_gemv_several_rows(M, N, K, cfg, bias):
 
 def test_gemv_space_rows():
     """At M >= 2 the gemv space keeps BN 1-8 rows with >= 8 K elements per thread (16-byte loads, no layout
-    conversion in the K loop) and <= 64 accumulators (folded by 8 along K), all allowed by config_error; none above
-    GEMV_MAX_M."""
+    conversion in the K loop) and <= 64 accumulators (folded by 8 along K from M = 3), all allowed by config_error;
+    none above GEMV_MAX_M."""
     for M in range(2, GEMV_MAX_M + 1):
         space = sb.gemv_space(M, 4096, 4096, 132)
         assert space and all(c.BLOCK_SIZE_N <= 8 and c.BLOCK_SIZE_K // (32 * c.num_warps) >= 8 for c in space)
         assert all(c.acc_regs_per_thread(M) <= 64 for c in space)
+        fold = 8 if M >= 3 else 1  # the kernel folds 8 products per accumulator from 4 rows (BLOCK_SIZE_M)
+        assert gemv_fold(triton.next_power_of_2(M)) == fold
         assert SkinnyConfig.from_name("gemv_BN2_BK1024_SK1_W4_S1").acc_regs_per_thread(M) == (
-            triton.next_power_of_2(M) * 2 * 1024 // 8 // 128)
+            triton.next_power_of_2(M) * 2 * 1024 // fold // 128)
         assert all(sb.config_error(c, M, 4096, 4096, "sm_90") is None for c in space)
         assert any(c.BLOCK_SIZE_N > 1 for c in space)
         assert {c.solidx for c in sb.config_space(M, 4096, 4096, "sm_90", 132)} >= {6}

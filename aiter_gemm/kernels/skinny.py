@@ -22,8 +22,9 @@ solidx  name            what it does
                         compile-time constants (a binary per shape). At M = 1 what Inductor emits for ``F.linear``
                         under max-autotune (a reduction kernel specialised to the shape); ``fma`` at M=1, the same
                         sums through a 3-D accumulator with runtime sizes, ran Inductor's tiles at 0.64-0.69x of
-                        it (H100). CUDA-core multiply-adds: on the H100 it won at M = 2 (every shipped shape), at
-                        M = 4 on one, and ran 0.48-0.67x F.linear at M = 8 (instruction-bound).
+                        it (H100). CUDA-core multiply-adds: on the H100 it won at M = 2 on every shipped shape, at
+                        M = 4 on three (summing 8 products per accumulator, ``GEMV_FOLD_FROM_M``), at M = 8 on
+                        none (0.74-0.996x F.linear).
 7       ``gemv_2pass``  ``gemv`` with the two-pass split-K reduction of ``fma_2pass``.
 ======  ==============  ============================================================================================
 
@@ -57,11 +58,21 @@ _PDL_LAUNCH = {False: {}, True: {"launch_pdl": True} if PDL_AVAILABLE else {}}  
 
 MAX_M = 16
 #: Rows the ``gemv`` variants take. Their M * N * K multiply-adds (plus converting M rows of A per weight load) run
-#: on CUDA cores: at M = 8 every tile ran 0.48-0.67x F.linear on the H100 (results/skinny_inductor_h100/gemv_m2_m8),
-#: so more rows would only be slower; the tensor-core ``dot`` variants cover M up to 16.
+#: on CUDA cores: at M = 8 no tile beat F.linear on the H100 (0.48-0.67x, 0.74-0.996x with the fold below;
+#: results/skinny_inductor_h100/gemv_m2_m8, gemv_fold_m2_m8), so more rows would only be slower; the tensor-core
+#: ``dot`` variants cover M up to 16.
 GEMV_MAX_M = 8
-#: At M > 1 the gemv kernel sums each thread's 8 products of one 16-byte weight load at once (``_gemv_fma``).
-GEMV_FOLD = tl.constexpr(8)  # a constexpr: the kernel reads it too
+#: From this many rows (BLOCK_SIZE_M) the gemv kernel sums each thread's 8 products of one 16-byte weight load at
+#: once (``_gemv_fma``): 8x fewer accumulators. On the H100 that made M = 4 faster ((4, 1280, 8192): 10.0 against
+#: 11.1 us) and M = 2 slower ((2, 4096, 14336): 0.95x F.linear against 1.07x; two rows leave too few independent
+#: multiply-add chains), results/skinny_inductor_h100/gemv_fold_m2_m8.
+GEMV_FOLD_FROM_M = tl.constexpr(4)  # constexprs: the kernel reads them too
+GEMV_FOLD = tl.constexpr(8)
+
+
+def gemv_fold(block_rows: int) -> int:
+    """Products a gemv thread sums per accumulator at BLOCK_SIZE_M = ``block_rows`` (1: none)."""
+    return GEMV_FOLD.value if block_rows >= GEMV_FOLD_FROM_M.value else 1
 
 # Reduction modes of the kernel's epilogue.
 _STORE, _PARTIALS, _ATOMIC = 0, 1, 2
@@ -172,11 +183,11 @@ class SkinnyConfig:
 
     def acc_regs_per_thread(self, M: int) -> int:
         """float32 accumulator registers per thread (the FMA variants' 3-D accumulator, gemv's [BN, BK] per row,
-        folded by 8 along K at M > 1 (``_gemv_fma``), the dot's [16, BN])."""
+        folded by 8 along K from 4 rows (:func:`gemv_fold`), the dot's [16, BN])."""
         bm = block_m(M, self.variant.use_dot)
         elems = bm * self.BLOCK_SIZE_N * (1 if self.variant.use_dot else self.BLOCK_SIZE_K)
-        if self.variant.gemv and bm > 1:
-            elems //= GEMV_FOLD.value
+        if self.variant.gemv:
+            elems //= gemv_fold(bm)
         return max(1, elems // (32 * self.num_warps))
 
     def smem_bytes(self, itemsize: int = 2) -> int:
@@ -312,7 +323,7 @@ def _eighths(x):
 
 @triton.jit
 def _gemv_fma(acc, a, b, FOLD: tl.constexpr):
-    """``acc`` + the products of ``a`` [BM, 1, BK] and ``b`` [1, BN, BK] in float32. FOLD == 8 (M > 1): each
+    """``acc`` + the products of ``a`` [BM, 1, BK] and ``b`` [1, BN, BK] in float32. FOLD == 8 (M >= 3): each
     thread sums the 8 products of one 16-byte load into one accumulator per row and column, as a chain of 8
     multiply-adds (acc is [BM, BN, BK // 8]); FOLD == 1: one accumulator per product (acc is [BM, BN, BK])."""
     a = a.to(tl.float32)
@@ -352,9 +363,9 @@ def _gemv_kernel(
     offs_m = tl.minimum(rows, M - 1)  # rows past M load row M - 1: unmasked (vector) loads
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :, None]  # [1, BN, 1]
     offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_SIZE_K)[None, None, :]  # [1, 1, BK]
-    # M > 1: each thread folds the 8 products of one 16-byte load into one accumulator per row and column right away
-    # (``_gemv_fma``), so the BM * BN accumulators cost BK / 8 registers each, not BK.
-    FOLD: tl.constexpr = GEMV_FOLD if BLOCK_SIZE_M > 1 else 1
+    # From 4 rows each thread folds the 8 products of one 16-byte load into one accumulator per row and column right
+    # away (``_gemv_fma``), so the BM * BN accumulators cost BK / 8 registers each, not BK (GEMV_FOLD_FROM_M).
+    FOLD: tl.constexpr = GEMV_FOLD if BLOCK_SIZE_M >= GEMV_FOLD_FROM_M else 1
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K // FOLD), dtype=tl.float32)
     K_FIRST: tl.constexpr = BLOCK_SIZE_K if PDL == 2 else 0
     if PDL == 1:
