@@ -66,13 +66,13 @@ GEMV_MAX_M = 8
 #: once (``_gemv_fma``): 8x fewer accumulators. On the H100 that made M = 4 faster ((4, 1280, 8192): 10.0 against
 #: 11.1 us) and M = 2 slower ((2, 4096, 14336): 0.95x F.linear against 1.07x; two rows leave too few independent
 #: multiply-add chains), results/skinny_inductor_h100/gemv_fold_m2_m8.
-GEMV_FOLD_FROM_M = tl.constexpr(4)  # constexprs: the kernel reads them too
-GEMV_FOLD = tl.constexpr(8)
+GEMV_FOLD_FROM_M = 4
 
 
 def gemv_fold(block_rows: int) -> int:
-    """Products a gemv thread sums per accumulator at BLOCK_SIZE_M = ``block_rows`` (1: none)."""
-    return GEMV_FOLD.value if block_rows >= GEMV_FOLD_FROM_M.value else 1
+    """Products a gemv thread sums per accumulator at BLOCK_SIZE_M = ``block_rows``: 8 (one 16-byte load of 16-bit
+    values) from GEMV_FOLD_FROM_M rows, else 1 (none). The launcher passes it to the kernel as ``FOLD``."""
+    return 8 if block_rows >= GEMV_FOLD_FROM_M else 1
 
 # Reduction modes of the kernel's epilogue.
 _STORE, _PARTIALS, _ATOMIC = 0, 1, 2
@@ -331,6 +331,7 @@ def _gemv_fma(acc, a, b, FOLD: tl.constexpr):
     if FOLD == 1:
         acc = acc + b * a
     else:
+        tl.static_assert(FOLD == 8, "_gemv_fma folds 1 or 8 products")
         a0, a1, a2, a3, a4, a5, a6, a7 = _eighths(a)
         b0, b1, b2, b3, b4, b5, b6, b7 = _eighths(b)
         acc = acc + a0 * b0 + a1 * b1 + a2 * b2 + a3 * b3 + a4 * b4 + a5 * b5 + a6 * b6 + a7 * b7
@@ -343,7 +344,8 @@ def _gemv_kernel(
     stride_am, stride_ak, stride_bn, stride_bk, stride_cs, stride_cm,
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, NUM_KSPLIT: tl.constexpr,
-    REDUCTION: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT_FIRST: tl.constexpr, PDL: tl.constexpr = 0,
+    REDUCTION: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT_FIRST: tl.constexpr, FOLD: tl.constexpr = 1,
+    PDL: tl.constexpr = 0,
 ):
     """M <= GEMV_MAX_M rows of A (BLOCK_SIZE_M: M rounded up to a power of two) against BLOCK_SIZE_N rows of B over
     one K split (program axis 1): each weight element is loaded once and multiplied into the M rows' [BN, BK] float32
@@ -363,9 +365,8 @@ def _gemv_kernel(
     offs_m = tl.minimum(rows, M - 1)  # rows past M load row M - 1: unmasked (vector) loads
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :, None]  # [1, BN, 1]
     offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_SIZE_K)[None, None, :]  # [1, 1, BK]
-    # From 4 rows each thread folds the 8 products of one 16-byte load into one accumulator per row and column right
-    # away (``_gemv_fma``), so the BM * BN accumulators cost BK / 8 registers each, not BK (GEMV_FOLD_FROM_M).
-    FOLD: tl.constexpr = GEMV_FOLD if BLOCK_SIZE_M >= GEMV_FOLD_FROM_M else 1
+    # FOLD (:func:`gemv_fold`) = 8: each thread folds the 8 products of one 16-byte load into one accumulator per row
+    # and column right away (``_gemv_fma``), so the BM * BN accumulators cost BK / 8 registers each, not BK.
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K // FOLD), dtype=tl.float32)
     K_FIRST: tl.constexpr = BLOCK_SIZE_K if PDL == 2 else 0
     if PDL == 1:
@@ -415,12 +416,13 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         strides = (0, target.stride(0), target.stride(1))
     grid = (triton.cdiv(N, cfg.BLOCK_SIZE_N), split)
     if var.gemv:
+        rows = block_m(M, False)
         _gemv_kernel[grid](
             a, b, bias if bias is not None else a, target, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            strides[0], strides[1], M=M, N=N, K=K, BLOCK_SIZE_M=block_m(M, False), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N,
+            strides[0], strides[1], M=M, N=N, K=K, BLOCK_SIZE_M=rows, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N,
             BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, NUM_KSPLIT=split,
             REDUCTION=var.reduction, HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
-            EVICT_FIRST=cfg.evict_first, PDL=cfg.pdl if PDL_AVAILABLE else 0,
+            EVICT_FIRST=cfg.evict_first, FOLD=gemv_fold(rows), PDL=cfg.pdl if PDL_AVAILABLE else 0,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_PDL_LAUNCH[cfg.pdl > 0],
         )
     else:

@@ -64,10 +64,9 @@ from aiter_gemm import current_device_identity, gemm_a16w16, get_GEMM_A16W16_con
 from aiter_gemm.backends import get_backend  # noqa: E402
 from aiter_gemm.backends import skinny as skinny_backend  # noqa: E402
 from aiter_gemm.backends import triton as triton_backend  # noqa: E402
-from aiter_gemm.backends.skinny import dot_sp_space, gemv_space  # noqa: E402
 from aiter_gemm.device import DeviceIdentity  # noqa: E402
 from aiter_gemm.kernels.gemm_a16w16 import GemmConfig  # noqa: E402
-from aiter_gemm.kernels.skinny import GEMV_MAX_M, MAX_M, SkinnyConfig, block_m  # noqa: E402
+from aiter_gemm.kernels.skinny import MAX_M, SkinnyConfig, block_m  # noqa: E402
 from gradlib.timing import SCREEN, TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 
 PAIRED = TimingConfig(warmup=5, reps=9, target_us=500.0, budget_s=0.4)
@@ -104,14 +103,9 @@ def grid(m: int, n: int, k: int, arch: str, sms: int, only_gemv: bool = False) -
     the gemv variants' tuner space (``gemv_space``), and fma (whole K) / fma_2pass (split-K while N / BN gives fewer
     than 2 programs per SM) tiles, with and without evict_first, float32 accumulators per thread 4..64
     (BM * BN * BK / (32 * warps))."""
-    if m > 1:
-        gemv = gemv_space(m, n, k, sms) if m <= GEMV_MAX_M else []
-        if only_gemv:
-            return gemv
-        plain = [c for c in skinny_backend.config_space(m, n, k, arch, sms) if c.solidx == 3 and not c.specialize]
-        return [c for c in gemv + dot_sp_space() + plain if skinny_backend.config_error(c, m, n, k, arch) is None]
-    out = gemv_space(m, n, k, sms)
-    if only_gemv:
+    space = skinny_backend.config_space(m, n, k, arch, sms)  # gemv tiles first, then the _SP and plain dot ones
+    out = [c for c in space if c.variant.gemv or (m > 1 and c.solidx == 3 and not only_gemv)]
+    if m > 1 or only_gemv:
         return out
     bm = block_m(m, False)
     for ef in (False, True):
