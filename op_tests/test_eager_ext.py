@@ -247,6 +247,50 @@ def test_tuned_linear_and_gradients(built):
     assert out.strip() == "ok"
 
 
+def test_module_call_entry_only_where_module_call_goes_straight_to_forward(built):
+    """ext.call (TunedLinear.__call__'s C++ half) runs a cached plain decision only while nn.Module.__call__ would go
+    straight to forward; with a hook anywhere, a forward on the instance or Module.compile() it declines (None)."""
+    out = run("""
+        import torch, torch.nn.functional as F
+        from aiter_gemm import ops
+        import aiter_gemm.nn as agnn
+        from aiter_gemm.nn import TunedLinear
+        ext = ops.EAGER_EXT
+        assert agnn._c_call is ext.call
+        tl = TunedLinear.from_linear(torch.nn.Linear(8, 16))
+        x = torch.randn(2, 3, 8)
+        with torch.no_grad():
+            assert ext.call(tl, x) is None                                # nothing decided yet
+            ref = F.linear(x, tl.weight, tl.bias)
+            assert torch.equal(tl(x), ref)
+            assert torch.equal(ext.call(tl, x), ref)
+            assert ext.call(tl, [1, 2]) is None and ext.call(object(), x) is None
+            declined = []
+            for add in (lambda: tl.register_forward_hook(lambda m, a, o: None),
+                        lambda: tl.register_forward_pre_hook(lambda m, a: None),
+                        lambda: tl.register_full_backward_hook(lambda m, gi, go: None),
+                        lambda: tl.register_full_backward_pre_hook(lambda m, go: None),
+                        lambda: torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: None),
+                        lambda: torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: None),
+                        lambda: torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None),
+                        lambda: torch.nn.modules.module.register_module_full_backward_pre_hook(lambda m, go: None)):
+                handle = add()
+                declined.append(ext.call(tl, x) is None)
+                handle.remove()
+                assert ext.call(tl, x) is not None
+            assert all(declined), declined
+            tl.forward = tl.forward
+            assert ext.call(tl, x) is None
+            del tl.forward
+            tl._compiled_call_impl = lambda *a: None
+            assert ext.call(tl, x) is None
+            del tl._compiled_call_impl
+            assert ext.call(tl, x) is not None
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
 def test_compile_traces_the_custom_op_and_import_stays_light(built):
     out = run("""
         import sys, torch, torch.nn.functional as F

@@ -73,17 +73,19 @@ def spy(monkeypatch):
 
     monkeypatch.setattr(agnn, "gemm_a16w16", counting)
     monkeypatch.setattr(agnn, "_run_linear_entry", counting_entry)
-    real_c = agnn._c_linear
-    if real_c is not None:  # the C++ eager path (aiter_gemm/eager_ext.py): counted when it ran the call
+    for name in ("_c_linear", "_c_call"):  # the C++ eager entries (aiter_gemm/eager_ext.py): counted when they ran
+        real_c = getattr(agnn, name)
+        if real_c is None:
+            continue
 
-        def counting_c(module, a):
+        def counting_c(module, a, real_c=real_c):
             out = real_c(module, a)
             if out is not None:
                 w = module._parameters["weight"]
                 calls.append((a.numel() // a.shape[-1], w.shape[0], w.shape[1]))
             return out
 
-        monkeypatch.setattr(agnn, "_c_linear", counting_c)
+        monkeypatch.setattr(agnn, name, counting_c)
     return calls
 
 
@@ -333,6 +335,45 @@ def test_kept_dispatch_entry_is_dropped_when_anything_it_assumed_changes(clean_r
     xg = xd.clone().requires_grad_()
     lin(xg).sum().backward()  # the custom op, with its gradient, not the kept entry
     assert xg.grad is not None and xg.grad.shape == xg.shape
+
+
+def test_module_call_keeps_hooks_forward_overrides_and_tracing(clean_runtime):
+    """TunedLinear.__call__ skips nn.Module.__call__ only where that would go straight to forward: module and global
+    hooks (pre, forward, backward), a forward replaced on the instance, Module.compile() and torch.fx still apply."""
+    lin = nn.Linear(8, 16)
+    tl = TunedLinear.from_linear(lin)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        ref = lin(x)
+        assert torch.equal(tl(x), ref) and torch.equal(tl(x), ref)  # decided, then the fast path
+        seen = []
+        pre = tl.register_forward_pre_hook(lambda m, args: seen.append("pre"))
+        post = tl.register_forward_hook(lambda m, args, out: out * 2)
+        assert torch.equal(tl(x), 2 * ref) and seen == ["pre"]
+        pre.remove()
+        post.remove()
+        assert torch.equal(tl(x), ref)
+        glob = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: out + 1)
+        try:
+            assert torch.equal(tl(x), ref + 1)
+        finally:
+            glob.remove()
+        tl.forward = lambda inp: torch.zeros(inp.shape[0], 16)  # what accelerate's hooks do
+        assert torch.equal(tl(x), torch.zeros(3, 16))
+        del tl.forward
+        assert torch.equal(tl(x), ref)
+        assert torch.equal(tl(input=x), ref)  # a keyword call takes nn.Module.__call__
+        traced = torch.fx.symbolic_trace(nn.Sequential(tl))
+        assert torch.equal(traced(x), ref)
+    compiled = TunedLinear.from_linear(lin)
+    compiled.compile(backend="eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), ref) and compiled.__dict__.get("_compiled_call_impl") is not None
+    torch._dynamo.reset()
+    grads = []
+    tl.register_full_backward_hook(lambda m, grad_in, grad_out: grads.append(tuple(grad_out[0].shape)))
+    tl(x.clone().requires_grad_()).sum().backward()
+    assert grads == [(3, 16)]
 
 
 def test_autocast_falls_back_with_one_warning(spy, caplog):

@@ -23,6 +23,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 
 #include <array>
 #include <cstdint>
@@ -124,6 +125,12 @@ PyObject* g_bias_name = nullptr;
 PyObject* g_shuffled_name = nullptr;
 PyObject* g_dtype_name = nullptr;
 PyObject* g_config_name = nullptr;
+PyObject* g_forward_name = nullptr;
+PyObject* g_compiled_name = nullptr;
+// The per-module hook dicts nn.Module._call_impl looks at, and torch's global ones (strong, set by setup_call).
+constexpr int kHookDicts = 4;
+PyObject* g_hook_names[kHookDicts] = {};
+PyObject* g_global_hooks[kHookDicts] = {};
 
 // torch.Tensor or nn.Parameter exactly (C++ sees no difference between them; a subclass may override anything).
 inline bool is_tensor(PyObject* obj) {
@@ -306,14 +313,10 @@ PyObject* gemm_a16w16(PyObject* /*self*/, PyObject* const* args, size_t nargsf, 
   END_HANDLE_TH_ERRORS
 }
 
-// linear(module, input) -> Tensor | None: a TunedLinear call whose decision is cached plain F.linear, else None.
-PyObject* linear(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.linear(module, input) takes 2 arguments");
-    return nullptr;
-  }
-  PyObject** dictptr = _PyObject_GetDictPtr(args[0]);
+// The cached plain F.linear of module (an nn.Linear-like object: weight and bias in its ``_parameters``) on input, or
+// nullptr (error set or not: see run_if_plain).
+PyObject* linear_of(PyObject* module, PyObject* input) {
+  PyObject** dictptr = _PyObject_GetDictPtr(module);
   PyObject* params = dictptr == nullptr || *dictptr == nullptr
                          ? nullptr
                          : PyDict_GetItemWithError(*dictptr, g_params_name);  // borrowed
@@ -321,12 +324,103 @@ PyObject* linear(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
                                                               : nullptr;  // borrowed
   // bias absent from the parameter dict: not nn.Linear-like (the Python path reads the attribute)
   PyObject* bias = weight != nullptr ? PyDict_GetItemWithError(params, g_bias_name) : nullptr;
-  PyObject* out = bias != nullptr ? run_if_plain(args[1], weight, bias) : nullptr;
+  return bias != nullptr ? run_if_plain(input, weight, bias) : nullptr;
+}
+
+// linear(module, input) -> Tensor | None: a TunedLinear call whose decision is cached plain F.linear, else None.
+PyObject* linear(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.linear(module, input) takes 2 arguments");
+    return nullptr;
+  }
+  PyObject* out = linear_of(args[0], args[1]);
   if (out != nullptr || PyErr_Occurred()) {
     return out;
   }
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
+}
+
+// Whether nn.Module.__call__ on the module whose instance dict is ``dict`` would go straight to forward: no hooks
+// (its own four hook dicts and torch's global ones empty), forward not replaced on the instance, no
+// Module.compile() wrapper, no torch.jit trace running. 1/0; -1: error.
+int bare_module_call(PyObject* dict) {
+  for (PyObject* hooks : g_global_hooks) {
+    if (hooks == nullptr || PyDict_GET_SIZE(hooks) != 0) {
+      return 0;
+    }
+  }
+  for (PyObject* name : g_hook_names) {
+    PyObject* hooks = PyDict_GetItemWithError(dict, name);  // borrowed
+    if (hooks == nullptr) {
+      return PyErr_Occurred() ? -1 : 0;  // not a regular module: Module.__call__ decides
+    }
+    if (!PyDict_Check(hooks) || PyDict_GET_SIZE(hooks) != 0) {
+      return 0;
+    }
+  }
+  if (PyDict_GetItemWithError(dict, g_forward_name) != nullptr) {
+    return 0;
+  }
+  if (PyErr_Occurred()) {
+    return -1;
+  }
+  PyObject* compiled = PyDict_GetItemWithError(dict, g_compiled_name);  // borrowed; a class attribute otherwise
+  if (compiled == nullptr && PyErr_Occurred()) {
+    return -1;
+  }
+  if (compiled != nullptr && compiled != Py_None) {
+    return 0;
+  }
+  return torch::jit::tracer::isTracing() ? 0 : 1;
+}
+
+// call(module, input) -> Tensor | None: ``module(input)`` for a TunedLinear whose call nn.Module.__call__ would hand
+// straight to forward (bare_module_call) and whose decision is cached plain F.linear; else None (the caller runs
+// nn.Module.__call__). Module.__call__ spends two Python frames and eight hook checks before forward.
+PyObject* call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.call(module, input) takes 2 arguments");
+    return nullptr;
+  }
+  PyObject** dictptr = _PyObject_GetDictPtr(args[0]);
+  if (dictptr == nullptr || *dictptr == nullptr) {
+    Py_RETURN_NONE;
+  }
+  const int bare = bare_module_call(*dictptr);
+  if (bare < 0) {
+    return nullptr;
+  }
+  PyObject* out = bare ? linear_of(args[0], args[1]) : nullptr;
+  if (out != nullptr || PyErr_Occurred()) {
+    return out;
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// setup_call(hook_dicts): torch's four global module hook dicts (nn.modules.module's _global_forward_hooks,
+// _global_forward_pre_hooks, _global_backward_hooks, _global_backward_pre_hooks), filled in place when hooks are
+// registered. Until it is called, call() always returns None.
+PyObject* setup_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != kHookDicts) {
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_call(hook_dicts): a tuple of 4 dicts");
+    return nullptr;
+  }
+  for (int i = 0; i < kHookDicts; ++i) {
+    if (!PyDict_Check(PyTuple_GET_ITEM(args[0], i))) {
+      PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_call: every hook store must be a dict");
+      return nullptr;
+    }
+  }
+  for (int i = 0; i < kHookDicts; ++i) {
+    PyObject* hooks = PyTuple_GET_ITEM(args[0], i);
+    Py_INCREF(hooks);
+    Py_XSETREF(g_global_hooks[i], hooks);
+  }
+  Py_RETURN_NONE;
 }
 
 // remember(A, B, bias, probe): gemm_a16w16(A, B, bias) (no otype, no scales) runs plain F.linear eagerly, always
@@ -511,6 +605,10 @@ PyMethodDef kMethods[] = {
      "other call runs aiter_gemm.ops' Python gemm_a16w16)."},
     {"linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(linear)), METH_FASTCALL,
      "linear(module, input) -> Tensor | None: a TunedLinear call whose decision is cached plain F.linear, or None"},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call)), METH_FASTCALL,
+     "call(module, input) -> Tensor | None: linear() where nn.Module.__call__ would go straight to forward, or None"},
+    {"setup_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(setup_call)), METH_FASTCALL,
+     "setup_call(hook_dicts): torch's 4 global module hook dicts"},
     {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(remember)), METH_FASTCALL,
      "remember(A, B, bias, probe) -> bool: cache a plain decision (probe: None, or a capture probe)"},
     {"setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(setup)), METH_FASTCALL,
@@ -546,8 +644,18 @@ PyMODINIT_FUNC AITER_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   g_shuffled_name = PyUnicode_InternFromString("is_shuffled");
   g_dtype_name = PyUnicode_InternFromString("dtype");
   g_config_name = PyUnicode_InternFromString("config");
+  g_forward_name = PyUnicode_InternFromString("forward");
+  g_compiled_name = PyUnicode_InternFromString("_compiled_call_impl");
+  const char* hook_names[kHookDicts] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                        "_backward_pre_hooks"};
+  for (int i = 0; i < kHookDicts; ++i) {
+    g_hook_names[i] = PyUnicode_InternFromString(hook_names[i]);
+    if (!g_hook_names[i]) {
+      return nullptr;
+    }
+  }
   if (!g_fast_name || !g_depth_name || !g_params_name || !g_weight_name || !g_bias_name || !g_shuffled_name ||
-      !g_dtype_name || !g_config_name) {
+      !g_dtype_name || !g_config_name || !g_forward_name || !g_compiled_name) {
     return nullptr;
   }
   return PyModule_Create(&kModule);
