@@ -171,6 +171,45 @@ def decode_candidates(M: int, N: int, K: int, cu: int, arch: str, extra: bool) -
     return [(n, s, d) for n, (s, d) in names.items()]
 
 
+def wide_candidates(M: int, N: int, K: int, cu: int, arch: str) -> list[tuple[str, bool, bool]]:
+    """``--wide``: a grid around the space that tests three explanations of the family's 0.6-0.8 of the copy
+    bandwidth on small weights (diag_decode_ncu run 1): short weight rows per load (BLOCK_SIZE_K 64 / 128 / 256:
+    256 B / 512 B of each row per TMA box), one resident program per SM with a deep pipeline against several with
+    shallow ones (depths 2, 3, 5, 8 where they fit), and the split-K reduction (splits 2-16 that give 0.5..6
+    programs per SM; the in-kernel fix-up where the partials are small, else two-pass)."""
+    if M <= 32:
+        tiles = [(16, 64, 4, True), (32, 64, 4, True), (16, 128, 4, True), (32, 128, 4, True)]
+    elif M <= 64:
+        tiles = [(32, 64, 4, True), (64, 64, 4, True), (64, 64, 4, False), (64, 128, 4, False), (32, 128, 4, True)]
+    else:
+        tiles = [(64, 64, 4, False), (64, 128, 4, False), (128, 64, 4, False), (64, 128, 4, True),
+                 (128, 128, 8, False)]
+    limit = gd.smem_limit(arch)
+    names: dict[str, tuple[bool, bool]] = {}
+    for bm, bn, warps, swap in tiles:
+        n_tiles = -(-M // bm) * -(-N // bn)
+        for bk in (64, 128, 256):
+            k_tiles = -(-K // bk)
+            per_stage = (bm + bn) * bk * 2
+            for st in (2, 3, 5, 8):
+                if st * per_stage + 2048 > limit:
+                    continue
+                for sk in (1, 2, 4, 8, 16):
+                    progs = n_tiles * sk
+                    if sk > 1 and not 0.5 * cu <= progs <= 6 * cu:
+                        continue
+                    if sk > k_tiles // 2 and sk > 1:
+                        continue
+                    reds = ["2P"] if sk == 1 or (sk - 1) * min(bm, M) * bn * 4 > 32768 else ["FX"]
+                    for red in reds:
+                        c = gd.DecodeConfig(bm, bn, bk, sk, warps, st, swap, red, 0, True)
+                        if gd.config_supported(c, M, N, K, arch) is None:
+                            names.setdefault(c.name, (False, False))
+    dflt = gd.default_config(M, N, K, cu, arch)
+    names[dflt.name] = (False, True)
+    return [(n, s, d) for n, (s, d) in names.items()]
+
+
 def smoke_decode_candidates(M: int, N: int, K: int) -> list[tuple[str, bool, bool]]:
     """Interpreter: small tiles of every kind (plain, swap, split 2P/FX, stream-K; TMA and pointer)."""
     cfgs = [gd.DecodeConfig(32, 32, 32, 1, 4, 2), gd.DecodeConfig(32, 32, 32, 1, 4, 2, TMA=True),
@@ -518,6 +557,9 @@ def main() -> int:
     ap.add_argument("--no-extra", action="store_true",
                     help="skip the pointer-path twins of the default config and the stream-K probe")
     ap.add_argument("--rounds", type=int, default=4, help="alternating-order rounds of the final timing")
+    ap.add_argument("--wide", action="store_true",
+                    help="time wide_candidates (BK 64-256, every depth 2-8, splits to 6 programs per SM) instead "
+                         "of the space")
     args = ap.parse_args()
     t0 = time.time()
     deadline = t0 + args.deadline_s
@@ -546,7 +588,11 @@ def main() -> int:
         else:
             cands = [("torch", "F.linear", False, False)]
             cands += [("a16w16", n, False, False) for n in a16w16_candidates(M, N, K, cu)]
-            cands += [("decode", n, s, d) for n, s, d in decode_candidates(M, N, K, cu, arch, not args.no_extra)]
+            if args.wide:
+                cands += [("decode", n, s, d) for n, s, d in wide_candidates(M, N, K, cu, arch)]
+            else:
+                cands += [("decode", n, s, d) for n, s, d in decode_candidates(M, N, K, cu, arch,
+                                                                                not args.no_extra)]
         plan.append({"order": i, "model": model, "M": M, "N": N, "K": K, "cands": cands})
     print(f"{len(plan)} shapes, {sum(len(p['cands']) for p in plan)} candidates", flush=True)
 

@@ -1,0 +1,192 @@
+"""Time an exploration kernel family (``--family gmma``: ``gemv_mma.py``, the gemv kernel's structure in Triton with
+tensor-core products; ``--family tc``: ``tcgemv.cu``, mma.sync fed by the weight straight from global memory)
+against F.linear, the tuned dispatch as shipped and the M = 1 gemv streaming the same weight.
+
+Per shape: every config of the family's ``grid_configs`` (gmma: compiled first in parallel worker processes, N, K, M
+being constexpr, a binary per config and shape; tc: cubins built ahead with nvcc, ``--cubins``, else NVRTC on first
+use), checked against float32 on fresh inputs with the output poisoned with NaN, screened
+with ``gradlib.timing`` (CUDA-graph replay over rotating buffers > 2x L2), then the 5 fastest, the M = 1 ``gemv``
+streaming the same weight (a bandwidth reference), the shipped dispatch (``gemm_a16w16``) and F.linear in paired
+rounds (``time_paired``).
+
+  python op_tests/op_benchmarks/explore_decode_mid/explore_gemv_mma.py --out $OUT --shapes 32x1280x8192,64x4096x4096
+  python -c "from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc; ..."   # tc.build_cubins(cfgs, dir)
+  python op_tests/op_benchmarks/explore_decode_mid/explore_gemv_mma.py --family tc --cubins .tccubins --out $OUT ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc  # noqa: E402
+
+
+class Family:
+    """The kernel family under test: its grid, config parser and launcher (out = a @ b.T)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.mod = gm if name == "gmma" else tc
+
+    def grid(self, M, N, K, cu):
+        return self.mod.grid_configs(M, N, K, cu)
+
+    def launcher(self, cfg_name):
+        if self.name == "gmma":
+            cfg = gm.GemvMmaConfig.from_name(cfg_name)
+            return lambda a, b, out: gm.launch_gemv_mma(a, b, out, cfg)
+        cfg = tc.TcGemvConfig.from_name(cfg_name)
+        return lambda a, b, out: tc.launch_tcgemv(a, b, None, out, cfg)
+
+
+SCREEN = TimingConfig(warmup=2, reps=7, target_us=300.0, budget_s=0.3)
+PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
+PEAK_BW = 3.0e12
+
+
+def _compile(task):
+    M, N, K, names = task
+    torch.cuda.init()
+    a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    bad = []
+    for n in names:
+        try:
+            gm.launch_gemv_mma(a, b, out, gm.GemvMmaConfig.from_name(n))
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            bad.append((n, f"{type(exc).__name__}: {str(exc)[:200]}"))
+    return bad
+
+
+def precompile(shapes, cu, workers):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    tasks = []
+    for M, N, K in shapes:
+        names = [c.name for c in gm.grid_configs(M, N, K, cu)]
+        tasks += [(M, N, K, names[i:i + 4]) for i in range(0, len(names), 4)]
+    bad = {}
+    t0 = time.time()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        for (M, N, K, _), res in zip(tasks, pool.map(_compile, tasks)):
+            for n, err in res:
+                bad[(M, N, K, n)] = err
+    print(f"precompiled {sum(len(t[3]) for t in tasks)} kernels in {time.time() - t0:.0f}s, {len(bad)} failed",
+          flush=True)
+    return bad
+
+
+def rel_err(fn, M, N, K):
+    a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res = fn(a, b, out)
+    ref = a.float() @ b.float().t()
+    if not torch.isfinite(res).all():
+        return float("inf")
+    return ((res.float() - ref).norm() / ref.norm()).item()
+
+
+def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int, rows: list, summary: list) -> None:
+    """Check and screen every grid config of one shape, then pair the 5 fastest with F.linear and the M = 1 gemv."""
+    from aiter_gemm.kernels.skinny import SkinnyConfig, launch_skinny
+    gemv_cfg = SkinnyConfig.from_name("gemv_BN1_BK2048_SK1_W4_S1_EF")
+    dev = torch.device("cuda")
+    nset = rotating_sets((M * K + N * K + M * N) * 2, cache_bytes(dev), torch.cuda.mem_get_info(dev)[0])
+    sets = [(torch.randn(M, K, dtype=torch.bfloat16, device=dev), torch.randn(N, K, dtype=torch.bfloat16,
+             device=dev), torch.empty(M, N, dtype=torch.bfloat16, device=dev)) for _ in range(nset)]
+    cands = {}
+    for c in fam.grid(M, N, K, cu):
+        if (M, N, K, c.name) in bad:
+            rows.append(dict(M=M, N=N, K=K, config=c.name, err="compile: " + bad[(M, N, K, c.name)]))
+            continue
+        fn = fam.launcher(c.name)
+        try:
+            e = rel_err(fn, M, N, K)
+        except Exception as exc:  # noqa: BLE001 - recorded, skipped
+            rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            continue
+        if not e < 1e-2:
+            rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"rel_err {e:.2e}"))
+            continue
+        us = time_runner(lambda i, fn=fn: fn(*sets[i]), nset, dev, SCREEN).us
+        rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{e:.1e}", screen_us=round(us, 3)))
+        cands[c.name] = (us, fn)
+    best = sorted(cands, key=lambda n: cands[n][0])[:5]
+    from aiter_gemm import gemm_a16w16
+    for i in range(nset):  # the dispatch decides (and compiles) each shape on its first eager call
+        gemm_a16w16(sets[i][0], sets[i][1])
+    calls = {"F.linear": lambda i: F.linear(sets[i][0], sets[i][1]),
+             "gemv@M1": lambda i: launch_skinny(sets[i][0][:1], sets[i][1], None, torch.bfloat16, gemv_cfg),
+             "dispatch": lambda i: gemm_a16w16(sets[i][0], sets[i][1])}
+    for n in best:
+        calls[n] = (lambda i, f=cands[n][1]: f(*sets[i]))
+    samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
+    base = samples["F.linear"]
+    floor = (M * K + N * K + M * N) * 2 / PEAK_BW * 1e6
+    print(f"M={M} N={N} K={K}: floor {floor:.2f} us, {len(cands)} configs timed", flush=True)
+    for n, v in samples.items():
+        med = statistics.median(v)
+        ratio = statistics.median(b / x for b, x in zip(base, v))
+        print(f"   {n:36s} {med:8.2f} us  x{ratio:.3f} F.linear  {floor / med:.3f} of floor", flush=True)
+        summary.append(dict(M=M, N=N, K=K, method=n, us=round(med, 3), vs_flinear=round(ratio, 4),
+                            frac_floor=round(floor / med, 4)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shapes", required=True, help="MxNxK,...")
+    ap.add_argument("--pairs", type=int, default=12)
+    ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--deadline_s", type=float, default=480)
+    ap.add_argument("--family", choices=["gmma", "tc"], default="gmma")
+    ap.add_argument("--cubins", type=Path, help="tc: folder of cubins built ahead (tcgemv.build_cubins)")
+    args = ap.parse_args()
+    t0 = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cu = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    fam = Family(args.family)
+    if args.family == "gmma":
+        bad = precompile(shapes, cu, args.workers)
+    else:
+        tc.CUBIN_DIR = args.cubins
+        bad = {}
+    rows: list[dict] = []
+    summary: list[dict] = []
+    for M, N, K in shapes:
+        if time.time() - t0 > args.deadline_s:
+            print("deadline", flush=True)
+            break
+        measure(fam, M, N, K, cu, bad, args.pairs, rows, summary)
+        torch.cuda.empty_cache()
+    for name, data in (("screen.csv", rows), ("paired.csv", summary)):
+        if data:
+            keys = list(dict.fromkeys(k for r in data for k in r))
+            with open(args.out / name, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=keys)
+                w.writeheader()
+                w.writerows(data)
+    print(f"done in {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The two exploration kernels of issue 14's decode diagnosis (``gemv_mma.py`` in Triton, ``tcgemv.cu`` in CUDA;
+not shipped, BENCHMARKS.md "Where a decode GEMM's time goes"): numerics on odd shapes (the Triton one under the
+interpreter on CPU, the CUDA one on a GPU), the split-K fix-up, names and the configs each rejects."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm
+from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc
+
+
+def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    out = a.double() @ b.double().t()
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize(("M", "N", "K", "cfg"), [
+    (1, 40, 192, gm.GemvMmaConfig(16, 16, 64, 1, 2, 1)),     # M = 1: tokens past M re-read row 0
+    (17, 100, 200, gm.GemvMmaConfig(32, 16, 64, 1, 2, 1)),   # N and K not multiples of the tile (K tail masked)
+    (33, 64, 256, gm.GemvMmaConfig(64, 32, 64, 2, 4, 1)),    # split K in two, fix-up
+    (97, 72, 136, gm.GemvMmaConfig(64, 32, 32, 3, 4, 2)),    # two M tiles, three splits, a K tail
+])
+def test_gemv_mma_matches_reference(device, M, N, K, cfg):
+    torch.manual_seed(M + N + K)
+    a = torch.randn(M, K, dtype=torch.bfloat16, device=device)
+    b = torch.randn(N, K, dtype=torch.bfloat16, device=device)
+    assert gm.config_error(cfg, M, N, K) is None
+    out = torch.full((M, N), float("nan"), dtype=torch.float32, device=device)  # unwritten -> NaN
+    gm.launch_gemv_mma(a, b, out, cfg)
+    torch.testing.assert_close(out, reference(a, b).float(), rtol=2e-3, atol=2e-4 * K**0.5)
+    assert int(gm._counters(torch.device(device), 1).abs().sum()) == 0, "the last split resets its counter"
+
+
+def test_gemv_mma_names_and_rejections():
+    cfg = gm.GemvMmaConfig(32, 64, 256, 4, 2, 3)
+    assert cfg.name == "GMMA_BM32_BN64_BK256_SK4_W2_S3" and gm.GemvMmaConfig.from_name(cfg.name) == cfg
+    with pytest.raises(ValueError, match="does not match"):
+        gm.GemvMmaConfig.from_name("GMMA_BM32_BN64")
+    assert "leaves one empty" in gm.config_error(gm.GemvMmaConfig(32, 32, 256, 9, 4, 1), 32, 64, 2048)
+    assert "registers" in gm.config_error(gm.GemvMmaConfig(64, 64, 1024, 1, 2, 1), 64, 64, 4096)
+    for c in gm.grid_configs(32, 1280, 8192, 132):
+        assert gm.config_error(c, 32, 1280, 8192) is None
+
+
+def test_tcgemv_names_rejections_and_source():
+    cfg = tc.TcGemvConfig(32, 1, 4, 8, 2, 3)
+    assert cfg.name == "TC_MT32_R1_WN4_U8_XS2_SK3" and tc.TcGemvConfig.from_name(cfg.name) == cfg
+    assert cfg.rows == 64 and cfg.smem_bytes() == 2 * 32 * (512 + 64)  # 512-byte rows padded to an odd 64 multiple
+    assert tc.TcGemvConfig(32, 1, 4, 1, 2, 1).smem_bytes() == 2 * 32 * 64  # 64-byte rows: already odd
+    assert "multiple of 256" in tc.config_error(tc.TcGemvConfig(32, 1, 4, 8, 2, 1), 32, 64, 4000)
+    assert "leave one empty" in tc.config_error(tc.TcGemvConfig(32, 1, 4, 4, 2, 5), 32, 64, 512)
+    assert "MT must be" in tc.config_error(tc.TcGemvConfig(12, 1, 4, 4, 2, 1), 12, 64, 512)
+    # One binary per config (the split count is the grid's y), every parameter a #define the kernel reads.
+    assert tc.cubin_name(cfg, False, 0, False) == tc.cubin_name(tc.TcGemvConfig(32, 1, 4, 8, 2, 1), False, 0, False)
+    src = tc.source(cfg, False, 0, True)
+    for define in ("TC_MT 32", "TC_R 1", "TC_WN 4", "TC_U 8", "TC_XS 2", "IN_F16 0", "OUT_KIND 0", "HAS_BIAS 1"):
+        assert f"#define {define}\n" in src
+    for c in tc.grid_configs(17, 4096, 14336, 132):
+        assert tc.config_error(c, 17, 4096, 14336) is None and c.MT == 24
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
+    (1, 100, 256, tc.TcGemvConfig(8, 1, 2, 2, 2, 1), True, torch.bfloat16),     # rows and tokens past N, M
+    (17, 1000, 4096, tc.TcGemvConfig(24, 2, 4, 4, 3, 3), False, torch.float32),
+    (33, 256, 1024, tc.TcGemvConfig(64, 1, 4, 8, 2, 2), True, torch.float16),
+    (97, 4100, 512, tc.TcGemvConfig(64, 1, 2, 2, 4, 1), False, torch.bfloat16),  # two M tiles
+])
+def test_tcgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
+    torch.manual_seed(M + N)
+    dtype = torch.float16 if otype == torch.float16 else torch.bfloat16
+    a = torch.randn(M, K, dtype=dtype, device="cuda")
+    b = torch.randn(N, K, dtype=dtype, device="cuda")
+    bias = torch.randn(N, dtype=dtype, device="cuda") if with_bias else None
+    assert tc.config_error(cfg, M, N, K) is None
+    out = torch.full((M, N), float("nan"), dtype=otype, device="cuda")
+    tc.launch_tcgemv(a, b, bias, out, cfg)
+    ref = reference(a, b, bias)
+    tol = dict(rtol=2e-3, atol=2e-4 * K**0.5) if otype == torch.float32 else dict(rtol=1.6e-2, atol=1.6e-2 * K**0.5)
+    torch.testing.assert_close(out, ref.to(otype), **tol)
