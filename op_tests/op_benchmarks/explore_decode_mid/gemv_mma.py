@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from aiter_gemm.kernels.common import INTERPRET
+from op_tests.op_benchmarks.explore_decode_mid.gemm_decode import _counters
 
 
 @dataclass(frozen=True)
@@ -121,17 +122,6 @@ def _gemv_mma_kernel(
                 total += tl.where(s == pid_k, out, part)
             tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
             tl.store(cnt_ptr + pid, 0)
-
-
-_COUNTERS: dict[str, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    buf = _COUNTERS.get(str(device))
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[str(device)] = buf
-    return buf
 
 
 def launch_gemv_mma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GemvMmaConfig) -> torch.Tensor:

@@ -216,36 +216,29 @@ extern "C" __global__ void __launch_bounds__(32 * TC_WN) tcgemv(
     compute(acc, wb, xs + (u32)((s + 1) % TC_XS) * (TC_MT * TC_XP), g, q);
   }
 
-  // Fragment element e of (t, j): row n0 + 16 t + g + 8 (e >> 1), token m0 + 8 j + 2 q + (e & 1).
-  if (num_splits == 1) {
+  // Every accumulator of this thread inside M x N: f(value, row, token, bias of the row as float32).
+  auto each_output = [&](auto&& f) {
 #pragma unroll
     for (int t = 0; t < TC_R; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 4; ++e) {  // fragment element e of (t, j): row + 8 (e >> 1), token + (e & 1)
         const int row = n0 + 16 * t + g + 8 * (e >> 1);
         if (row >= N) continue;
         const float b = HAS_BIAS ? in_to_f32(bias[row]) : 0.f;
 #pragma unroll
         for (int j = 0; j < TC_NJ; ++j) {
           const int tok = m0 + 8 * j + 2 * q + (e & 1);
-          if (tok < M) store_out(Y, (long)tok * ldy + row, acc[t][j][e] + b);
+          if (tok < M) f(acc[t][j][e], row, tok, b);
         }
       }
+  };
+  if (num_splits == 1) {
+    each_output([&](float v, int row, int tok, float b) { store_out(Y, (long)tok * ldy + row, v + b); });
     return;
   }
 
   // Split K: float32 partials, then the last split of this tile to arrive sums them in split order.
-#pragma unroll
-  for (int t = 0; t < TC_R; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = n0 + 16 * t + g + 8 * (e >> 1);
-#pragma unroll
-      for (int j = 0; j < TC_NJ; ++j) {
-        const int tok = m0 + 8 * j + 2 * q + (e & 1);
-        if (row < N && tok < M) ws[((long)split * M + tok) * N + row] = acc[t][j][e];
-      }
-    }
+  each_output([&](float v, int row, int tok, float) { ws[((long)split * M + tok) * N + row] = v; });
   __shared__ int last;
   __threadfence();  // release: this thread's partials are visible GPU-wide before the counter moves
   __syncthreads();
@@ -256,29 +249,16 @@ extern "C" __global__ void __launch_bounds__(32 * TC_WN) tcgemv(
   __syncthreads();
   if (!last) return;
   __threadfence();  // acquire: every other split's partials are visible
-#pragma unroll
-  for (int t = 0; t < TC_R; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = n0 + 16 * t + g + 8 * (e >> 1);
-      if (row >= N) continue;
-      const float b = HAS_BIAS ? in_to_f32(bias[row]) : 0.f;
-#pragma unroll
-      for (int j = 0; j < TC_NJ; ++j) {
-        const int tok = m0 + 8 * j + 2 * q + (e & 1);
-        if (tok >= M) continue;
-        float sum = 0.f;
-        for (int s = 0; s < num_splits; ++s) {
-          float v;
-          if (s == split) {
-            v = acc[t][j][e];
-          } else {
-            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(ws + ((long)s * M + tok) * N + row));
-          }
-          sum += v;
-        }
-        store_out(Y, (long)tok * ldy + row, sum + b);
+  each_output([&](float mine, int row, int tok, float b) {
+    float sum = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+      float v = mine;
+      if (s != split) {
+        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(ws + ((long)s * M + tok) * N + row));
       }
+      sum += v;
     }
+    store_out(Y, (long)tok * ldy + row, sum + b);
+  });
   if (threadIdx.x == 0) cnt[tile] = 0;  // ready for the next launch (stream order makes it visible)
 }

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from op_tests.op_benchmarks.explore_decode_mid.gemm_decode import _counters
+
 _SRC = Path(__file__).with_name("tcgemv.cu")
 
 
@@ -87,7 +89,9 @@ def _kernel_for(cfg: TcGemvConfig, in_f16: bool, out_kind: int, has_bias: bool):
         kern = _cuda_load_module((CUBIN_DIR / cubin_name(cfg, in_f16, out_kind, has_bias)).read_bytes(),
                                  ["tcgemv"])["tcgemv"]
     else:
-        kern = torch.cuda._compile_kernel(source(cfg, in_f16, out_kind, has_bias), "tcgemv")  # NVRTC: -O3 by default
+        # NVRTC optimises by default (it rejects -O3); -default-device: the epilogue's lambdas are device code
+        kern = torch.cuda._compile_kernel(source(cfg, in_f16, out_kind, has_bias), "tcgemv",
+                                          nvcc_options=["-default-device"])
     kern.set_shared_memory_config(cfg.smem_bytes())
     return kern
 
@@ -113,17 +117,6 @@ def build_cubins(cfgs: list[TcGemvConfig], out_dir: Path, jobs: int = 2) -> None
 
 
 _OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-_COUNTERS: dict[str, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    buf = _COUNTERS.get(str(device))
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[str(device)] = buf
-    return buf
-
-
 def launch_tcgemv(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                   cfg: TcGemvConfig) -> torch.Tensor:
     M, K = a.shape

@@ -1,5 +1,7 @@
+# Nsight Compute sections and per-instruction stall reasons of a diag_decode_ncu.py plan, printed as short tables.
+#   OUT=/tmp/x [PLAN=op_tests/op_benchmarks/results/decode_diag/plan_tc.json] bash <this file>
 set -u
-P=op_tests/op_benchmarks/results/decode_diag/plan_stalls.json
+P=${PLAN:-op_tests/op_benchmarks/results/decode_diag/plan_stalls.json}
 ncu --profile-from-start off --clock-control none --cache-control all --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --csv --page details python op_tests/op_benchmarks/diag_decode_ncu.py --mode ncu --out $OUT --plan $P > $OUT/ncu_details.csv 2> $OUT/ncu_details.err
 echo rc=$?
 python - <<'PY'
