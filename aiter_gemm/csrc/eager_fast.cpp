@@ -264,13 +264,19 @@ PyObject* run_linear(const at::Tensor& a, const at::Tensor& w, const at::Tensor*
   return THPVariable_Wrap(std::move(out));
 }
 
+// The instance dict of ``obj`` (borrowed), or nullptr.
+inline PyObject* instance_dict(PyObject* obj) {
+  PyObject** dictptr = _PyObject_GetDictPtr(obj);
+  return dictptr == nullptr ? nullptr : *dictptr;
+}
+
 // A weight marked is_shuffled (an instance attribute) is keyed apart by the Python path. -1: error.
 int is_shuffled(PyObject* weight) {
-  PyObject** dictptr = _PyObject_GetDictPtr(weight);
-  if (dictptr == nullptr || *dictptr == nullptr) {
+  PyObject* dict = instance_dict(weight);
+  if (dict == nullptr) {
     return 0;
   }
-  PyObject* v = PyDict_GetItemWithError(*dictptr, g_shuffled_name);
+  PyObject* v = PyDict_GetItemWithError(dict, g_shuffled_name);
   if (v == nullptr) {
     return PyErr_Occurred() ? -1 : 0;
   }
@@ -313,13 +319,10 @@ PyObject* gemm_a16w16(PyObject* /*self*/, PyObject* const* args, size_t nargsf, 
   END_HANDLE_TH_ERRORS
 }
 
-// The cached plain F.linear of module (an nn.Linear-like object: weight and bias in its ``_parameters``) on input, or
-// nullptr (error set or not: see run_if_plain).
-PyObject* linear_of(PyObject* module, PyObject* input) {
-  PyObject** dictptr = _PyObject_GetDictPtr(module);
-  PyObject* params = dictptr == nullptr || *dictptr == nullptr
-                         ? nullptr
-                         : PyDict_GetItemWithError(*dictptr, g_params_name);  // borrowed
+// The cached plain F.linear on input of the module whose instance dict is ``dict`` (an nn.Linear-like object: weight
+// and bias in its ``_parameters``), or nullptr (error set or not: see run_if_plain).
+PyObject* linear_of(PyObject* dict, PyObject* input) {
+  PyObject* params = dict == nullptr ? nullptr : PyDict_GetItemWithError(dict, g_params_name);  // borrowed
   PyObject* weight = params != nullptr && PyDict_Check(params) ? PyDict_GetItemWithError(params, g_weight_name)
                                                               : nullptr;  // borrowed
   // bias absent from the parameter dict: not nn.Linear-like (the Python path reads the attribute)
@@ -334,7 +337,7 @@ PyObject* linear(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.linear(module, input) takes 2 arguments");
     return nullptr;
   }
-  PyObject* out = linear_of(args[0], args[1]);
+  PyObject* out = linear_of(instance_dict(args[0]), args[1]);
   if (out != nullptr || PyErr_Occurred()) {
     return out;
   }
@@ -385,15 +388,15 @@ PyObject* call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.call(module, input) takes 2 arguments");
     return nullptr;
   }
-  PyObject** dictptr = _PyObject_GetDictPtr(args[0]);
-  if (dictptr == nullptr || *dictptr == nullptr) {
+  PyObject* dict = instance_dict(args[0]);
+  if (dict == nullptr) {
     Py_RETURN_NONE;
   }
-  const int bare = bare_module_call(*dictptr);
+  const int bare = bare_module_call(dict);
   if (bare < 0) {
     return nullptr;
   }
-  PyObject* out = bare ? linear_of(args[0], args[1]) : nullptr;
+  PyObject* out = bare ? linear_of(dict, args[1]) : nullptr;
   if (out != nullptr || PyErr_Occurred()) {
     return out;
   }

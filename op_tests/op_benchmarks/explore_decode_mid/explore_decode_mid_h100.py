@@ -61,21 +61,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-
-def _load_gemm_decode():
-    """The exploration kernel family beside this script (``gemm_decode.py``: torch and Triton only; not shipped in
-    the package, see BENCHMARKS.md), loaded by path."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gemm_decode", Path(__file__).resolve().parent / "gemm_decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gd = _load_gemm_decode()
-
 from gradlib.timing import TimingConfig, cache_bytes, interleaved, rotating_sets, time_runner  # noqa: E402
+
+# The exploration kernel family beside this script (torch and Triton only; not shipped, see BENCHMARKS.md), as the
+# package module the other exploration scripts and the tests import: one copy of its kernels and counters.
+from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd  # noqa: E402
 
 PEAK_BW = 3.0e12  # B/s, H100 device-to-device copy, bytes read + written (BENCHMARKS.md)
 PEAK_FLOPS = 790e12  # bf16 dense, H100 measured

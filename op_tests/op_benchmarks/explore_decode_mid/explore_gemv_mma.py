@@ -4,10 +4,10 @@ against F.linear, the tuned dispatch as shipped and the M = 1 gemv streaming the
 
 Per shape: every config of the family's ``grid_configs`` (gmma: compiled first in parallel worker processes, N, K, M
 being constexpr, a binary per config and shape; tc: cubins built ahead with nvcc, ``--cubins``, else NVRTC on first
-use), checked against float32 on fresh inputs with the output poisoned with NaN, screened
-with ``gradlib.timing`` (CUDA-graph replay over rotating buffers > 2x L2), then the 5 fastest, the M = 1 ``gemv``
-streaming the same weight (a bandwidth reference), the shipped dispatch (``gemm_a16w16``) and F.linear in paired
-rounds (``time_paired``).
+use), checked against float32 on fresh inputs with the output poisoned with NaN (``explore_decode_mid_h100.check``),
+screened with ``gradlib.timing`` (CUDA-graph replay over rotating buffers > 2x L2), then the 5 fastest, the M = 1
+``gemv`` streaming the same weight (a bandwidth reference), the shipped dispatch (``gemm_a16w16``) and F.linear in
+paired rounds (``time_paired``).
 
   python op_tests/op_benchmarks/explore_decode_mid/explore_gemv_mma.py --out $OUT --shapes 32x1280x8192,64x4096x4096
   python -c "from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc; ..."   # tc.build_cubins(cfgs, dir)
@@ -30,9 +30,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
+from gradlib.timing import TimingConfig, time_paired  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import Rotating, check  # noqa: E402
 
 
 class Family:
@@ -92,25 +93,13 @@ def precompile(shapes, cu, workers):
     return bad
 
 
-def rel_err(fn, M, N, K):
-    a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
-    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    res = fn(a, b, out)
-    ref = a.float() @ b.float().t()
-    if not torch.isfinite(res).all():
-        return float("inf")
-    return ((res.float() - ref).norm() / ref.norm()).item()
-
-
 def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int, rows: list, summary: list) -> None:
     """Check and screen every grid config of one shape, then pair the 5 fastest with F.linear and the M = 1 gemv."""
     from aiter_gemm.kernels.skinny import SkinnyConfig, launch_skinny
     gemv_cfg = SkinnyConfig.from_name("gemv_BN1_BK2048_SK1_W4_S1_EF")
     dev = torch.device("cuda")
-    nset = rotating_sets((M * K + N * K + M * N) * 2, cache_bytes(dev), torch.cuda.mem_get_info(dev)[0])
-    sets = [(torch.randn(M, K, dtype=torch.bfloat16, device=dev), torch.randn(N, K, dtype=torch.bfloat16,
-             device=dev), torch.empty(M, N, dtype=torch.bfloat16, device=dev)) for _ in range(nset)]
+    rot = Rotating(M, N, K, dev)
+    nset, sets = rot.n, rot.sets
     cands = {}
     for c in fam.grid(M, N, K, cu):
         if (M, N, K, c.name) in bad:
@@ -118,14 +107,14 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
             continue
         fn = fam.launcher(c.name)
         try:
-            e = rel_err(fn, M, N, K)
+            ok, e, why = check(fn, M, N, K, "cuda", torch.bfloat16)
         except Exception as exc:  # noqa: BLE001 - recorded, skipped
             rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
-        if not e < 1e-2:
-            rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"rel_err {e:.2e}"))
+        if not ok:
+            rows.append(dict(M=M, N=N, K=K, config=c.name, err=why))
             continue
-        us = time_runner(lambda i, fn=fn: fn(*sets[i]), nset, dev, SCREEN).us
+        us = rot.time(fn, SCREEN)
         rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{e:.1e}", screen_us=round(us, 3)))
         cands[c.name] = (us, fn)
     best = sorted(cands, key=lambda n: cands[n][0])[:5]
