@@ -116,6 +116,7 @@ class DecodeConfig:
     REDUCE: str = "2P"
     STREAM_K: int = 0
     TMA: bool = False
+    B_TILED: bool = False
 
     def __post_init__(self) -> None:
         for field in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -146,19 +147,21 @@ class DecodeConfig:
             s += f"_STK{self.STREAM_K}"
         if self.TMA:
             s += "_TMA"
+        if self.B_TILED:
+            s += "_BT"
         return s
 
     @classmethod
     def from_name(cls, name: str) -> DecodeConfig:
-        """Parse ``BM64_BN128_BK128_SK4_W4_S4[_SW][_FX][_STK<p>][_TMA]`` (the :attr:`name` spelling)."""
+        """Parse ``BM64_BN128_BK128_SK4_W4_S4[_SW][_FX][_STK<p>][_TMA][_BT]`` (the :attr:`name` spelling)."""
         m = _NAME_RE.fullmatch(name.strip())
         if m is None:
             raise ValueError(f"decode kernelName {name!r} does not match "
-                             "'BM<m>_BN<n>_BK<k>_SK<s>_W<w>_S<st>[_SW][_FX][_STK<p>][_TMA]' "
+                             "'BM<m>_BN<n>_BK<k>_SK<s>_W<w>_S<st>[_SW][_FX][_STK<p>][_TMA][_BT]' "
                              "(e.g. 'BM64_BN128_BK128_SK4_W4_S4_TMA')")
-        bm, bn, bk, sk, w, st, sw, fx, stk, tma = m.groups()
+        bm, bn, bk, sk, w, st, sw, fx, stk, tma, bt = m.groups()
         return cls(int(bm), int(bn), int(bk), int(sk), int(w), int(st), sw is not None, "FX" if fx else "2P",
-                   int(stk) if stk else 0, tma is not None)
+                   int(stk) if stk else 0, tma is not None, bt is not None)
 
     def smem_bytes(self, itemsize: int = 2) -> int:
         """Shared memory of the software pipeline: ``num_stages`` buffers of an A and a B tile."""
@@ -169,7 +172,7 @@ class DecodeConfig:
         return self.BLOCK_SIZE_M * self.BLOCK_SIZE_N // (32 * self.num_warps)
 
 
-_NAME_RE = re.compile(r"BM(\d+)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_SW)?(_FX)?(?:_STK(\d+))?(_TMA)?")
+_NAME_RE = re.compile(r"BM(\d+)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_SW)?(_FX)?(?:_STK(\d+))?(_TMA)?(_BT)?")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -181,11 +184,13 @@ def _mainloop(a_src, b_src, off_m, off_n, kt_begin, kt_end, M, N, K,
               stride_am, stride_ak, stride_bn, stride_bk,
               BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
               SWAP_AB: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr, EVEN_K: tl.constexpr,
-              UPCAST_DOT: tl.constexpr):
+              UPCAST_DOT: tl.constexpr, B_TILED: tl.constexpr = False):
     """Accumulate K tiles ``[kt_begin, kt_end)`` of the (off_m, off_n) output tile in float32.
 
     Returns ``[BLOCK_SIZE_N, BLOCK_SIZE_M]`` when ``SWAP_AB`` (weight rows on the MMA's M side), else
-    ``[BLOCK_SIZE_M, BLOCK_SIZE_N]``. The loop is software-pipelined by the kernel's ``num_stages``."""
+    ``[BLOCK_SIZE_M, BLOCK_SIZE_N]``. The loop is software-pipelined by the kernel's ``num_stages``.
+    ``B_TILED``: the weight is stored tile-major (:func:`tile_weight`), each ``[BLOCK_SIZE_N, BLOCK_SIZE_K]`` tile
+    contiguous, tiles of one row block consecutive along K; N and K are multiples of the tile."""
     if SWAP_AB:
         acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
     else:
@@ -196,7 +201,14 @@ def _mainloop(a_src, b_src, off_m, off_n, kt_begin, kt_end, M, N, K,
         # Rows past M re-read valid rows (stores are masked): loads stay unmasked along M.
         offs_am = (off_m + tl.arange(0, BLOCK_SIZE_M)) % M
         a_ptrs = a_src + offs_am[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
-    if not B_TMA:
+    k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
+    if B_TILED:
+        # Tile (off_n / BN, kt) starts at element (off_n * k_tiles + kt * BN) * BK; rows of BK inside a tile.
+        tile_row0 = off_n * k_tiles + kt_begin * BLOCK_SIZE_N
+        if not B_TMA:
+            offs_r = tl.arange(0, BLOCK_SIZE_N)
+            b_ptrs = b_src + (tile_row0 + offs_r)[:, None] * BLOCK_SIZE_K + offs_k[None, :]
+    elif not B_TMA:
         offs_bn = (off_n + tl.arange(0, BLOCK_SIZE_N)) % N
         b_ptrs = b_src + offs_bn[:, None] * stride_bn + (k0 + offs_k)[None, :] * stride_bk
     for kt in range(kt_begin, kt_end):
@@ -207,9 +219,11 @@ def _mainloop(a_src, b_src, off_m, off_n, kt_begin, kt_end, M, N, K,
             a = tl.load(a_ptrs)
         else:
             a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
-        if B_TMA:
+        if B_TILED and B_TMA:
+            b = b_src.load([tile_row0 + (kt - kt_begin) * BLOCK_SIZE_N, 0])
+        elif B_TMA:
             b = b_src.load([off_n, k])
-        elif EVEN_K:
+        elif EVEN_K or B_TILED:
             b = tl.load(b_ptrs)
         else:
             b = tl.load(b_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
@@ -225,7 +239,9 @@ def _mainloop(a_src, b_src, off_m, off_n, kt_begin, kt_end, M, N, K,
                 acc = tl.dot(a, tl.trans(b), acc)
         if not A_TMA:
             a_ptrs += BLOCK_SIZE_K * stride_ak
-        if not B_TMA:
+        if B_TILED and not B_TMA:
+            b_ptrs += BLOCK_SIZE_N * BLOCK_SIZE_K
+        elif not B_TMA:
             b_ptrs += BLOCK_SIZE_K * stride_bk
     return acc
 
@@ -250,6 +266,7 @@ def _gemm_decode_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     SWAP_AB: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr,
     REDUCE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    B_TILED: tl.constexpr = False,
 ):
     """One ``BLOCK_SIZE_M x BLOCK_SIZE_N`` tile of C over one K split (grid: tiles x num_ksplit).
 
@@ -272,7 +289,7 @@ def _gemm_decode_kernel(
     kt_end = tl.minimum(kt_begin + k_tiles_per_split, k_tiles)
     acc = _mainloop(a_src, b_src, off_m, off_n, kt_begin, kt_end, M, N, K,
                     stride_am, stride_ak, stride_bn, stride_bk,
-                    BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB, A_TMA, B_TMA, EVEN_K, UPCAST_DOT)
+                    BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB, A_TMA, B_TMA, EVEN_K, UPCAST_DOT, B_TILED)
     if SWAP_AB:
         acc = tl.trans(acc)  # [BM, BN]; the epilogue is shared
     offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
@@ -473,8 +490,15 @@ def launch_gemm_decode(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
     (split-K workspace), so it can be captured in a CUDA graph once the kernels are compiled."""
     cfg = config
     M, K = a.shape
-    N = b.shape[0]
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
+    if cfg.B_TILED:  # b is tile_weight(w, bn, bk): (N / bn, K / bk, bn, bk), read through its 2-D row view
+        if b.dim() != 4 or tuple(b.shape[2:]) != (bn, bk) or b.shape[1] * bk != K or not b.is_contiguous():
+            raise ValueError(f"{cfg.name} needs tile_weight(w, {bn}, {bk}) of a ({K}-column) weight; "
+                             f"got shape {tuple(b.shape)}")
+        N = b.shape[0] * bn
+        b = b.view(-1, bk)
+    else:
+        N = b.shape[0]
     tma_dev = cfg.TMA and _tma_device_ok(a)
     a_tma = tma_dev and tma_operand_ok(a)
     b_tma = tma_dev and tma_operand_ok(b)
@@ -485,6 +509,10 @@ def launch_gemm_decode(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
     common = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SWAP_AB=cfg.SWAP_AB, A_TMA=a_tma, B_TMA=b_tma,
                   HAS_BIAS=has_bias, EVEN_K=K % bk == 0, UPCAST_DOT=INTERPRET,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.B_TILED:
+        if cfg.STREAM_K:
+            raise ValueError(f"{cfg.name}: the tiled weight layout is not implemented for stream-K")
+        common["B_TILED"] = True
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
 
@@ -512,6 +540,16 @@ def launch_gemm_decode(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
             ws, bias_arg, out, M, N, out.stride(0), out.stride(1), split,
             HAS_BIAS=has_bias, BLOCK_SIZE=_REDUCE_BLOCK, num_warps=4)
     return out
+
+
+def tile_weight(w: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
+    """The weight (N, K) stored tile-major for ``B_TILED`` configs: (N / bn, K / bk, bn, bk), contiguous, so one
+    ``[bn, bk]`` tile is ``bn * bk * 2`` consecutive bytes and a row block's tiles follow each other along K (the
+    layout question of issue 14: does a tile read from scattered 2*bk-byte row pieces cost DRAM bandwidth?)."""
+    N, K = w.shape
+    if N % bn or K % bk:
+        raise ValueError(f"tile_weight: ({N}, {K}) is not a multiple of the ({bn}, {bk}) tile")
+    return w.reshape(N // bn, bn, K // bk, bk).permute(0, 2, 1, 3).contiguous()
 
 
 def smem_limit(arch: str) -> int:
@@ -545,6 +583,8 @@ def config_supported(cfg: DecodeConfig, M: int, N: int, K: int, arch: str, dtype
             if t is not None and not tma_operand_ok(t):
                 return (f"TMA needs {label} with unit K stride and 16-byte aligned base and row stride "
                         f"(stride {tuple(t.stride())}, address % 16 = {t.data_ptr() % 16})")
+    if cfg.B_TILED and (N % cfg.BLOCK_SIZE_N or K % cfg.BLOCK_SIZE_K or cfg.STREAM_K):
+        return f"the tiled weight layout needs N, K multiples of the tile and no stream-K (N={N} K={K})"
     k_tiles, per = split_plan(K, cfg.BLOCK_SIZE_K, cfg.NUM_KSPLIT)
     if cfg.NUM_KSPLIT > k_tiles:
         return f"NUM_KSPLIT={cfg.NUM_KSPLIT} > {k_tiles} K tiles of {cfg.BLOCK_SIZE_K}"

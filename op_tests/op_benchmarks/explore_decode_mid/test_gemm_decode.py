@@ -128,6 +128,47 @@ def test_streamk_any_program_count(device, num_sms):
 
 # ---- config name, support, space --------------------------------------------------------------------------
 
+# Tile-major weight (B_TILED): pointer and TMA loads, plain, swapped and split (fix-up and two-pass).
+TILED_CONFIGS = [
+    DecodeConfig(32, 32, 32, 1, 4, 2, B_TILED=True),
+    DecodeConfig(32, 32, 64, 1, 4, 2, TMA=True, B_TILED=True),
+    DecodeConfig(16, 32, 32, 2, 4, 2, SWAP_AB=True, REDUCE="FX", TMA=True, B_TILED=True),
+    DecodeConfig(16, 64, 32, 4, 4, 2, SWAP_AB=True, REDUCE="2P", B_TILED=True),
+]
+
+
+@pytest.mark.parametrize("cfg", TILED_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize(("M", "N", "K"), [(17, 64, 256), (3, 128, 128), (97, 64, 512)])
+def test_tiled_weight_matches_reference(device, cfg, M, N, K):
+    torch.manual_seed(M * 7 + N + K)
+    a = torch.randn(M, K, dtype=torch.bfloat16, device=device)
+    b = torch.randn(N, K, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(N, dtype=torch.bfloat16, device=device)
+    assert config_supported(cfg, M, N, K, "cpu" if device == "cpu" else "sm_90") is None
+    bt = gd.tile_weight(b, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
+    # tile (1, 2) is b[bn:2bn, 2bk:3bk], contiguous
+    bn, bk = cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
+    if N >= 2 * bn and K >= 3 * bk:
+        assert torch.equal(bt[1, 2], b[bn:2 * bn, 2 * bk:3 * bk])
+    out = torch.full((M, N), float("nan"), dtype=torch.float32, device=device)
+    gd.launch_gemm_decode(a, bt, bias, out, cfg, 4)
+    torch.testing.assert_close(out, reference(a, b, bias, torch.float32), **tolerance(torch.float32, K))
+
+
+def test_tiled_weight_rejects_other_layouts(device):
+    cfg = DecodeConfig(32, 32, 32, 1, 4, 2, B_TILED=True)
+    a = torch.randn(17, 64, dtype=torch.bfloat16, device=device)
+    b = torch.randn(64, 64, dtype=torch.bfloat16, device=device)
+    out = torch.empty(17, 64, dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match="tile_weight"):
+        gd.launch_gemm_decode(a, b, None, out, cfg, 4)  # the plain (N, K) weight
+    with pytest.raises(ValueError, match="tile_weight"):
+        gd.launch_gemm_decode(a, gd.tile_weight(b, 32, 16), None, out, cfg, 4)  # another tile
+    with pytest.raises(ValueError, match="not a multiple"):
+        gd.tile_weight(b[:, :40], 32, 32)
+    assert "multiples of the tile" in config_supported(cfg, 17, 100, 64, "cpu")
+
+
 def test_name_round_trip():
     names = set()
     for (N, K), M in itertools.product(SHIPPED, MS):
@@ -139,6 +180,8 @@ def test_name_round_trip():
     assert DecodeConfig.from_name("BM64_BN128_BK128_SK4_W4_S4_TMA") == DecodeConfig(64, 128, 128, 4, 4, 4, TMA=True)
     assert DecodeConfig(32, 64, 128, 8, 4, 5, True, "FX", 0, True).name == "BM32_BN64_BK128_SK8_W4_S5_SW_FX_TMA"
     assert DecodeConfig(64, 64, 128, 1, 4, 4, STREAM_K=2).name == "BM64_BN64_BK128_SK1_W4_S4_STK2"
+    for cfg in TILED_CONFIGS:
+        assert cfg.name.endswith("_BT") and DecodeConfig.from_name(cfg.name) == cfg
     # With a single split there is nothing to reduce: the reduction is normalised away (one name per kernel).
     assert DecodeConfig(64, 64, 128, 1, 4, 4, REDUCE="FX") == DecodeConfig(64, 64, 128, 1, 4, 4)
     assert len(names) > 50
