@@ -1,9 +1,11 @@
 """Time an exploration kernel family (``--family gmma``: ``gemv_mma.py``, the gemv kernel's structure in Triton with
-tensor-core products; ``--family tc``: ``tcgemv.cu``, mma.sync fed by the weight straight from global memory)
-against F.linear, the tuned dispatch as shipped and the M = 1 gemv streaming the same weight.
+tensor-core products; ``--family tc``: ``tcgemv.cu``, mma.sync fed by the weight straight from global memory;
+``--family cl``: ``clgemv.cu``, the same products with the activation slice resident in shared memory and the K
+splits reduced inside a thread-block cluster) against F.linear, the tuned dispatch as shipped and the M = 1 gemv
+streaming the same weight.
 
 Per shape: every config of the family's ``grid_configs`` (gmma: compiled first in parallel worker processes, N, K, M
-being constexpr, a binary per config and shape; tc: cubins built ahead with nvcc, ``--cubins``, else NVRTC on first
+being constexpr, a binary per config and shape; tc, cl: cubins built ahead with nvcc, ``--cubins``, else NVRTC on first
 use), checked against float32 on fresh inputs with the output poisoned with NaN (``explore_decode_mid_h100.check``),
 screened with ``gradlib.timing`` (CUDA-graph replay over rotating buffers > 2x L2), then the 5 fastest, the M = 1
 ``gemv`` streaming the same weight (a bandwidth reference), the shipped dispatch (``gemm_a16w16``) and F.linear in
@@ -31,6 +33,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gradlib.timing import TimingConfig, time_paired  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid import clgemv as cl  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import Rotating, check  # noqa: E402
@@ -41,7 +44,7 @@ class Family:
 
     def __init__(self, name: str):
         self.name = name
-        self.mod = gm if name == "gmma" else tc
+        self.mod = {"gmma": gm, "tc": tc, "cl": cl}[name]
 
     def grid(self, M, N, K, cu):
         return self.mod.grid_configs(M, N, K, cu)
@@ -50,6 +53,9 @@ class Family:
         if self.name == "gmma":
             cfg = gm.GemvMmaConfig.from_name(cfg_name)
             return lambda a, b, out: gm.launch_gemv_mma(a, b, out, cfg)
+        if self.name == "cl":
+            ccfg = cl.ClGemvConfig.from_name(cfg_name)
+            return lambda a, b, out: cl.launch_clgemv(a, b, None, out, ccfg)
         cfg = tc.TcGemvConfig.from_name(cfg_name)
         return lambda a, b, out: tc.launch_tcgemv(a, b, None, out, cfg)
 
@@ -145,8 +151,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=12)
     ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--deadline_s", type=float, default=480)
-    ap.add_argument("--family", choices=["gmma", "tc"], default="gmma")
-    ap.add_argument("--cubins", type=Path, help="tc: folder of cubins built ahead (tcgemv.build_cubins)")
+    ap.add_argument("--family", choices=["gmma", "tc", "cl"], default="gmma")
+    ap.add_argument("--cubins", type=Path, help="tc, cl: folder of cubins built ahead (tcgemv/clgemv.build_cubins)")
     args = ap.parse_args()
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +162,7 @@ def main() -> int:
     if args.family == "gmma":
         bad = precompile(shapes, cu, args.workers)
     else:
-        tc.CUBIN_DIR = args.cubins
+        tc.CUBIN_DIR = cl.CUBIN_DIR = args.cubins
         bad = {}
     rows: list[dict] = []
     summary: list[dict] = []

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from op_tests.op_benchmarks.explore_decode_mid import cuda_build
+from op_tests.op_benchmarks.explore_decode_mid.cuda_build import load_kernel
 from op_tests.op_benchmarks.explore_decode_mid.gemm_decode import _counters
 
 _SRC = Path(__file__).with_name("tcgemv.cu")
@@ -84,39 +86,19 @@ def _kernel(cfg: TcGemvConfig, in_f16: bool, out_kind: int, has_bias: bool):
 
 @cache
 def _kernel_for(cfg: TcGemvConfig, in_f16: bool, out_kind: int, has_bias: bool):
-    from torch.cuda._utils import _cuda_load_module
-    if CUBIN_DIR is not None and (CUBIN_DIR / cubin_name(cfg, in_f16, out_kind, has_bias)).exists():
-        kern = _cuda_load_module((CUBIN_DIR / cubin_name(cfg, in_f16, out_kind, has_bias)).read_bytes(),
-                                 ["tcgemv"])["tcgemv"]
-    else:
-        # NVRTC optimises by default (it rejects -O3); -default-device: the epilogue's lambdas are device code
-        kern = torch.cuda._compile_kernel(source(cfg, in_f16, out_kind, has_bias), "tcgemv",
-                                          nvcc_options=["-default-device"])
-    kern.set_shared_memory_config(cfg.smem_bytes())
-    return kern
+    cubin = CUBIN_DIR / cubin_name(cfg, in_f16, out_kind, has_bias) if CUBIN_DIR is not None else None
+    return load_kernel(source(cfg, in_f16, out_kind, has_bias), "tcgemv", cubin, cfg.smem_bytes())
 
 
 def build_cubins(cfgs: list[TcGemvConfig], out_dir: Path, jobs: int = 2) -> None:
     """nvcc every config (bf16 in and out, no bias) to ``out_dir`` for sm_90 (CPU machine, ahead of a GPU run)."""
-    import subprocess
-    import tempfile
-    from concurrent.futures import ThreadPoolExecutor
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def one(cfg):
-        dst = out_dir / cubin_name(cfg, False, 0, False)
-        if dst.exists():
-            return
-        with tempfile.NamedTemporaryFile("w", suffix=".cu") as f:
-            f.write(source(cfg, False, 0, False))
-            f.flush()
-            subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-x", "cu", "-o", str(dst), f.name], check=True)
-
-    with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(one, cfgs))
+    cuda_build.build_cubins(((out_dir / cubin_name(c, False, 0, False), lambda c=c: source(c, False, 0, False))
+                             for c in cfgs), jobs)
 
 
 _OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+
+
 def launch_tcgemv(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                   cfg: TcGemvConfig) -> torch.Tensor:
     M, K = a.shape

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from op_tests.op_benchmarks.explore_decode_mid import clgemv as cl
 from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc
@@ -82,3 +83,49 @@ def test_tcgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
     ref = reference(a, b, bias)
     tol = dict(rtol=2e-3, atol=2e-4 * K**0.5) if otype == torch.float32 else dict(rtol=1.6e-2, atol=1.6e-2 * K**0.5)
     torch.testing.assert_close(out, ref.to(otype), **tol)
+
+
+def test_clgemv_names_rejections_and_source():
+    cfg = cl.ClGemvConfig(64, 8, 4, 4)
+    assert cfg.name == "CL_MT64_WN8_U4_S4" and cl.ClGemvConfig.from_name(cfg.name) == cfg
+    with pytest.raises(ValueError):
+        cl.ClGemvConfig.from_name("CL_MT64_WN8_U4")
+    # K = 4096 over 4 splits: 1024 k x 2 B = 2048 B rows (even multiple of 64: padded by 64), 8 stages of 128 k
+    assert cfg.smem_bytes(4096) == 64 * (2048 + 64) + 8 * 8
+    assert "multiple of S x 32 U" in cl.config_error(cfg, 64, 4096, 4000)
+    assert "shared memory" in cl.config_error(cl.ClGemvConfig(128, 8, 4, 2), 128, 4096, 4096)
+    assert "S must be" in cl.config_error(cl.ClGemvConfig(64, 8, 4, 3), 64, 4096, 4608)
+    assert "MT must be" in cl.config_error(cl.ClGemvConfig(12, 8, 4, 4), 12, 4096, 4096)
+    assert "WN must be" in cl.config_error(cl.ClGemvConfig(64, 3, 2, 4), 64, 4096, 4096)
+    src = cl.source(cfg, 4096, False, 2, True)
+    for define in ("CL_MT 64", "CL_WN 8", "CL_U 4", "CL_S 4", "CL_KS 1024", "IN_F16 0", "OUT_KIND 2", "HAS_BIAS 1"):
+        assert f"#define {define}\n" in src
+    assert cl.cubin_name(cfg, 4096, False, 0, False) == "CL_MT64_WN8_U4_S4_K4096_F0_O0_B0.cubin"
+    for c in cl.grid_configs(17, 4096, 14336, 132):
+        assert cl.config_error(c, 17, 4096, 14336) is None and c.MT == 24
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
+    (1, 100, 256, cl.ClGemvConfig(8, 2, 2, 2), True, torch.bfloat16),        # rows and tokens past N, M
+    (17, 1000, 4096, cl.ClGemvConfig(24, 4, 4, 4), False, torch.float32),
+    (33, 256, 1024, cl.ClGemvConfig(64, 8, 2, 8), True, torch.float16),       # 8-CTA clusters, 4 rows per rank
+    (97, 4100, 512, cl.ClGemvConfig(64, 4, 2, 1), False, torch.bfloat16),     # two M tiles, no cluster
+    (128, 4096, 4096, cl.ClGemvConfig(128, 8, 2, 8), True, torch.bfloat16),  # the widest token tile
+    (64, 1280, 8192, cl.ClGemvConfig(64, 16, 4, 8), False, torch.bfloat16),
+])
+def test_clgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
+    torch.manual_seed(M + N)
+    dtype = torch.float16 if otype == torch.float16 else torch.bfloat16
+    a = torch.randn(M, K, dtype=dtype, device="cuda")
+    b = torch.randn(N, K, dtype=dtype, device="cuda")
+    bias = torch.randn(N, dtype=dtype, device="cuda") if with_bias else None
+    assert cl.config_error(cfg, M, N, K) is None
+    out = torch.full((M, N), float("nan"), dtype=otype, device="cuda")
+    cl.launch_clgemv(a, b, bias, out, cfg)
+    ref = reference(a, b, bias)
+    tol = dict(rtol=2e-3, atol=2e-4 * K**0.5) if otype == torch.float32 else dict(rtol=1.6e-2, atol=1.6e-2 * K**0.5)
+    torch.testing.assert_close(out, ref.to(otype), **tol)
+    again = torch.full_like(out, float("nan"))
+    cl.launch_clgemv(a, b, bias, again, cfg)
+    assert torch.equal(out, again)  # the cluster sums in rank order: bit-identical reruns

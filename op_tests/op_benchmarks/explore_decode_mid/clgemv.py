@@ -1,0 +1,131 @@
+"""Host side of ``clgemv.cu`` (exploration, issue 14): config, source, compile, launch and the exploration grid.
+
+The kernel keeps each CTA's activation slice in shared memory and reduces the K splits of a tile inside a thread-block
+cluster (distributed shared memory), so split-K costs no global-memory partials and tiles can be wide (16 CL_WN
+weight rows). One binary per config, K split length, dtype pair, output dtype and bias (all ``#define``s).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from op_tests.op_benchmarks.explore_decode_mid import cuda_build
+
+_SRC = Path(__file__).with_name("clgemv.cu")
+_OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+# Dynamic shared memory one CTA may use on sm_90 (227 KiB), less the mbarriers' room.
+_SMEM_LIMIT = 227 * 1024 - 1024
+CLUSTER_SIZES = (1, 2, 4, 8)  # 8: the largest portable cluster
+
+
+@dataclass(frozen=True)
+class ClGemvConfig:
+    MT: int = 64  # tokens per tile (multiple of 8, <= 128)
+    WN: int = 8  # warps, 16 weight rows each
+    U: int = 4  # 32-k chunks per weight stage
+    S: int = 4  # CTAs per cluster = K splits
+
+    @property
+    def name(self) -> str:
+        return f"CL_MT{self.MT}_WN{self.WN}_U{self.U}_S{self.S}"
+
+    @classmethod
+    def from_name(cls, name: str) -> ClGemvConfig:
+        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_U(\d+)_S(\d+)", name.strip())
+        if m is None:
+            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_U<u>_S<s>")
+        return cls(*(int(x) for x in m.groups()))
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.WN
+
+    def smem_bytes(self, K: int) -> int:
+        """Activation slice (rows padded to an odd multiple of 64 bytes) or the float32 partial tile, whichever is
+        larger, then one 8-byte mbarrier per weight stage (the layout of ``clgemv.cu``)."""
+        ks2 = K // self.S * 2
+        pitch = ks2 + 64 if ks2 % 128 == 0 else ks2
+        x_bytes = self.MT * pitch
+        p_bytes = self.MT * self.rows * 4 if self.S > 1 else 0
+        return max(x_bytes, p_bytes) + 8 * (K // self.S // (32 * self.U))
+
+
+def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
+    """Why ``cfg`` cannot run (M, N, K), or None."""
+    if cfg.MT % 8 or not 8 <= cfg.MT <= 128:
+        return f"{cfg.name}: MT must be a multiple of 8 in 8..128"
+    if cfg.S not in CLUSTER_SIZES:
+        return f"{cfg.name}: S must be one of {CLUSTER_SIZES}"
+    if cfg.WN not in (2, 4, 8, 16):  # with S <= 8, each rank then sums a multiple of 4 rows (float4 reads)
+        return f"{cfg.name}: WN must be 2, 4, 8 or 16"
+    if K % (cfg.S * 32 * cfg.U):
+        return f"{cfg.name}: K={K} is not a multiple of S x 32 U = {cfg.S * 32 * cfg.U}"
+    if cfg.smem_bytes(K) > _SMEM_LIMIT:
+        return f"{cfg.name}: needs {cfg.smem_bytes(K)} B of shared memory at K={K}"
+    return None
+
+
+def source(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
+    return (f"#define CL_MT {cfg.MT}\n#define CL_WN {cfg.WN}\n#define CL_U {cfg.U}\n#define CL_S {cfg.S}\n"
+            f"#define CL_KS {K // cfg.S}\n#define IN_F16 {int(in_f16)}\n#define OUT_KIND {out_kind}\n"
+            f"#define HAS_BIAS {int(has_bias)}\n" + _SRC.read_text())
+
+
+def cubin_name(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
+    return f"{cfg.name}_K{K}_F{int(in_f16)}_O{out_kind}_B{int(has_bias)}.cubin"
+
+
+#: Folder of cubins built ahead (``build_cubins``): loaded instead of compiling with NVRTC.
+CUBIN_DIR: Path | None = None
+
+
+@cache
+def _kernel(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool):
+    cubin = CUBIN_DIR / cubin_name(cfg, K, in_f16, out_kind, has_bias) if CUBIN_DIR is not None else None
+    return cuda_build.load_kernel(source(cfg, K, in_f16, out_kind, has_bias), "clgemv", cubin, cfg.smem_bytes(K))
+
+
+def build_cubins(cfg_k: list[tuple[ClGemvConfig, int]], out_dir: Path, jobs: int = 2,
+                 variants: tuple[tuple[bool, int, bool], ...] = ((False, 0, False),)) -> None:
+    """nvcc each (config, K) x (in_f16, out_kind, has_bias) variant to ``out_dir`` for sm_90."""
+    cuda_build.build_cubins(((out_dir / cubin_name(c, K, *v), lambda c=c, K=K, v=v: source(c, K, *v))
+                             for c, K in cfg_k for v in variants), jobs)
+
+
+def launch_clgemv(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                  cfg: ClGemvConfig) -> torch.Tensor:
+    """``out = a @ b.T (+ bias)``; a (M, K), b (N, K) bf16/fp16 with 16-byte aligned rows, out (M, N) contiguous."""
+    M, K = a.shape
+    N = b.shape[0]
+    why = config_error(cfg, M, N, K)
+    if why:
+        raise ValueError(why)
+    if a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8 or out.stride(1) != 1:
+        raise ValueError(f"clgemv needs unit K stride and 16-byte aligned rows: a {tuple(a.stride())}, "
+                         f"b {tuple(b.stride())}, out {tuple(out.stride())}")
+    kern = _kernel(cfg, K, a.dtype == torch.float16, _OUT_KIND[out.dtype], bias is not None)
+    tiles = -(-M // cfg.MT) * -(-N // cfg.rows)
+    kern(grid=(tiles, cfg.S, 1), block=(32 * cfg.WN, 1, 1),
+         args=[a, b, bias if bias is not None else a, out, M, N, a.stride(0), b.stride(0), out.stride(0)],
+         shared_mem=cfg.smem_bytes(K))
+    return out
+
+
+def grid_configs(M: int, N: int, K: int, cu: int) -> list[ClGemvConfig]:
+    """Exploration grid: MT = M rounded up to 8 (<= 128: larger M takes several M tiles), WN 4/8/16, U 2/4, every
+    cluster size that fits shared memory, kept where the CTAs number 0.6-4.5 per SM."""
+    mt = min(128, -(-M // 8) * 8)
+    out = []
+    for wn in (4, 8, 16):
+        for u in (2, 4):
+            for s in CLUSTER_SIZES:
+                c = ClGemvConfig(mt, wn, u, s)
+                ctas = -(-M // mt) * -(-N // c.rows) * s
+                if config_error(c, M, N, K) is None and 0.6 * cu <= ctas <= 4.5 * cu:
+                    out.append(c)
+    return out
