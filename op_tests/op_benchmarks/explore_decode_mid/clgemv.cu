@@ -31,6 +31,11 @@ struct V4 {
 #define CL_NJ (CL_MT / 8)
 #define CL_KC (32 * CL_U)
 #define CL_NST (CL_KS / CL_KC)
+// B fragments read ahead of their products: up to 8 token groups (32 registers) at a time, a divisor of CL_NJ.
+#define CL_JB (CL_NJ <= 8 ? CL_NJ : CL_NJ % 8 == 0 ? 8 : CL_NJ % 4 == 0 ? 4 : CL_NJ % 2 == 0 ? 2 : 1)
+#ifndef CL_DIAG
+#define CL_DIAG 0  // diagnostics (timing only, wrong results): 1 no products, 2 no cluster reduction
+#endif
 // Activation row pitch in shared memory: an odd multiple of 64 bytes, so that the 16-byte reads of a warp's 8 tokens
 // x 4 k-groups (one phase: 2 tokens x 64 bytes) fall in different banks.
 #define CL_XP ((CL_KS * 2) % 128 == 0 ? CL_KS * 2 + 64 : CL_KS * 2)
@@ -151,17 +156,29 @@ __device__ __forceinline__ void load_w(V4 (&wv)[CL_U][2], const u16* w0, const u
 }
 
 // Stage st: the weight chunk in registers times the resident activation columns [st CL_KC, (st + 1) CL_KC).
+// The B fragments of a 32-k chunk are read from shared memory first, then multiplied: every asm here is volatile
+// (kept in program order), so reading one fragment right before its mma.sync would expose each read's latency.
 __device__ __forceinline__ void compute(float (&acc)[CL_NJ][4], const V4 (&wv)[CL_U][2], u32 xs, int st, int g,
                                         int q) {
 #pragma unroll
   for (int u = 0; u < CL_U; ++u)
 #pragma unroll
-    for (int j = 0; j < CL_NJ; ++j) {
-      const V4 xv = lds128(xs + (8 * j + g) * CL_XP + (st * CL_KC + 32 * u + 8 * q) * 2);
+    for (int j0 = 0; j0 < CL_NJ; j0 += CL_JB) {
+      V4 xv[CL_JB];
+#pragma unroll
+      for (int j = 0; j < CL_JB; ++j)
+        xv[j] = lds128(xs + (8 * (j0 + j) + g) * CL_XP + (st * CL_KC + 32 * u + 8 * q) * 2);
 #pragma unroll
       for (int s = 0; s < 2; ++s)
-        mma16816(acc[j], pair(wv[u][0], 2 * s), pair(wv[u][1], 2 * s), pair(wv[u][0], 2 * s + 1),
-                 pair(wv[u][1], 2 * s + 1), pair(xv, 2 * s), pair(xv, 2 * s + 1));
+#pragma unroll
+        for (int j = 0; j < CL_JB; ++j) {
+#if CL_DIAG == 1  // diagnostic: no products, the loaded words folded in so that no load is dead
+          acc[j0 + j][0] += __int_as_float((pair(wv[u][0], 2 * s) ^ pair(wv[u][1], 2 * s + 1) ^ pair(xv[j], 2 * s)) & 0x3f800000u);
+#else
+          mma16816(acc[j0 + j], pair(wv[u][0], 2 * s), pair(wv[u][1], 2 * s), pair(wv[u][0], 2 * s + 1),
+                   pair(wv[u][1], 2 * s + 1), pair(xv[j], 2 * s), pair(xv[j], 2 * s + 1));
+#endif
+        }
     }
 }
 
@@ -230,7 +247,7 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
     compute(acc, wb, xs, st + 1, g, q);
   }
 
-#if CL_S == 1
+#if CL_S == 1 || CL_DIAG == 2
 #pragma unroll
   for (int e = 0; e < 4; ++e) {  // fragment element e of j: row + 8 (e >> 1), token + (e & 1)
     const int row = n0 + g + 8 * (e >> 1);

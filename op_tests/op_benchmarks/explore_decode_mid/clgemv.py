@@ -29,17 +29,18 @@ class ClGemvConfig:
     WN: int = 8  # warps, 16 weight rows each
     U: int = 4  # 32-k chunks per weight stage
     S: int = 4  # CTAs per cluster = K splits
+    D: int = 0  # diagnostics, timing only (wrong results): 1 no products, 2 no cluster reduction
 
     @property
     def name(self) -> str:
-        return f"CL_MT{self.MT}_WN{self.WN}_U{self.U}_S{self.S}"
+        return f"CL_MT{self.MT}_WN{self.WN}_U{self.U}_S{self.S}" + (f"_D{self.D}" if self.D else "")
 
     @classmethod
     def from_name(cls, name: str) -> ClGemvConfig:
-        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_U(\d+)_S(\d+)", name.strip())
+        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_U(\d+)_S(\d+)(?:_D(\d))?", name.strip())
         if m is None:
-            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_U<u>_S<s>")
-        return cls(*(int(x) for x in m.groups()))
+            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_U<u>_S<s>[_D<d>]")
+        return cls(*(int(x) for x in m.groups() if x is not None))
 
     @property
     def rows(self) -> int:
@@ -59,6 +60,8 @@ def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
     """Why ``cfg`` cannot run (M, N, K), or None."""
     if cfg.MT % 8 or not 8 <= cfg.MT <= 128:
         return f"{cfg.name}: MT must be a multiple of 8 in 8..128"
+    if cfg.D not in (0, 1, 2):
+        return f"{cfg.name}: D must be 0, 1 or 2"
     if cfg.S not in CLUSTER_SIZES:
         return f"{cfg.name}: S must be one of {CLUSTER_SIZES}"
     if cfg.WN not in (2, 4, 8, 16):  # with S <= 8, each rank then sums a multiple of 4 rows (float4 reads)
@@ -72,8 +75,8 @@ def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
 
 def source(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
     return (f"#define CL_MT {cfg.MT}\n#define CL_WN {cfg.WN}\n#define CL_U {cfg.U}\n#define CL_S {cfg.S}\n"
-            f"#define CL_KS {K // cfg.S}\n#define IN_F16 {int(in_f16)}\n#define OUT_KIND {out_kind}\n"
-            f"#define HAS_BIAS {int(has_bias)}\n" + _SRC.read_text())
+            f"#define CL_KS {K // cfg.S}\n#define CL_DIAG {cfg.D}\n#define IN_F16 {int(in_f16)}\n"
+            f"#define OUT_KIND {out_kind}\n#define HAS_BIAS {int(has_bias)}\n" + _SRC.read_text())
 
 
 def cubin_name(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
