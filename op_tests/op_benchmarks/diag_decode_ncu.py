@@ -14,7 +14,8 @@ This script separates the two parts of that overhead for a few (M, N, K) and met
 
 Methods: ``flinear`` (cuBLAS), ``copy`` (``out.copy_(src)`` moving as many bytes as the weight, read + write: the
 simplest memory-bound kernel), ``gemv`` (the M <= 8 skinny kernel, shipped tile), and decode-family configs by name
-(``dec:<name>``), the tensor-core gemv exploration (``tc:<name>``, cubins from ``.tccubins`` when present).
+(``dec:<name>``), the tensor-core gemv exploration (``tc:<name>``, cubins from ``.tccubins`` when present) and the
+cluster split-K gemv (``cl:<name>``, cubins from ``.tccubins/cl``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def method_fn(name: str, M: int, N: int, K: int, cu: int):
             tc.CUBIN_DIR = ROOT / ".tccubins"
         cfg = tc.TcGemvConfig.from_name(name[3:])
         return lambda a, b, out, src, dst: tc.launch_tcgemv(a, b, None, out, cfg)
+    if name.startswith("cl:"):
+        from op_tests.op_benchmarks.explore_decode_mid import clgemv as cl
+        if cl.CUBIN_DIR is None and (ROOT / ".tccubins" / "cl").is_dir():
+            cl.CUBIN_DIR = ROOT / ".tccubins" / "cl"
+        ccfg = cl.ClGemvConfig.from_name(name[3:])
+        return lambda a, b, out, src, dst: cl.launch_clgemv(a, b, None, out, ccfg)
     if name.startswith("dec:"):
         from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd
         cfg = gd.DecodeConfig.from_name(name[4:])
