@@ -6,18 +6,25 @@
 // smaller tiles, each of which re-reads the whole activation slice from L2 (M / rows-per-tile times the weight's
 // bytes). Here the K splits of one tile are the CTAs of one thread-block cluster (CL_S of them): each CTA keeps its
 // activation slice (MT tokens x K / CL_S) resident in shared memory, loaded once with cp.async while the first
-// weight loads are in flight, streams its weight rows from global memory straight into mma.sync A fragments (the
-// k permutation of ``tcgemv.cu``: one 16-byte load of 8 consecutive k of a row holds the A elements of two
-// m16n8k16 steps), and at the end the cluster sums its partial tiles through distributed shared memory: CTA r adds
-// rows [r BN / S, (r + 1) BN / S) of every peer's tile in rank order (deterministic), adds the bias and stores Y.
-// No partial touches global memory; tiles of 16 CL_WN rows keep the activation re-reads at M / (16 CL_WN) of the
-// weight.
+// weight loads are in flight, streams its weight rows from global memory straight into mma.sync fragments, and at
+// the end the cluster sums its partial tiles through distributed shared memory: CTA r adds rows
+// [r BN / S, (r + 1) BN / S) of every peer's tile in rank order (deterministic), adds the bias and stores Y. No
+// partial touches global memory; tiles of 8 CL_R CL_WN rows keep the activation re-reads at M / BN of the weight.
 //
-// Compile-time parameters (prepended #defines): CL_MT tokens per tile (multiple of 8, <= 128), CL_WN warps (16 rows
-// each), CL_U 32-k chunks per weight stage, CL_S CTAs per cluster = K splits (1, 2, 4 or 8), CL_KS = K / CL_S (the
-// split's length, a multiple of 32 CL_U), IN_F16 (0: bf16, 1: fp16 operands), OUT_KIND (0 bf16, 1 fp16, 2 fp32),
-// HAS_BIAS. Grid: x = N tiles x M tiles (M tiles fastest), y = CL_S. Dynamic shared memory: cl_smem_bytes().
-// Requires 16-byte aligned rows (ldx, ldw multiples of 8) and base pointers.
+// Operands of m16n8k16: A = the activation (16 tokens x 16 k), B = the weight (16 k x 8 rows). Per 32-k chunk,
+// lane (g, q) = (lane / 4, lane % 4) loads W[row g][kc + 8q .. 8q + 7] (16 bytes): its 32-bit pairs 2s and 2s + 1
+// are its B registers b0, b1 of k16 step s, i.e. logical k (2q, 2q + 1) of step s is physical kc + 8q + 4s + (0, 1)
+// and logical (2q + 8, 2q + 9) is kc + 8q + 4s + (2, 3). The activation is stored in shared memory in that same
+// permuted, fragment order ([chunk][token tile][step][lane][4 registers], written with 4-byte cp.async), so one
+// 16-byte shared load is a lane's whole A fragment and one 16-byte global load a lane's B fragments of two steps:
+// no register shuffling between loads and mma.sync (the first version's A-from-weight layout spent ~4 moves per
+// mma and ran issue-bound, Nsight Compute: 4.4 cycles per issued instruction at one warp per scheduler).
+//
+// Compile-time parameters (prepended #defines): CL_MT tokens per tile (multiple of 16, <= 128), CL_WN warps, CL_R
+// 8-row weight tiles per warp, CL_U 32-k chunks per weight stage, CL_S CTAs per cluster = K splits (1, 2, 4 or 8),
+// CL_KS = K / CL_S (a multiple of 32 CL_U), CL_DIAG (2: skip the cluster reduction, wrong results, timing only),
+// IN_F16 (0: bf16, 1: fp16 operands), OUT_KIND (0 bf16, 1 fp16, 2 fp32), HAS_BIAS. Grid: x = N tiles x M tiles (M
+// tiles fastest), y = CL_S. Requires 16-byte aligned rows (ldx, ldw multiples of 8) and base pointers.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -27,19 +34,15 @@ struct V4 {
   u32 x, y, z, w;
 };
 
-#define CL_BN (16 * CL_WN)
-#define CL_NJ (CL_MT / 8)
+#define CL_NT (CL_MT / 16)  // token tiles of the mma's M side
+#define CL_BN (8 * CL_R * CL_WN)
 #define CL_KC (32 * CL_U)
 #define CL_NST (CL_KS / CL_KC)
-// B fragments read ahead of their products: up to 8 token groups (32 registers) at a time, a divisor of CL_NJ.
-#define CL_JB (CL_NJ <= 8 ? CL_NJ : CL_NJ % 8 == 0 ? 8 : CL_NJ % 4 == 0 ? 4 : CL_NJ % 2 == 0 ? 2 : 1)
 #ifndef CL_DIAG
-#define CL_DIAG 0  // diagnostics (timing only, wrong results): 1 no products, 2 no cluster reduction
+#define CL_DIAG 0
 #endif
-// Activation row pitch in shared memory: an odd multiple of 64 bytes, so that the 16-byte reads of a warp's 8 tokens
-// x 4 k-groups (one phase: 2 tokens x 64 bytes) fall in different banks.
-#define CL_XP ((CL_KS * 2) % 128 == 0 ? CL_KS * 2 + 64 : CL_KS * 2)
-#define CL_X_BYTES (CL_MT * CL_XP)
+// The activation slice in fragment order: 512 bytes per (32-k chunk, token tile, step), KS x MT x 2 bytes in all.
+#define CL_X_BYTES (CL_KS * CL_MT * 2)
 #define CL_P_BYTES (CL_S > 1 ? CL_MT * CL_BN * 4 : 0)
 #define CL_BAR_OFF (CL_X_BYTES > CL_P_BYTES ? CL_X_BYTES : CL_P_BYTES)
 
@@ -99,8 +102,8 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
   return a;
 }
 
-__device__ __forceinline__ void cp_async16(u32 dst, const u16* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+__device__ __forceinline__ void cp_async4(u32 dst, const u16* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
 
 // This thread's arrival on `bar` fires when its earlier cp.asyncs have landed (the barrier counts every thread).
@@ -147,38 +150,28 @@ __device__ __forceinline__ float4 ld_peer_v4(u32 local_addr, u32 peer) {
   return v;
 }
 
-__device__ __forceinline__ void load_w(V4 (&wv)[CL_U][2], const u16* w0, const u16* w1, int k0) {
-#pragma unroll
-  for (int u = 0; u < CL_U; ++u) {
-    wv[u][0] = ld_stream(w0 + k0 + 32 * u);
-    wv[u][1] = ld_stream(w1 + k0 + 32 * u);
-  }
-}
-
-// Stage st: the weight chunk in registers times the resident activation columns [st CL_KC, (st + 1) CL_KC).
-// The B fragments of a 32-k chunk are read from shared memory first, then multiplied: every asm here is volatile
-// (kept in program order), so reading one fragment right before its mma.sync would expose each read's latency.
-__device__ __forceinline__ void compute(float (&acc)[CL_NJ][4], const V4 (&wv)[CL_U][2], u32 xs, int st, int g,
-                                        int q) {
+__device__ __forceinline__ void load_w(V4 (&wv)[CL_U][CL_R], const u16* const (&wp)[CL_R], int k0) {
 #pragma unroll
   for (int u = 0; u < CL_U; ++u)
 #pragma unroll
-    for (int j0 = 0; j0 < CL_NJ; j0 += CL_JB) {
-      V4 xv[CL_JB];
+    for (int r = 0; r < CL_R; ++r) wv[u][r] = ld_stream(wp[r] + k0 + 32 * u);
+}
+
+// Stage st: the weight chunks in registers times the resident activation chunks [st CL_U, (st + 1) CL_U). A lane's
+// A fragments of a step are read first (every asm is volatile, kept in program order), then reused by its CL_R tiles.
+__device__ __forceinline__ void compute(float (&acc)[CL_NT][CL_R][4], const V4 (&wv)[CL_U][CL_R], u32 xlane, int st) {
 #pragma unroll
-      for (int j = 0; j < CL_JB; ++j)
-        xv[j] = lds128(xs + (8 * (j0 + j) + g) * CL_XP + (st * CL_KC + 32 * u + 8 * q) * 2);
+  for (int u = 0; u < CL_U; ++u)
 #pragma unroll
-      for (int s = 0; s < 2; ++s)
+    for (int s = 0; s < 2; ++s) {
+      V4 av[CL_NT];
 #pragma unroll
-        for (int j = 0; j < CL_JB; ++j) {
-#if CL_DIAG == 1  // diagnostic: no products, the loaded words folded in so that no load is dead
-          acc[j0 + j][0] += __int_as_float((pair(wv[u][0], 2 * s) ^ pair(wv[u][1], 2 * s + 1) ^ pair(xv[j], 2 * s)) & 0x3f800000u);
-#else
-          mma16816(acc[j0 + j], pair(wv[u][0], 2 * s), pair(wv[u][1], 2 * s), pair(wv[u][0], 2 * s + 1),
-                   pair(wv[u][1], 2 * s + 1), pair(xv[j], 2 * s), pair(xv[j], 2 * s + 1));
-#endif
-        }
+      for (int t = 0; t < CL_NT; ++t) av[t] = lds128(xlane + (((st * CL_U + u) * CL_NT + t) * 2 + s) * 512);
+#pragma unroll
+      for (int r = 0; r < CL_R; ++r)
+#pragma unroll
+        for (int t = 0; t < CL_NT; ++t)
+          mma16816(acc[t][r], av[t].x, av[t].y, av[t].z, av[t].w, pair(wv[u][r], 2 * s), pair(wv[u][r], 2 * s + 1));
     }
 }
 
@@ -197,10 +190,10 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
   const int num_m = (M + CL_MT - 1) / CL_MT;
   const int m0 = (blockIdx.x % num_m) * CL_MT;
   const int n_tile0 = (blockIdx.x / num_m) * CL_BN;
-  const int n0 = n_tile0 + wn * 16;
+  const int n0 = n_tile0 + wn * 8 * CL_R;
   const int kb = blockIdx.y * CL_KS;
   const u32 xs = smem_u32(smem);
-  const u32 bars = xs + CL_BAR_OFF;  // CL_NST mbarriers, one per activation chunk
+  const u32 bars = xs + CL_BAR_OFF;  // CL_NST mbarriers, one per weight stage's activation chunks
 
   if (threadIdx.x == 0) {
     for (int c = 0; c < CL_NST; ++c) bar_init(bars + 8 * c, 32 * CL_WN);
@@ -208,66 +201,81 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
   }
   __syncthreads();
 
-  // The first weight stage goes out first (HBM latency), then the whole activation slice, chunk by chunk: each
-  // thread's cp.asyncs of chunk c, then its arrival on barrier c, which fires when they have landed.
-  // Rows past N re-read the last valid row and tokens past M the last valid token: no load masks.
-  const u16* w0 = W + (long)min(n0 + g, N - 1) * ldw + kb + 8 * q;
-  const u16* w1 = W + (long)min(n0 + g + 8, N - 1) * ldw + kb + 8 * q;
-  V4 wa[CL_U][2];
-  V4 wb[CL_U][2];
-  load_w(wa, w0, w1, 0);
+  // The first weight stage goes out first (HBM latency). Rows past N re-read the last valid row and tokens past M
+  // the last valid token: no load masks.
+  const u16* wp[CL_R];
+#pragma unroll
+  for (int r = 0; r < CL_R; ++r) wp[r] = W + (long)min(n0 + 8 * r + g, N - 1) * ldw + kb + 8 * q;
+  V4 wa[CL_U][CL_R];
+  V4 wb[CL_U][CL_R];
+  load_w(wa, wp, 0);
+  // Then the activation slice, stage by stage, in fragment order: token tok's 8 k at kc + 8 qq (16 bytes of X) are
+  // 4 registers of lane (tok % 8, qq): pair p of them is register 2 (p % 2) + (tok % 16 >= 8) of step p / 2. Each
+  // thread's 4-byte cp.asyncs of stage c, then its arrival on barrier c, which fires when they have landed.
   {
-    constexpr int pieces = CL_MT * CL_KC / 8;  // 16-byte pieces per chunk
+    constexpr int pieces = CL_MT * CL_KC / 8;  // 16-byte pieces of X per stage
     for (int c = 0; c < CL_NST; ++c) {
       for (int i = threadIdx.x; i < pieces; i += 32 * CL_WN) {
         const int tok = i / (CL_KC / 8);
-        const int c8 = i % (CL_KC / 8);
-        cp_async16(xs + tok * CL_XP + (c * CL_KC + 8 * c8) * 2,
-                   X + (long)min(m0 + tok, M - 1) * ldx + kb + c * CL_KC + 8 * c8);
+        const int c8 = i % (CL_KC / 8);  // 8-k group: chunk c8 / 4 of the stage, qq = c8 % 4
+        const u16* src = X + (long)min(m0 + tok, M - 1) * ldx + kb + c * CL_KC + 8 * c8;
+        const u32 frag = xs + ((c * CL_U + c8 / 4) * CL_NT + tok / 16) * 1024 + ((tok % 8) * 4 + c8 % 4) * 16 +
+                         4 * (tok % 16 >= 8);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) cp_async4(frag + (p / 2) * 512 + 8 * (p % 2), src + 2 * p);
       }
       cp_async_arrive(bars + 8 * c);
     }
   }
 
-  float acc[CL_NJ][4];
+  float acc[CL_NT][CL_R][4];
 #pragma unroll
-  for (int j = 0; j < CL_NJ; ++j)
+  for (int t = 0; t < CL_NT; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int r = 0; r < CL_R; ++r)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][r][e] = 0.f;
 
   // Two stages per trip (wa, then wb): register arrays are indexed by constants only. The next stage's weight
   // loads are issued before this stage's products.
+  const u32 xlane = xs + lane * 16;
   for (int st = 0; st < CL_NST; st += 2) {
-    if (st + 1 < CL_NST) load_w(wb, w0, w1, (st + 1) * CL_KC);
+    if (st + 1 < CL_NST) load_w(wb, wp, (st + 1) * CL_KC);
     bar_wait_phase0(bars + 8 * st);
-    compute(acc, wa, xs, st, g, q);
+    compute(acc, wa, xlane, st);
     if (st + 1 >= CL_NST) break;
-    if (st + 2 < CL_NST) load_w(wa, w0, w1, (st + 2) * CL_KC);
+    if (st + 2 < CL_NST) load_w(wa, wp, (st + 2) * CL_KC);
     bar_wait_phase0(bars + 8 * (st + 1));
-    compute(acc, wb, xs, st + 1, g, q);
+    compute(acc, wb, xlane, st + 1);
   }
 
+  // Accumulator (t, r) element e: token 16 t + g + 8 (e >> 1), row 8 r + 2 q + (e & 1).
 #if CL_S == 1 || CL_DIAG == 2
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {  // fragment element e of j: row + 8 (e >> 1), token + (e & 1)
-    const int row = n0 + g + 8 * (e >> 1);
-    if (row >= N) continue;
-    const float b = HAS_BIAS ? in_to_f32(bias[row]) : 0.f;
+  for (int r = 0; r < CL_R; ++r)
 #pragma unroll
-    for (int j = 0; j < CL_NJ; ++j) {
-      const int tok = m0 + 8 * j + 2 * q + (e & 1);
-      if (tok < M) store_out(Y, (long)tok * ldy + row, acc[j][e] + b);
+    for (int e = 0; e < 4; ++e) {
+      const int row = n0 + 8 * r + 2 * q + (e & 1);
+      if (row >= N) continue;
+      const float b = HAS_BIAS ? in_to_f32(bias[row]) : 0.f;
+#pragma unroll
+      for (int t = 0; t < CL_NT; ++t) {
+        const int tok = m0 + 16 * t + g + 8 * (e >> 1);
+        if (tok < M) store_out(Y, (long)tok * ldy + row, acc[t][r][e] + b);
+      }
     }
-  }
 #else
   // The cluster's reduction. This CTA's partial tile P[token][row] (float32) replaces its activation slice.
   __syncthreads();
   float* P = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int e = 0; e < 4; ++e)
+  for (int t = 0; t < CL_NT; ++t)
 #pragma unroll
-    for (int j = 0; j < CL_NJ; ++j)
-      P[(8 * j + 2 * q + (e & 1)) * CL_BN + wn * 16 + g + 8 * (e >> 1)] = acc[j][e];
+    for (int r = 0; r < CL_R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(P + (16 * t + g + 8 * h) * CL_BN + wn * 8 * CL_R + 8 * r + 2 * q) =
+            make_float2(acc[t][r][2 * h], acc[t][r][2 * h + 1]);
   cluster_sync();  // every CTA's partial is written and visible to the cluster
   constexpr int RB = CL_BN / CL_S;  // rows this rank sums (a multiple of 4)
   const int r0 = (int)cluster_rank() * RB;
@@ -275,14 +283,16 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
     const int tok = i / (RB / 4);
     const int row = r0 + 4 * (i % (RB / 4));
     const u32 addr = xs + (u32)(tok * CL_BN + row) * 4;
+    float4 v[CL_S];
+#pragma unroll
+    for (int p = 0; p < CL_S; ++p) v[p] = ld_peer_v4(addr, p);  // all loads in flight, then the sums
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int p = 0; p < CL_S; ++p) {  // rank order: the same sum whichever CTA finishes first
-      const float4 v = ld_peer_v4(addr, p);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
+      sum.x += v[p].x;
+      sum.y += v[p].y;
+      sum.z += v[p].z;
+      sum.w += v[p].w;
     }
     const int gtok = m0 + tok;
     const int grow = n_tile0 + row;
@@ -290,7 +300,8 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
     const float s4[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      if (grow + e < N) store_out(Y, (long)gtok * ldy + grow + e, s4[e] + (HAS_BIAS ? in_to_f32(bias[grow + e]) : 0.f));
+      if (grow + e < N)
+        store_out(Y, (long)gtok * ldy + grow + e, s4[e] + (HAS_BIAS ? in_to_f32(bias[grow + e]) : 0.f));
   }
   cluster_sync();  // no CTA leaves while a peer may still read its shared memory
 #endif

@@ -1,8 +1,9 @@
 """Host side of ``clgemv.cu`` (exploration, issue 14): config, source, compile, launch and the exploration grid.
 
-The kernel keeps each CTA's activation slice in shared memory and reduces the K splits of a tile inside a thread-block
-cluster (distributed shared memory), so split-K costs no global-memory partials and tiles can be wide (16 CL_WN
-weight rows). One binary per config, K split length, dtype pair, output dtype and bias (all ``#define``s).
+The kernel keeps each CTA's activation slice in shared memory (in mma fragment order) and reduces the K splits of a
+tile inside a thread-block cluster (distributed shared memory), so split-K costs no global-memory partials and tiles
+can be wide (8 R WN weight rows). One binary per config, K split length, dtype pair, output dtype and bias (all
+``#define``s).
 """
 
 from __future__ import annotations
@@ -25,47 +26,48 @@ CLUSTER_SIZES = (1, 2, 4, 8)  # 8: the largest portable cluster
 
 @dataclass(frozen=True)
 class ClGemvConfig:
-    MT: int = 64  # tokens per tile (multiple of 8, <= 128)
-    WN: int = 8  # warps, 16 weight rows each
+    MT: int = 64  # tokens per tile (multiple of 16, <= 128)
+    WN: int = 8  # warps
+    R: int = 2  # 8-row weight tiles per warp
     U: int = 4  # 32-k chunks per weight stage
     S: int = 4  # CTAs per cluster = K splits
-    D: int = 0  # diagnostics, timing only (wrong results): 1 no products, 2 no cluster reduction
+    D: int = 0  # diagnostics, timing only (wrong results): 2 no cluster reduction
 
     @property
     def name(self) -> str:
-        return f"CL_MT{self.MT}_WN{self.WN}_U{self.U}_S{self.S}" + (f"_D{self.D}" if self.D else "")
+        return f"CL_MT{self.MT}_WN{self.WN}_R{self.R}_U{self.U}_S{self.S}" + (f"_D{self.D}" if self.D else "")
 
     @classmethod
     def from_name(cls, name: str) -> ClGemvConfig:
-        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_U(\d+)_S(\d+)(?:_D(\d))?", name.strip())
+        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_R(\d+)_U(\d+)_S(\d+)(?:_D(\d))?", name.strip())
         if m is None:
-            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_U<u>_S<s>[_D<d>]")
+            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_R<r>_U<u>_S<s>[_D<d>]")
         return cls(*(int(x) for x in m.groups() if x is not None))
 
     @property
     def rows(self) -> int:
-        return 16 * self.WN
+        return 8 * self.R * self.WN
 
     def smem_bytes(self, K: int) -> int:
-        """Activation slice (rows padded to an odd multiple of 64 bytes) or the float32 partial tile, whichever is
-        larger, then one 8-byte mbarrier per weight stage (the layout of ``clgemv.cu``)."""
-        ks2 = K // self.S * 2
-        pitch = ks2 + 64 if ks2 % 128 == 0 else ks2
-        x_bytes = self.MT * pitch
+        """The activation slice (fragment order, no padding) or the float32 partial tile, whichever is larger, then
+        one 8-byte mbarrier per weight stage (the layout of ``clgemv.cu``)."""
+        x_bytes = K // self.S * self.MT * 2
         p_bytes = self.MT * self.rows * 4 if self.S > 1 else 0
         return max(x_bytes, p_bytes) + 8 * (K // self.S // (32 * self.U))
 
 
 def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
     """Why ``cfg`` cannot run (M, N, K), or None."""
-    if cfg.MT % 8 or not 8 <= cfg.MT <= 128:
-        return f"{cfg.name}: MT must be a multiple of 8 in 8..128"
-    if cfg.D not in (0, 1, 2):
-        return f"{cfg.name}: D must be 0, 1 or 2"
+    if cfg.MT % 16 or not 16 <= cfg.MT <= 128:
+        return f"{cfg.name}: MT must be a multiple of 16 in 16..128"
+    if cfg.D not in (0, 2):
+        return f"{cfg.name}: D must be 0 or 2"
     if cfg.S not in CLUSTER_SIZES:
         return f"{cfg.name}: S must be one of {CLUSTER_SIZES}"
-    if cfg.WN not in (2, 4, 8, 16):  # with S <= 8, each rank then sums a multiple of 4 rows (float4 reads)
-        return f"{cfg.name}: WN must be 2, 4, 8 or 16"
+    if not 1 <= cfg.WN <= 16 or not 1 <= cfg.R <= 8 or cfg.U * cfg.R > 8:
+        return f"{cfg.name}: WN in 1..16, R in 1..8 and U x R <= 8 (the weight's double buffer: 32 U R registers)"
+    if (cfg.rows // cfg.S) % 4 or cfg.rows % cfg.S:
+        return f"{cfg.name}: each of the S ranks sums a multiple of 4 of the {cfg.rows} rows"
     if K % (cfg.S * 32 * cfg.U):
         return f"{cfg.name}: K={K} is not a multiple of S x 32 U = {cfg.S * 32 * cfg.U}"
     if cfg.smem_bytes(K) > _SMEM_LIMIT:
@@ -74,7 +76,8 @@ def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
 
 
 def source(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
-    return (f"#define CL_MT {cfg.MT}\n#define CL_WN {cfg.WN}\n#define CL_U {cfg.U}\n#define CL_S {cfg.S}\n"
+    return (f"#define CL_MT {cfg.MT}\n#define CL_WN {cfg.WN}\n#define CL_R {cfg.R}\n#define CL_U {cfg.U}\n"
+            f"#define CL_S {cfg.S}\n"
             f"#define CL_KS {K // cfg.S}\n#define CL_DIAG {cfg.D}\n#define IN_F16 {int(in_f16)}\n"
             f"#define OUT_KIND {out_kind}\n#define HAS_BIAS {int(has_bias)}\n" + _SRC.read_text())
 
@@ -120,15 +123,16 @@ def launch_clgemv(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
 
 
 def grid_configs(M: int, N: int, K: int, cu: int) -> list[ClGemvConfig]:
-    """Exploration grid: MT = M rounded up to 8 (<= 128: larger M takes several M tiles), WN 4/8/16, U 2/4, every
-    cluster size that fits shared memory, kept where the CTAs number 0.6-4.5 per SM."""
-    mt = min(128, -(-M // 8) * 8)
+    """Exploration grid: MT = M rounded up to 16 (<= 128: larger M takes several M tiles), WN 4/8, R 1/2/4, U 2/4,
+    every cluster size that fits shared memory, kept where the CTAs number 0.6-4.5 per SM."""
+    mt = min(128, -(-M // 16) * 16)
     out = []
-    for wn in (4, 8, 16):
-        for u in (2, 4):
-            for s in CLUSTER_SIZES:
-                c = ClGemvConfig(mt, wn, u, s)
-                ctas = -(-M // mt) * -(-N // c.rows) * s
-                if config_error(c, M, N, K) is None and 0.6 * cu <= ctas <= 4.5 * cu:
-                    out.append(c)
+    for wn in (4, 8):
+        for r in (1, 2, 4):
+            for u in (2, 4):
+                for s in CLUSTER_SIZES:
+                    c = ClGemvConfig(mt, wn, r, u, s)
+                    ctas = -(-M // mt) * -(-N // c.rows) * s
+                    if config_error(c, M, N, K) is None and 0.6 * cu <= ctas <= 4.5 * cu:
+                        out.append(c)
     return out
