@@ -20,8 +20,13 @@
 // no register shuffling between loads and mma.sync (the first version's A-from-weight layout spent ~4 moves per
 // mma and ran issue-bound, Nsight Compute: 4.4 cycles per issued instruction at one warp per scheduler).
 //
+// Memory-level parallelism: each warp keeps CL_NB - 1 weight stages in flight in a ring of CL_NB register stages
+// (Nsight Compute on the two-stage version: 2 warps per scheduler, 11-12 cycles per issued instruction, mostly
+// waiting on those loads; the M = 1 gemv keeps 12 warps per scheduler loading).
+//
 // Compile-time parameters (prepended #defines): CL_MT tokens per tile (multiple of 16, <= 128), CL_WN warps, CL_R
-// 8-row weight tiles per warp, CL_U 32-k chunks per weight stage, CL_S CTAs per cluster = K splits (1, 2, 4 or 8),
+// 8-row weight tiles per warp, CL_U 32-k chunks per weight stage, CL_NB register stages of the weight ring (2..4),
+// CL_S CTAs per cluster = K splits (1, 2, 4 or 8),
 // CL_KS = K / CL_S (a multiple of 32 CL_U), CL_DIAG (2: skip the cluster reduction, wrong results, timing only),
 // IN_F16 (0: bf16, 1: fp16 operands), OUT_KIND (0 bf16, 1 fp16, 2 fp32), HAS_BIAS. Grid: x = N tiles x M tiles (M
 // tiles fastest), y = CL_S. Requires 16-byte aligned rows (ldx, ldw multiples of 8) and base pointers.
@@ -206,9 +211,10 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
   const u16* wp[CL_R];
 #pragma unroll
   for (int r = 0; r < CL_R; ++r) wp[r] = W + (long)min(n0 + 8 * r + g, N - 1) * ldw + kb + 8 * q;
-  V4 wa[CL_U][CL_R];
-  V4 wb[CL_U][CL_R];
-  load_w(wa, wp, 0);
+  V4 wv[CL_NB][CL_U][CL_R];
+#pragma unroll
+  for (int b = 0; b < CL_NB - 1; ++b)
+    if (b < CL_NST) load_w(wv[b], wp, b * CL_KC);
   // Then the activation slice, stage by stage, in fragment order: token tok's 8 k at kc + 8 qq (16 bytes of X) are
   // 4 registers of lane (tok % 8, qq): pair p of them is register 2 (p % 2) + (tok % 16 >= 8) of step p / 2. Each
   // thread's 4-byte cp.asyncs of stage c, then its arrival on barrier c, which fires when they have landed.
@@ -236,17 +242,18 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][r][e] = 0.f;
 
-  // Two stages per trip (wa, then wb): register arrays are indexed by constants only. The next stage's weight
-  // loads are issued before this stage's products.
+  // CL_NB stages per trip, so that the ring is indexed by constants only (registers): stage st lives in slot
+  // st % CL_NB; before its products, the loads of stage st + CL_NB - 1 go into the slot stage st - 1 left.
   const u32 xlane = xs + lane * 16;
-  for (int st = 0; st < CL_NST; st += 2) {
-    if (st + 1 < CL_NST) load_w(wb, wp, (st + 1) * CL_KC);
-    bar_wait_phase0(bars + 8 * st);
-    compute(acc, wa, xlane, st);
-    if (st + 1 >= CL_NST) break;
-    if (st + 2 < CL_NST) load_w(wa, wp, (st + 2) * CL_KC);
-    bar_wait_phase0(bars + 8 * (st + 1));
-    compute(acc, wb, xlane, st + 1);
+  for (int st0 = 0; st0 < CL_NST; st0 += CL_NB) {
+#pragma unroll
+    for (int b = 0; b < CL_NB; ++b) {
+      const int st = st0 + b;
+      if (st >= CL_NST) break;
+      if (st + CL_NB - 1 < CL_NST) load_w(wv[(b + CL_NB - 1) % CL_NB], wp, (st + CL_NB - 1) * CL_KC);
+      bar_wait_phase0(bars + 8 * st);
+      compute(acc, wv[b], xlane, st);
+    }
   }
 
   // Accumulator (t, r) element e: token 16 t + g + 8 (e >> 1), row 8 r + 2 q + (e & 1).

@@ -29,19 +29,21 @@ class ClGemvConfig:
     MT: int = 64  # tokens per tile (multiple of 16, <= 128)
     WN: int = 8  # warps
     R: int = 2  # 8-row weight tiles per warp
-    U: int = 4  # 32-k chunks per weight stage
+    U: int = 2  # 32-k chunks per weight stage
+    NB: int = 3  # register stages of the weight ring (NB - 1 in flight)
     S: int = 4  # CTAs per cluster = K splits
     D: int = 0  # diagnostics, timing only (wrong results): 2 no cluster reduction
 
     @property
     def name(self) -> str:
-        return f"CL_MT{self.MT}_WN{self.WN}_R{self.R}_U{self.U}_S{self.S}" + (f"_D{self.D}" if self.D else "")
+        return (f"CL_MT{self.MT}_WN{self.WN}_R{self.R}_U{self.U}_B{self.NB}_S{self.S}"
+                + (f"_D{self.D}" if self.D else ""))
 
     @classmethod
     def from_name(cls, name: str) -> ClGemvConfig:
-        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_R(\d+)_U(\d+)_S(\d+)(?:_D(\d))?", name.strip())
+        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_R(\d+)_U(\d+)_B(\d+)_S(\d+)(?:_D(\d))?", name.strip())
         if m is None:
-            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_R<r>_U<u>_S<s>[_D<d>]")
+            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_R<r>_U<u>_B<nb>_S<s>[_D<d>]")
         return cls(*(int(x) for x in m.groups() if x is not None))
 
     @property
@@ -64,8 +66,9 @@ def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
         return f"{cfg.name}: D must be 0 or 2"
     if cfg.S not in CLUSTER_SIZES:
         return f"{cfg.name}: S must be one of {CLUSTER_SIZES}"
-    if not 1 <= cfg.WN <= 16 or not 1 <= cfg.R <= 8 or cfg.U * cfg.R > 8:
-        return f"{cfg.name}: WN in 1..16, R in 1..8 and U x R <= 8 (the weight's double buffer: 32 U R registers)"
+    if not 1 <= cfg.WN <= 16 or not 1 <= cfg.R <= 8 or not 2 <= cfg.NB <= 4 or cfg.NB * cfg.U * cfg.R > 16:
+        return (f"{cfg.name}: WN in 1..16, R in 1..8, NB in 2..4 and NB x U x R <= 16 (the weight ring: "
+                "4 NB U R registers)")
     if (cfg.rows // cfg.S) % 4 or cfg.rows % cfg.S:
         return f"{cfg.name}: each of the S ranks sums a multiple of 4 of the {cfg.rows} rows"
     if K % (cfg.S * 32 * cfg.U):
@@ -77,6 +80,7 @@ def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
 
 def source(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
     return (f"#define CL_MT {cfg.MT}\n#define CL_WN {cfg.WN}\n#define CL_R {cfg.R}\n#define CL_U {cfg.U}\n"
+            f"#define CL_NB {cfg.NB}\n"
             f"#define CL_S {cfg.S}\n"
             f"#define CL_KS {K // cfg.S}\n#define CL_DIAG {cfg.D}\n#define IN_F16 {int(in_f16)}\n"
             f"#define OUT_KIND {out_kind}\n#define HAS_BIAS {int(has_bias)}\n" + _SRC.read_text())
@@ -123,16 +127,17 @@ def launch_clgemv(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
 
 
 def grid_configs(M: int, N: int, K: int, cu: int) -> list[ClGemvConfig]:
-    """Exploration grid: MT = M rounded up to 16 (<= 128: larger M takes several M tiles), WN 4/8, R 1/2/4, U 2/4,
-    every cluster size that fits shared memory, kept where the CTAs number 0.6-4.5 per SM."""
+    """Exploration grid: MT = M rounded up to 16 (<= 128: larger M takes several M tiles), WN 4/8, R 2/4, U 1/2,
+    ring depth 3/4, every cluster size that fits shared memory, kept where the CTAs number 0.6-4.5 per SM."""
     mt = min(128, -(-M // 16) * 16)
     out = []
     for wn in (4, 8):
-        for r in (1, 2, 4):
-            for u in (2, 4):
-                for s in CLUSTER_SIZES:
-                    c = ClGemvConfig(mt, wn, r, u, s)
-                    ctas = -(-M // mt) * -(-N // c.rows) * s
-                    if config_error(c, M, N, K) is None and 0.6 * cu <= ctas <= 4.5 * cu:
-                        out.append(c)
+        for r in (2, 4):
+            for u in (1, 2):
+                for nb in (3, 4):
+                    for s in CLUSTER_SIZES:
+                        c = ClGemvConfig(mt, wn, r, u, nb, s)
+                        ctas = -(-M // mt) * -(-N // c.rows) * s
+                        if config_error(c, M, N, K) is None and 0.6 * cu <= ctas <= 4.5 * cu:
+                            out.append(c)
     return out
