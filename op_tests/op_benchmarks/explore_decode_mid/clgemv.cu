@@ -27,7 +27,9 @@
 // Compile-time parameters (prepended #defines): CL_MT tokens per tile (multiple of 16, <= 128), CL_WN warps, CL_R
 // 8-row weight tiles per warp, CL_U 32-k chunks per weight stage, CL_NB register stages of the weight ring (2..4),
 // CL_S CTAs per cluster = K splits (1, 2, 4 or 8),
-// CL_KS = K / CL_S (a multiple of 32 CL_U), CL_DIAG (2: skip the cluster reduction, wrong results, timing only),
+// CL_KS = K / CL_S (a multiple of 32 CL_U), CL_DIAG (diagnostics, wrong results, timing only: 2 no cluster
+// reduction; 3 the weight stream alone, each load folded into one register by XOR, no activation, no products;
+// 4 no weight loads: the activation, the products on a constant weight and the reduction),
 // IN_F16 (0: bf16, 1: fp16 operands), OUT_KIND (0 bf16, 1 fp16, 2 fp32), HAS_BIAS. Grid: x = N tiles x M tiles (M
 // tiles fastest), y = CL_S. Requires 16-byte aligned rows (ldx, ldw multiples of 8) and base pointers.
 
@@ -156,6 +158,9 @@ __device__ __forceinline__ float4 ld_peer_v4(u32 local_addr, u32 peer) {
 }
 
 __device__ __forceinline__ void load_w(V4 (&wv)[CL_U][CL_R], const u16* const (&wp)[CL_R], int k0) {
+#if CL_DIAG == 4
+  if (k0 >= 0) return;  // diagnostic: the constant weight of the prologue is reused
+#endif
 #pragma unroll
   for (int u = 0; u < CL_U; ++u)
 #pragma unroll
@@ -212,13 +217,21 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
 #pragma unroll
   for (int r = 0; r < CL_R; ++r) wp[r] = W + (long)min(n0 + 8 * r + g, N - 1) * ldw + kb + 8 * q;
   V4 wv[CL_NB][CL_U][CL_R];
+#if CL_DIAG == 4
+#pragma unroll
+  for (int b = 0; b < CL_NB; ++b)
+#pragma unroll
+    for (int u = 0; u < CL_U; ++u)
+#pragma unroll
+      for (int r = 0; r < CL_R; ++r) wv[b][u][r] = V4{0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+#endif
 #pragma unroll
   for (int b = 0; b < CL_NB - 1; ++b)
     if (b < CL_NST) load_w(wv[b], wp, b * CL_KC);
   // Then the activation slice, stage by stage, in fragment order: token tok's 8 k at kc + 8 qq (16 bytes of X) are
   // 4 registers of lane (tok % 8, qq): pair p of them is register 2 (p % 2) + (tok % 16 >= 8) of step p / 2. Each
   // thread's 4-byte cp.asyncs of stage c, then its arrival on barrier c, which fires when they have landed.
-  {
+  if (CL_DIAG != 3) {
     constexpr int pieces = CL_MT * CL_KC / 8;  // 16-byte pieces of X per stage
     for (int c = 0; c < CL_NST; ++c) {
       for (int i = threadIdx.x; i < pieces; i += 32 * CL_WN) {
@@ -251,13 +264,22 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
       const int st = st0 + b;
       if (st >= CL_NST) break;
       if (st + CL_NB - 1 < CL_NST) load_w(wv[(b + CL_NB - 1) % CL_NB], wp, (st + CL_NB - 1) * CL_KC);
+#if CL_DIAG == 3
+#pragma unroll
+      for (int u = 0; u < CL_U; ++u)
+#pragma unroll
+        for (int r = 0; r < CL_R; ++r)
+          acc[0][0][0] = __int_as_float(__float_as_int(acc[0][0][0]) ^ wv[b][u][r].x ^ wv[b][u][r].y ^
+                                        wv[b][u][r].z ^ wv[b][u][r].w);
+#else
       bar_wait_phase0(bars + 8 * st);
       compute(acc, wv[b], xlane, st);
+#endif
     }
   }
 
   // Accumulator (t, r) element e: token 16 t + g + 8 (e >> 1), row 8 r + 2 q + (e & 1).
-#if CL_S == 1 || CL_DIAG == 2
+#if CL_S == 1 || CL_DIAG == 2 || CL_DIAG == 3
 #pragma unroll
   for (int r = 0; r < CL_R; ++r)
 #pragma unroll

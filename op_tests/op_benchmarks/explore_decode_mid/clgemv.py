@@ -32,7 +32,7 @@ class ClGemvConfig:
     U: int = 2  # 32-k chunks per weight stage
     NB: int = 3  # register stages of the weight ring (NB - 1 in flight)
     S: int = 4  # CTAs per cluster = K splits
-    D: int = 0  # diagnostics, timing only (wrong results): 2 no cluster reduction
+    D: int = 0  # diagnostics, timing only (wrong results): 2 no cluster reduction, 3 weight stream only, 4 no weight
 
     @property
     def name(self) -> str:
@@ -62,8 +62,8 @@ def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
     """Why ``cfg`` cannot run (M, N, K), or None."""
     if cfg.MT % 16 or not 16 <= cfg.MT <= 128:
         return f"{cfg.name}: MT must be a multiple of 16 in 16..128"
-    if cfg.D not in (0, 2):
-        return f"{cfg.name}: D must be 0 or 2"
+    if cfg.D not in (0, 2, 3, 4):
+        return f"{cfg.name}: D must be 0, 2, 3 or 4"
     if cfg.S not in CLUSTER_SIZES:
         return f"{cfg.name}: S must be one of {CLUSTER_SIZES}"
     if not 1 <= cfg.WN <= 16 or not 1 <= cfg.R <= 8 or not 2 <= cfg.NB <= 4 or cfg.NB * cfg.U * cfg.R > 16:

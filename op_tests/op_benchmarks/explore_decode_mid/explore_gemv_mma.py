@@ -133,10 +133,12 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
              "dispatch": lambda i: gemm_a16w16(sets[i][0], sets[i][1])}
     for n in best:
         calls[n] = (lambda i, f=cands[n][1]: f(*sets[i]))
-    if diag and fam.name == "cl" and best:  # where the best config's time goes: without its cluster reduction
+    if diag and fam.name == "cl" and best:  # where the best config's time goes (clgemv.cu's CL_DIAG)
         base_cfg = cl.ClGemvConfig.from_name(best[0])
-        if base_cfg.S > 1:
-            n = cl.ClGemvConfig(**{**base_cfg.__dict__, "D": 2}).name
+        for d in (2, 3, 4):
+            if d == 2 and base_cfg.S == 1:
+                continue
+            n = cl.ClGemvConfig(**{**base_cfg.__dict__, "D": d}).name
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
     samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
     base = samples["F.linear"]
@@ -159,7 +161,7 @@ def main() -> int:
     ap.add_argument("--deadline_s", type=float, default=480)
     ap.add_argument("--family", choices=["gmma", "tc", "cl"], default="gmma")
     ap.add_argument("--diag", action="store_true", help="cl: also time the best config without its cluster "
-                    "reduction (wrong results: timing only)")
+                    "reduction, its weight stream alone and without its weight loads (wrong results: timing only)")
     ap.add_argument("--cubins", type=Path, help="tc, cl: folder of cubins built ahead (tcgemv/clgemv.build_cubins)")
     args = ap.parse_args()
     t0 = time.time()

@@ -100,6 +100,7 @@ def test_clgemv_names_rejections_and_source():
     assert "NB x U x R" in cl.config_error(cl.ClGemvConfig(64, 8, 4, 2, 3, 4), 64, 4096, 4096)
     assert "multiple of 4" in cl.config_error(cl.ClGemvConfig(64, 2, 1, 2, 2, 8), 64, 4096, 4096)  # 16 rows / 8
     assert "D must be" in cl.config_error(cl.ClGemvConfig(64, 8, 2, 4, 2, 4, 1), 64, 4096, 4096)
+    assert cl.config_error(cl.ClGemvConfig(64, 8, 2, 4, 2, 4, 3), 64, 4096, 4096) is None
     src = cl.source(cfg, 4096, False, 2, True)
     for define in ("CL_MT 64", "CL_WN 8", "CL_R 2", "CL_U 4", "CL_NB 2", "CL_S 4", "CL_KS 1024", "CL_DIAG 0",
                    "IN_F16 0", "OUT_KIND 2", "HAS_BIAS 1"):
