@@ -1,9 +1,9 @@
 """Host side of ``clgemv.cu`` (exploration, issue 14): config, source, compile, launch and the exploration grid.
 
-The kernel keeps each CTA's activation slice in shared memory (in mma fragment order) and reduces the K splits of a
-tile inside a thread-block cluster (distributed shared memory), so split-K costs no global-memory partials and tiles
-can be wide (8 R WN weight rows). One binary per config, K split length, dtype pair, output dtype and bias (all
-``#define``s).
+The kernel streams each warp's weight rows into a shared-memory ring with 1-D bulk copies, keeps each CTA's
+activation slice resident in shared memory and reduces the K splits of a tile inside a thread-block cluster
+(distributed shared memory), so split-K costs no global-memory partials and tiles can be wide (8 R WN weight rows).
+One binary per config, K split length, dtype pair, output dtype and bias (all ``#define``s).
 """
 
 from __future__ import annotations
@@ -29,21 +29,22 @@ class ClGemvConfig:
     MT: int = 64  # tokens per tile (multiple of 16, <= 128)
     WN: int = 8  # warps
     R: int = 2  # 8-row weight tiles per warp
-    U: int = 2  # 32-k chunks per weight stage
-    NB: int = 3  # register stages of the weight ring (NB - 1 in flight)
+    KC: int = 128  # k per weight stage
+    NS: int = 4  # weight ring stages per warp
     S: int = 4  # CTAs per cluster = K splits
-    D: int = 0  # diagnostics, timing only (wrong results): 2 no cluster reduction, 3 weight stream only, 4 no weight
+    D: int = 0  # diagnostics, timing only (wrong results): 2 no cluster reduction, 3 no products
 
     @property
     def name(self) -> str:
-        return (f"CL_MT{self.MT}_WN{self.WN}_R{self.R}_U{self.U}_B{self.NB}_S{self.S}"
+        return (f"CL_MT{self.MT}_WN{self.WN}_R{self.R}_KC{self.KC}_NS{self.NS}_S{self.S}"
                 + (f"_D{self.D}" if self.D else ""))
 
     @classmethod
     def from_name(cls, name: str) -> ClGemvConfig:
-        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_R(\d+)_U(\d+)_B(\d+)_S(\d+)(?:_D(\d))?", name.strip())
+        m = re.fullmatch(r"CL_MT(\d+)_WN(\d+)_R(\d+)_KC(\d+)_NS(\d+)_S(\d+)(?:_D(\d))?", name.strip())
         if m is None:
-            raise ValueError(f"clgemv kernelName {name!r} does not match CL_MT<m>_WN<w>_R<r>_U<u>_B<nb>_S<s>[_D<d>]")
+            raise ValueError(f"clgemv kernelName {name!r} does not match "
+                             "CL_MT<m>_WN<w>_R<r>_KC<kc>_NS<ns>_S<s>[_D<d>]")
         return cls(*(int(x) for x in m.groups() if x is not None))
 
     @property
@@ -51,39 +52,38 @@ class ClGemvConfig:
         return 8 * self.R * self.WN
 
     def smem_bytes(self, K: int) -> int:
-        """The activation slice (fragment order, no padding) or the float32 partial tile, whichever is larger, then
-        one 8-byte mbarrier per weight stage (the layout of ``clgemv.cu``)."""
-        x_bytes = K // self.S * self.MT * 2
+        """The activation slice and the warps' weight rings (rows padded by 16 bytes), or the float32 partial tile
+        that replaces them, whichever is larger, then the mbarriers (the layout of ``clgemv.cu``)."""
+        ks = K // self.S
+        x_bytes = self.MT * (ks * 2 + 16)
+        w_bytes = self.WN * self.NS * 8 * self.R * (self.KC * 2 + 16)
         p_bytes = self.MT * self.rows * 4 if self.S > 1 else 0
-        return max(x_bytes, p_bytes) + 8 * (K // self.S // (32 * self.U))
+        return max(x_bytes + w_bytes, p_bytes) + 8 + 8 * self.WN * self.NS
 
 
 def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
     """Why ``cfg`` cannot run (M, N, K), or None."""
     if cfg.MT % 16 or not 16 <= cfg.MT <= 128:
         return f"{cfg.name}: MT must be a multiple of 16 in 16..128"
-    if cfg.D not in (0, 2, 3, 4):
-        return f"{cfg.name}: D must be 0, 2, 3 or 4"
+    if cfg.D not in (0, 2, 3):
+        return f"{cfg.name}: D must be 0, 2 or 3"
     if cfg.S not in CLUSTER_SIZES:
         return f"{cfg.name}: S must be one of {CLUSTER_SIZES}"
-    if not 1 <= cfg.WN <= 16 or not 1 <= cfg.R <= 8 or not 2 <= cfg.NB <= 4 or cfg.NB * cfg.U * cfg.R > 16:
-        return (f"{cfg.name}: WN in 1..16, R in 1..8, NB in 2..4 and NB x U x R <= 16 (the weight ring: "
-                "4 NB U R registers)")
+    if not 1 <= cfg.WN <= 16 or not 1 <= cfg.R <= 4 or cfg.KC % 32 or not 32 <= cfg.KC <= 256 or not 2 <= cfg.NS <= 8:
+        return f"{cfg.name}: WN in 1..16, R in 1..4, KC a multiple of 32 in 32..256, NS in 2..8"
     if (cfg.rows // cfg.S) % 4 or cfg.rows % cfg.S:
         return f"{cfg.name}: each of the S ranks sums a multiple of 4 of the {cfg.rows} rows"
-    if K % (cfg.S * 32 * cfg.U):
-        return f"{cfg.name}: K={K} is not a multiple of S x 32 U = {cfg.S * 32 * cfg.U}"
+    if K % (cfg.S * cfg.KC):
+        return f"{cfg.name}: K={K} is not a multiple of S x KC = {cfg.S * cfg.KC}"
     if cfg.smem_bytes(K) > _SMEM_LIMIT:
         return f"{cfg.name}: needs {cfg.smem_bytes(K)} B of shared memory at K={K}"
     return None
 
 
 def source(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
-    return (f"#define CL_MT {cfg.MT}\n#define CL_WN {cfg.WN}\n#define CL_R {cfg.R}\n#define CL_U {cfg.U}\n"
-            f"#define CL_NB {cfg.NB}\n"
-            f"#define CL_S {cfg.S}\n"
-            f"#define CL_KS {K // cfg.S}\n#define CL_DIAG {cfg.D}\n#define IN_F16 {int(in_f16)}\n"
-            f"#define OUT_KIND {out_kind}\n#define HAS_BIAS {int(has_bias)}\n" + _SRC.read_text())
+    defines = dict(CL_MT=cfg.MT, CL_WN=cfg.WN, CL_R=cfg.R, CL_KC=cfg.KC, CL_NS=cfg.NS, CL_S=cfg.S, CL_KS=K // cfg.S,
+                   CL_DIAG=cfg.D, IN_F16=int(in_f16), OUT_KIND=out_kind, HAS_BIAS=int(has_bias))
+    return cuda_build.with_common(defines, _SRC)
 
 
 def cubin_name(cfg: ClGemvConfig, K: int, in_f16: bool, out_kind: int, has_bias: bool) -> str:
@@ -127,16 +127,16 @@ def launch_clgemv(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
 
 
 def grid_configs(M: int, N: int, K: int, cu: int) -> list[ClGemvConfig]:
-    """Exploration grid: MT = M rounded up to 16 (<= 128: larger M takes several M tiles), WN 4/8, R 2/4, U 1/2,
-    ring depth 3/4, every cluster size that fits shared memory, kept where the CTAs number 0.6-4.5 per SM."""
+    """Exploration grid: MT = M rounded up to 16 (<= 128: larger M takes several M tiles), WN 4/8, R 1/2/4, KC
+    64/128, ring depth 3/4, every cluster size that fits shared memory, kept where the CTAs number 0.6-4.5 per SM."""
     mt = min(128, -(-M // 16) * 16)
     out = []
     for wn in (4, 8):
-        for r in (2, 4):
-            for u in (1, 2):
-                for nb in (3, 4):
+        for r in (1, 2, 4):
+            for kc in (64, 128):
+                for ns in (3, 4):
                     for s in CLUSTER_SIZES:
-                        c = ClGemvConfig(mt, wn, r, u, nb, s)
+                        c = ClGemvConfig(mt, wn, r, kc, ns, s)
                         ctas = -(-M // mt) * -(-N // c.rows) * s
                         if config_error(c, M, N, K) is None and 0.6 * cu <= ctas <= 4.5 * cu:
                             out.append(c)

@@ -11,6 +11,13 @@ from pathlib import Path
 
 import torch
 
+_COMMON = Path(__file__).with_name("cuda_common.cuh")
+
+
+def with_common(defines: dict[str, int], kernel_src: Path) -> str:
+    """A kernel's source: its ``#define``s, then ``cuda_common.cuh`` (shared device helpers), then the kernel file."""
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _COMMON.read_text() + kernel_src.read_text()
+
 
 def load_kernel(src: str, entry: str, cubin: Path | None, smem_bytes: int):
     """The kernel ``entry`` of ``src``: from ``cubin`` if that file exists, else compiled by NVRTC; its dynamic

@@ -61,8 +61,7 @@ class WsConfig:
 
 
 def source(c: WsConfig) -> str:
-    return (f"#define WS_RPW {c.RPW}\n#define WS_KC {c.KC}\n#define WS_NS {c.NS}\n#define WS_WN {c.WN}\n"
-            f"#define WS_KS {c.KS}\n" + _SRC.read_text())
+    return cuda_build.with_common(dict(WS_RPW=c.RPW, WS_KC=c.KC, WS_NS=c.NS, WS_WN=c.WN, WS_KS=c.KS), _SRC)
 
 
 def cubin_name(c: WsConfig) -> str:

@@ -24,71 +24,7 @@
 // partials to ws[split][M][N]; the last split of a tile to arrive (counter cnt[tile], reset by it) sums them in
 // split order (deterministic) and stores Y.
 // Requires K % (32 TC_U) == 0, 16-byte aligned rows (ldx, ldw multiples of 8) and base pointers.
-
-typedef unsigned int u32;
-typedef unsigned short u16;
-
-struct V4 {
-  u32 x, y, z, w;
-};
-
-__device__ __forceinline__ V4 ld_stream(const u16* p) {  // the weight: read once, keep it out of L1
-  V4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ V4 ld_keep(const u16* p) {  // the activation: every warp of the tile reads it
-  V4 v;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ u32 pair(const V4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if IN_F16
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ __forceinline__ float in_to_f32(u16 h) {
-  float f;
-#if IN_F16
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#else
-  asm("mov.b32 %0, %1;" : "=f"(f) : "r"(((u32)h) << 16));
-#endif
-  return f;
-}
-
-__device__ __forceinline__ void store_out(void* y, long idx, float v) {
-#if OUT_KIND == 2
-  reinterpret_cast<float*>(y)[idx] = v;
-#else
-  u16 h;
-#if OUT_KIND == 1
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-#else
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-#endif
-  reinterpret_cast<u16*>(y)[idx] = h;
-#endif
-}
+// Device helpers: cuda_common.cuh (prepended with the #defines).
 
 #define TC_NJ (TC_MT / 8)
 #define TC_BN (16 * TC_R * TC_WN)
@@ -96,26 +32,10 @@ __device__ __forceinline__ void store_out(void* y, long idx, float v) {
 // Activation row pitch in shared memory: an odd multiple of 64 bytes (see above).
 #define TC_XP ((TC_KC * 2) % 128 == 0 ? TC_KC * 2 + 64 : TC_KC * 2)
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-
-__device__ __forceinline__ void cp_async16(u32 dst, const u16* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 
 __device__ __forceinline__ void cp_async_wait_stage() {
   asm volatile("cp.async.wait_group %0;" ::"n"(TC_XS - 2));
-}
-
-__device__ __forceinline__ V4 lds128(u32 addr) {
-  V4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
 }
 
 // The activation's stage `st` (k in [k0, k0 + TC_KC)) into ring slot st % TC_XS, by every thread of the block.

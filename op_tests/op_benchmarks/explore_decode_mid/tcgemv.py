@@ -65,10 +65,9 @@ def config_error(cfg: TcGemvConfig, M: int, N: int, K: int) -> str | None:
 
 
 def source(cfg: TcGemvConfig, in_f16: bool, out_kind: int, has_bias: bool) -> str:
-    return (f"#define TC_MT {cfg.MT}\n#define TC_R {cfg.R}\n#define TC_WN {cfg.WN}\n#define TC_U {cfg.U}\n"
-            f"#define TC_XS {cfg.XS}\n"
-           f"#define IN_F16 {int(in_f16)}\n#define OUT_KIND {out_kind}\n#define HAS_BIAS {int(has_bias)}\n"
-            + _SRC.read_text())
+    defines = dict(TC_MT=cfg.MT, TC_R=cfg.R, TC_WN=cfg.WN, TC_U=cfg.U, TC_XS=cfg.XS, IN_F16=int(in_f16),
+                   OUT_KIND=out_kind, HAS_BIAS=int(has_bias))
+    return cuda_build.with_common(defines, _SRC)
 
 
 def cubin_name(cfg: TcGemvConfig, in_f16: bool, out_kind: int, has_bias: bool) -> str:

@@ -86,38 +86,41 @@ def test_tcgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
 
 
 def test_clgemv_names_rejections_and_source():
-    cfg = cl.ClGemvConfig(64, 8, 2, 4, 2, 4)
-    assert cfg.name == "CL_MT64_WN8_R2_U4_B2_S4" and cl.ClGemvConfig.from_name(cfg.name) == cfg
-    assert cl.ClGemvConfig.from_name("CL_MT64_WN8_R2_U4_B2_S4_D2") == cl.ClGemvConfig(64, 8, 2, 4, 2, 4, 2)
+    cfg = cl.ClGemvConfig(64, 4, 2, 128, 3, 8)
+    assert cfg.name == "CL_MT64_WN4_R2_KC128_NS3_S8" and cl.ClGemvConfig.from_name(cfg.name) == cfg
+    assert cl.ClGemvConfig.from_name("CL_MT64_WN4_R2_KC128_NS3_S8_D2") == cl.ClGemvConfig(64, 4, 2, 128, 3, 8, 2)
     with pytest.raises(ValueError):
-        cl.ClGemvConfig.from_name("CL_MT64_WN8_R2_U4_S4")
-    # K = 4096 over 4 splits: 1024 k x 64 tokens x 2 B of activation, 8 stages of 128 k (one mbarrier each)
-    assert cfg.smem_bytes(4096) == 1024 * 64 * 2 + 8 * 8
-    assert "multiple of S x 32 U" in cl.config_error(cfg, 64, 4096, 4000)
-    assert "shared memory" in cl.config_error(cl.ClGemvConfig(128, 8, 2, 4, 2, 2), 128, 4096, 4096)
-    assert "S must be" in cl.config_error(cl.ClGemvConfig(64, 8, 2, 4, 2, 3), 64, 4096, 4608)
-    assert "MT must be" in cl.config_error(cl.ClGemvConfig(24, 8, 2, 4, 2, 4), 24, 4096, 4096)
-    assert "NB x U x R" in cl.config_error(cl.ClGemvConfig(64, 8, 4, 2, 3, 4), 64, 4096, 4096)
-    assert "multiple of 4" in cl.config_error(cl.ClGemvConfig(64, 2, 1, 2, 2, 8), 64, 4096, 4096)  # 16 rows / 8
-    assert "D must be" in cl.config_error(cl.ClGemvConfig(64, 8, 2, 4, 2, 4, 1), 64, 4096, 4096)
-    assert cl.config_error(cl.ClGemvConfig(64, 8, 2, 4, 2, 4, 3), 64, 4096, 4096) is None
+        cl.ClGemvConfig.from_name("CL_MT64_WN8_R2_U4_B2_S4")
+    # K = 4096 over 8 splits: 64 tokens x (512 k x 2 B + 16) of activation, 4 warps x 3 stages x 16 rows x (256 + 16)
+    # bytes of weight rings (the 64 x 64 float32 partial tile is smaller), one mbarrier for the activation, 12 for
+    # the rings
+    assert cfg.smem_bytes(4096) == 64 * 1040 + 4 * 3 * 16 * 272 + 8 + 8 * 12
+    assert "multiple of S x KC" in cl.config_error(cfg, 64, 4096, 4000)
+    assert "shared memory" in cl.config_error(cl.ClGemvConfig(128, 8, 2, 128, 4, 2), 128, 4096, 4096)
+    assert "S must be" in cl.config_error(cl.ClGemvConfig(64, 4, 2, 128, 3, 3), 64, 4096, 4608)
+    assert "MT must be" in cl.config_error(cl.ClGemvConfig(24, 4, 2, 128, 3, 8), 24, 4096, 4096)
+    assert "KC a multiple of 32" in cl.config_error(cl.ClGemvConfig(64, 4, 2, 96 + 8, 3, 8), 64, 4096, 4096)
+    assert "multiple of 4" in cl.config_error(cl.ClGemvConfig(64, 2, 1, 64, 3, 8), 64, 4096, 4096)  # 16 rows / 8
+    assert "D must be" in cl.config_error(cl.ClGemvConfig(64, 4, 2, 128, 3, 8, 1), 64, 4096, 4096)
+    assert cl.config_error(cl.ClGemvConfig(64, 4, 2, 128, 3, 8, 3), 64, 4096, 4096) is None
     src = cl.source(cfg, 4096, False, 2, True)
-    for define in ("CL_MT 64", "CL_WN 8", "CL_R 2", "CL_U 4", "CL_NB 2", "CL_S 4", "CL_KS 1024", "CL_DIAG 0",
+    for define in ("CL_MT 64", "CL_WN 4", "CL_R 2", "CL_KC 128", "CL_NS 3", "CL_S 8", "CL_KS 512", "CL_DIAG 0",
                    "IN_F16 0", "OUT_KIND 2", "HAS_BIAS 1"):
         assert f"#define {define}\n" in src
-    assert cl.cubin_name(cfg, 4096, False, 0, False) == "CL_MT64_WN8_R2_U4_B2_S4_K4096_F0_O0_B0.cubin"
+    assert "mbarrier.try_wait" in src and "extern \"C\" __global__" in src  # cuda_common.cuh, then the kernel
+    assert cl.cubin_name(cfg, 4096, False, 0, False) == "CL_MT64_WN4_R2_KC128_NS3_S8_K4096_F0_O0_B0.cubin"
     for c in cl.grid_configs(17, 4096, 14336, 132):
         assert cl.config_error(c, 17, 4096, 14336) is None and c.MT == 32
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
-    (1, 100, 256, cl.ClGemvConfig(16, 2, 2, 2, 2, 2), True, torch.bfloat16),      # rows and tokens past N, M
-    (17, 1000, 4096, cl.ClGemvConfig(32, 4, 2, 2, 3, 4), False, torch.float32),  # 16 stages: ring of 3
-    (33, 256, 1024, cl.ClGemvConfig(64, 8, 1, 2, 4, 8), True, torch.float16),     # 8-CTA clusters; 2 stages < ring
-    (97, 4100, 512, cl.ClGemvConfig(64, 4, 4, 1, 4, 1), False, torch.bfloat16),   # two M tiles, no cluster
-    (128, 4096, 4096, cl.ClGemvConfig(128, 8, 2, 2, 4, 8), True, torch.bfloat16),  # the widest token tile
-    (64, 1280, 8192, cl.ClGemvConfig(64, 4, 4, 1, 3, 8), False, torch.bfloat16),  # 32 stages: ring of 3
+    (1, 100, 256, cl.ClGemvConfig(16, 2, 1, 64, 2, 2), True, torch.bfloat16),      # rows and tokens past N, M
+    (17, 1000, 4096, cl.ClGemvConfig(32, 4, 2, 128, 3, 4), False, torch.float32),  # 8 stages: ring of 3
+    (33, 256, 1024, cl.ClGemvConfig(64, 8, 1, 64, 4, 8), True, torch.float16),     # 8-CTA clusters; 2 stages < ring
+    (97, 4100, 512, cl.ClGemvConfig(64, 4, 4, 64, 4, 1), False, torch.bfloat16),   # two M tiles, no cluster
+    (128, 4096, 4096, cl.ClGemvConfig(128, 8, 2, 64, 3, 8), True, torch.bfloat16),  # the widest token tile
+    (64, 1280, 8192, cl.ClGemvConfig(64, 4, 4, 64, 3, 8), False, torch.bfloat16),  # 16 stages: ring of 3
 ])
 def test_clgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
     torch.manual_seed(M + N)

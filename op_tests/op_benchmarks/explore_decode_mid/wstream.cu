@@ -11,50 +11,12 @@
 //
 // Compile-time parameters: WS_RPW rows per warp (<= 32), WS_KC k per stage (multiple of 8), WS_NS ring stages,
 // WS_WN warps, WS_KS the K slice per CTA. Grid: x = N / (WS_RPW WS_WN) row blocks, y = K / WS_KS slices.
-// Requires N a multiple of WS_RPW WS_WN, K of WS_KS, WS_KS of WS_KC, 16-byte aligned rows.
-
-typedef unsigned int u32;
-typedef unsigned short u16;
+// Requires N a multiple of WS_RPW WS_WN, K of WS_KS, WS_KS of WS_KC, 16-byte aligned rows. Device helpers:
+// cuda_common.cuh (prepended with the #defines).
 
 #define WS_PITCH (WS_KC * 2 + 16)  // row pitch in a stage: 16 bytes of padding
 #define WS_STAGE (WS_RPW * WS_PITCH)
 #define WS_NST (WS_KS / WS_KC)
-
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-
-__device__ __forceinline__ void bar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void bar_expect(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void bar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT_%=;\n}" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-__device__ __forceinline__ void bulk_copy(u32 dst, const u16* src, u32 bytes, u32 bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
-__device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
 
 extern "C" __global__ void __launch_bounds__(32 * WS_WN) wstream(const u16* __restrict__ W, u32* __restrict__ out,
                                                                  int ldw) {
@@ -95,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(32 * WS_WN) wstream(const u16* __re
     constexpr int pieces = WS_RPW * WS_KC / 8;
 #pragma unroll 4
     for (int i = lane; i < pieces; i += 32) {
-      const uint4 v = lds128(ring + slot * WS_STAGE + (i / (WS_KC / 8)) * WS_PITCH + (i % (WS_KC / 8)) * 16);
+      const V4 v = lds128(ring + slot * WS_STAGE + (i / (WS_KC / 8)) * WS_PITCH + (i % (WS_KC / 8)) * 16);
       acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
   }
