@@ -15,7 +15,8 @@ This script separates the two parts of that overhead for a few (M, N, K) and met
 Methods: ``flinear`` (cuBLAS), ``copy`` (``out.copy_(src)`` moving as many bytes as the weight, read + write: the
 simplest memory-bound kernel), ``gemv`` (the M <= 8 skinny kernel, shipped tile), and decode-family configs by name
 (``dec:<name>``), the tensor-core gemv exploration (``tc:<name>``, cubins from ``.tccubins`` when present) and the
-cluster split-K gemv (``cl:<name>``, cubins from ``.tccubins/cl``).
+cluster split-K gemv (``cl:<name>``, cubins from ``.tccubins/cl``) and the weight-stream probe (``ws:<name>``,
+``probe_wstream.py``: no product, wrong output, profile only).
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ def method_fn(name: str, M: int, N: int, K: int, cu: int):
             cl.CUBIN_DIR = ROOT / ".tccubins" / "cl"
         ccfg = cl.ClGemvConfig.from_name(name[3:])
         return lambda a, b, out, src, dst: cl.launch_clgemv(a, b, None, out, ccfg)
+    if name.startswith("ws:"):  # weight stream only (probe_wstream): a sink output, no product
+        from op_tests.op_benchmarks.explore_decode_mid import probe_wstream as pw
+        if pw.CUBIN_DIR is None and (ROOT / ".tccubins" / "ws").is_dir():
+            pw.CUBIN_DIR = ROOT / ".tccubins" / "ws"
+        wcfg = pw.WsConfig.from_name(name[3:])
+        sink = torch.empty(1 << 22, dtype=torch.int32, device="cuda")
+        return lambda a, b, out, src, dst: pw.launch(wcfg, b, sink)
     if name.startswith("dec:"):
         from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd
         cfg = gd.DecodeConfig.from_name(name[4:])
