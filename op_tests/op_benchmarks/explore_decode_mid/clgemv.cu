@@ -14,6 +14,10 @@
 // on the stage's mbarrier; no CTA-wide synchronisation in the main loop. (Measured with wstream.cu, this streams a
 // weight at 0.73-0.95 of the copy floor, within 0-9% of the M = 1 gemv. The earlier versions of this kernel loaded
 // the weight into registers as mma.sync fragments, 8 rows x 64 bytes per warp instruction: 0.42 of the floor.)
+// The activation slice arrives the same way, stage by stage: with each of its weight stages a warp also copies its
+// share of the activation's CL_KC columns of that stage (CL_MT / CL_WN token rows) into the resident slice, counted
+// on that stage's activation barrier (one arrival per warp). Loading the whole slice before the first product (an
+// earlier version) stalled every warp's stream behind 32-128 KB of activation per CTA.
 //
 // Products: mma.sync m16n8k16, A = activation (16 tokens x 16 k, ldmatrix.x4 from the resident slice), B = weight
 // (16 k x 8 rows, ldmatrix.x4 of the stage: two k16 steps of one 8-row tile). Rows of both are padded by 16 bytes so
@@ -41,14 +45,23 @@
 #define CL_W_BYTES (CL_WN * CL_NS * CL_STAGE)
 #define CL_P_BYTES (CL_S > 1 ? CL_MT * CL_BN * 4 : 0)  // the partial tile, over the activation and the rings
 #define CL_BAR_OFF (CL_X_BYTES + CL_W_BYTES > CL_P_BYTES ? CL_X_BYTES + CL_W_BYTES : CL_P_BYTES)
-// barriers: [0] the activation, then CL_NS per warp
+#define CL_XROWS ((CL_MT + CL_WN - 1) / CL_WN)  // activation rows each warp copies per stage
+// barriers: CL_NST activation barriers (one per stage, CL_WN arrivals), then CL_NS per warp
 
-// Warp w's stage `st` into ring slot st % CL_NS: lane 0 expects the bytes, lanes < CL_RPW copy one row each.
-__device__ __forceinline__ void issue_stage(u32 ring, u32 wbars, const u16* wrow, int lane, int st) {
+// Warp w's stage `st`: its weight rows into ring slot st % CL_NS (lanes < CL_RPW, one row each) and its share of the
+// activation's columns of the stage (lanes < CL_XROWS, one token row each). Lane 0 arrives on both barriers with the
+// bytes to expect.
+__device__ __forceinline__ void issue_stage(u32 ring, u32 wbars, const u16* wrow, u32 xs, u32 xbars,
+                                           const u16* xrow, int xtok, int lane, int st) {
   const int slot = st % CL_NS;
-  if (lane == 0) bar_expect(wbars + 8 * slot, CL_RPW * CL_KC * 2);
+  const int xn = min(CL_XROWS, CL_MT - (xtok - lane));  // this warp's activation rows (the last warp may have fewer)
+  if (lane == 0) {
+    bar_expect(wbars + 8 * slot, CL_RPW * CL_KC * 2);
+    bar_expect(xbars + 8 * st, xn > 0 ? xn * CL_KC * 2 : 0);
+  }
   __syncwarp();
   if (lane < CL_RPW) bulk_copy(ring + slot * CL_STAGE + lane * CL_WP, wrow + st * CL_KC, CL_KC * 2, wbars + 8 * slot);
+  if (lane < xn) bulk_copy(xs + xtok * CL_XP + st * CL_KC * 2, xrow + st * CL_KC, CL_KC * 2, xbars + 8 * st);
 }
 
 extern "C" __global__ void
@@ -70,24 +83,22 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
   const int kb = blockIdx.y * CL_KS;
   const u32 xs = smem_u32(smem);
   const u32 ring = xs + CL_W_OFF + wn * (CL_NS * CL_STAGE);
-  const u32 xbar = xs + CL_BAR_OFF;
-  const u32 wbars = xbar + 8 + wn * (8 * CL_NS);
+  const u32 xbars = xs + CL_BAR_OFF;
+  const u32 wbars = xbars + 8 * CL_NST + wn * (8 * CL_NS);
 
   if (threadIdx.x == 0) {
-    bar_init(xbar, 1);
-    for (int i = 0; i < CL_WN * CL_NS; ++i) bar_init(xbar + 8 + 8 * i, 1);
+    for (int i = 0; i < CL_NST; ++i) bar_init(xbars + 8 * i, CL_WN);
+    for (int i = 0; i < CL_WN * CL_NS; ++i) bar_init(xbars + 8 * CL_NST + 8 * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  // This warp's weight stages 0 .. NS - 2 first (HBM latency), then the activation slice: one bulk copy per token
-  // row (tokens past M copy row M - 1; their outputs are not stored). Rows past N re-read row N - 1.
+  // Stages 0 .. NS - 2 in flight. Rows past N re-read row N - 1; tokens past M copy row M - 1 (their outputs are not
+  // stored).
   const u16* wrow = W + (long)min(n0 + lane, N - 1) * ldw + kb;
-  for (int st = 0; st < CL_NS - 1 && st < CL_NST; ++st) issue_stage(ring, wbars, wrow, lane, st);
-  if (threadIdx.x == 0) bar_expect(xbar, CL_MT * CL_KS * 2);
-  __syncthreads();
-  for (int t = threadIdx.x; t < CL_MT; t += 32 * CL_WN)
-    bulk_copy(xs + t * CL_XP, X + (long)min(m0 + t, M - 1) * ldx + kb, CL_KS * 2, xbar);
+  const int xtok = wn * CL_XROWS + lane;
+  const u16* xrow = X + (long)min(m0 + xtok, M - 1) * ldx + kb;
+  for (int st = 0; st < CL_NS - 1 && st < CL_NST; ++st) issue_stage(ring, wbars, wrow, xs, xbars, xrow, xtok, lane, st);
 
   float acc[CL_NT][CL_R][4];
 #pragma unroll
@@ -101,15 +112,15 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
   // k16 steps at k): lane l -> row 8 r + l % 8, k + 8 (l / 8).
   const u32 a_lane = xs + (lane % 16) * CL_XP + (lane / 16) * 16;
   const u32 b_lane = (lane % 8) * CL_WP + (lane / 8) * 16;
-  bar_wait(xbar, 0);
   for (int st = 0; st < CL_NST; ++st) {
     const int nxt = st + CL_NS - 1;
     if (nxt < CL_NST) {  // refill the slot stage st - 1 used: every lane has read it (the previous trip)
       __syncwarp();
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      issue_stage(ring, wbars, wrow, lane, nxt);
+      issue_stage(ring, wbars, wrow, xs, xbars, xrow, xtok, lane, nxt);
     }
     const int slot = st % CL_NS;
+    bar_wait(xbars + 8 * st, 0);
     bar_wait(wbars + 8 * slot, (st / CL_NS) & 1);
     const u32 stage = ring + slot * CL_STAGE;
 #pragma unroll

@@ -53,12 +53,13 @@ class ClGemvConfig:
 
     def smem_bytes(self, K: int) -> int:
         """The activation slice and the warps' weight rings (rows padded by 16 bytes), or the float32 partial tile
-        that replaces them, whichever is larger, then the mbarriers (the layout of ``clgemv.cu``)."""
+        that replaces them, whichever is larger, then the mbarriers: one per stage for the activation, NS per warp for
+        the weight rings (the layout of ``clgemv.cu``)."""
         ks = K // self.S
         x_bytes = self.MT * (ks * 2 + 16)
         w_bytes = self.WN * self.NS * 8 * self.R * (self.KC * 2 + 16)
         p_bytes = self.MT * self.rows * 4 if self.S > 1 else 0
-        return max(x_bytes + w_bytes, p_bytes) + 8 + 8 * self.WN * self.NS
+        return max(x_bytes + w_bytes, p_bytes) + 8 * (ks // self.KC) + 8 * self.WN * self.NS
 
 
 def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:

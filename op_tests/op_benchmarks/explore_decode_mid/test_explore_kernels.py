@@ -92,9 +92,9 @@ def test_clgemv_names_rejections_and_source():
     with pytest.raises(ValueError):
         cl.ClGemvConfig.from_name("CL_MT64_WN8_R2_U4_B2_S4")
     # K = 4096 over 8 splits: 64 tokens x (512 k x 2 B + 16) of activation, 4 warps x 3 stages x 16 rows x (256 + 16)
-    # bytes of weight rings (the 64 x 64 float32 partial tile is smaller), one mbarrier for the activation, 12 for
-    # the rings
-    assert cfg.smem_bytes(4096) == 64 * 1040 + 4 * 3 * 16 * 272 + 8 + 8 * 12
+    # bytes of weight rings (the 64 x 64 float32 partial tile is smaller), an mbarrier per stage for the activation
+    # (4), 12 for the rings
+    assert cfg.smem_bytes(4096) == 64 * 1040 + 4 * 3 * 16 * 272 + 8 * 4 + 8 * 12
     assert "multiple of S x KC" in cl.config_error(cfg, 64, 4096, 4000)
     assert "shared memory" in cl.config_error(cl.ClGemvConfig(128, 8, 2, 128, 4, 2), 128, 4096, 4096)
     assert "S must be" in cl.config_error(cl.ClGemvConfig(64, 4, 2, 128, 3, 3), 64, 4096, 4608)
