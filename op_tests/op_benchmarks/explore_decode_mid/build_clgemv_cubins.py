@@ -1,5 +1,5 @@
 """Build the clgemv cubins an exploration run needs, ahead, on a machine without a GPU (nvcc -arch=sm_90): every
-config of ``clgemv.grid_configs`` for the given shapes, and its diagnostic twins (``--diag``: D2, D3).
+config of ``clgemv.grid_configs`` for the given shapes, and its diagnostic twins (``--diag``: D2-D5).
 
   python op_tests/op_benchmarks/explore_decode_mid/build_clgemv_cubins.py 64x4096x4096,32x1280x8192 .tccubins/cl
 """
@@ -25,7 +25,7 @@ def main() -> int:
         print(f"{M}x{N}x{K}: {len(cfgs)} configs", flush=True)
         for c in cfgs:
             jobs.add((c, K))
-            for d in (2, 3) if c.S > 1 else (3,):
+            for d in (2, 3, 4, 5) if c.S > 1 else (3, 4, 5):
                 jobs.add((dataclasses.replace(c, D=d), K))
     cl.build_cubins(sorted(jobs, key=lambda t: (t[1], t[0].name)), out, jobs=2)
     print(f"{len(jobs)} cubins in {out}", flush=True)

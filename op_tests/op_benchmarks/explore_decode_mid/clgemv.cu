@@ -26,7 +26,8 @@
 // Compile-time parameters (prepended #defines, then cuda_common.cuh): CL_MT tokens per tile (multiple of 16,
 // <= 128), CL_WN warps, CL_R 8-row weight tiles per warp (<= 4), CL_KC k per weight stage (multiple of 32), CL_NS
 // ring stages, CL_S CTAs per cluster = K splits (1, 2, 4 or 8), CL_KS = K / CL_S (a multiple of CL_KC), CL_DIAG
-// (timing only, wrong results: 2 no cluster reduction, 3 no products), IN_F16 (0: bf16, 1: fp16 operands),
+// (timing only, wrong results: 2 no cluster reduction, 3 no products, 4 = 3 without the activation copies, 5 = 4
+// with one 16-byte shared load per 8-row tile and 32 k instead of the ldmatrix reads), IN_F16 (0: bf16, 1: fp16 operands),
 // OUT_KIND (0 bf16, 1 fp16, 2 fp32), HAS_BIAS. Grid: x = N tiles x M tiles (M tiles fastest), y = CL_S. Requires
 // 16-byte aligned rows (ldx, ldw multiples of 8) and base pointers.
 
@@ -54,7 +55,11 @@
 __device__ __forceinline__ void issue_stage(u32 ring, u32 wbars, const u16* wrow, u32 xs, u32 xbars,
                                            const u16* xrow, int xtok, int lane, int st) {
   const int slot = st % CL_NS;
+#if CL_DIAG >= 4
+  const int xn = 0;
+#else
   const int xn = min(CL_XROWS, CL_MT - (xtok - lane));  // this warp's activation rows (the last warp may have fewer)
+#endif
   if (lane == 0) {
     bar_expect(wbars + 8 * slot, CL_RPW * CL_KC * 2);
     bar_expect(xbars + 8 * st, xn > 0 ? xn * CL_KC * 2 : 0);
@@ -125,6 +130,14 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
     const u32 stage = ring + slot * CL_STAGE;
 #pragma unroll
     for (int kc = 0; kc < CL_KC; kc += 32) {
+#if CL_DIAG == 5
+#pragma unroll
+      for (int r = 0; r < CL_R; ++r) {
+        const V4 v = lds128(stage + r * 8 * CL_WP + b_lane + kc * 2);
+        acc[0][r][0] = __int_as_float(__float_as_int(acc[0][r][0]) ^ v.x ^ v.y ^ v.z ^ v.w);
+      }
+      continue;
+#endif
       V4 b[CL_R];
 #pragma unroll
       for (int r = 0; r < CL_R; ++r) b[r] = ldmatrix_x4(stage + r * 8 * CL_WP + b_lane + kc * 2);
@@ -137,7 +150,7 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
         for (int r = 0; r < CL_R; ++r)
 #pragma unroll
           for (int t = 0; t < CL_NT; ++t) {
-#if CL_DIAG == 3
+#if CL_DIAG >= 3
             acc[t][r][0] = __int_as_float(__float_as_int(acc[t][r][0]) ^ a[t].x ^ pair(b[r], 2 * s));
 #else
             mma16816(acc[t][r], a[t].x, a[t].y, a[t].z, a[t].w, pair(b[r], 2 * s), pair(b[r], 2 * s + 1));
@@ -148,7 +161,7 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
   }
 
   // Accumulator (t, r) element e: token 16 t + g + 8 (e >> 1), row 8 r + 2 q + (e & 1).
-#if CL_S == 1 || CL_DIAG == 2
+#if CL_S == 1 || CL_DIAG >= 2
 #pragma unroll
   for (int r = 0; r < CL_R; ++r)
 #pragma unroll

@@ -135,7 +135,7 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
         calls[n] = (lambda i, f=cands[n][1]: f(*sets[i]))
     if diag and fam.name == "cl" and best:  # where the best config's time goes (clgemv.cu's CL_DIAG)
         base_cfg = cl.ClGemvConfig.from_name(best[0])
-        for d in (2, 3):
+        for d in (2, 3, 4, 5):
             if d == 2 and base_cfg.S == 1:
                 continue
             n = cl.ClGemvConfig(**{**base_cfg.__dict__, "D": d}).name
@@ -161,7 +161,8 @@ def main() -> int:
     ap.add_argument("--deadline_s", type=float, default=480)
     ap.add_argument("--family", choices=["gmma", "tc", "cl"], default="gmma")
     ap.add_argument("--diag", action="store_true", help="cl: also time the best config without its cluster "
-                    "reduction and without its products (wrong results: timing only)")
+                    "reduction, its products, its activation copies, its ldmatrix reads (clgemv.cu's CL_DIAG 2-5; "
+                    "wrong results: timing only)")
     ap.add_argument("--cubins", type=Path, help="tc, cl: folder of cubins built ahead (tcgemv/clgemv.build_cubins)")
     args = ap.parse_args()
     t0 = time.time()
