@@ -27,7 +27,8 @@
 // <= 128), CL_WN warps, CL_R 8-row weight tiles per warp (<= 4), CL_KC k per weight stage (multiple of 32), CL_NS
 // ring stages, CL_S CTAs per cluster = K splits (1, 2, 4 or 8), CL_KS = K / CL_S (a multiple of CL_KC), CL_DIAG
 // (timing only, wrong results: 2 no cluster reduction, 3 no products, 4 = 3 without the activation copies, 5 = 4
-// with one 16-byte shared load per 8-row tile and 32 k instead of the ldmatrix reads), IN_F16 (0: bf16, 1: fp16 operands),
+// with one 16-byte shared load per 8-row tile and 32 k instead of the ldmatrix reads, 6 = 5 launched without
+// clusters), IN_F16 (0: bf16, 1: fp16 operands),
 // OUT_KIND (0 bf16, 1 fp16, 2 fp32), HAS_BIAS. Grid: x = N tiles x M tiles (M tiles fastest), y = CL_S. Requires
 // 16-byte aligned rows (ldx, ldw multiples of 8) and base pointers.
 
@@ -70,7 +71,7 @@ __device__ __forceinline__ void issue_stage(u32 ring, u32 wbars, const u16* wrow
 }
 
 extern "C" __global__ void
-#if CL_S > 1
+#if CL_S > 1 && CL_DIAG != 6
 __cluster_dims__(1, CL_S, 1)
 #endif
 __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __restrict__ W,
@@ -130,7 +131,7 @@ __launch_bounds__(32 * CL_WN) clgemv(const u16* __restrict__ X, const u16* __res
     const u32 stage = ring + slot * CL_STAGE;
 #pragma unroll
     for (int kc = 0; kc < CL_KC; kc += 32) {
-#if CL_DIAG == 5
+#if CL_DIAG >= 5
 #pragma unroll
       for (int r = 0; r < CL_R; ++r) {
         const V4 v = lds128(stage + r * 8 * CL_WP + b_lane + kc * 2);

@@ -33,7 +33,7 @@ class ClGemvConfig:
     NS: int = 4  # weight ring stages per warp
     S: int = 4  # CTAs per cluster = K splits
     D: int = 0  # diagnostics, timing only (wrong results): 2 no cluster reduction, 3 no products, 4 = 3 without the
-    # activation copies, 5 = 4 with plain shared loads instead of ldmatrix (clgemv.cu)
+    # activation copies, 5 = 4 with plain shared loads instead of ldmatrix, 6 = 5 without clusters (clgemv.cu)
 
     @property
     def name(self) -> str:
@@ -67,8 +67,8 @@ def config_error(cfg: ClGemvConfig, M: int, N: int, K: int) -> str | None:
     """Why ``cfg`` cannot run (M, N, K), or None."""
     if cfg.MT % 16 or not 16 <= cfg.MT <= 128:
         return f"{cfg.name}: MT must be a multiple of 16 in 16..128"
-    if cfg.D not in (0, 2, 3, 4, 5):
-        return f"{cfg.name}: D must be 0 or 2..5"
+    if cfg.D not in (0, 2, 3, 4, 5, 6):
+        return f"{cfg.name}: D must be 0 or 2..6"
     if cfg.S not in CLUSTER_SIZES:
         return f"{cfg.name}: S must be one of {CLUSTER_SIZES}"
     if not 1 <= cfg.WN <= 16 or not 1 <= cfg.R <= 4 or cfg.KC % 32 or not 32 <= cfg.KC <= 256 or not 2 <= cfg.NS <= 8:
