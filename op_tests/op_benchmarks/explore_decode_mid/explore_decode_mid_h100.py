@@ -93,6 +93,13 @@ def floor_us(M: int, N: int, K: int) -> float:
     return (M * K + N * K + M * N) * 2 / PEAK_BW * 1e6
 
 
+def paired_medians(samples: dict[str, list[float]], base: str) -> dict[str, tuple[float, float]]:
+    """Per method of a ``time_paired`` run: (median us, median over rounds of base / method): the paired ratio, each
+    round comparing replays taken within a millisecond of each other."""
+    return {name: (statistics.median(v), statistics.median(b / x for b, x in zip(samples[base], v)))
+            for name, v in samples.items()}
+
+
 def compute_floor_us(M: int, N: int, K: int) -> float:
     return 2 * M * N * K / PEAK_FLOPS * 1e6
 

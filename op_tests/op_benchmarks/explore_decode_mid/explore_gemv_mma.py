@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,12 @@ from gradlib.timing import TimingConfig, time_paired  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import clgemv as cl  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc  # noqa: E402
-from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import Rotating, check  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
+    Rotating,
+    check,
+    floor_us,
+    paired_medians,
+)
 
 
 class Family:
@@ -62,7 +66,6 @@ class Family:
 
 SCREEN = TimingConfig(warmup=2, reps=7, target_us=300.0, budget_s=0.3)
 PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
-PEAK_BW = 3.0e12
 
 
 def _compile(task):
@@ -141,12 +144,9 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
             n = cl.ClGemvConfig(**{**base_cfg.__dict__, "D": d}).name
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
     samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
-    base = samples["F.linear"]
-    floor = (M * K + N * K + M * N) * 2 / PEAK_BW * 1e6
+    floor = floor_us(M, N, K)
     print(f"M={M} N={N} K={K}: floor {floor:.2f} us, {len(cands)} configs timed", flush=True)
-    for n, v in samples.items():
-        med = statistics.median(v)
-        ratio = statistics.median(b / x for b, x in zip(base, v))
+    for n, (med, ratio) in paired_medians(samples, "F.linear").items():
         print(f"   {n:36s} {med:8.2f} us  x{ratio:.3f} F.linear  {floor / med:.3f} of floor", flush=True)
         summary.append(dict(M=M, N=N, K=K, method=n, us=round(med, 3), vs_flinear=round(ratio, 4),
                             frac_floor=round(floor / med, 4)))

@@ -30,10 +30,13 @@ import torch.nn.functional as F  # noqa: E402
 
 from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_paired  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd  # noqa: E402
-from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import check  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
+    check,
+    floor_us,
+    paired_medians,
+)
 
 PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
-PEAK_BW = 3.0e12
 
 # (M, N, K): the wide exploration's best 2-3 configs per shape (screen order), then the family default is added.
 PLAN: dict[tuple[int, int, int], list[str]] = {
@@ -82,19 +85,16 @@ def measure_shape(M: int, N: int, K: int, names: list[str], cu: int, pairs: int,
         calls[c.name] = (lambda i, c=c, key=key: gd.launch_gemm_decode(
             sets[i][0], sets[i][2][key] if c.B_TILED else sets[i][1], None, sets[i][3], c, cu))
     samples = time_paired(calls, n_sets, PAIRED, pairs, captures=2)
-    base = samples["F.linear"]
-    floor = (M * K + N * K + M * N) * 2 / PEAK_BW * 1e6
+    floor = floor_us(M, N, K)
     print(f"M={M} N={N} K={K}: floor {floor:.2f} us ({n_sets} rotating sets)", flush=True)
-    for name, v in samples.items():
-        med = statistics.median(v)
-        ratio = statistics.median(x / y for x, y in zip(base, v))
+    for name, (med, ratio) in paired_medians(samples, "F.linear").items():
         pair = ""
         if name.endswith("_BT") and name[:-3] in samples:
-            pair = round(statistics.median(p / t for p, t in zip(samples[name[:-3]], v)), 4)
+            pair = round(statistics.median(p / t for p, t in zip(samples[name[:-3]], samples[name])), 4)
         print(f"   {name:40s} {med:8.2f} us  x{ratio:.3f} F.linear  {floor / med:.3f} of floor"
               + (f"  tiled/plain speed-up {pair}" if pair != "" else ""), flush=True)
         rows.append(dict(M=M, N=N, K=K, method=name, us=round(med, 3), vs_flinear=round(ratio, 4),
-                         frac_floor=round(floor / med, 4), tiled_speedup=pair, n=len(v)))
+                         frac_floor=round(floor / med, 4), tiled_speedup=pair, n=len(samples[name])))
 
 
 def main() -> int:

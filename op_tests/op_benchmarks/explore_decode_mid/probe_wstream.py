@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import re
-import statistics
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -28,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import cuda_build  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import paired_medians  # noqa: E402
 
 _SRC = Path(__file__).with_name("wstream.cu")
 SCREEN = TimingConfig(warmup=2, reps=7, target_us=300.0, budget_s=0.3)
@@ -125,9 +125,7 @@ def measure(N: int, K: int, cu: int, pairs: int, rows: list) -> None:
         calls[c.name] = (lambda i, c=c: launch(c, sets[i][1], sink))
     samples = time_paired(calls, n_sets, PAIRED, pairs, captures=2)
     print(f"N={N} K={K}: weight floor {floor:.2f} us, {len(screened)} stream configs screened", flush=True)
-    for name, v in samples.items():
-        med = statistics.median(v)
-        ratio = statistics.median(g / x for g, x in zip(samples["gemv@M1"], v))
+    for name, (med, ratio) in paired_medians(samples, "gemv@M1").items():
         print(f"   {name:34s} {med:8.2f} us  {floor / med:.3f} of floor  gemv/this {ratio:.3f}", flush=True)
         rows.append(dict(N=N, K=K, method=name, phase="paired", us=round(med, 3), frac_floor=round(floor / med, 4),
                          gemv_over_this=round(ratio, 4)))

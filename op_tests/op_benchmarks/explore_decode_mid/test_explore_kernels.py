@@ -71,18 +71,24 @@ def test_tcgemv_names_rejections_and_source():
     (33, 256, 1024, tc.TcGemvConfig(64, 1, 4, 8, 2, 2), True, torch.float16),
     (97, 4100, 512, tc.TcGemvConfig(64, 1, 2, 2, 4, 1), False, torch.bfloat16),  # two M tiles
 ])
-def test_tcgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
+def run_against_reference(launch, M: int, N: int, K: int, with_bias: bool, otype: torch.dtype):
+    """Fresh inputs (fp16 for an fp16 output, else bf16), the output poisoned with NaN, ``launch(a, b, bias, out)``,
+    then compared with the float64 reference; returns the launcher's inputs and output for further checks."""
     torch.manual_seed(M + N)
     dtype = torch.float16 if otype == torch.float16 else torch.bfloat16
     a = torch.randn(M, K, dtype=dtype, device="cuda")
     b = torch.randn(N, K, dtype=dtype, device="cuda")
     bias = torch.randn(N, dtype=dtype, device="cuda") if with_bias else None
-    assert tc.config_error(cfg, M, N, K) is None
     out = torch.full((M, N), float("nan"), dtype=otype, device="cuda")
-    tc.launch_tcgemv(a, b, bias, out, cfg)
-    ref = reference(a, b, bias)
+    launch(a, b, bias, out)
     tol = dict(rtol=2e-3, atol=2e-4 * K**0.5) if otype == torch.float32 else dict(rtol=1.6e-2, atol=1.6e-2 * K**0.5)
-    torch.testing.assert_close(out, ref.to(otype), **tol)
+    torch.testing.assert_close(out, reference(a, b, bias).to(otype), **tol)
+    return a, b, bias, out
+
+
+def test_tcgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
+    assert tc.config_error(cfg, M, N, K) is None
+    run_against_reference(lambda a, b, bias, out: tc.launch_tcgemv(a, b, bias, out, cfg), M, N, K, with_bias, otype)
 
 
 def test_clgemv_names_rejections_and_source():
@@ -124,17 +130,9 @@ def test_clgemv_names_rejections_and_source():
     (64, 1280, 8192, cl.ClGemvConfig(64, 4, 4, 64, 3, 8), False, torch.bfloat16),  # 16 stages: ring of 3
 ])
 def test_clgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
-    torch.manual_seed(M + N)
-    dtype = torch.float16 if otype == torch.float16 else torch.bfloat16
-    a = torch.randn(M, K, dtype=dtype, device="cuda")
-    b = torch.randn(N, K, dtype=dtype, device="cuda")
-    bias = torch.randn(N, dtype=dtype, device="cuda") if with_bias else None
     assert cl.config_error(cfg, M, N, K) is None
-    out = torch.full((M, N), float("nan"), dtype=otype, device="cuda")
-    cl.launch_clgemv(a, b, bias, out, cfg)
-    ref = reference(a, b, bias)
-    tol = dict(rtol=2e-3, atol=2e-4 * K**0.5) if otype == torch.float32 else dict(rtol=1.6e-2, atol=1.6e-2 * K**0.5)
-    torch.testing.assert_close(out, ref.to(otype), **tol)
+    a, b, bias, out = run_against_reference(lambda a, b, bias, out: cl.launch_clgemv(a, b, bias, out, cfg),
+                                            M, N, K, with_bias, otype)
     again = torch.full_like(out, float("nan"))
     cl.launch_clgemv(a, b, bias, again, cfg)
     assert torch.equal(out, again)  # the cluster sums in rank order: bit-identical reruns
