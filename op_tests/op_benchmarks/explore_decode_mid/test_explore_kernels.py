@@ -64,13 +64,6 @@ def test_tcgemv_names_rejections_and_source():
         assert tc.config_error(c, 17, 4096, 14336) is None and c.MT == 24
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
-    (1, 100, 256, tc.TcGemvConfig(8, 1, 2, 2, 2, 1), True, torch.bfloat16),     # rows and tokens past N, M
-    (17, 1000, 4096, tc.TcGemvConfig(24, 2, 4, 4, 3, 3), False, torch.float32),
-    (33, 256, 1024, tc.TcGemvConfig(64, 1, 4, 8, 2, 2), True, torch.float16),
-    (97, 4100, 512, tc.TcGemvConfig(64, 1, 2, 2, 4, 1), False, torch.bfloat16),  # two M tiles
-])
 def run_against_reference(launch, M: int, N: int, K: int, with_bias: bool, otype: torch.dtype):
     """Fresh inputs (fp16 for an fp16 output, else bf16), the output poisoned with NaN, ``launch(a, b, bias, out)``,
     then compared with the float64 reference; returns the launcher's inputs and output for further checks."""
@@ -86,6 +79,13 @@ def run_against_reference(launch, M: int, N: int, K: int, with_bias: bool, otype
     return a, b, bias, out
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
+    (1, 100, 256, tc.TcGemvConfig(8, 1, 2, 2, 2, 1), True, torch.bfloat16),     # rows and tokens past N, M
+    (17, 1000, 4096, tc.TcGemvConfig(24, 2, 4, 4, 3, 3), False, torch.float32),
+    (33, 256, 1024, tc.TcGemvConfig(64, 1, 4, 8, 2, 2), True, torch.float16),
+    (97, 4100, 512, tc.TcGemvConfig(64, 1, 2, 2, 4, 1), False, torch.bfloat16),  # two M tiles
+])
 def test_tcgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
     assert tc.config_error(cfg, M, N, K) is None
     run_against_reference(lambda a, b, bias, out: tc.launch_tcgemv(a, b, bias, out, cfg), M, N, K, with_bias, otype)
