@@ -1,15 +1,16 @@
-"""Time an exploration kernel family (``--family gmma``: ``gemv_mma.py``, the gemv kernel's structure in Triton with
-tensor-core products; ``--family tc``: ``tcgemv.cu``, mma.sync fed by the weight straight from global memory;
-``--family cl``: ``clgemv.cu``, the same products with the activation slice resident in shared memory and the K
-splits reduced inside a thread-block cluster) against F.linear, the tuned dispatch as shipped and the M = 1 gemv
-streaming the same weight.
+"""Time an exploration kernel family against F.linear, the tuned dispatch as shipped and the M = 1 gemv streaming the
+same weight. Families: ``gmma`` (``gemv_mma.py``: the gemv kernel's structure in Triton with tensor-core products),
+``tc`` (``tcgemv.cu``: mma.sync fed by the weight straight from global memory), ``cl`` (``clgemv.cu``: the same
+products with the activation slice resident in shared memory and the K splits reduced inside a thread-block
+cluster), ``ws`` (``wsgemm.py``: a warp-specialised Gluon kernel, one producer warp issuing TMA copies for wgmma
+consumer warpgroups).
 
-Per shape: every config of the family's ``grid_configs`` (gmma: compiled first in parallel worker processes, N, K, M
-being constexpr, a binary per config and shape; tc, cl: cubins built ahead with nvcc, ``--cubins``, else NVRTC on first
-use), checked against float32 on fresh inputs with the output poisoned with NaN (``explore_decode_mid_h100.check``),
-screened with ``gradlib.timing`` (CUDA-graph replay over rotating buffers > 2x L2), then the 5 fastest, the M = 1
-``gemv`` streaming the same weight (a bandwidth reference), the shipped dispatch (``gemm_a16w16``) and F.linear in
-paired rounds (``time_paired``).
+Per shape: every config of the family's ``grid_configs`` (gmma, ws: compiled first in parallel worker processes into
+Triton's cache, gmma with N, K, M constexpr, a binary per config and shape; tc, cl: cubins built ahead with nvcc,
+``--cubins``, else NVRTC on first use), checked against float32 on fresh inputs with the output poisoned with NaN
+(``explore_decode_mid_h100.check``), screened with ``gradlib.timing`` (CUDA-graph replay over rotating buffers > 2x
+L2), then the 5 fastest, the M = 1 ``gemv`` streaming the same weight (a bandwidth reference), the shipped dispatch
+(``gemm_a16w16``) and F.linear in paired rounds (``time_paired``).
 
   python op_tests/op_benchmarks/explore_decode_mid/explore_gemv_mma.py --out $OUT --shapes 32x1280x8192,64x4096x4096
   python -c "from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc; ..."   # tc.build_cubins(cfgs, dir)
@@ -35,6 +36,7 @@ from gradlib.timing import TimingConfig, time_paired  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import clgemv as cl  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
     Rotating,
     check,
@@ -48,7 +50,7 @@ class Family:
 
     def __init__(self, name: str):
         self.name = name
-        self.mod = {"gmma": gm, "tc": tc, "cl": cl}[name]
+        self.mod = {"gmma": gm, "tc": tc, "cl": cl, "ws": ws}[name]
 
     def grid(self, M, N, K, cu):
         return self.mod.grid_configs(M, N, K, cu)
@@ -57,6 +59,9 @@ class Family:
         if self.name == "gmma":
             cfg = gm.GemvMmaConfig.from_name(cfg_name)
             return lambda a, b, out: gm.launch_gemv_mma(a, b, out, cfg)
+        if self.name == "ws":
+            wcfg = ws.WsGemmConfig.from_name(cfg_name)
+            return lambda a, b, out: ws.launch_wsgemm(a, b, None, out, wcfg)
         if self.name == "cl":
             ccfg = cl.ClGemvConfig.from_name(cfg_name)
             return lambda a, b, out: cl.launch_clgemv(a, b, None, out, ccfg)
@@ -69,7 +74,7 @@ PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
 
 
 def _compile(task):
-    M, N, K, names = task
+    family, M, N, K, names = task
     torch.cuda.init()
     a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
@@ -77,28 +82,30 @@ def _compile(task):
     bad = []
     for n in names:
         try:
-            gm.launch_gemv_mma(a, b, out, gm.GemvMmaConfig.from_name(n))
+            Family(family).launcher(n)(a, b, out)
             torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001
             bad.append((n, f"{type(exc).__name__}: {str(exc)[:200]}"))
     return bad
 
 
-def precompile(shapes, cu, workers):
+def precompile(fam: Family, shapes, cu, workers):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
     tasks = []
     for M, N, K in shapes:
-        names = [c.name for c in gm.grid_configs(M, N, K, cu)]
-        tasks += [(M, N, K, names[i:i + 4]) for i in range(0, len(names), 4)]
+        names = [c.name for c in fam.grid(M, N, K, cu)]
+        tasks += [(fam.name, M, N, K, names[i:i + 4]) for i in range(0, len(names), 4)]
     bad = {}
     t0 = time.time()
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        for (M, N, K, _), res in zip(tasks, pool.map(_compile, tasks)):
+        for (_, M, N, K, _), res in zip(tasks, pool.map(_compile, tasks)):
             for n, err in res:
                 bad[(M, N, K, n)] = err
-    print(f"precompiled {sum(len(t[3]) for t in tasks)} kernels in {time.time() - t0:.0f}s, {len(bad)} failed",
+    print(f"precompiled {sum(len(t[4]) for t in tasks)} kernels in {time.time() - t0:.0f}s, {len(bad)} failed",
           flush=True)
+    for key, err in list(bad.items())[:5]:
+        print(f"   {key}: {err}", flush=True)
     return bad
 
 
@@ -159,7 +166,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=12)
     ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--deadline_s", type=float, default=480)
-    ap.add_argument("--family", choices=["gmma", "tc", "cl"], default="gmma")
+    ap.add_argument("--family", choices=["gmma", "tc", "cl", "ws"], default="gmma")
     ap.add_argument("--diag", action="store_true", help="cl: also time the best config without its cluster "
                     "reduction, its products, its activation copies, its ldmatrix reads (clgemv.cu's CL_DIAG 2-5; "
                     "wrong results: timing only)")
@@ -170,8 +177,8 @@ def main() -> int:
     cu = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     fam = Family(args.family)
-    if args.family == "gmma":
-        bad = precompile(shapes, cu, args.workers)
+    if args.family in ("gmma", "ws"):
+        bad = precompile(fam, shapes, cu, args.workers)
     else:
         tc.CUBIN_DIR = cl.CUBIN_DIR = args.cubins
         bad = {}

@@ -1,6 +1,7 @@
-"""The two exploration kernels of issue 14's decode diagnosis (``gemv_mma.py`` in Triton, ``tcgemv.cu`` in CUDA;
-not shipped, BENCHMARKS.md "Where a decode GEMM's time goes"): numerics on odd shapes (the Triton one under the
-interpreter on CPU, the CUDA one on a GPU), the split-K fix-up, names and the configs each rejects."""
+"""The exploration kernels of issue 14's decode diagnosis (``gemv_mma.py`` in Triton, ``tcgemv.cu`` and
+``clgemv.cu`` in CUDA, ``wsgemm.py`` in Gluon; not shipped, BENCHMARKS.md "Where a decode GEMM's time goes" and
+after): numerics on odd shapes (the Triton one under the interpreter on CPU, the others on a GPU), the split-K
+fix-up, names and the configs each rejects; the Gluon kernel is also compiled for sm_90 on the CPU."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from op_tests.op_benchmarks.explore_decode_mid import clgemv as cl
 from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc
+from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,3 +138,54 @@ def test_clgemv_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
     again = torch.full_like(out, float("nan"))
     cl.launch_clgemv(a, b, bias, again, cfg)
     assert torch.equal(out, again)  # the cluster sums in rank order: bit-identical reruns
+
+
+def test_wsgemm_names_rejections_and_grid():
+    cfg = ws.WsGemmConfig(128, 32, 64, 4, 8, 6)
+    assert cfg.name == "WS_BN128_BM32_BK64_SK4_W8_S6" and ws.WsGemmConfig.from_name(cfg.name) == cfg
+    with pytest.raises(ValueError, match="does not match"):
+        ws.WsGemmConfig.from_name("WS_BN128_BM32")
+    assert cfg.smem_bytes() == 6 * (128 + 32) * 64 * 2
+    assert "shared memory" in ws.config_error(ws.WsGemmConfig(128, 256, 128, 1, 8, 4), 256, 4096, 4096)
+    assert "BM must be" in ws.config_error(ws.WsGemmConfig(64, 20, 64, 1, 4, 4), 17, 4096, 4096)
+    assert "16 rows per warp" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 1, 8, 4), 32, 4096, 4096)
+    assert "non-empty splits" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 9, 4, 4), 32, 4096, 512)  # 8 K tiles
+    assert "16-byte aligned" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 1, 4, 4), 32, 4096, 4100)
+    grid = ws.grid_configs(32, 1280, 8192, 132)
+    assert grid and all(ws.config_error(c, 32, 1280, 8192) is None and c.BM == 32 for c in grid)
+    # N = 1280 leaves 5-20 tiles: every config splits K until the CTAs reach 0.9-2.2 per SM.
+    assert all(c.SK > 1 and 0.9 * 132 <= -(-1280 // c.BN) * c.SK <= 2.2 * 132 for c in grid)
+    assert all(c.SK == 1 for c in ws.grid_configs(64, 28672, 4096, 132) if c.BN == 64)
+
+
+@pytest.mark.skipif(ws.gluon is None, reason="Triton without Gluon")
+@pytest.mark.parametrize(("cfg", "has_bias"), [
+    (ws.WsGemmConfig(64, 32, 64, 3, 4, 6), True),     # one warpgroup, bias
+    (ws.WsGemmConfig(128, 256, 64, 1, 8, 3), False),  # two consumer warpgroups, the widest token tile
+])
+def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias):
+    """Triton compiles the Gluon kernel for sm_90 without a GPU: a producer warp issuing TMA copies, consumer warps
+    issuing wgmma of the tile's token width, registers handed between them (setmaxnreg)."""
+    ptx = ws.compile_offline(cfg, cfg.BM, 1280, 8192, has_bias).asm["ptx"]
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.BM}k16.f32.bf16.bf16" in ptx
+    assert "cp.async.bulk.tensor.2d" in ptx and "setmaxnreg" in ptx
+    assert "atom.global" in ptx  # the split count is a run-time argument: every binary carries the fix-up
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
+    (1, 100, 256, ws.WsGemmConfig(64, 16, 64, 1, 4, 3), True, torch.bfloat16),     # rows and tokens past N, M
+    (17, 1000, 4104, ws.WsGemmConfig(64, 32, 64, 5, 4, 6), False, torch.float32),  # K tail, 5 splits
+    (33, 256, 1024, ws.WsGemmConfig(128, 48, 128, 2, 8, 4), True, torch.float16),  # two warpgroups
+    (97, 4100, 512, ws.WsGemmConfig(128, 64, 64, 1, 4, 8), False, torch.bfloat16),  # two M tiles, ring > K tiles
+    (255, 1280, 8192, ws.WsGemmConfig(256, 256, 64, 4, 8, 3), True, torch.bfloat16),
+])
+def test_wsgemm_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
+    assert ws.config_error(cfg, M, N, K) is None
+    a, b, bias, out = run_against_reference(lambda a, b, bias, out: ws.launch_wsgemm(a, b, bias, out, cfg),
+                                            M, N, K, with_bias, otype)
+    again = torch.full_like(out, float("nan"))
+    ws.launch_wsgemm(a, b, bias, again, cfg)
+    assert torch.equal(out, again)  # splits summed in split order: bit-identical reruns
+    for _, cnt in ws._WORKSPACE.values():
+        assert int(cnt.abs().sum()) == 0, "the last split of a tile resets its counter"

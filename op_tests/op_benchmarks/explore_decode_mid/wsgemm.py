@@ -1,0 +1,302 @@
+"""Warp-specialised decode GEMM in Gluon (exploration, issue 14): ``out = a @ b.T (+ bias)`` for M = 17..256, Hopper.
+
+Why this design
+===============
+
+The sections of BENCHMARKS.md on M 17-256 found that a weight stream fed by bulk copies reaches 0.74-0.95 of the
+copy floor, 1.05-1.49x faster than F.linear, but every kernel that also multiplied lost that lead: the Triton
+decode family (one warpgroup per CTA both issuing the TMA copies and waiting on wgmma) and the hand-written
+mma.sync kernels (per-warp rings, warps waiting on each other). What was left to try is the shape of cuBLAS's own
+``nvjet`` kernels: one *producer* warp that only issues TMA copies into a ring of shared-memory stages, and one or
+two *consumer* warpgroups that only wait for a stage, issue wgmma on it and hand it back. Gluon (Triton's
+low-level dialect: explicit layouts, mbarriers, ``warp_specialize``) expresses exactly that.
+
+The tile is swapped: the weight's rows are the wgmma M side (64 per warpgroup), the tokens its N side (16..256),
+so one CTA covers every token of its ``BLOCK_SIZE_N`` weight rows and reads each weight byte once. Where
+``N / BLOCK_SIZE_N`` tiles cannot fill the SMs, K is split (``NUM_KSPLIT``, a run-time argument: one binary per
+tile and depth serves every shape and split) and the last split of a tile to arrive sums the float32 partials in
+split order (deterministic, the CUTLASS split-K semaphore pattern of ``gemm_decode.py``'s ``FX``).
+
+Kernel: :func:`_wsgemm_kernel` (grid ``(N tiles, splits, M tiles)``), partitions :func:`_load_partition` (1 warp)
+and :func:`_mma_partition` (``num_warps`` warps); launcher :func:`launch_wsgemm`; reference :func:`wsgemm_ref`.
+Gluon has no interpreter: the kernel runs on sm_90+ only (CPU tests cover names, rejections and the grid).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import triton
+
+try:  # Gluon: Triton >= 3.5 (the H100 has 3.6)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # Triton 3.6 (the H100) names the TMA load async_copy_global_to_shared; 3.9 (CPU CI) renamed it async_load.
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # likewise (3.9: barrier)
+except ImportError:  # pragma: no cover - older Triton: names and grid only
+    gluon = None
+
+# Dynamic shared memory one CTA may use on sm_90 (227 KiB), less room for the mbarriers and the layout conversion
+# of the epilogue (a float32 tile of up to 128 x 256 goes through shared memory: Triton reuses the ring for it).
+_SMEM_LIMIT = 227 * 1024 - 2048
+
+
+@dataclass(frozen=True)
+class WsGemmConfig:
+    BN: int = 64  # weight rows per CTA: the wgmma M side (64 per warpgroup)
+    BM: int = 64  # tokens per CTA: the wgmma N side (multiple of 8, <= 256)
+    BK: int = 64  # k per stage
+    SK: int = 1  # K splits
+    W: int = 4  # consumer warps (4: one warpgroup; 8: two, BN >= 128)
+    S: int = 6  # ring stages
+
+    @property
+    def name(self) -> str:
+        return f"WS_BN{self.BN}_BM{self.BM}_BK{self.BK}_SK{self.SK}_W{self.W}_S{self.S}"
+
+    @classmethod
+    def from_name(cls, name: str) -> WsGemmConfig:
+        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)", name.strip())
+        if m is None:
+            raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st> "
+                             "(e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
+        return cls(*(int(x) for x in m.groups()))
+
+    def smem_bytes(self) -> int:
+        return self.S * (self.BN + self.BM) * self.BK * 2
+
+
+def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
+    """Why ``cfg`` cannot run (M, N, K) with 16-bit inputs, or None (the one rule the grid and the launcher share)."""
+    if cfg.BN not in (64, 128, 256) or cfg.W not in (4, 8) or cfg.BN < 16 * cfg.W:
+        return f"{cfg.name}: BN in 64/128/256 with W = 4 or 8 consumer warps (16 rows per warp at least)"
+    if cfg.BM % 8 or not 8 <= cfg.BM <= 256:
+        return f"{cfg.name}: BM must be a multiple of 8 in 8..256 (the wgmma N side)"
+    if cfg.BK not in (64, 128):
+        return f"{cfg.name}: BK must be 64 or 128"
+    if not 2 <= cfg.S <= 16:
+        return f"{cfg.name}: S must be in 2..16"
+    if cfg.smem_bytes() > _SMEM_LIMIT:
+        return f"{cfg.name}: {cfg.smem_bytes()} B of shared memory exceeds {_SMEM_LIMIT}"
+    if K % 8:
+        return f"{cfg.name}: K={K} rows are not 16-byte aligned (TMA)"
+    k_tiles = triton.cdiv(K, cfg.BK)
+    if cfg.SK < 1 or triton.cdiv(k_tiles, triton.cdiv(k_tiles, cfg.SK)) != cfg.SK:
+        return f"{cfg.name}: {k_tiles} K tiles do not split into {cfg.SK} non-empty splits"
+    return None
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _load_partition(w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin, n_iters,
+                        BLOCK_SIZE_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """Producer (1 warp): wait for a free stage, then bring its weight and activation tiles in with TMA."""
+        for i in range(n_iters):
+            s = i % NUM_STAGES
+            # A fresh mbarrier counts as having completed the phase before 0: the first round does not wait.
+            mbarrier.wait(empty_bars.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+            bar = ready_bars.index(s)
+            mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes)
+            k = (kt_begin + i) * BLOCK_SIZE_K
+            _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
+            _tma_load(x_desc, [off_m, k], bar, x_bufs.index(s))
+
+    @gluon.jit
+    def _mma_partition(w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
+                       BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                       NUM_WARPS: gl.constexpr):
+        """Consumers (``NUM_WARPS`` warps): acc[BN, BM] += W_tile @ X_tile.T per stage, one wgmma group in flight; a
+        stage goes back to the producer once the wgmma that read it has retired."""
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                             instr_shape=[16, BLOCK_SIZE_M, 16])
+        acc = gl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), gl.float32, acc_layout)
+        for i in range(n_iters):
+            s = i % NUM_STAGES
+            mbarrier.wait(ready_bars.index(s), (i // NUM_STAGES) & 1)
+            acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            # Leaves this iteration's wgmma in flight; the previous one has retired, so its stage is free.
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty_bars.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        return (acc, )  # a tuple: the default partition's results
+
+    @gluon.jit
+    def _store_tile(acc, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS: gl.constexpr):
+        """Add the bias (float32) and store the ``[BN, BM]`` float32 tile transposed into C's dtype."""
+        if HAS_BIAS:
+            bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+            acc = acc + bias.to(gl.float32)[:, None]
+        gl.store(c_ptr + offs_m[None, :] * stride_cm + offs_n[:, None] * stride_cn,
+                 acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _wsgemm_kernel(w_desc, x_desc, c_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, stride_cn,
+                       k_tiles, k_tiles_per_split, num_ksplit,
+                       HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """One ``[BLOCK_SIZE_N weight rows x BLOCK_SIZE_M tokens]`` tile of C.T over one K split."""
+        BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_SIZE_K: gl.constexpr = w_desc.block_type.shape[1]
+        BLOCK_SIZE_M: gl.constexpr = x_desc.block_type.shape[0]
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        pid_m = gl.program_id(2)
+        off_n = pid_n * BLOCK_SIZE_N
+        off_m = pid_m * BLOCK_SIZE_M
+        kt_begin = pid_k * k_tiles_per_split
+        n_iters = gl.minimum(kt_begin + k_tiles_per_split, k_tiles) - kt_begin  # >= 1 (config_error)
+
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES] + w_desc.block_type.shape, w_desc.layout)
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES] + x_desc.block_type.shape, x_desc.layout)
+        ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(ready_bars.index(i), count=1)
+            mbarrier.init(empty_bars.index(i), count=1)
+        fence_async_shared()
+
+        res = gl.warp_specialize([
+            (_mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
+                              BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, num_warps)),
+            (_load_partition, (w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin,
+                               n_iters, BLOCK_SIZE_K, NUM_STAGES)),
+        ], [1], [40])
+        acc = res[0]
+
+        # Epilogue: threads run along n (C's contiguous dimension), warps along m.
+        out_layout: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, num_warps], [0, 1])
+        acc = gl.convert_layout(acc, out_layout)
+        offs_n = off_n + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(1, out_layout))
+        offs_m = off_m + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(0, out_layout))
+        mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+        if num_ksplit == 1:
+            _store_tile(acc, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS)
+        else:
+            tile_off = offs_m[None, :] * N + offs_n[:, None]
+            gl.store(ws_ptr + pid_k * M * N + tile_off, acc, mask=mask)
+            # Release: every thread's partial is stored before one thread bumps the counter (acq_rel, GPU scope).
+            _cta_barrier()
+            tile = pid_m * gl.num_programs(0) + pid_n
+            arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_ksplit - 1:
+                # Last to arrive: sum in split order (independent of arrival order); own partial from registers.
+                total = gl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), gl.float32, out_layout)
+                for s in range(num_ksplit):
+                    not_mine = (tile_off * 0 + s) != pid_k
+                    part = gl.load(ws_ptr + s * M * N + tile_off, mask=mask & not_mine, other=0.0,
+                                   cache_modifier=".cg")
+                    total += gl.where(not_mine, part, acc)
+                _store_tile(total, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS)
+                gl.store(cnt_ptr + tile, 0)  # ready for the next launch (stream order makes it visible)
+
+
+_GL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_WORKSPACE: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(dev: torch.device, ws_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 partials and zeroed per-tile arrival counters, grown on demand and kept per device (the kernel resets
+    each counter it uses, so a buffer serves every later launch and CUDA-graph replay)."""
+    key = (dev.index or 0, dev.type)
+    ws, cnt = _WORKSPACE.get(key, (None, None))
+    if ws is None or ws.numel() < ws_elems or cnt.numel() < tiles:
+        ws = torch.empty(max(ws_elems, 1 << 20), dtype=torch.float32, device=dev)
+        cnt = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=dev)
+        _WORKSPACE[key] = (ws, cnt)
+    return ws, cnt
+
+
+def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                  cfg: WsGemmConfig) -> torch.Tensor:
+    """``out = a @ b.T (+ bias)``: a (M, K), b (N, K) bf16/fp16, unit K stride, 16-byte aligned rows; out (M, N)."""
+    if gluon is None:
+        raise RuntimeError("wsgemm needs Triton's Gluon (Triton >= 3.5)")
+    M, K = a.shape
+    N = b.shape[0]
+    why = config_error(cfg, M, N, K)
+    if why:
+        raise ValueError(why)
+    if a.dtype not in _GL_DTYPE or b.dtype != a.dtype:
+        raise ValueError(f"wsgemm takes bf16/fp16 a and b of one dtype: a {a.dtype}, b {b.dtype}")
+    if a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8:
+        raise ValueError(f"wsgemm needs unit K stride and 16-byte aligned rows: a {tuple(a.stride())}, "
+                         f"b {tuple(b.stride())}")
+    gdt = getattr(gl, _GL_DTYPE[a.dtype])
+    w_desc = TensorDescriptor.from_tensor(b, [cfg.BN, cfg.BK],
+                                          gl.NVMMASharedLayout.get_default_for([cfg.BN, cfg.BK], gdt))
+    x_desc = TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
+                                          gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gdt))
+    k_tiles = triton.cdiv(K, cfg.BK)
+    per_split = triton.cdiv(k_tiles, cfg.SK)
+    grid = (triton.cdiv(N, cfg.BN), cfg.SK, triton.cdiv(M, cfg.BM))
+    if cfg.SK > 1:
+        ws, cnt = _workspace(a.device, cfg.SK * M * N, grid[0] * grid[2])
+    else:
+        ws, cnt = out, out  # unused
+    _wsgemm_kernel[grid](w_desc, x_desc, out, bias if bias is not None else out, ws, cnt, M, N,
+                         out.stride(0), out.stride(1), k_tiles, per_split, cfg.SK,
+                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W)
+    return out
+
+
+def wsgemm_ref(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+               otype: torch.dtype | None = None) -> torch.Tensor:
+    """Float32 reference: upcast, multiply, add bias, cast to ``otype`` (default ``a.dtype``)."""
+    out = a.float() @ b.float().t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(a.dtype if otype is None else otype)
+
+
+def grid_configs(M: int, N: int, K: int, cu: int) -> list[WsGemmConfig]:
+    """Exploration grid: BM = M rounded up to 16 (<= 256), BN 64 (4 warps) / 128 (4 or 8) / 256 (8), BK 64/128,
+    the deepest ring that fits one or two CTAs per SM, and the K splits that bring the CTAs to 0.9-2.2 per SM (no
+    split once the tiles fill 0.9 of the SMs)."""
+    bm = min(256, max(16, -(-M // 16) * 16))
+    out = []
+    for bn, w in ((64, 4), (128, 4), (128, 8), (256, 8)):
+        tiles = -(-N // bn) * -(-M // bm)
+        splits = [1] if tiles >= 0.9 * cu else [s for s in range(2, 33) if 0.9 * cu <= tiles * s <= 2.2 * cu][:3]
+        for bk in (64, 128):
+            per_stage = (bn + bm) * bk * 2
+            depths = {min(12, _SMEM_LIMIT // per_stage), min(12, (_SMEM_LIMIT // 2 - 1024) // per_stage)}
+            for s in sorted(d for d in depths if d >= 3):
+                for sk in splits:
+                    c = WsGemmConfig(bn, bm, bk, sk, w, s)
+                    if config_error(c, M, N, K) is None:
+                        out.append(c)
+    return out
+
+
+def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = False, arch: int = 90):
+    """Compile :func:`_wsgemm_kernel` for ``sm_<arch>`` without a GPU (Triton's own ptxas): the CPU tests read its
+    PTX; the arguments are specialised as a launch on (M, N, K) bf16 tensors would be."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(N, K, dtype=torch.bfloat16)
+    descs = dict(
+        w_desc=TensorDescriptor.from_tensor(b, [cfg.BN, cfg.BK],
+                                            gl.NVMMASharedLayout.get_default_for([cfg.BN, cfg.BK], gl.bfloat16)),
+        x_desc=TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
+                                            gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gl.bfloat16)))
+    ptr_types = dict(c_ptr="*bf16", bias_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+    constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W)
+    names = _wsgemm_kernel.arg_names
+    sig = {n: (mangle_type(descs[n]) if n in descs else ptr_types.get(n, "constexpr" if n in constexprs else "i32"))
+           for n in names}
+    src = GluonASTSource(_wsgemm_kernel, sig, {(names.index(n),): v for n, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=cfg.W))
