@@ -150,6 +150,11 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
                 continue
             n = cl.ClGemvConfig(**{**base_cfg.__dict__, "D": d}).name
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
+    if diag and fam.name == "ws" and best:  # the best config without its products, its activation copies, both
+        base_ws = ws.WsGemmConfig.from_name(best[0])
+        for d in (1, 2, 3):
+            n = ws.WsGemmConfig(**{**base_ws.__dict__, "D": d}).name
+            calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
     samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
     floor = floor_us(M, N, K)
     print(f"M={M} N={N} K={K}: floor {floor:.2f} us, {len(cands)} configs timed", flush=True)
@@ -168,8 +173,8 @@ def main() -> int:
     ap.add_argument("--deadline_s", type=float, default=480)
     ap.add_argument("--family", choices=["gmma", "tc", "cl", "ws"], default="gmma")
     ap.add_argument("--diag", action="store_true", help="cl: also time the best config without its cluster "
-                    "reduction, its products, its activation copies, its ldmatrix reads (clgemv.cu's CL_DIAG 2-5; "
-                    "wrong results: timing only)")
+                    "reduction, its products, its activation copies, its ldmatrix reads (clgemv.cu's CL_DIAG 2-5); "
+                    "ws: without its wgmma, its activation copies, both (wsgemm's D 1-3); wrong results: timing only")
     ap.add_argument("--cubins", type=Path, help="tc, cl: folder of cubins built ahead (tcgemv/clgemv.build_cubins)")
     args = ap.parse_args()
     t0 = time.time()

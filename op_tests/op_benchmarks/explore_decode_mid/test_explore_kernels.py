@@ -146,6 +146,8 @@ def test_wsgemm_names_rejections_and_grid():
     with pytest.raises(ValueError, match="does not match"):
         ws.WsGemmConfig.from_name("WS_BN128_BM32")
     assert cfg.smem_bytes() == 6 * (128 + 32) * 64 * 2
+    assert ws.WsGemmConfig.from_name(cfg.name + "_D3") == ws.WsGemmConfig(128, 32, 64, 4, 8, 6, 3)
+    assert "D must be" in ws.config_error(ws.WsGemmConfig(128, 32, 64, 4, 8, 6, 4), 32, 4096, 4096)
     assert "shared memory" in ws.config_error(ws.WsGemmConfig(128, 256, 128, 1, 8, 4), 256, 4096, 4096)
     assert "BM must be" in ws.config_error(ws.WsGemmConfig(64, 20, 64, 1, 4, 4), 17, 4096, 4096)
     assert "16 rows per warp" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 1, 8, 4), 32, 4096, 4096)
@@ -176,7 +178,7 @@ def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias):
 @pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
     (1, 100, 256, ws.WsGemmConfig(64, 16, 64, 1, 4, 3), True, torch.bfloat16),     # rows and tokens past N, M
     (17, 1000, 4104, ws.WsGemmConfig(64, 32, 64, 5, 4, 6), False, torch.float32),  # K tail, 5 splits
-    (33, 256, 1024, ws.WsGemmConfig(128, 48, 128, 2, 8, 4), True, torch.float16),  # two warpgroups
+    (33, 256, 1024, ws.WsGemmConfig(128, 64, 128, 2, 8, 4), True, torch.float16),  # two warpgroups
     (97, 4100, 512, ws.WsGemmConfig(128, 64, 64, 1, 4, 8), False, torch.bfloat16),  # two M tiles, ring > K tiles
     (255, 1280, 8192, ws.WsGemmConfig(256, 256, 64, 4, 8, 3), True, torch.bfloat16),
 ])

@@ -60,18 +60,20 @@ class WsGemmConfig:
     SK: int = 1  # K splits
     W: int = 4  # consumer warps (4: one warpgroup; 8: two, BN >= 128)
     S: int = 6  # ring stages
+    D: int = 0  # diagnostics, timing only (wrong results): 1 no wgmma, 2 no activation copies, 3 neither
 
     @property
     def name(self) -> str:
-        return f"WS_BN{self.BN}_BM{self.BM}_BK{self.BK}_SK{self.SK}_W{self.W}_S{self.S}"
+        return (f"WS_BN{self.BN}_BM{self.BM}_BK{self.BK}_SK{self.SK}_W{self.W}_S{self.S}"
+                + (f"_D{self.D}" if self.D else ""))
 
     @classmethod
     def from_name(cls, name: str) -> WsGemmConfig:
-        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)", name.strip())
+        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(?:_D(\d))?", name.strip())
         if m is None:
-            raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st> "
+            raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st>[_D<d>] "
                              "(e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
-        return cls(*(int(x) for x in m.groups()))
+        return cls(*(int(x) for x in m.groups() if x is not None))
 
     def smem_bytes(self) -> int:
         return self.S * (self.BN + self.BM) * self.BK * 2
@@ -81,10 +83,12 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
     """Why ``cfg`` cannot run (M, N, K) with 16-bit inputs, or None (the one rule the grid and the launcher share)."""
     if cfg.BN not in (64, 128, 256) or cfg.W not in (4, 8) or cfg.BN < 16 * cfg.W:
         return f"{cfg.name}: BN in 64/128/256 with W = 4 or 8 consumer warps (16 rows per warp at least)"
-    if cfg.BM % 8 or not 8 <= cfg.BM <= 256:
-        return f"{cfg.name}: BM must be a multiple of 8 in 8..256 (the wgmma N side)"
+    if cfg.BM & (cfg.BM - 1) or not 8 <= cfg.BM <= 256:
+        return f"{cfg.name}: BM must be a power of 2 in 8..256 (the wgmma N side; Gluon tiles are powers of 2)"
     if cfg.BK not in (64, 128):
         return f"{cfg.name}: BK must be 64 or 128"
+    if cfg.D not in (0, 1, 2, 3):
+        return f"{cfg.name}: D must be 0..3"
     if not 2 <= cfg.S <= 16:
         return f"{cfg.name}: S must be in 2..16"
     if cfg.smem_bytes() > _SMEM_LIMIT:
@@ -101,22 +105,26 @@ if gluon is not None:
 
     @gluon.jit
     def _load_partition(w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin, n_iters,
-                        BLOCK_SIZE_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+                        BLOCK_SIZE_K: gl.constexpr, NUM_STAGES: gl.constexpr, DIAG: gl.constexpr):
         """Producer (1 warp): wait for a free stage, then bring its weight and activation tiles in with TMA."""
         for i in range(n_iters):
             s = i % NUM_STAGES
             # A fresh mbarrier counts as having completed the phase before 0: the first round does not wait.
             mbarrier.wait(empty_bars.index(s), ((i // NUM_STAGES) & 1) ^ 1)
             bar = ready_bars.index(s)
-            mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes)
             k = (kt_begin + i) * BLOCK_SIZE_K
-            _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
-            _tma_load(x_desc, [off_m, k], bar, x_bufs.index(s))
+            if DIAG >= 2:
+                mbarrier.expect(bar, w_desc.block_type.nbytes)
+                _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
+            else:
+                mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes)
+                _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
+                _tma_load(x_desc, [off_m, k], bar, x_bufs.index(s))
 
     @gluon.jit
     def _mma_partition(w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
                        BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       NUM_WARPS: gl.constexpr):
+                       NUM_WARPS: gl.constexpr, DIAG: gl.constexpr):
         """Consumers (``NUM_WARPS`` warps): acc[BN, BM] += W_tile @ X_tile.T per stage, one wgmma group in flight; a
         stage goes back to the producer once the wgmma that read it has retired."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -125,10 +133,13 @@ if gluon is not None:
         for i in range(n_iters):
             s = i % NUM_STAGES
             mbarrier.wait(ready_bars.index(s), (i // NUM_STAGES) & 1)
-            acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
-            # Leaves this iteration's wgmma in flight; the previous one has retired, so its stage is free.
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty_bars.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
+            if DIAG == 1 or DIAG == 3:
+                mbarrier.arrive(empty_bars.index(s))
+            else:
+                acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                # Leaves this iteration's wgmma in flight; the previous one has retired, so its stage is free.
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                mbarrier.arrive(empty_bars.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         return (acc, )  # a tuple: the default partition's results
 
@@ -144,7 +155,8 @@ if gluon is not None:
     @gluon.jit
     def _wsgemm_kernel(w_desc, x_desc, c_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, stride_cn,
                        k_tiles, k_tiles_per_split, num_ksplit,
-                       HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
+                       HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr,
+                       DIAG: gl.constexpr = 0):
         """One ``[BLOCK_SIZE_N weight rows x BLOCK_SIZE_M tokens]`` tile of C.T over one K split."""
         BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_SIZE_K: gl.constexpr = w_desc.block_type.shape[1]
@@ -168,9 +180,9 @@ if gluon is not None:
 
         res = gl.warp_specialize([
             (_mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
-                              BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, num_warps)),
+                              BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, num_warps, DIAG)),
             (_load_partition, (w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin,
-                               n_iters, BLOCK_SIZE_K, NUM_STAGES)),
+                               n_iters, BLOCK_SIZE_K, NUM_STAGES, DIAG)),
         ], [1], [40])
         acc = res[0]
 
@@ -246,7 +258,7 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         ws, cnt = out, out  # unused
     _wsgemm_kernel[grid](w_desc, x_desc, out, bias if bias is not None else out, ws, cnt, M, N,
                          out.stride(0), out.stride(1), k_tiles, per_split, cfg.SK,
-                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W)
+                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D)
     return out
 
 
@@ -294,7 +306,7 @@ def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = 
         x_desc=TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
                                             gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gl.bfloat16)))
     ptr_types = dict(c_ptr="*bf16", bias_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
-    constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W)
+    constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D)
     names = _wsgemm_kernel.arg_names
     sig = {n: (mangle_type(descs[n]) if n in descs else ptr_types.get(n, "constexpr" if n in constexprs else "i32"))
            for n in names}
