@@ -89,12 +89,19 @@ def _compile(task):
     return bad
 
 
-def precompile(fam: Family, shapes, cu, workers):
+def diag_stream_configs(M, N, K, cu) -> list[str]:
+    """ws --diag: the weight stream alone (D3: no wgmma, no activation copies) over the wide grid."""
+    return [ws.WsGemmConfig(**{**c.__dict__, "D": 3}).name for c in ws.grid_configs(M, N, K, cu, wide=True)]
+
+
+def precompile(fam: Family, shapes, cu, workers, diag: bool = False):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
     tasks = []
     for M, N, K in shapes:
         names = [c.name for c in fam.grid(M, N, K, cu)]
+        if diag and fam.name == "ws":
+            names += diag_stream_configs(M, N, K, cu)
         tasks += [(fam.name, M, N, K, names[i:i + 4]) for i in range(0, len(names), 4)]
     bad = {}
     t0 = time.time()
@@ -135,6 +142,20 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
         rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{e:.1e}", screen_us=round(us, 3)))
         cands[c.name] = (us, fn)
     best = sorted(cands, key=lambda n: cands[n][0])[:5]
+    if diag and fam.name == "ws":  # the weight stream alone (D3: no wgmma, no activation) over the wide grid
+        streams = {}
+        for n in diag_stream_configs(M, N, K, cu):
+            if (M, N, K, n) in bad:
+                continue
+            try:
+                streams[n] = rot.time(fam.launcher(n), SCREEN)
+            except Exception as exc:  # noqa: BLE001 - recorded, skipped
+                rows.append(dict(M=M, N=N, K=K, config=n, err=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                continue
+            rows.append(dict(M=M, N=N, K=K, config=n, err="diag, unchecked", screen_us=round(streams[n], 3)))
+        top = sorted(streams, key=streams.get)[:8]
+        print(f"M={M} N={N} K={K}: weight stream alone (D3), {len(streams)} configs, fastest: "
+              + ", ".join(f"{n} {streams[n]:.2f}" for n in top), flush=True)
     from aiter_gemm import gemm_a16w16
     for i in range(nset):  # the dispatch decides (and compiles) each shape on its first eager call
         gemm_a16w16(sets[i][0], sets[i][1])
@@ -183,7 +204,7 @@ def main() -> int:
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     fam = Family(args.family)
     if args.family in ("gmma", "ws"):
-        bad = precompile(fam, shapes, cu, args.workers)
+        bad = precompile(fam, shapes, cu, args.workers, args.diag)
     else:
         tc.CUBIN_DIR = cl.CUBIN_DIR = args.cubins
         bad = {}

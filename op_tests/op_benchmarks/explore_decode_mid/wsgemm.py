@@ -85,8 +85,8 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
         return f"{cfg.name}: BN in 64/128/256 with W = 4 or 8 consumer warps (16 rows per warp at least)"
     if cfg.BM & (cfg.BM - 1) or not 8 <= cfg.BM <= 256:
         return f"{cfg.name}: BM must be a power of 2 in 8..256 (the wgmma N side; Gluon tiles are powers of 2)"
-    if cfg.BK not in (64, 128):
-        return f"{cfg.name}: BK must be 64 or 128"
+    if cfg.BK not in (64, 128, 256):
+        return f"{cfg.name}: BK must be 64, 128 or 256"
     if cfg.D not in (0, 1, 2, 3):
         return f"{cfg.name}: D must be 0..3"
     if not 2 <= cfg.S <= 16:
@@ -271,19 +271,24 @@ def wsgemm_ref(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
     return out.to(a.dtype if otype is None else otype)
 
 
-def grid_configs(M: int, N: int, K: int, cu: int) -> list[WsGemmConfig]:
+def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[WsGemmConfig]:
     """Exploration grid: BM = M rounded up to 16 (<= 256), BN 64 (4 warps) / 128 (4 or 8) / 256 (8), BK 64/128,
     the deepest ring that fits one or two CTAs per SM, and the K splits that bring the CTAs to 0.9-2.2 per SM (no
-    split once the tiles fill 0.9 of the SMs)."""
-    bm = min(256, max(16, -(-M // 16) * 16))
+    split once the tiles fill 0.9 of the SMs). ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5 CTAs
+    per SM (many small CTAs, as the gemv runs)."""
+    bm = min(256, max(16, 1 << (M - 1).bit_length()))
+    hi = 4.5 if wide else 2.2
     out = []
     for bn, w in ((64, 4), (128, 4), (128, 8), (256, 8)):
         tiles = -(-N // bn) * -(-M // bm)
-        splits = [1] if tiles >= 0.9 * cu else [s for s in range(2, 33) if 0.9 * cu <= tiles * s <= 2.2 * cu][:3]
-        for bk in (64, 128):
+        splits = [1] if tiles >= 0.9 * cu else []
+        splits += [s for s in range(2, 65) if 0.9 * cu <= tiles * s <= hi * cu][:6 if wide else 3]
+        for bk in ((64, 128, 256) if wide else (64, 128)):
             per_stage = (bn + bm) * bk * 2
             depths = {min(12, _SMEM_LIMIT // per_stage), min(12, (_SMEM_LIMIT // 2 - 1024) // per_stage)}
-            for s in sorted(d for d in depths if d >= 3):
+            if wide:
+                depths |= {2, 3, 4}
+            for s in sorted(d for d in depths if d >= (2 if wide else 3)):
                 for sk in splits:
                     c = WsGemmConfig(bn, bm, bk, sk, w, s)
                     if config_error(c, M, N, K) is None:
