@@ -148,6 +148,11 @@ def test_wsgemm_names_rejections_and_grid():
     assert cfg.smem_bytes() == 6 * (128 + 32) * 64 * 2
     assert ws.WsGemmConfig.from_name(cfg.name + "_D3") == ws.WsGemmConfig(128, 32, 64, 4, 8, 6, 3)
     assert "D must be" in ws.config_error(ws.WsGemmConfig(128, 32, 64, 4, 8, 6, 4), 32, 4096, 4096)
+    cpa = ws.WsGemmConfig(64, 16, 128, 1, 4, 4, 0, 8)
+    assert cpa.name == "WS_BN64_BM16_BK128_SK1_W4_S4_P8" and ws.WsGemmConfig.from_name(cpa.name) == cpa
+    assert cpa.chunk_rows == 16 and ws.config_error(cpa, 16, 4096, 4096) is None  # 8 warps x 2 rows of 256 B
+    assert "multiples of the 32 rows" in ws.config_error(ws.WsGemmConfig(64, 16, 64, 1, 4, 4, 0, 8), 16, 4096, 4096)
+    assert "PW in" in ws.config_error(ws.WsGemmConfig(64, 16, 128, 1, 4, 4, 0, 3), 16, 4096, 4096)
     assert "shared memory" in ws.config_error(ws.WsGemmConfig(128, 256, 128, 1, 8, 4), 256, 4096, 4096)
     assert "BM must be" in ws.config_error(ws.WsGemmConfig(64, 20, 64, 1, 4, 4), 17, 4096, 4096)
     assert "16 rows per warp" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 1, 8, 4), 32, 4096, 4096)
@@ -164,14 +169,21 @@ def test_wsgemm_names_rejections_and_grid():
 @pytest.mark.parametrize(("cfg", "has_bias"), [
     (ws.WsGemmConfig(64, 32, 64, 3, 4, 6), True),     # one warpgroup, bias
     (ws.WsGemmConfig(128, 256, 64, 1, 8, 3), False),  # two consumer warpgroups, the widest token tile
+    (ws.WsGemmConfig(64, 32, 128, 3, 4, 4, 0, 4), True),  # cp.async producers
 ])
 def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias):
     """Triton compiles the Gluon kernel for sm_90 without a GPU: a producer warp issuing TMA copies, consumer warps
     issuing wgmma of the tile's token width, registers handed between them (setmaxnreg)."""
     ptx = ws.compile_offline(cfg, cfg.BM, 1280, 8192, has_bias).asm["ptx"]
-    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.BM}k16.f32.bf16.bf16" in ptx
-    assert "cp.async.bulk.tensor.2d" in ptx and "setmaxnreg" in ptx
-    assert "atom.global" in ptx  # the split count is a run-time argument: every binary carries the fix-up
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.BM}k16.f32.bf16.bf16" in ptx and "setmaxnreg" in ptx
+    if cfg.PW:  # 16-byte cp.async (zero-filled past N, M, K), each thread arriving on the stage when they land
+        assert "cp.async.bulk" not in ptx and "cp.async.mbarrier.arrive.noinc" in ptx
+        assert ptx.count("cp.async.cg.shared.global") == (cfg.BN + cfg.BM) // cfg.chunk_rows
+        assert all(", 0x10, " in line for line in ptx.splitlines() if "cp.async.cg.shared.global" in line)
+    else:
+        assert "cp.async.bulk.tensor.2d" in ptx
+    # The split count is a run-time argument, folded when it is 1 (as Triton's JIT specialises an integer 1).
+    assert ("atom.global" in ptx) == (cfg.SK > 1)
 
 
 @pytest.mark.gpu
@@ -181,6 +193,9 @@ def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias):
     (33, 256, 1024, ws.WsGemmConfig(128, 64, 128, 2, 8, 4), True, torch.float16),  # two warpgroups
     (97, 4100, 512, ws.WsGemmConfig(128, 64, 64, 1, 4, 8), False, torch.bfloat16),  # two M tiles, ring > K tiles
     (255, 1280, 8192, ws.WsGemmConfig(256, 256, 64, 4, 8, 3), True, torch.bfloat16),
+    (1, 100, 264, ws.WsGemmConfig(64, 16, 128, 1, 4, 3, 0, 8), True, torch.bfloat16),     # cp.async: masks
+    (17, 1000, 4104, ws.WsGemmConfig(64, 32, 64, 5, 4, 6, 0, 4), False, torch.float32),
+    (97, 4100, 512, ws.WsGemmConfig(128, 64, 128, 2, 8, 4, 0, 4), True, torch.float16),  # two M tiles
 ])
 def test_wsgemm_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
     assert ws.config_error(cfg, M, N, K) is None

@@ -33,6 +33,7 @@ import triton
 try:  # Gluon: Triton >= 3.5 (the H100 has 3.6)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp_async
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -43,6 +44,7 @@ try:  # Gluon: Triton >= 3.5 (the H100 has 3.6)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     # Triton 3.6 (the H100) names the TMA load async_copy_global_to_shared; 3.9 (CPU CI) renamed it async_load.
     _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    _cp_async_load = cp_async.async_load if hasattr(cp_async, "async_load") else cp_async.async_copy_global_to_shared
     _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # likewise (3.9: barrier)
 except ImportError:  # pragma: no cover - older Triton: names and grid only
     gluon = None
@@ -61,19 +63,26 @@ class WsGemmConfig:
     W: int = 4  # consumer warps (4: one warpgroup; 8: two, BN >= 128)
     S: int = 6  # ring stages
     D: int = 0  # diagnostics, timing only (wrong results): 1 no wgmma, 2 no activation copies, 3 neither
+    PW: int = 0  # 0: one producer warp issues TMA copies; > 0: PW producer warps issue cp.async (16 B per thread)
 
     @property
     def name(self) -> str:
         return (f"WS_BN{self.BN}_BM{self.BM}_BK{self.BK}_SK{self.SK}_W{self.W}_S{self.S}"
-                + (f"_D{self.D}" if self.D else ""))
+                + (f"_D{self.D}" if self.D else "") + (f"_P{self.PW}" if self.PW else ""))
 
     @classmethod
     def from_name(cls, name: str) -> WsGemmConfig:
-        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(?:_D(\d))?", name.strip())
+        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(?:_D(\d))?(?:_P(\d+))?", name.strip())
         if m is None:
-            raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st>[_D<d>] "
-                             "(e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
-        return cls(*(int(x) for x in m.groups() if x is not None))
+            raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st>"
+                             "[_D<d>][_P<pw>] (e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
+        *head, d, pw = m.groups()
+        return cls(*(int(x) for x in head), int(d or 0), int(pw or 0))
+
+    @property
+    def chunk_rows(self) -> int:
+        """cp.async producers: rows one copy instruction of all PW warps covers (16 bytes per thread along K)."""
+        return self.PW * 32 // (self.BK // 8) if self.PW else 0
 
     def smem_bytes(self) -> int:
         return self.S * (self.BN + self.BM) * self.BK * 2
@@ -89,6 +98,10 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
         return f"{cfg.name}: BK must be 64, 128 or 256"
     if cfg.D not in (0, 1, 2, 3):
         return f"{cfg.name}: D must be 0..3"
+    if cfg.PW and (cfg.PW not in (1, 2, 4, 8) or cfg.BK // 8 > 32 or cfg.BM % cfg.chunk_rows
+                   or cfg.BN % cfg.chunk_rows):
+        return (f"{cfg.name}: PW in 1/2/4/8, and BN and BM multiples of the {cfg.chunk_rows} rows one cp.async "
+                "of the producers covers")
     if not 2 <= cfg.S <= 16:
         return f"{cfg.name}: S must be in 2..16"
     if cfg.smem_bytes() > _SMEM_LIMIT:
@@ -122,9 +135,43 @@ if gluon is not None:
                 _tma_load(x_desc, [off_m, k], bar, x_bufs.index(s))
 
     @gluon.jit
+    def _cpa_copy_tile(buf, src_ptr, off_r, k0, R, K, stride_r, ROWS: gl.constexpr, BLOCK_SIZE_K: gl.constexpr,
+                       PW: gl.constexpr, EVICT: gl.constexpr):
+        """cp.async a ``[ROWS, BLOCK_SIZE_K]`` tile (rows past R and k past K zero-filled) in chunks of the rows one
+        instruction of the PW warps covers: 16 bytes per thread, a warp's 32 threads along K first."""
+        TPC: gl.constexpr = BLOCK_SIZE_K // 8
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [PW, 1], [1, 0])
+        CHUNK: gl.constexpr = PW * 32 // TPC
+        offs_k = k0 + gl.arange(0, BLOCK_SIZE_K, layout=gl.SliceLayout(0, layout))
+        offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+        for c in gl.static_range(ROWS // CHUNK):
+            rows = off_r + c * CHUNK + offs_c
+            ptrs = src_ptr + rows[:, None] * stride_r + offs_k[None, :]
+            mask = (rows[:, None] < R) & (offs_k[None, :] < K)
+            _cp_async_load(buf.slice(c * CHUNK, CHUNK), ptrs, mask=mask, eviction_policy=EVICT)
+
+    @gluon.jit
+    def _cpa_load_partition(w_ptr, x_ptr, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin, n_iters,
+                            N, M, K, stride_wn, stride_xm,
+                            BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_K: gl.constexpr,
+                            NUM_STAGES: gl.constexpr, PW: gl.constexpr, DIAG: gl.constexpr):
+        """Producers (PW warps): the gemv's access pattern (every warp instruction 16 B x 32 threads along a row)
+        through cp.async into the ring; each thread arrives on the stage's barrier once its copies have landed."""
+        for i in range(n_iters):
+            s = i % NUM_STAGES
+            mbarrier.wait(empty_bars.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+            k0 = (kt_begin + i) * BLOCK_SIZE_K
+            _cpa_copy_tile(w_bufs.index(s), w_ptr, off_n, k0, N, K, stride_wn, BLOCK_SIZE_N, BLOCK_SIZE_K, PW,
+                           "evict_first")
+            if DIAG < 2:
+                _cpa_copy_tile(x_bufs.index(s), x_ptr, off_m, k0, M, K, stride_xm, BLOCK_SIZE_M, BLOCK_SIZE_K, PW,
+                               "evict_last")
+            cp_async.mbarrier_arrive(ready_bars.index(s), increment_count=False)
+
+    @gluon.jit
     def _mma_partition(w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
                        BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       NUM_WARPS: gl.constexpr, DIAG: gl.constexpr):
+                       NUM_WARPS: gl.constexpr, DIAG: gl.constexpr, CPA: gl.constexpr):
         """Consumers (``NUM_WARPS`` warps): acc[BN, BM] += W_tile @ X_tile.T per stage, one wgmma group in flight; a
         stage goes back to the producer once the wgmma that read it has retired."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -136,6 +183,8 @@ if gluon is not None:
             if DIAG == 1 or DIAG == 3:
                 mbarrier.arrive(empty_bars.index(s))
             else:
+                if CPA:  # cp.async wrote the stage through the generic proxy; wgmma reads through the async one
+                    fence_async_shared()
                 acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
                 # Leaves this iteration's wgmma in flight; the previous one has retired, so its stage is free.
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
@@ -153,10 +202,10 @@ if gluon is not None:
                  acc.to(c_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
-    def _wsgemm_kernel(w_desc, x_desc, c_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, stride_cn,
-                       k_tiles, k_tiles_per_split, num_ksplit,
+    def _wsgemm_kernel(w_desc, x_desc, w_ptr, x_ptr, c_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K,
+                       stride_wn, stride_xm, stride_cm, stride_cn, k_tiles, k_tiles_per_split, num_ksplit,
                        HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr,
-                       DIAG: gl.constexpr = 0):
+                       DIAG: gl.constexpr = 0, PW: gl.constexpr = 0):
         """One ``[BLOCK_SIZE_N weight rows x BLOCK_SIZE_M tokens]`` tile of C.T over one K split."""
         BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_SIZE_K: gl.constexpr = w_desc.block_type.shape[1]
@@ -174,16 +223,26 @@ if gluon is not None:
         ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES):
-            mbarrier.init(ready_bars.index(i), count=1)
+            # TMA: the producer's expect-tx is the one arrival; cp.async: every producer thread arrives once.
+            mbarrier.init(ready_bars.index(i), count=1 if PW == 0 else PW * 32)
             mbarrier.init(empty_bars.index(i), count=1)
         fence_async_shared()
 
-        res = gl.warp_specialize([
-            (_mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
-                              BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, num_warps, DIAG)),
-            (_load_partition, (w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin,
-                               n_iters, BLOCK_SIZE_K, NUM_STAGES, DIAG)),
-        ], [1], [40])
+        if PW == 0:
+            res = gl.warp_specialize([
+                (_mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
+                                  BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, num_warps, DIAG, False)),
+                (_load_partition, (w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin,
+                                   n_iters, BLOCK_SIZE_K, NUM_STAGES, DIAG)),
+            ], [1], [40])
+        else:
+            res = gl.warp_specialize([
+                (_mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
+                                  BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, num_warps, DIAG, True)),
+                (_cpa_load_partition, (w_ptr, x_ptr, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m,
+                                       kt_begin, n_iters, N, M, K, stride_wn, stride_xm,
+                                       BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_K, NUM_STAGES, PW, DIAG)),
+            ], [PW], [88])
         acc = res[0]
 
         # Epilogue: threads run along n (C's contiguous dimension), warps along m.
@@ -256,9 +315,9 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         ws, cnt = _workspace(a.device, cfg.SK * M * N, grid[0] * grid[2])
     else:
         ws, cnt = out, out  # unused
-    _wsgemm_kernel[grid](w_desc, x_desc, out, bias if bias is not None else out, ws, cnt, M, N,
-                         out.stride(0), out.stride(1), k_tiles, per_split, cfg.SK,
-                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D)
+    _wsgemm_kernel[grid](w_desc, x_desc, b, a, out, bias if bias is not None else out, ws, cnt, M, N, K,
+                         b.stride(0), a.stride(0), out.stride(0), out.stride(1), k_tiles, per_split, cfg.SK,
+                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW)
     return out
 
 
@@ -272,10 +331,10 @@ def wsgemm_ref(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
 
 
 def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[WsGemmConfig]:
-    """Exploration grid: BM = M rounded up to 16 (<= 256), BN 64 (4 warps) / 128 (4 or 8) / 256 (8), BK 64/128,
-    the deepest ring that fits one or two CTAs per SM, and the K splits that bring the CTAs to 0.9-2.2 per SM (no
-    split once the tiles fill 0.9 of the SMs). ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5 CTAs
-    per SM (many small CTAs, as the gemv runs)."""
+    """Exploration grid: BM = M rounded up to a power of 2 (16..256), BN 64 (4 warps) / 128 (4 or 8) / 256 (8), BK
+    64/128, the deepest ring that fits one or two CTAs per SM, the K splits that bring the CTAs to 0.9-2.2 per SM (no
+    split once the tiles fill 0.9 of the SMs), each fed by TMA and by 4 or 8 cp.async producer warps. ``wide``: also
+    BK 256, rings of 2-4 stages and splits up to 4.5 CTAs per SM (many small CTAs, as the gemv runs)."""
     bm = min(256, max(16, 1 << (M - 1).bit_length()))
     hi = 4.5 if wide else 2.2
     out = []
@@ -290,9 +349,10 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
                 depths |= {2, 3, 4}
             for s in sorted(d for d in depths if d >= (2 if wide else 3)):
                 for sk in splits:
-                    c = WsGemmConfig(bn, bm, bk, sk, w, s)
-                    if config_error(c, M, N, K) is None:
-                        out.append(c)
+                    for pw in (0, 4, 8):
+                        c = WsGemmConfig(bn, bm, bk, sk, w, s, 0, pw)
+                        if config_error(c, M, N, K) is None:
+                            out.append(c)
     return out
 
 
@@ -310,10 +370,20 @@ def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = 
                                             gl.NVMMASharedLayout.get_default_for([cfg.BN, cfg.BK], gl.bfloat16)),
         x_desc=TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
                                             gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gl.bfloat16)))
-    ptr_types = dict(c_ptr="*bf16", bias_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
-    constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D)
+    ptr_types = dict(w_ptr="*bf16", x_ptr="*bf16", c_ptr="*bf16", bias_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+    constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW)
+    k_tiles = triton.cdiv(K, cfg.BK)
+    ints = dict(M=M, N=N, K=K, stride_wn=K, stride_xm=K, stride_cm=N, stride_cn=1, k_tiles=k_tiles,
+                k_tiles_per_split=triton.cdiv(k_tiles, cfg.SK), num_ksplit=cfg.SK)
     names = _wsgemm_kernel.arg_names
     sig = {n: (mangle_type(descs[n]) if n in descs else ptr_types.get(n, "constexpr" if n in constexprs else "i32"))
            for n in names}
-    src = GluonASTSource(_wsgemm_kernel, sig, {(names.index(n),): v for n, v in constexprs.items()})
+    # As the launcher's JIT specialises: pointers 16-byte aligned, integers that are multiples of 16 marked so
+    # (the cp.async producers' 16-byte copies need both), integers equal to 1 folded.
+    for n, v in ints.items():
+        if v == 1:
+            sig[n], constexprs[n] = "constexpr", 1
+    attrs = {(names.index(n),): [["tt.divisibility", 16]]
+             for n in names if n in ptr_types or (n in ints and ints[n] % 16 == 0 and ints[n] != 1)}
+    src = GluonASTSource(_wsgemm_kernel, sig, {(names.index(n),): v for n, v in constexprs.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=cfg.W))
