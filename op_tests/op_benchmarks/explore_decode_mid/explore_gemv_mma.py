@@ -90,8 +90,10 @@ def _compile(task):
 
 
 def diag_stream_configs(M, N, K, cu) -> list[str]:
-    """ws --diag: the weight stream alone (D3: no wgmma, no activation copies) over the wide grid."""
-    return [ws.WsGemmConfig(**{**c.__dict__, "D": 3}).name for c in ws.grid_configs(M, N, K, cu, wide=True)]
+    """ws --diag: the weight stream alone over the wide grid, with the epilogue and split-K fix-up (D3: no wgmma,
+    no activation copies) and without (D4)."""
+    return [ws.WsGemmConfig(**{**c.__dict__, "D": d}).name for c in ws.grid_configs(M, N, K, cu, wide=True)
+            for d in (3, 4)]
 
 
 def precompile(fam: Family, shapes, cu, workers, diag: bool = False):
@@ -153,9 +155,10 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
                 rows.append(dict(M=M, N=N, K=K, config=n, err=f"{type(exc).__name__}: {str(exc)[:200]}"))
                 continue
             rows.append(dict(M=M, N=N, K=K, config=n, err="diag, unchecked", screen_us=round(streams[n], 3)))
-        top = sorted(streams, key=streams.get)[:8]
-        print(f"M={M} N={N} K={K}: weight stream alone (D3), {len(streams)} configs, fastest: "
-              + ", ".join(f"{n} {streams[n]:.2f}" for n in top), flush=True)
+        for d in (3, 4):
+            top = sorted((n for n in streams if f"_D{d}" in n), key=streams.get)[:8]
+            print(f"M={M} N={N} K={K}: weight stream alone (D{d}), {len(streams)} configs, fastest: "
+                  + ", ".join(f"{n} {streams[n]:.2f}" for n in top), flush=True)
     from aiter_gemm import gemm_a16w16
     for i in range(nset):  # the dispatch decides (and compiles) each shape on its first eager call
         gemm_a16w16(sets[i][0], sets[i][1])
@@ -173,7 +176,7 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
     if diag and fam.name == "ws" and best:  # the best config without its products, its activation copies, both
         base_ws = ws.WsGemmConfig.from_name(best[0])
-        for d in (1, 2, 3):
+        for d in (1, 2, 3, 4):
             n = ws.WsGemmConfig(**{**base_ws.__dict__, "D": d}).name
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
     samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
@@ -195,7 +198,8 @@ def main() -> int:
     ap.add_argument("--family", choices=["gmma", "tc", "cl", "ws"], default="gmma")
     ap.add_argument("--diag", action="store_true", help="cl: also time the best config without its cluster "
                     "reduction, its products, its activation copies, its ldmatrix reads (clgemv.cu's CL_DIAG 2-5); "
-                    "ws: without its wgmma, its activation copies, both (wsgemm's D 1-3); wrong results: timing only")
+                    "ws: without its wgmma, its activation copies, both, and its epilogue (wsgemm D 1-4), and the "
+                    "weight stream alone over the wide grid; wrong results: timing only")
     ap.add_argument("--cubins", type=Path, help="tc, cl: folder of cubins built ahead (tcgemv/clgemv.build_cubins)")
     args = ap.parse_args()
     t0 = time.time()

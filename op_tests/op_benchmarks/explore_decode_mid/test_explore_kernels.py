@@ -153,6 +153,8 @@ def test_wsgemm_names_rejections_and_grid():
     assert cpa.chunk_rows == 16 and ws.config_error(cpa, 16, 4096, 4096) is None  # 8 warps x 2 rows of 256 B
     assert "multiples of the 32 rows" in ws.config_error(ws.WsGemmConfig(64, 16, 64, 1, 4, 4, 0, 8), 16, 4096, 4096)
     assert "PW in" in ws.config_error(ws.WsGemmConfig(64, 16, 128, 1, 4, 4, 0, 3), 16, 4096, 4096)
+    assert "K % 16" in ws.config_error(cpa, 16, 4096, 4104)
+    assert ws.config_error(ws.WsGemmConfig(64, 16, 128, 1, 4, 4), 16, 4096, 4104) is None  # TMA: 16-byte rows do
     assert "shared memory" in ws.config_error(ws.WsGemmConfig(128, 256, 128, 1, 8, 4), 256, 4096, 4096)
     assert "BM must be" in ws.config_error(ws.WsGemmConfig(64, 20, 64, 1, 4, 4), 17, 4096, 4096)
     assert "16 rows per warp" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 1, 8, 4), 32, 4096, 4096)
@@ -193,8 +195,8 @@ def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias):
     (33, 256, 1024, ws.WsGemmConfig(128, 64, 128, 2, 8, 4), True, torch.float16),  # two warpgroups
     (97, 4100, 512, ws.WsGemmConfig(128, 64, 64, 1, 4, 8), False, torch.bfloat16),  # two M tiles, ring > K tiles
     (255, 1280, 8192, ws.WsGemmConfig(256, 256, 64, 4, 8, 3), True, torch.bfloat16),
-    (1, 100, 264, ws.WsGemmConfig(64, 16, 128, 1, 4, 3, 0, 8), True, torch.bfloat16),     # cp.async: masks
-    (17, 1000, 4104, ws.WsGemmConfig(64, 32, 64, 5, 4, 6, 0, 4), False, torch.float32),
+    (1, 100, 272, ws.WsGemmConfig(64, 16, 128, 1, 4, 3, 0, 8), True, torch.bfloat16),     # cp.async: masks
+    (17, 1000, 4112, ws.WsGemmConfig(64, 32, 64, 5, 4, 6, 0, 4), False, torch.float32),
     (97, 4100, 512, ws.WsGemmConfig(128, 64, 128, 2, 8, 4, 0, 4), True, torch.float16),  # two M tiles
 ])
 def test_wsgemm_matches_reference_gpu(M, N, K, cfg, with_bias, otype):

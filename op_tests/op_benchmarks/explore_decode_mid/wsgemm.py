@@ -62,7 +62,8 @@ class WsGemmConfig:
     SK: int = 1  # K splits
     W: int = 4  # consumer warps (4: one warpgroup; 8: two, BN >= 128)
     S: int = 6  # ring stages
-    D: int = 0  # diagnostics, timing only (wrong results): 1 no wgmma, 2 no activation copies, 3 neither
+    D: int = 0  # diagnostics, timing only (wrong results): 1 no wgmma, 2 no activation copies, 3 neither, 4 = 3
+    # without the epilogue (no stores, no split-K fix-up)
     PW: int = 0  # 0: one producer warp issues TMA copies; > 0: PW producer warps issue cp.async (16 B per thread)
 
     @property
@@ -96,12 +97,14 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
         return f"{cfg.name}: BM must be a power of 2 in 8..256 (the wgmma N side; Gluon tiles are powers of 2)"
     if cfg.BK not in (64, 128, 256):
         return f"{cfg.name}: BK must be 64, 128 or 256"
-    if cfg.D not in (0, 1, 2, 3):
-        return f"{cfg.name}: D must be 0..3"
+    if cfg.D not in (0, 1, 2, 3, 4):
+        return f"{cfg.name}: D must be 0..4"
     if cfg.PW and (cfg.PW not in (1, 2, 4, 8) or cfg.BK // 8 > 32 or cfg.BM % cfg.chunk_rows
-                   or cfg.BN % cfg.chunk_rows):
+                   or cfg.BN % cfg.chunk_rows or cfg.chunk_rows < 8):
         return (f"{cfg.name}: PW in 1/2/4/8, and BN and BM multiples of the {cfg.chunk_rows} rows one cp.async "
-                "of the producers covers")
+                "of the producers covers, at least 8 (the shared-memory swizzle's period)")
+    if cfg.PW and K % 16:
+        return f"{cfg.name}: cp.async producers need K % 16 == 0 (16-byte copies the JIT can prove aligned); K={K}"
     if not 2 <= cfg.S <= 16:
         return f"{cfg.name}: S must be in 2..16"
     if cfg.smem_bytes() > _SMEM_LIMIT:
@@ -144,6 +147,8 @@ if gluon is not None:
         CHUNK: gl.constexpr = PW * 32 // TPC
         offs_k = k0 + gl.arange(0, BLOCK_SIZE_K, layout=gl.SliceLayout(0, layout))
         offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+        # config_error asks K (and the launcher the row strides) to be multiples of 16 elements, which Triton's JIT
+        # specialises on: every thread's 8 elements are then one 16-byte copy, in bounds or zero-filled as a whole.
         for c in gl.static_range(ROWS // CHUNK):
             rows = off_r + c * CHUNK + offs_c
             ptrs = src_ptr + rows[:, None] * stride_r + offs_k[None, :]
@@ -180,7 +185,7 @@ if gluon is not None:
         for i in range(n_iters):
             s = i % NUM_STAGES
             mbarrier.wait(ready_bars.index(s), (i // NUM_STAGES) & 1)
-            if DIAG == 1 or DIAG == 3:
+            if DIAG == 1 or DIAG >= 3:
                 mbarrier.arrive(empty_bars.index(s))
             else:
                 if CPA:  # cp.async wrote the stage through the generic proxy; wgmma reads through the async one
@@ -245,6 +250,8 @@ if gluon is not None:
             ], [PW], [88])
         acc = res[0]
 
+        if DIAG == 4:
+            return
         # Epilogue: threads run along n (C's contiguous dimension), warps along m.
         out_layout: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, num_warps], [0, 1])
         acc = gl.convert_layout(acc, out_layout)
@@ -300,9 +307,10 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         raise ValueError(why)
     if a.dtype not in _GL_DTYPE or b.dtype != a.dtype:
         raise ValueError(f"wsgemm takes bf16/fp16 a and b of one dtype: a {a.dtype}, b {b.dtype}")
-    if a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8:
-        raise ValueError(f"wsgemm needs unit K stride and 16-byte aligned rows: a {tuple(a.stride())}, "
-                         f"b {tuple(b.stride())}")
+    row_align = 16 if cfg.PW else 8  # elements; cp.async: see _cpa_copy_tile
+    if a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % row_align or b.stride(0) % row_align:
+        raise ValueError(f"wsgemm {cfg.name} needs unit K stride and row strides that are multiples of {row_align}: "
+                         f"a {tuple(a.stride())}, b {tuple(b.stride())}")
     gdt = getattr(gl, _GL_DTYPE[a.dtype])
     w_desc = TensorDescriptor.from_tensor(b, [cfg.BN, cfg.BK],
                                           gl.NVMMASharedLayout.get_default_for([cfg.BN, cfg.BK], gdt))
