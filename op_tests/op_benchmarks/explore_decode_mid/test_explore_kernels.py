@@ -147,7 +147,7 @@ def test_wsgemm_names_rejections_and_grid():
         ws.WsGemmConfig.from_name("WS_BN128_BM32")
     assert cfg.smem_bytes() == 6 * (128 + 32) * 64 * 2
     assert ws.WsGemmConfig.from_name(cfg.name + "_D3") == ws.WsGemmConfig(128, 32, 64, 4, 8, 6, 3)
-    assert "D must be" in ws.config_error(ws.WsGemmConfig(128, 32, 64, 4, 8, 6, 4), 32, 4096, 4096)
+    assert "D must be" in ws.config_error(ws.WsGemmConfig(128, 32, 64, 4, 8, 6, 5), 32, 4096, 4096)
     cpa = ws.WsGemmConfig(64, 16, 128, 1, 4, 4, 0, 8)
     assert cpa.name == "WS_BN64_BM16_BK128_SK1_W4_S4_P8" and ws.WsGemmConfig.from_name(cpa.name) == cpa
     assert cpa.chunk_rows == 16 and ws.config_error(cpa, 16, 4096, 4096) is None  # 8 warps x 2 rows of 256 B
