@@ -161,10 +161,14 @@ def test_wsgemm_names_rejections_and_grid():
     assert "non-empty splits" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 9, 4, 4), 32, 4096, 512)  # 8 K tiles
     assert "16-byte aligned" in ws.config_error(ws.WsGemmConfig(64, 32, 64, 1, 4, 4), 32, 4096, 4100)
     grid = ws.grid_configs(32, 1280, 8192, 132)
-    assert grid and all(ws.config_error(c, 32, 1280, 8192) is None and c.BM == 32 for c in grid)
-    # N = 1280 leaves 5-20 tiles: every config splits K until the CTAs reach 0.9-2.2 per SM.
-    assert all(c.SK > 1 and 0.9 * 132 <= -(-1280 // c.BN) * c.SK <= 2.2 * 132 for c in grid)
+    assert grid and all(ws.config_error(c, 32, 1280, 8192) is None and c.BM in (16, 32) for c in grid)
+    # N = 1280 leaves 5-40 tiles: every config splits K until the CTAs reach 0.9-2.2 per SM.
+    assert all(c.SK > 1 and 0.9 * 132 <= -(-1280 // c.BN) * (32 // c.BM) * c.SK <= 2.2 * 132 for c in grid)
     assert all(c.SK == 1 for c in ws.grid_configs(64, 28672, 4096, 132) if c.BN == 64)
+    # (64, 4096, 4096): two M tiles of 32 tokens fill 128 SMs without splitting K, as cuBLAS's 64x32 tiles do.
+    assert ws.WsGemmConfig(64, 32, 128, 1, 4, 9) in ws.grid_configs(64, 4096, 4096, 132)
+    # (64, 4096, 4096): two M tiles of 32 tokens fill 128 SMs without splitting K, as cuBLAS's 64x32 tiles do.
+    assert ws.WsGemmConfig(64, 32, 128, 1, 4, 9) in ws.grid_configs(64, 4096, 4096, 132)
 
 
 @pytest.mark.skipif(ws.gluon is None, reason="Triton without Gluon")

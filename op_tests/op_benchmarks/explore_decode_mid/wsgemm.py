@@ -17,7 +17,7 @@ so one CTA covers every token of its ``BLOCK_SIZE_N`` weight rows and reads each
 tile and depth serves every shape and split) and the last split of a tile to arrive sums the float32 partials in
 split order (deterministic, the CUTLASS split-K semaphore pattern of ``gemm_decode.py``'s ``FX``).
 
-Kernel: :func:`_wsgemm_kernel` (grid ``(N tiles, splits, M tiles)``), partitions :func:`_load_partition` (1 warp)
+Kernel: :func:`_wsgemm_kernel` (grid ``(M tiles x N tiles, splits)``), partitions :func:`_load_partition` (1 warp)
 and :func:`_mma_partition` (``num_warps`` warps); launcher :func:`launch_wsgemm`; reference :func:`wsgemm_ref`.
 Gluon has no interpreter: the kernel runs on sm_90+ only (CPU tests cover names, rejections and the grid).
 """
@@ -215,9 +215,13 @@ if gluon is not None:
         BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_SIZE_K: gl.constexpr = w_desc.block_type.shape[1]
         BLOCK_SIZE_M: gl.constexpr = x_desc.block_type.shape[0]
-        pid_n = gl.program_id(0)
+        # M tiles fastest: the CTAs that read the same weight rows for different tokens run side by side, so the
+        # weight comes from HBM once and from L2 for the others (cuBLAS's nvjet 64x32 tiles split M so at M = 64).
+        tile = gl.program_id(0)
         pid_k = gl.program_id(1)
-        pid_m = gl.program_id(2)
+        num_m_tiles = gl.cdiv(M, x_desc.block_type.shape[0])
+        pid_m = tile % num_m_tiles
+        pid_n = tile // num_m_tiles
         off_n = pid_n * BLOCK_SIZE_N
         off_m = pid_m * BLOCK_SIZE_M
         kt_begin = pid_k * k_tiles_per_split
@@ -265,7 +269,6 @@ if gluon is not None:
             gl.store(ws_ptr + pid_k * M * N + tile_off, acc, mask=mask)
             # Release: every thread's partial is stored before one thread bumps the counter (acq_rel, GPU scope).
             _cta_barrier()
-            tile = pid_m * gl.num_programs(0) + pid_n
             arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if arrived == num_ksplit - 1:
                 # Last to arrive: sum in split order (independent of arrival order); own partial from registers.
@@ -318,9 +321,9 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
                                           gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gdt))
     k_tiles = triton.cdiv(K, cfg.BK)
     per_split = triton.cdiv(k_tiles, cfg.SK)
-    grid = (triton.cdiv(N, cfg.BN), cfg.SK, triton.cdiv(M, cfg.BM))
+    grid = (triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM), cfg.SK)
     if cfg.SK > 1:
-        ws, cnt = _workspace(a.device, cfg.SK * M * N, grid[0] * grid[2])
+        ws, cnt = _workspace(a.device, cfg.SK * M * N, grid[0])
     else:
         ws, cnt = out, out  # unused
     _wsgemm_kernel[grid](w_desc, x_desc, b, a, out, bias if bias is not None else out, ws, cnt, M, N, K,
@@ -339,14 +342,17 @@ def wsgemm_ref(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
 
 
 def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[WsGemmConfig]:
-    """Exploration grid: BM = M rounded up to a power of 2 (16..256), BN 64 (4 warps) / 128 (4 or 8) / 256 (8), BK
-    64/128, the deepest ring that fits one or two CTAs per SM, the K splits that bring the CTAs to 0.9-2.2 per SM (no
-    split once the tiles fill 0.9 of the SMs), each fed by TMA and by 4 or 8 cp.async producer warps. ``wide``: also
-    BK 256, rings of 2-4 stages and splits up to 4.5 CTAs per SM (many small CTAs, as the gemv runs)."""
-    bm = min(256, max(16, 1 << (M - 1).bit_length()))
+    """Exploration grid: BM = M rounded up to a power of 2 (16..256), and its half and quarter (>= 16: several M
+    tiles read the same weight rows, the second from L2, instead of splitting K); BN 64 (4 warps) / 128 (4 or 8) /
+    256 (8); BK 64/128; the deepest ring that fits one or two CTAs per SM; the K splits that bring the CTAs to
+    0.9-2.2 per SM (no split once the tiles fill 0.9 of the SMs); each fed by TMA and by 4 or 8 cp.async producer
+    warps. ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5 CTAs per SM (many small CTAs, as the
+    gemv runs)."""
+    bm_full = min(256, max(16, 1 << (M - 1).bit_length()))
     hi = 4.5 if wide else 2.2
     out = []
-    for bn, w in ((64, 4), (128, 4), (128, 8), (256, 8)):
+    for bm, bn, w in ((bm, bn, w) for bm in (bm_full, bm_full // 2, bm_full // 4) if bm >= 16
+                      for bn, w in ((64, 4), (128, 4), (128, 8), (256, 8))):
         tiles = -(-N // bn) * -(-M // bm)
         splits = [1] if tiles >= 0.9 * cu else []
         splits += [s for s in range(2, 65) if 0.9 * cu <= tiles * s <= hi * cu][:6 if wide else 3]
