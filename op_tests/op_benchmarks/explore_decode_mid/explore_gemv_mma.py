@@ -96,13 +96,13 @@ def diag_stream_configs(M, N, K, cu) -> list[str]:
             for d in (3, 4)]
 
 
-def precompile(fam: Family, shapes, cu, workers, diag: bool = False):
+def precompile(fam: Family, shapes, cu, workers, stream: bool = False):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
     tasks = []
     for M, N, K in shapes:
         names = [c.name for c in fam.grid(M, N, K, cu)]
-        if diag and fam.name == "ws":
+        if stream and fam.name == "ws":
             names += diag_stream_configs(M, N, K, cu)
         tasks += [(fam.name, M, N, K, names[i:i + 4]) for i in range(0, len(names), 4)]
     bad = {}
@@ -119,7 +119,7 @@ def precompile(fam: Family, shapes, cu, workers, diag: bool = False):
 
 
 def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int, rows: list, summary: list,
-            diag: bool = False) -> None:
+            diag: bool = False, stream: bool = False) -> None:
     """Check and screen every grid config of one shape, then pair the 5 fastest with F.linear and the M = 1 gemv."""
     from aiter_gemm.kernels.skinny import SkinnyConfig, launch_skinny
     gemv_cfg = SkinnyConfig.from_name("gemv_BN1_BK2048_SK1_W4_S1_EF")
@@ -144,7 +144,7 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
         rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{e:.1e}", screen_us=round(us, 3)))
         cands[c.name] = (us, fn)
     best = sorted(cands, key=lambda n: cands[n][0])[:5]
-    if diag and fam.name == "ws":  # the weight stream alone (D3: no wgmma, no activation) over the wide grid
+    if stream and fam.name == "ws":  # the weight stream alone (D3: no wgmma, no activation) over the wide grid
         streams = {}
         for n in diag_stream_configs(M, N, K, cu):
             if (M, N, K, n) in bad:
@@ -198,8 +198,10 @@ def main() -> int:
     ap.add_argument("--family", choices=["gmma", "tc", "cl", "ws"], default="gmma")
     ap.add_argument("--diag", action="store_true", help="cl: also time the best config without its cluster "
                     "reduction, its products, its activation copies, its ldmatrix reads (clgemv.cu's CL_DIAG 2-5); "
-                    "ws: without its wgmma, its activation copies, both, and its epilogue (wsgemm D 1-4), and the "
-                    "weight stream alone over the wide grid; wrong results: timing only")
+                    "ws: without its wgmma, its activation copies, both, and its epilogue (wsgemm D 1-4); wrong "
+                    "results: timing only")
+    ap.add_argument("--stream", action="store_true", help="ws: also screen the weight stream alone (D3, D4) over "
+                    "the wide grid (timing only)")
     ap.add_argument("--cubins", type=Path, help="tc, cl: folder of cubins built ahead (tcgemv/clgemv.build_cubins)")
     args = ap.parse_args()
     t0 = time.time()
@@ -208,7 +210,7 @@ def main() -> int:
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     fam = Family(args.family)
     if args.family in ("gmma", "ws"):
-        bad = precompile(fam, shapes, cu, args.workers, args.diag)
+        bad = precompile(fam, shapes, cu, args.workers, args.stream)
     else:
         tc.CUBIN_DIR = cl.CUBIN_DIR = args.cubins
         bad = {}
@@ -218,7 +220,7 @@ def main() -> int:
         if time.time() - t0 > args.deadline_s:
             print("deadline", flush=True)
             break
-        measure(fam, M, N, K, cu, bad, args.pairs, rows, summary, args.diag)
+        measure(fam, M, N, K, cu, bad, args.pairs, rows, summary, args.diag, args.stream)
         torch.cuda.empty_cache()
     for name, data in (("screen.csv", rows), ("paired.csv", summary)):
         if data:

@@ -167,8 +167,6 @@ def test_wsgemm_names_rejections_and_grid():
     assert all(c.SK == 1 for c in ws.grid_configs(64, 28672, 4096, 132) if c.BN == 64)
     # (64, 4096, 4096): two M tiles of 32 tokens fill 128 SMs without splitting K, as cuBLAS's 64x32 tiles do.
     assert ws.WsGemmConfig(64, 32, 128, 1, 4, 9) in ws.grid_configs(64, 4096, 4096, 132)
-    # (64, 4096, 4096): two M tiles of 32 tokens fill 128 SMs without splitting K, as cuBLAS's 64x32 tiles do.
-    assert ws.WsGemmConfig(64, 32, 128, 1, 4, 9) in ws.grid_configs(64, 4096, 4096, 132)
 
 
 @pytest.mark.skipif(ws.gluon is None, reason="Triton without Gluon")
