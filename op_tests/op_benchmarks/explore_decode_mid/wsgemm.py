@@ -42,6 +42,7 @@ try:  # Gluon: Triton >= 3.5 (the H100 has 3.6)
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import constexpr_function
     # Triton 3.6 (the H100) names the TMA load async_copy_global_to_shared; 3.9 (CPU CI) renamed it async_load.
     _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     _cp_async_load = cp_async.async_load if hasattr(cp_async, "async_load") else cp_async.async_copy_global_to_shared
@@ -65,20 +66,24 @@ class WsGemmConfig:
     D: int = 0  # diagnostics, timing only (wrong results): 1 no wgmma, 2 no activation copies, 3 neither, 4 = 3
     # without the epilogue (no stores, no split-K fix-up)
     PW: int = 0  # 0: one producer warp issues TMA copies; > 0: PW producer warps issue cp.async (16 B per thread)
+    E: int = 0  # epilogue layout: 0 threads along n, 4 bytes each; 1 the wgmma accumulator's own (no shared-memory
+    # round trip); 2 threads along n, 16 bytes each
 
     @property
     def name(self) -> str:
         return (f"WS_BN{self.BN}_BM{self.BM}_BK{self.BK}_SK{self.SK}_W{self.W}_S{self.S}"
-                + (f"_D{self.D}" if self.D else "") + (f"_P{self.PW}" if self.PW else ""))
+                + (f"_D{self.D}" if self.D else "") + (f"_P{self.PW}" if self.PW else "")
+                + (f"_E{self.E}" if self.E else ""))
 
     @classmethod
     def from_name(cls, name: str) -> WsGemmConfig:
-        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(?:_D(\d))?(?:_P(\d+))?", name.strip())
+        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(?:_D(\d))?(?:_P(\d+))?(?:_E(\d))?",
+                         name.strip())
         if m is None:
             raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st>"
-                             "[_D<d>][_P<pw>] (e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
-        *head, d, pw = m.groups()
-        return cls(*(int(x) for x in head), int(d or 0), int(pw or 0))
+                             "[_D<d>][_P<pw>][_E<e>] (e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
+        *head, d, pw, e = m.groups()
+        return cls(*(int(x) for x in head), int(d or 0), int(pw or 0), int(e or 0))
 
     @property
     def chunk_rows(self) -> int:
@@ -103,6 +108,8 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
                    or cfg.BN % cfg.chunk_rows or cfg.chunk_rows < 8):
         return (f"{cfg.name}: PW in 1/2/4/8, and BN and BM multiples of the {cfg.chunk_rows} rows one cp.async "
                 "of the producers covers, at least 8 (the shared-memory swizzle's period)")
+    if cfg.E not in (0, 1, 2):
+        return f"{cfg.name}: E must be 0, 1 or 2"
     if cfg.PW and K % 16:
         return f"{cfg.name}: cp.async producers need K % 16 == 0 (16-byte copies the JIT can prove aligned); K={K}"
     if not 2 <= cfg.S <= 16:
@@ -197,6 +204,16 @@ if gluon is not None:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         return (acc, )  # a tuple: the default partition's results
 
+    @constexpr_function
+    def _epilogue_layout(EPI, BLOCK_SIZE_N, BLOCK_SIZE_M, num_warps):
+        """The epilogue's register layout (``WsGemmConfig.E``); 1 is the accumulator's, so no conversion happens."""
+        if EPI == 1:
+            return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                             instr_shape=[16, BLOCK_SIZE_M, 16])
+        if EPI == 2:
+            return gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])
+        return gl.BlockedLayout([2, 1], [32, 1], [1, num_warps], [0, 1])
+
     @gluon.jit
     def _store_tile(acc, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS: gl.constexpr):
         """Add the bias (float32) and store the ``[BN, BM]`` float32 tile transposed into C's dtype."""
@@ -210,7 +227,7 @@ if gluon is not None:
     def _wsgemm_kernel(w_desc, x_desc, w_ptr, x_ptr, c_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K,
                        stride_wn, stride_xm, stride_cm, stride_cn, k_tiles, k_tiles_per_split, num_ksplit,
                        HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr,
-                       DIAG: gl.constexpr = 0, PW: gl.constexpr = 0):
+                       DIAG: gl.constexpr = 0, PW: gl.constexpr = 0, EPI: gl.constexpr = 0):
         """One ``[BLOCK_SIZE_N weight rows x BLOCK_SIZE_M tokens]`` tile of C.T over one K split."""
         BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_SIZE_K: gl.constexpr = w_desc.block_type.shape[1]
@@ -256,8 +273,8 @@ if gluon is not None:
 
         if DIAG == 4:
             return
-        # Epilogue: threads run along n (C's contiguous dimension), warps along m.
-        out_layout: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, num_warps], [0, 1])
+        # Epilogue: threads run along n (C's contiguous dimension), warps along m; or the accumulator's layout.
+        out_layout: gl.constexpr = _epilogue_layout(EPI, BLOCK_SIZE_N, BLOCK_SIZE_M, num_warps)
         acc = gl.convert_layout(acc, out_layout)
         offs_n = off_n + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(1, out_layout))
         offs_m = off_m + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(0, out_layout))
@@ -328,7 +345,8 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         ws, cnt = out, out  # unused
     _wsgemm_kernel[grid](w_desc, x_desc, b, a, out, bias if bias is not None else out, ws, cnt, M, N, K,
                          b.stride(0), a.stride(0), out.stride(0), out.stride(1), k_tiles, per_split, cfg.SK,
-                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW)
+                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW,
+                         EPI=cfg.E)
     return out
 
 
@@ -345,9 +363,9 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
     """Exploration grid: BM = M rounded up to a power of 2 (16..256), and its half and quarter (>= 16: several M
     tiles read the same weight rows, the second from L2, instead of splitting K); BN 64 (4 warps) / 128 (4 or 8) /
     256 (8); BK 64/128; the deepest ring that fits one or two CTAs per SM; the K splits that bring the CTAs to
-    0.9-2.2 per SM (no split once the tiles fill 0.9 of the SMs); each fed by TMA and by 4 or 8 cp.async producer
-    warps. ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5 CTAs per SM (many small CTAs, as the
-    gemv runs)."""
+    0.9-2.2 per SM (no split once the tiles fill 0.9 of the SMs); each fed by TMA and by 4 cp.async producer warps,
+    each with the three epilogue layouts. ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5 CTAs per
+    SM (many small CTAs, as the gemv runs)."""
     bm_full = min(256, max(16, 1 << (M - 1).bit_length()))
     hi = 4.5 if wide else 2.2
     out = []
@@ -363,10 +381,11 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
                 depths |= {2, 3, 4}
             for s in sorted(d for d in depths if d >= (2 if wide else 3)):
                 for sk in splits:
-                    for pw in (0, 4, 8):
-                        c = WsGemmConfig(bn, bm, bk, sk, w, s, 0, pw)
-                        if config_error(c, M, N, K) is None:
-                            out.append(c)
+                    for pw in (0, 4):
+                        for e in (0, 1, 2):
+                            c = WsGemmConfig(bn, bm, bk, sk, w, s, 0, pw, e)
+                            if config_error(c, M, N, K) is None:
+                                out.append(c)
     return out
 
 
@@ -385,7 +404,8 @@ def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = 
         x_desc=TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
                                             gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gl.bfloat16)))
     ptr_types = dict(w_ptr="*bf16", x_ptr="*bf16", c_ptr="*bf16", bias_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
-    constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW)
+    constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW,
+                         EPI=cfg.E)
     k_tiles = triton.cdiv(K, cfg.BK)
     ints = dict(M=M, N=N, K=K, stride_wn=K, stride_xm=K, stride_cm=N, stride_cn=1, k_tiles=k_tiles,
                 k_tiles_per_split=triton.cdiv(k_tiles, cfg.SK), num_ksplit=cfg.SK)
