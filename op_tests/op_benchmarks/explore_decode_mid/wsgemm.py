@@ -363,7 +363,7 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
     """Exploration grid: BM = M rounded up to a power of 2 (16..256), and its half and quarter (>= 16: several M
     tiles read the same weight rows, the second from L2, instead of splitting K); BN 64 (4 warps) / 128 (4 or 8) /
     256 (8); BK 64/128; the deepest ring that fits one or two CTAs per SM; the K splits that bring the CTAs to
-    0.9-2.2 per SM (no split once the tiles fill 0.9 of the SMs); each fed by TMA and by 4 cp.async producer warps,
+    0.9-2.2 per SM, and none where the tiles fill half the SMs; each fed by TMA and by 4 cp.async producer warps,
     each with the three epilogue layouts. ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5 CTAs per
     SM (many small CTAs, as the gemv runs)."""
     bm_full = min(256, max(16, 1 << (M - 1).bit_length()))
@@ -372,7 +372,9 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
     for bm, bn, w in ((bm, bn, w) for bm in (bm_full, bm_full // 2, bm_full // 4) if bm >= 16
                       for bn, w in ((64, 4), (128, 4), (128, 8), (256, 8))):
         tiles = -(-N // bn) * -(-M // bm)
-        splits = [1] if tiles >= 0.9 * cu else []
+        # No split as well where the tiles fill half the SMs: a split's fix-up costs more than idle SMs there
+        # (ws7: the fix-up took 2.6-4 us at N = 1280; 1.45 CTAs per SM of 192 tiles lost to 0.73 of 96).
+        splits = [1] if tiles >= 0.5 * cu else []
         splits += [s for s in range(2, 65) if 0.9 * cu <= tiles * s <= hi * cu][:6 if wide else 3]
         for bk in ((64, 128, 256) if wide else (64, 128)):
             per_stage = (bn + bm) * bk * 2
