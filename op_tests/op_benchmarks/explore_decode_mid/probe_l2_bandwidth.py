@@ -43,6 +43,8 @@ def measure(buf_bytes: int, programs: int, passes: int, warps: int, block: int, 
     """GB/s read by ``programs`` programs over a ``buf_bytes`` buffer, ``passes`` times each."""
     elems = buf_bytes // 2
     slice_elems = elems // programs // block * block
+    if slice_elems == 0:  # each program's slice would be empty: nothing read, nothing to measure
+        raise ValueError(f"{programs} programs x {block}-element blocks do not fit a {buf_bytes}-byte buffer")
     src = torch.randn(slice_elems * programs, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(programs, dtype=torch.float32, device="cuda")
 
@@ -79,6 +81,8 @@ def main() -> int:
             for warps in (4, 8):
                 plan.append((mb, passes, cu * per_sm, warps))
     for mb, passes, programs, warps in plan:
+        if (mb << 20) // 2 < programs * 1024 * warps // 4:  # a block per program does not fit: skipped, not 0 GB/s
+            continue
         gbs = measure(mb << 20, programs, passes, warps, block=1024 * warps // 4)
         where = "HBM" if mb >= 1024 else "L2"
         print(f"  {where:3s} buffer {mb:5d} MiB  programs {programs:5d}  warps {warps}  {gbs:8.0f} GB/s  "
