@@ -190,7 +190,12 @@ def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias):
     assert ("atom.global" in ptx) == (cfg.SK > 1)
 
 
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
+
+
 @pytest.mark.gpu
+@pytest.mark.skipif(ws.gluon is None or not _hopper(), reason="wgmma, TMA and warp specialisation: NVIDIA sm_90+")
 @pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
     (1, 100, 256, ws.WsGemmConfig(64, 16, 64, 1, 4, 3), True, torch.bfloat16),     # rows and tokens past N, M
     (17, 1000, 4104, ws.WsGemmConfig(64, 32, 64, 5, 4, 6), False, torch.float32),  # K tail, 5 splits
