@@ -5,6 +5,11 @@ fix-up, names and the configs each rejects; the Gluon kernel is also compiled fo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +18,8 @@ from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc
 from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,10 +182,19 @@ def test_wsgemm_names_rejections_and_grid():
     (ws.WsGemmConfig(128, 256, 64, 1, 8, 3), False),  # two consumer warpgroups, the widest token tile
     (ws.WsGemmConfig(64, 32, 128, 3, 4, 4, 0, 4), True),  # cp.async producers
 ])
-def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias):
+def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias, tmp_path):
     """Triton compiles the Gluon kernel for sm_90 without a GPU: a producer warp issuing TMA copies, consumer warps
-    issuing wgmma of the tile's token width, registers handed between them (setmaxnreg)."""
-    ptx = ws.compile_offline(cfg, cfg.BM, 1280, 8192, has_bias).asm["ptx"]
+    issuing wgmma of the tile's token width, registers handed between them (setmaxnreg). In a fresh process: the
+    interpreted kernels of the other tests leave Triton's language patched for the interpreter."""
+    out = tmp_path / "k.ptx"
+    code = ("import sys; from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws; "
+            f"k = ws.compile_offline(ws.WsGemmConfig.from_name({cfg.name!r}), {cfg.BM}, 1280, 8192, {has_bias}); "
+            f"open({str(out)!r}, 'w').write(k.asm['ptx'])")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ptx = out.read_text()
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.BM}k16.f32.bf16.bf16" in ptx and "setmaxnreg" in ptx
     if cfg.PW:  # 16-byte cp.async (zero-filled past N, M, K), each thread arriving on the stage when they land
         assert "cp.async.bulk" not in ptx and "cp.async.mbarrier.arrive.noinc" in ptx

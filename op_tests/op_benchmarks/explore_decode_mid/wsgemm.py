@@ -246,7 +246,7 @@ if gluon is not None:
         # weight comes from HBM once and from L2 for the others (cuBLAS's nvjet 64x32 tiles split M so at M = 64).
         tile = gl.program_id(0)
         pid_k = gl.program_id(1)
-        num_m_tiles = gl.cdiv(M, x_desc.block_type.shape[0])
+        num_m_tiles = (M + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
         pid_m = tile % num_m_tiles
         pid_n = tile // num_m_tiles
         off_n = pid_n * BLOCK_SIZE_N
