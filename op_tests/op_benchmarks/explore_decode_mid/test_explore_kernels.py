@@ -161,6 +161,12 @@ def test_wsgemm_names_rejections_and_grid():
     assert "multiples of the 32 rows" in ws.config_error(ws.WsGemmConfig(64, 16, 64, 1, 4, 4, 0, 8), 16, 4096, 4096)
     assert "PW in" in ws.config_error(ws.WsGemmConfig(64, 16, 128, 1, 4, 4, 0, 3), 16, 4096, 4096)
     assert "K % 16" in ws.config_error(cpa, 16, 4096, 4104)
+    ps = ws.WsGemmConfig(64, 64, 64, 1, 4, 6, 0, 0, 2, 1)
+    assert ps.name == "WS_BN64_BM64_BK64_SK1_W4_S6_E2_PS1" and ws.WsGemmConfig.from_name(ps.name) == ps
+    assert ps.smem_bytes() == 6 * 128 * 64 * 2 + 64 * 64 * 4  # the epilogue's conversion beside the live ring
+    assert "persistent" in ws.config_error(ws.WsGemmConfig(64, 64, 64, 2, 4, 6, 0, 0, 2, 1), 64, 4096, 4096)
+    assert all(c.SK == 1 and -(-4096 // c.BN) * -(-256 // c.BM) >= 1.5 * c.PS * 132
+               for c in ws.grid_configs(256, 4096, 4096, 132) if c.PS)
     assert ws.config_error(ws.WsGemmConfig(64, 16, 128, 1, 4, 4), 16, 4096, 4104) is None  # TMA: 16-byte rows do
     assert "shared memory" in ws.config_error(ws.WsGemmConfig(128, 256, 128, 1, 8, 4), 256, 4096, 4096)
     assert "BM must be" in ws.config_error(ws.WsGemmConfig(64, 20, 64, 1, 4, 4), 17, 4096, 4096)
@@ -181,6 +187,7 @@ def test_wsgemm_names_rejections_and_grid():
     (ws.WsGemmConfig(64, 32, 64, 3, 4, 6), True),     # one warpgroup, bias
     (ws.WsGemmConfig(128, 256, 64, 1, 8, 3), False),  # two consumer warpgroups, the widest token tile
     (ws.WsGemmConfig(64, 32, 128, 3, 4, 4, 0, 4), True),  # cp.async producers
+    (ws.WsGemmConfig(64, 64, 64, 1, 4, 12, 0, 0, 1, 1), True),  # persistent, epilogue in the accumulator's layout
 ])
 def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias, tmp_path):
     """Triton compiles the Gluon kernel for sm_90 without a GPU: a producer warp issuing TMA copies, consumer warps
@@ -202,7 +209,8 @@ def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias, tmp_path):
         assert all(", 0x10, " in line for line in ptx.splitlines() if "cp.async.cg.shared.global" in line)
     else:
         assert "cp.async.bulk.tensor.2d" in ptx
-    # The split count is a run-time argument, folded when it is 1 (as Triton's JIT specialises an integer 1).
+    # The split count is a run-time argument, folded when it is 1 (as Triton's JIT specialises an integer 1); the
+    # persistent kernel has no split.
     assert ("atom.global" in ptx) == (cfg.SK > 1)
 
 
@@ -221,6 +229,8 @@ def _hopper() -> bool:
     (1, 100, 272, ws.WsGemmConfig(64, 16, 128, 1, 4, 3, 0, 8), True, torch.bfloat16),     # cp.async: masks
     (17, 1000, 4112, ws.WsGemmConfig(64, 32, 64, 5, 4, 6, 0, 4), False, torch.float32),
     (97, 4100, 512, ws.WsGemmConfig(128, 64, 128, 2, 8, 4, 0, 4), True, torch.float16),  # two M tiles
+    (255, 4100, 520, ws.WsGemmConfig(64, 32, 64, 1, 4, 6, 0, 0, 1, 1), True, torch.bfloat16),  # persistent: 8 x 65
+    (97, 8200, 1024, ws.WsGemmConfig(64, 64, 128, 1, 4, 4, 0, 0, 2, 2), False, torch.float16),  # tiles, 2 per SM
 ])
 def test_wsgemm_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
     assert ws.config_error(cfg, M, N, K) is None

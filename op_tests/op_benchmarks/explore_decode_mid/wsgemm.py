@@ -78,22 +78,24 @@ class WsGemmConfig:
     PW: int = 0  # 0: one producer warp issues TMA copies; > 0: PW producer warps issue cp.async (16 B per thread)
     E: int = 0  # epilogue layout: 0 threads along n, 4 bytes each; 1 the wgmma accumulator's own (no shared-memory
     # round trip); 2 threads along n, 16 bytes each
+    PS: int = 0  # 0: a CTA per (tile, split); p > 0: persistent, p CTAs per SM loop over the tiles, the producer
+    # running into the next tile while the consumers store the last (no split; TMA producer)
 
     @property
     def name(self) -> str:
         return (f"WS_BN{self.BN}_BM{self.BM}_BK{self.BK}_SK{self.SK}_W{self.W}_S{self.S}"
                 + (f"_D{self.D}" if self.D else "") + (f"_P{self.PW}" if self.PW else "")
-                + (f"_E{self.E}" if self.E else ""))
+                + (f"_E{self.E}" if self.E else "") + (f"_PS{self.PS}" if self.PS else ""))
 
     @classmethod
     def from_name(cls, name: str) -> WsGemmConfig:
-        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(?:_D(\d))?(?:_P(\d+))?(?:_E(\d))?",
-                         name.strip())
+        m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)"
+                         r"(?:_D(\d))?(?:_P(\d+))?(?:_E(\d))?(?:_PS(\d))?", name.strip())
         if m is None:
             raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st>"
-                             "[_D<d>][_P<pw>][_E<e>] (e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
-        *head, d, pw, e = m.groups()
-        return cls(*(int(x) for x in head), int(d or 0), int(pw or 0), int(e or 0))
+                             "[_D<d>][_P<pw>][_E<e>][_PS<p>] (e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
+        *head, d, pw, e, ps = m.groups()
+        return cls(*(int(x) for x in head), int(d or 0), int(pw or 0), int(e or 0), int(ps or 0))
 
     @property
     def chunk_rows(self) -> int:
@@ -101,7 +103,10 @@ class WsGemmConfig:
         return self.PW * 32 // (self.BK // 8) if self.PW else 0
 
     def smem_bytes(self) -> int:
-        return self.S * (self.BN + self.BM) * self.BK * 2
+        """The ring, and for the persistent kernel's epilogue (in the warp-specialised region, beside the live ring)
+        the layout conversion's float32 tile unless E = 1 converts nothing."""
+        scratch = self.BN * self.BM * 4 if self.PS and self.E != 1 else 0
+        return self.S * (self.BN + self.BM) * self.BK * 2 + scratch
 
 
 def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
@@ -120,6 +125,8 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
                 "of the producers covers, at least 8 (the shared-memory swizzle's period)")
     if cfg.E not in (0, 1, 2):
         return f"{cfg.name}: E must be 0, 1 or 2"
+    if cfg.PS and (cfg.SK != 1 or cfg.PW or cfg.D or cfg.PS > 2):
+        return f"{cfg.name}: the persistent kernel (PS 1 or 2) takes no split, no cp.async producers, no diagnostics"
     if cfg.PW and K % 16:
         return f"{cfg.name}: cp.async producers need K % 16 == 0 (16-byte copies the JIT can prove aligned); K={K}"
     if not 2 <= cfg.S <= 16:
@@ -309,6 +316,82 @@ if gluon is not None:
                 gl.store(cnt_ptr + tile, 0)  # ready for the next launch (stream order makes it visible)
 
 
+    @gluon.jit
+    def _ps_load_partition(w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, num_tiles, num_m_tiles, k_tiles,
+                           BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_K: gl.constexpr,
+                           NUM_STAGES: gl.constexpr):
+        """Persistent producer: the ring runs on across this CTA's tiles, so the next tile's weight is already
+        coming in while the consumers store the last one."""
+        c = 0
+        for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+            off_m = (tile % num_m_tiles) * BLOCK_SIZE_M
+            off_n = (tile // num_m_tiles) * BLOCK_SIZE_N
+            for i in range(k_tiles):
+                s = c % NUM_STAGES
+                mbarrier.wait(empty_bars.index(s), ((c // NUM_STAGES) & 1) ^ 1)
+                bar = ready_bars.index(s)
+                mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes)
+                _tma_load(w_desc, [off_n, i * BLOCK_SIZE_K], bar, w_bufs.index(s))
+                _tma_load(x_desc, [off_m, i * BLOCK_SIZE_K], bar, x_bufs.index(s))
+                c += 1
+
+    @gluon.jit
+    def _ps_mma_partition(w_bufs, x_bufs, ready_bars, empty_bars, c_ptr, bias_ptr, M, N, stride_cm, stride_cn,
+                          num_tiles, num_m_tiles, k_tiles, BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr,
+                          NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                          EPI: gl.constexpr):
+        """Persistent consumers: per tile, the wgmma loop of :func:`_mma_partition`, then that tile's epilogue
+        here, overlapping the producer's stream of the next tile."""
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                             instr_shape=[16, BLOCK_SIZE_M, 16])
+        out_layout: gl.constexpr = _epilogue_layout(EPI, BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_WARPS)
+        c = 0
+        for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+            acc = gl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), gl.float32, acc_layout)
+            for i in range(k_tiles):
+                s = c % NUM_STAGES
+                mbarrier.wait(ready_bars.index(s), (c // NUM_STAGES) & 1)
+                acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                mbarrier.arrive(empty_bars.index((c + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
+                c += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty_bars.index((c + NUM_STAGES - 1) % NUM_STAGES))  # the tile's last stage
+            out = gl.convert_layout(acc, out_layout)
+            offs_n = (tile // num_m_tiles) * BLOCK_SIZE_N + gl.arange(0, BLOCK_SIZE_N,
+                                                                      layout=gl.SliceLayout(1, out_layout))
+            offs_m = (tile % num_m_tiles) * BLOCK_SIZE_M + gl.arange(0, BLOCK_SIZE_M,
+                                                                     layout=gl.SliceLayout(0, out_layout))
+            mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+            _store_tile(out, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS)
+
+    @gluon.jit
+    def _wsgemm_persistent_kernel(w_desc, x_desc, c_ptr, bias_ptr, M, N, stride_cm, stride_cn, k_tiles,
+                                  HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr,
+                                  EPI: gl.constexpr = 0):
+        """``PS`` configs: a grid of ``PS`` CTAs per SM, each looping over ``(M tile, N tile)`` pairs (M fastest)."""
+        BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_SIZE_K: gl.constexpr = w_desc.block_type.shape[1]
+        BLOCK_SIZE_M: gl.constexpr = x_desc.block_type.shape[0]
+        num_m_tiles = (M + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
+        num_tiles = num_m_tiles * ((N + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N)
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES] + w_desc.block_type.shape, w_desc.layout)
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES] + x_desc.block_type.shape, x_desc.layout)
+        ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(ready_bars.index(i), count=1)
+            mbarrier.init(empty_bars.index(i), count=1)
+        fence_async_shared()
+        gl.warp_specialize([
+            (_ps_mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, c_ptr, bias_ptr, M, N, stride_cm,
+                                 stride_cn, num_tiles, num_m_tiles, k_tiles, BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES,
+                                 num_warps, HAS_BIAS, EPI)),
+            (_ps_load_partition, (w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, num_tiles, num_m_tiles,
+                                  k_tiles, BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_K, NUM_STAGES)),
+        ], [1], [40])
+
+
 _GL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _WORKSPACE: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -347,6 +430,13 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
     x_desc = TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
                                           gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gdt))
     k_tiles = triton.cdiv(K, cfg.BK)
+    if cfg.PS:
+        tiles = triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM)
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        _wsgemm_persistent_kernel[(min(tiles, cfg.PS * sms), )](
+            w_desc, x_desc, out, bias if bias is not None else out, M, N, out.stride(0), out.stride(1), k_tiles,
+            HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, EPI=cfg.E)
+        return out
     per_split = triton.cdiv(k_tiles, cfg.SK)
     grid = (triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM), cfg.SK)
     if cfg.SK > 1:
@@ -374,8 +464,9 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
     tiles read the same weight rows, the second from L2, instead of splitting K); BN 64 (4 warps) / 128 (4 or 8) /
     256 (8); BK 64/128; the deepest ring that fits one or two CTAs per SM; the K splits that bring the CTAs to
     0.9-2.2 per SM, and none where the tiles fill half the SMs; each fed by TMA and by 4 cp.async producer warps,
-    each with the three epilogue layouts. ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5 CTAs per
-    SM (many small CTAs, as the gemv runs)."""
+    each with the three epilogue layouts; and the persistent kernel (1 or 2 CTAs per SM, epilogue layouts 1 and 2)
+    where the tiles come to 1.5 or more per CTA. ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5
+    CTAs per SM (many small CTAs, as the gemv runs)."""
     bm_full = min(256, max(16, 1 << (M - 1).bit_length()))
     hi = 4.5 if wide else 2.2
     out = []
@@ -398,12 +489,22 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
                             c = WsGemmConfig(bn, bm, bk, sk, w, s, 0, pw, e)
                             if config_error(c, M, N, K) is None:
                                 out.append(c)
+            # Persistent: where the tiles come to 1.5 or more per CTA, so the epilogues overlap a stream.
+            for ps in (1, 2):
+                for e in (1, 2):
+                    c = WsGemmConfig(bn, bm, bk, 1, w, 0, 0, 0, e, ps)
+                    per_stage, room = (bn + bm) * bk * 2, _SMEM_LIMIT // ps - (1024 if ps > 1 else 0)
+                    depth = min(12, (room - (bn * bm * 4 if e != 1 else 0)) // per_stage)
+                    c = WsGemmConfig(bn, bm, bk, 1, w, depth, 0, 0, e, ps)
+                    if tiles >= 1.5 * ps * cu and config_error(c, M, N, K) is None:
+                        out.append(c)
     return out
 
 
 def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = False, arch: int = 90):
-    """Compile :func:`_wsgemm_kernel` for ``sm_<arch>`` without a GPU (Triton's own ptxas): the CPU tests read its
-    PTX; the arguments are specialised as a launch on (M, N, K) bf16 tensors would be."""
+    """Compile :func:`_wsgemm_kernel` (``PS`` configs: :func:`_wsgemm_persistent_kernel`) for ``sm_<arch>`` without a
+    GPU (Triton's own ptxas): the CPU tests read its PTX; the arguments are specialised as a launch on (M, N, K) bf16
+    tensors would be."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -421,7 +522,10 @@ def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = 
     k_tiles = triton.cdiv(K, cfg.BK)
     ints = dict(M=M, N=N, K=K, stride_wn=K, stride_xm=K, stride_cm=N, stride_cn=1, k_tiles=k_tiles,
                 k_tiles_per_split=triton.cdiv(k_tiles, cfg.SK), num_ksplit=cfg.SK)
-    names = _wsgemm_kernel.arg_names
+    kernel = _wsgemm_persistent_kernel if cfg.PS else _wsgemm_kernel
+    names = kernel.arg_names
+    constexprs = {n: v for n, v in constexprs.items() if n in names}
+    ints = {n: v for n, v in ints.items() if n in names}
     sig = {n: (mangle_type(descs[n]) if n in descs else ptr_types.get(n, "constexpr" if n in constexprs else "i32"))
            for n in names}
     # As the launcher's JIT specialises: pointers 16-byte aligned, integers that are multiples of 16 marked so
@@ -431,5 +535,5 @@ def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = 
             sig[n], constexprs[n] = "constexpr", 1
     attrs = {(names.index(n),): [["tt.divisibility", 16]]
              for n in names if n in ptr_types or (n in ints and ints[n] % 16 == 0 and ints[n] != 1)}
-    src = GluonASTSource(_wsgemm_kernel, sig, {(names.index(n),): v for n, v in constexprs.items()}, attrs)
+    src = GluonASTSource(kernel, sig, {(names.index(n),): v for n, v in constexprs.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=cfg.W))
