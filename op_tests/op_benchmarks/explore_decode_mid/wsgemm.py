@@ -22,14 +22,17 @@ cp.async, the gemv's access pattern, each thread arriving on the stage's mbarrie
 
 What it showed on the H100 (BENCHMARKS.md, "a warp-specialised Gluon kernel"): its weight stream alone (``D = 4``:
 no wgmma, no activation, no epilogue) runs at 0.75-0.97 of the copy floor, 1.02-1.69x faster than F.linear, and
-TMA or cp.async makes no difference; what the full kernel loses to that is mostly the end of the kernel: 0.8-1.8 us
-of epilogue without a split, 2.6-4 us with the split-K fix-up (a chain of global-memory round trips nothing
-overlaps). Best configs: 0.96-1.16x F.linear.
+TMA or cp.async makes no difference; what the full kernel loses to that is mostly the end of the kernel: 0.6-2.3 us
+of epilogue without a split, 1.7-4.2 us with the split-K fix-up (a chain of global-memory round trips nothing
+overlaps). The persistent variant (``PS``), whose producer runs into the next tile while the consumers store the
+last, needs tiles small enough to come 1.5 per CTA and lost to the best one-wave config of larger tiles. Best
+configs: 0.92-1.16x F.linear.
 
 Kernel: :func:`_wsgemm_kernel` (grid ``(M tiles x N tiles, splits)``), partitions :func:`_load_partition` (1 warp,
 TMA) or :func:`_cpa_load_partition` (``PW`` warps, cp.async) and :func:`_mma_partition` (``num_warps`` warps);
-launcher :func:`launch_wsgemm`; reference :func:`wsgemm_ref`. Gluon has no interpreter: the kernel runs on sm_90+
-only; the CPU tests cover names, rejections and the grid, and compile it for sm_90 (:func:`compile_offline`).
+:func:`_wsgemm_persistent_kernel` for ``PS`` configs; launcher :func:`launch_wsgemm`; reference :func:`wsgemm_ref`.
+Gluon has no interpreter: the kernel runs on sm_90+ only; the CPU tests cover names, rejections and the grid, and
+compile it for sm_90 (:func:`compile_offline`).
 """
 
 from __future__ import annotations
