@@ -2,8 +2,8 @@
 same weight. Families: ``gmma`` (``gemv_mma.py``: the gemv kernel's structure in Triton with tensor-core products),
 ``tc`` (``tcgemv.cu``: mma.sync fed by the weight straight from global memory), ``cl`` (``clgemv.cu``: the same
 products with the activation slice resident in shared memory and the K splits reduced inside a thread-block
-cluster), ``ws`` (``wsgemm.py``: a warp-specialised Gluon kernel, one producer warp issuing TMA copies for wgmma
-consumer warpgroups).
+cluster), ``ws`` (``wsgemm.py``: a warp-specialised Gluon kernel, TMA or cp.async producer warps feeding wgmma
+consumer warpgroups, one tile per CTA or persistent).
 
 Per shape: every config of the family's ``grid_configs`` (gmma, ws: compiled first in parallel worker processes into
 Triton's cache, gmma with N, K, M constexpr, a binary per config and shape; tc, cl: cubins built ahead with nvcc,
@@ -90,7 +90,7 @@ def _compile(task):
 
 
 def diag_stream_configs(M, N, K, cu) -> list[str]:
-    """ws --diag: the weight stream alone over the wide grid, with the epilogue and split-K fix-up (D3: no wgmma,
+    """ws --stream: the weight stream alone over the wide grid, with the epilogue and split-K fix-up (D3: no wgmma,
     no activation copies) and without (D4)."""
     return [ws.WsGemmConfig(**{**c.__dict__, "D": d}).name for c in ws.grid_configs(M, N, K, cu, wide=True)
             for d in (3, 4)]
@@ -174,8 +174,8 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
                 continue
             n = cl.ClGemvConfig(**{**base_cfg.__dict__, "D": d}).name
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
-    if diag and fam.name == "ws" and best:  # the best config without its products, its activation copies, both
-        base_ws = ws.WsGemmConfig.from_name(best[0])
+    base_ws = ws.WsGemmConfig.from_name(best[0]) if fam.name == "ws" and best else None
+    if diag and base_ws is not None and not base_ws.PS:  # without its products, activation copies, both, epilogue
         for d in (1, 2, 3, 4):
             n = ws.WsGemmConfig(**{**base_ws.__dict__, "D": d}).name
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
