@@ -93,7 +93,7 @@ def diag_stream_configs(M, N, K, cu) -> list[str]:
     """ws --stream: the weight stream alone over the wide grid, with the epilogue and split-K fix-up (D3: no wgmma,
     no activation copies) and without (D4)."""
     return [ws.WsGemmConfig(**{**c.__dict__, "D": d}).name for c in ws.grid_configs(M, N, K, cu, wide=True)
-            for d in (3, 4)]
+            if not c.PS for d in (3, 4)]
 
 
 def precompile(fam: Family, shapes, cu, workers, stream: bool = False):
