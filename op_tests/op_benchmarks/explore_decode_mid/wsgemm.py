@@ -29,10 +29,11 @@ last, needs tiles small enough to come 1.5 per CTA and lost to the best one-wave
 configs: 0.92-1.16x F.linear.
 
 Kernel: :func:`_wsgemm_kernel` (grid ``(M tiles x N tiles, splits)``), partitions :func:`_load_partition` (1 warp,
-TMA) or :func:`_cpa_load_partition` (``PW`` warps, cp.async) and :func:`_mma_partition` (``num_warps`` warps);
-:func:`_wsgemm_persistent_kernel` for ``PS`` configs; launcher :func:`launch_wsgemm`; reference :func:`wsgemm_ref`.
-Gluon has no interpreter: the kernel runs on sm_90+ only; the CPU tests cover names, rejections and the grid, and
-compile it for sm_90 (:func:`compile_offline`).
+TMA) or :func:`_cpa_load_partition` (``PW`` warps, cp.async) and :func:`_mma_partition` (``num_warps`` warps), the
+steps they share :func:`_tma_stage` and :func:`_mma_tile`; :func:`_wsgemm_persistent_kernel` for ``PS`` configs;
+launcher :func:`launch_wsgemm`; reference :func:`wsgemm_ref` (the decode family's float32 one). Gluon has no
+interpreter: the kernel runs on sm_90+ only; the CPU tests cover names, rejections and the grid, and compile it for
+sm_90 (:func:`compile_offline`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from dataclasses import dataclass
 
 import torch
 import triton
+
+from op_tests.op_benchmarks.explore_decode_mid.gemm_decode import _counters
+from op_tests.op_benchmarks.explore_decode_mid.gemm_decode import gemm_decode_ref as wsgemm_ref  # noqa: F401
 
 try:  # Gluon: Triton >= 3.5 (the H100 has 3.6)
     from triton.experimental import gluon
@@ -147,22 +151,29 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
 if gluon is not None:
 
     @gluon.jit
+    def _tma_stage(w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, c, off_n, off_m, k,
+                   NUM_STAGES: gl.constexpr, DIAG: gl.constexpr):
+        """Producer step ``c`` of the ring: wait for its stage to be free, then bring the weight and activation
+        tiles at (off_n, k), (off_m, k) in with TMA, counted on the stage's ready barrier."""
+        s = c % NUM_STAGES
+        # A fresh mbarrier counts as having completed the phase before 0: the first round does not wait.
+        mbarrier.wait(empty_bars.index(s), ((c // NUM_STAGES) & 1) ^ 1)
+        bar = ready_bars.index(s)
+        if DIAG >= 2:
+            mbarrier.expect(bar, w_desc.block_type.nbytes)
+            _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
+        else:
+            mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes)
+            _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
+            _tma_load(x_desc, [off_m, k], bar, x_bufs.index(s))
+
+    @gluon.jit
     def _load_partition(w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin, n_iters,
                         BLOCK_SIZE_K: gl.constexpr, NUM_STAGES: gl.constexpr, DIAG: gl.constexpr):
-        """Producer (1 warp): wait for a free stage, then bring its weight and activation tiles in with TMA."""
+        """Producer (1 warp): this CTA's K split of one tile, a TMA stage per K step."""
         for i in range(n_iters):
-            s = i % NUM_STAGES
-            # A fresh mbarrier counts as having completed the phase before 0: the first round does not wait.
-            mbarrier.wait(empty_bars.index(s), ((i // NUM_STAGES) & 1) ^ 1)
-            bar = ready_bars.index(s)
-            k = (kt_begin + i) * BLOCK_SIZE_K
-            if DIAG >= 2:
-                mbarrier.expect(bar, w_desc.block_type.nbytes)
-                _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
-            else:
-                mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes)
-                _tma_load(w_desc, [off_n, k], bar, w_bufs.index(s))
-                _tma_load(x_desc, [off_m, k], bar, x_bufs.index(s))
+            _tma_stage(w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, i, off_n, off_m,
+                       (kt_begin + i) * BLOCK_SIZE_K, NUM_STAGES, DIAG)
 
     @gluon.jit
     def _cpa_copy_tile(buf, src_ptr, off_r, k0, R, K, stride_r, ROWS: gl.constexpr, BLOCK_SIZE_K: gl.constexpr,
@@ -201,17 +212,17 @@ if gluon is not None:
             cp_async.mbarrier_arrive(ready_bars.index(s), increment_count=False)
 
     @gluon.jit
-    def _mma_partition(w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
-                       BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       NUM_WARPS: gl.constexpr, DIAG: gl.constexpr, CPA: gl.constexpr):
-        """Consumers (``NUM_WARPS`` warps): acc[BN, BM] += W_tile @ X_tile.T per stage, one wgmma group in flight; a
-        stage goes back to the producer once the wgmma that read it has retired."""
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                             instr_shape=[16, BLOCK_SIZE_M, 16])
+    def _mma_tile(w_bufs, x_bufs, ready_bars, empty_bars, c0, n_iters, acc_layout: gl.constexpr,
+                  BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  DIAG: gl.constexpr, CPA: gl.constexpr):
+        """Consumer steps ``c0 .. c0 + n_iters - 1`` of the ring: acc[BN, BM] += W_tile @ X_tile.T per stage, one
+        wgmma group in flight; a stage goes back to the producer once the wgmma that read it has retired, the last
+        one once all have."""
         acc = gl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), gl.float32, acc_layout)
         for i in range(n_iters):
-            s = i % NUM_STAGES
-            mbarrier.wait(ready_bars.index(s), (i // NUM_STAGES) & 1)
+            c = c0 + i
+            s = c % NUM_STAGES
+            mbarrier.wait(ready_bars.index(s), (c // NUM_STAGES) & 1)
             if DIAG == 1 or DIAG >= 3:
                 mbarrier.arrive(empty_bars.index(s))
             else:
@@ -220,19 +231,57 @@ if gluon is not None:
                 acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
                 # Leaves this iteration's wgmma in flight; the previous one has retired, so its stage is free.
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                mbarrier.arrive(empty_bars.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
+                mbarrier.arrive(empty_bars.index((c + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if DIAG != 1 and DIAG < 3:
+            mbarrier.arrive(empty_bars.index((c0 + n_iters - 1) % NUM_STAGES))  # the last stage
+        return acc
+
+    @constexpr_function
+    def _acc_layout(BLOCK_SIZE_M, num_warps):
+        """wgmma's accumulator: ``num_warps`` warps along the weight rows, the token tile as the instruction's N."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                         instr_shape=[16, BLOCK_SIZE_M, 16])
+
+    @gluon.jit
+    def _mma_partition(w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
+                       BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                       NUM_WARPS: gl.constexpr, DIAG: gl.constexpr, CPA: gl.constexpr):
+        """Consumers (``NUM_WARPS`` warps): one tile's K split; the accumulator goes back to the kernel."""
+        acc = _mma_tile(w_bufs, x_bufs, ready_bars, empty_bars, 0, n_iters, _acc_layout(BLOCK_SIZE_M, NUM_WARPS),
+                        BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, DIAG, CPA)
         return (acc, )  # a tuple: the default partition's results
 
     @constexpr_function
     def _epilogue_layout(EPI, BLOCK_SIZE_N, BLOCK_SIZE_M, num_warps):
         """The epilogue's register layout (``WsGemmConfig.E``); 1 is the accumulator's, so no conversion happens."""
         if EPI == 1:
-            return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                             instr_shape=[16, BLOCK_SIZE_M, 16])
+            return _acc_layout(BLOCK_SIZE_M, num_warps)
         if EPI == 2:
             return gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])
         return gl.BlockedLayout([2, 1], [32, 1], [1, num_warps], [0, 1])
+
+    @gluon.jit
+    def _tile_offsets(off_n, off_m, N, M, BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr,
+                      layout: gl.constexpr):
+        """The output tile's row (n) and column (m) indices in ``layout`` and its in-bounds mask."""
+        offs_n = off_n + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(1, layout))
+        offs_m = off_m + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(0, layout))
+        return offs_n, offs_m, (offs_n[:, None] < N) & (offs_m[None, :] < M)
+
+    @gluon.jit
+    def _alloc_ring(w_desc, x_desc, NUM_STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr):
+        """The ring's weight and activation stages and its ready / empty mbarriers (initialised): ``READY_ARRIVALS``
+        arrivals complete a ready phase (TMA: the producer's expect-tx; cp.async: every producer thread)."""
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES] + w_desc.block_type.shape, w_desc.layout)
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES] + x_desc.block_type.shape, x_desc.layout)
+        ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(ready_bars.index(i), count=READY_ARRIVALS)
+            mbarrier.init(empty_bars.index(i), count=1)
+        fence_async_shared()
+        return w_bufs, x_bufs, ready_bars, empty_bars
 
     @gluon.jit
     def _store_tile(acc, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS: gl.constexpr):
@@ -264,15 +313,7 @@ if gluon is not None:
         kt_begin = pid_k * k_tiles_per_split
         n_iters = gl.minimum(kt_begin + k_tiles_per_split, k_tiles) - kt_begin  # >= 1 (config_error)
 
-        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES] + w_desc.block_type.shape, w_desc.layout)
-        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES] + x_desc.block_type.shape, x_desc.layout)
-        ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NUM_STAGES):
-            # TMA: the producer's expect-tx is the one arrival; cp.async: every producer thread arrives once.
-            mbarrier.init(ready_bars.index(i), count=1 if PW == 0 else PW * 32)
-            mbarrier.init(empty_bars.index(i), count=1)
-        fence_async_shared()
+        w_bufs, x_bufs, ready_bars, empty_bars = _alloc_ring(w_desc, x_desc, NUM_STAGES, 1 if PW == 0 else PW * 32)
 
         if PW == 0:
             res = gl.warp_specialize([
@@ -296,9 +337,7 @@ if gluon is not None:
         # Epilogue: threads run along n (C's contiguous dimension), warps along m; or the accumulator's layout.
         out_layout: gl.constexpr = _epilogue_layout(EPI, BLOCK_SIZE_N, BLOCK_SIZE_M, num_warps)
         acc = gl.convert_layout(acc, out_layout)
-        offs_n = off_n + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(1, out_layout))
-        offs_m = off_m + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(0, out_layout))
-        mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+        offs_n, offs_m, mask = _tile_offsets(off_n, off_m, N, M, BLOCK_SIZE_N, BLOCK_SIZE_M, out_layout)
         if num_ksplit == 1:
             _store_tile(acc, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS)
         else:
@@ -327,15 +366,10 @@ if gluon is not None:
         coming in while the consumers store the last one."""
         c = 0
         for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-            off_m = (tile % num_m_tiles) * BLOCK_SIZE_M
-            off_n = (tile // num_m_tiles) * BLOCK_SIZE_N
             for i in range(k_tiles):
-                s = c % NUM_STAGES
-                mbarrier.wait(empty_bars.index(s), ((c // NUM_STAGES) & 1) ^ 1)
-                bar = ready_bars.index(s)
-                mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes)
-                _tma_load(w_desc, [off_n, i * BLOCK_SIZE_K], bar, w_bufs.index(s))
-                _tma_load(x_desc, [off_m, i * BLOCK_SIZE_K], bar, x_bufs.index(s))
+                _tma_stage(w_desc, x_desc, w_bufs, x_bufs, ready_bars, empty_bars, c,
+                           (tile // num_m_tiles) * BLOCK_SIZE_N, (tile % num_m_tiles) * BLOCK_SIZE_M,
+                           i * BLOCK_SIZE_K, NUM_STAGES, 0)
                 c += 1
 
     @gluon.jit
@@ -343,29 +377,18 @@ if gluon is not None:
                           num_tiles, num_m_tiles, k_tiles, BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr,
                           NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, HAS_BIAS: gl.constexpr,
                           EPI: gl.constexpr):
-        """Persistent consumers: per tile, the wgmma loop of :func:`_mma_partition`, then that tile's epilogue
-        here, overlapping the producer's stream of the next tile."""
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                             instr_shape=[16, BLOCK_SIZE_M, 16])
+        """Persistent consumers: per tile, :func:`_mma_tile`, then that tile's epilogue here, overlapping the
+        producer's stream of the next tile."""
         out_layout: gl.constexpr = _epilogue_layout(EPI, BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_WARPS)
         c = 0
         for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-            acc = gl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), gl.float32, acc_layout)
-            for i in range(k_tiles):
-                s = c % NUM_STAGES
-                mbarrier.wait(ready_bars.index(s), (c // NUM_STAGES) & 1)
-                acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                mbarrier.arrive(empty_bars.index((c + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
-                c += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty_bars.index((c + NUM_STAGES - 1) % NUM_STAGES))  # the tile's last stage
+            acc = _mma_tile(w_bufs, x_bufs, ready_bars, empty_bars, c, k_tiles, _acc_layout(BLOCK_SIZE_M, NUM_WARPS),
+                            BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, 0, False)
+            c += k_tiles
             out = gl.convert_layout(acc, out_layout)
-            offs_n = (tile // num_m_tiles) * BLOCK_SIZE_N + gl.arange(0, BLOCK_SIZE_N,
-                                                                      layout=gl.SliceLayout(1, out_layout))
-            offs_m = (tile % num_m_tiles) * BLOCK_SIZE_M + gl.arange(0, BLOCK_SIZE_M,
-                                                                     layout=gl.SliceLayout(0, out_layout))
-            mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+            offs_n, offs_m, mask = _tile_offsets((tile // num_m_tiles) * BLOCK_SIZE_N,
+                                                 (tile % num_m_tiles) * BLOCK_SIZE_M, N, M,
+                                                 BLOCK_SIZE_N, BLOCK_SIZE_M, out_layout)
             _store_tile(out, bias_ptr, c_ptr, offs_n, offs_m, N, mask, stride_cm, stride_cn, HAS_BIAS)
 
     @gluon.jit
@@ -378,14 +401,7 @@ if gluon is not None:
         BLOCK_SIZE_M: gl.constexpr = x_desc.block_type.shape[0]
         num_m_tiles = (M + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
         num_tiles = num_m_tiles * ((N + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N)
-        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES] + w_desc.block_type.shape, w_desc.layout)
-        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES] + x_desc.block_type.shape, x_desc.layout)
-        ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.init(ready_bars.index(i), count=1)
-            mbarrier.init(empty_bars.index(i), count=1)
-        fence_async_shared()
+        w_bufs, x_bufs, ready_bars, empty_bars = _alloc_ring(w_desc, x_desc, NUM_STAGES, 1)
         gl.warp_specialize([
             (_ps_mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, c_ptr, bias_ptr, M, N, stride_cm,
                                  stride_cn, num_tiles, num_m_tiles, k_tiles, BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES,
@@ -395,20 +411,17 @@ if gluon is not None:
         ], [1], [40])
 
 
-_GL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_WORKSPACE: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16} if gluon is not None else {}
 
 
-def _workspace(dev: torch.device, ws_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 partials and zeroed per-tile arrival counters, grown on demand and kept per device (the kernel resets
-    each counter it uses, so a buffer serves every later launch and CUDA-graph replay)."""
-    key = (dev.index or 0, dev.type)
-    ws, cnt = _WORKSPACE.get(key, (None, None))
-    if ws is None or ws.numel() < ws_elems or cnt.numel() < tiles:
-        ws = torch.empty(max(ws_elems, 1 << 20), dtype=torch.float32, device=dev)
-        cnt = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=dev)
-        _WORKSPACE[key] = (ws, cnt)
-    return ws, cnt
+def _descriptors(a: torch.Tensor, b: torch.Tensor, cfg: WsGemmConfig):
+    """TMA descriptors of the weight (``[BN, BK]`` boxes) and the activation (``[BM, BK]``), in the default
+    NVMMA shared layout (the largest swizzle the box allows); the launcher and :func:`compile_offline` share them."""
+    gdt = _GL_DTYPE[a.dtype]
+    return (TensorDescriptor.from_tensor(b, [cfg.BN, cfg.BK],
+                                         gl.NVMMASharedLayout.get_default_for([cfg.BN, cfg.BK], gdt)),
+            TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
+                                         gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gdt)))
 
 
 def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
@@ -427,39 +440,26 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
     if a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % row_align or b.stride(0) % row_align:
         raise ValueError(f"wsgemm {cfg.name} needs unit K stride and row strides that are multiples of {row_align}: "
                          f"a {tuple(a.stride())}, b {tuple(b.stride())}")
-    gdt = getattr(gl, _GL_DTYPE[a.dtype])
-    w_desc = TensorDescriptor.from_tensor(b, [cfg.BN, cfg.BK],
-                                          gl.NVMMASharedLayout.get_default_for([cfg.BN, cfg.BK], gdt))
-    x_desc = TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
-                                          gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gdt))
+    w_desc, x_desc = _descriptors(a, b, cfg)
     k_tiles = triton.cdiv(K, cfg.BK)
+    tiles = triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM)
     if cfg.PS:
-        tiles = triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         _wsgemm_persistent_kernel[(min(tiles, cfg.PS * sms), )](
             w_desc, x_desc, out, bias if bias is not None else out, M, N, out.stride(0), out.stride(1), k_tiles,
             HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, EPI=cfg.E)
         return out
-    per_split = triton.cdiv(k_tiles, cfg.SK)
-    grid = (triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM), cfg.SK)
-    if cfg.SK > 1:
-        ws, cnt = _workspace(a.device, cfg.SK * M * N, grid[0])
+    if cfg.SK > 1:  # float32 partials per launch; the decode family's per-stream arrival counters (gemm_decode)
+        ws = torch.empty((cfg.SK, M, N), dtype=torch.float32, device=a.device)
+        cnt = _counters(a.device, tiles)
     else:
-        ws, cnt = out, out  # unused
-    _wsgemm_kernel[grid](w_desc, x_desc, b, a, out, bias if bias is not None else out, ws, cnt, M, N, K,
-                         b.stride(0), a.stride(0), out.stride(0), out.stride(1), k_tiles, per_split, cfg.SK,
-                         HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW,
-                         EPI=cfg.E)
+        ws = cnt = out  # unused
+    _wsgemm_kernel[(tiles, cfg.SK)](w_desc, x_desc, b, a, out, bias if bias is not None else out, ws, cnt, M, N, K,
+                                    b.stride(0), a.stride(0), out.stride(0), out.stride(1), k_tiles,
+                                    triton.cdiv(k_tiles, cfg.SK), cfg.SK,
+                                    HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D,
+                                    PW=cfg.PW, EPI=cfg.E)
     return out
-
-
-def wsgemm_ref(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-               otype: torch.dtype | None = None) -> torch.Tensor:
-    """Float32 reference: upcast, multiply, add bias, cast to ``otype`` (default ``a.dtype``)."""
-    out = a.float() @ b.float().t()
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(a.dtype if otype is None else otype)
 
 
 def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[WsGemmConfig]:
@@ -512,13 +512,8 @@ def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = 
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    a = torch.empty(M, K, dtype=torch.bfloat16)
-    b = torch.empty(N, K, dtype=torch.bfloat16)
-    descs = dict(
-        w_desc=TensorDescriptor.from_tensor(b, [cfg.BN, cfg.BK],
-                                            gl.NVMMASharedLayout.get_default_for([cfg.BN, cfg.BK], gl.bfloat16)),
-        x_desc=TensorDescriptor.from_tensor(a, [cfg.BM, cfg.BK],
-                                            gl.NVMMASharedLayout.get_default_for([cfg.BM, cfg.BK], gl.bfloat16)))
+    descs = dict(zip(("w_desc", "x_desc"), _descriptors(torch.empty(M, K, dtype=torch.bfloat16),
+                                                        torch.empty(N, K, dtype=torch.bfloat16), cfg)))
     ptr_types = dict(w_ptr="*bf16", x_ptr="*bf16", c_ptr="*bf16", bias_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
     constexprs = dict(HAS_BIAS=has_bias, NUM_STAGES=cfg.S, num_warps=cfg.W, DIAG=cfg.D, PW=cfg.PW,
                          EPI=cfg.E)
