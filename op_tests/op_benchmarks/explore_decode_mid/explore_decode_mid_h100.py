@@ -88,6 +88,19 @@ COLUMNS = ["order", "model", "N", "K", "M", "impl", "config", "in_space", "is_de
            "screen_us", "final_us", "final_spread", "us", "speedup", "pct_roof", "floor_us"]
 
 
+def write_csv(path: Path, rows: list[dict], fieldnames: list[str] | None = None) -> None:
+    """Write ``rows`` to ``path`` (columns: ``fieldnames``, else every key in first-seen order, so rows may differ in
+    their keys), atomically: a temp file beside it, then a rename; nothing when there are no rows."""
+    if not rows:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fieldnames or list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
 def floor_us(M: int, N: int, K: int) -> float:
     """Memory roofline: A, B, C (16-bit) each moved once at 3.0 TB/s."""
     return (M * K + N * K + M * N) * 2 / PEAK_BW * 1e6
@@ -531,10 +544,7 @@ def environment(smoke: bool) -> dict:
 def write_results(out_dir: Path, rows: list[dict], env: dict, args: dict, status: str) -> tuple[list, dict]:
     summary = summarize(rows)
     agg = aggregate(summary)
-    with (out_dir / "explore_decode_mid.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out_dir / "explore_decode_mid.csv", rows, COLUMNS)
     (out_dir / "explore_decode_mid.json").write_text(json.dumps(
         {"env": env, "args": args, "status": status, "aggregate": agg, "summary": summary}, indent=1))
     return summary, agg

@@ -20,7 +20,6 @@ L2), then the 5 fastest, the M = 1 ``gemv`` streaming the same weight (a bandwid
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -42,6 +41,7 @@ from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import ( 
     check,
     floor_us,
     paired_medians,
+    write_csv,
 )
 
 
@@ -222,13 +222,8 @@ def main() -> int:
             break
         measure(fam, M, N, K, cu, bad, args.pairs, rows, summary, args.diag, args.stream)
         torch.cuda.empty_cache()
-    for name, data in (("screen.csv", rows), ("paired.csv", summary)):
-        if data:
-            keys = list(dict.fromkeys(k for r in data for k in r))
-            with open(args.out / name, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(data)
+    write_csv(args.out / "screen.csv", rows)
+    write_csv(args.out / "paired.csv", summary)
     print(f"done in {time.time() - t0:.0f}s", flush=True)
     return 0
 

@@ -14,7 +14,6 @@ time.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -25,6 +24,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import write_csv  # noqa: E402
 
 
 @triton.jit
@@ -89,10 +90,7 @@ def main() -> int:
               f"({gbs / cu:5.1f} GB/s per SM)", flush=True)
         rows.append(dict(buffer_mib=mb, source=where, passes=passes, programs=programs, warps=warps,
                          gb_per_s=round(gbs, 1), gb_per_s_per_sm=round(gbs / cu, 2)))
-    with open(args.out / "l2_bandwidth.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out / "l2_bandwidth.csv", rows)
     return 0
 
 

@@ -17,7 +17,6 @@ timed in paired rounds of CUDA-graph replays over rotating weights (> 2x L2; ``g
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import ( 
     check,
     floor_us,
     paired_medians,
+    write_csv,
 )
 
 PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
@@ -110,11 +110,8 @@ def main() -> int:
     for (M, N, K), names in PLAN.items():
         measure_shape(M, N, K, list(names) + [gd.default_config(M, N, K, cu).name], cu, args.pairs, rows, checks)
         torch.cuda.empty_cache()
-    for fname, data in (("probe_tiled.csv", rows), ("checks.csv", checks)):
-        with open(args.out / fname, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(data[0]))
-            w.writeheader()
-            w.writerows(data)
+    write_csv(args.out / "probe_tiled.csv", rows)
+    write_csv(args.out / "checks.csv", checks)
     return 0
 
 

@@ -12,7 +12,6 @@ machine without a GPU), else NVRTC.
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import sys
 from dataclasses import dataclass
@@ -27,7 +26,10 @@ import torch.nn.functional as F  # noqa: E402
 
 from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import cuda_build  # noqa: E402
-from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import paired_medians  # noqa: E402
+from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
+    paired_medians,
+    write_csv,
+)
 
 _SRC = Path(__file__).with_name("wstream.cu")
 SCREEN = TimingConfig(warmup=2, reps=7, target_us=300.0, budget_s=0.3)
@@ -146,11 +148,7 @@ def main() -> int:
     for N, K in SHAPES:
         measure(N, K, cu, args.pairs, rows)
         torch.cuda.empty_cache()
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(args.out / "wstream.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out / "wstream.csv", rows)
     return 0
 
 
