@@ -52,7 +52,11 @@ class Family:
         self.name = name
         self.mod = {"gmma": gm, "tc": tc, "cl": cl, "ws": ws}[name]
 
+    cluster = False  # ws: the grid with wsgemm_cluster's configs (--cluster)
+
     def grid(self, M, N, K, cu):
+        if self.name == "ws":
+            return ws.grid_configs(M, N, K, cu, cluster=Family.cluster)
         return self.mod.grid_configs(M, N, K, cu)
 
     def launcher(self, cfg_name):
@@ -177,8 +181,9 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
     base_ws = ws.WsGemmConfig.from_name(best[0]) if fam.name == "ws" and best else None
     if diag and base_ws is not None and not base_ws.PS:  # without its products, activation copies, both, epilogue
         for d in (1, 2, 3, 4):
-            n = ws.WsGemmConfig(**{**base_ws.__dict__, "D": d}).name
-            calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
+            dcfg = ws.WsGemmConfig(**{**base_ws.__dict__, "D": d})
+            if ws.config_error(dcfg, M, N, K) is None:  # a cluster config has D 4 only
+                calls[dcfg.name + " (diag, unchecked)"] = (lambda i, f=fam.launcher(dcfg.name): f(*sets[i]))
     samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
     floor = floor_us(M, N, K)
     print(f"M={M} N={N} K={K}: floor {floor:.2f} us, {len(cands)} configs timed", flush=True)
@@ -202,6 +207,8 @@ def main() -> int:
                     "results: timing only")
     ap.add_argument("--stream", action="store_true", help="ws: also screen the weight stream alone (D3, D4) over "
                     "the wide grid (timing only)")
+    ap.add_argument("--cluster", action="store_true", help="ws: the grid with epilogue layout 0 only plus the "
+                    "cluster configs whose K splits are summed through DSMEM (wsgemm_cluster.py, Triton >= 3.9)")
     ap.add_argument("--cubins", type=Path, help="tc, cl: folder of cubins built ahead (tcgemv/clgemv.build_cubins)")
     args = ap.parse_args()
     t0 = time.time()
@@ -209,6 +216,7 @@ def main() -> int:
     cu = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     fam = Family(args.family)
+    Family.cluster = args.cluster
     if args.family in ("gmma", "ws"):
         bad = precompile(fam, shapes, cu, args.workers, args.stream)
     else:

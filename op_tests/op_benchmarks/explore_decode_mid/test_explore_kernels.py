@@ -18,6 +18,7 @@ from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc
 from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws
+from op_tests.op_benchmarks.explore_decode_mid import wsgemm_cluster as wscl
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -185,6 +186,20 @@ def test_wsgemm_names_rejections_and_grid():
     assert ws.WsGemmConfig(64, 32, 128, 1, 4, 9) in ws.grid_configs(64, 4096, 4096, 132)
 
 
+def test_wsgemm_cluster_names_rejections_and_grid():
+    cfg = ws.WsGemmConfig(64, 32, 128, 4, 4, 8, 0, 4, 0, 0, 4)
+    assert cfg.name == "WS_BN64_BM32_BK128_SK4_W4_S8_P4_CL4" and ws.WsGemmConfig.from_name(cfg.name) == cfg
+    assert cfg.smem_bytes() == 8 * (64 + 32) * 128 * 2 + 64 * 32 * 4  # the ring and the receive buffer
+    assert ws.config_error(cfg, 32, 1280, 8192) is None
+    for bad in (dict(SK=2), dict(CL=3, SK=3), dict(PW=0), dict(E=1), dict(D=3), dict(BN=64, CL=32, SK=32)):
+        assert "cluster" in ws.config_error(ws.WsGemmConfig(**{**cfg.__dict__, **bad}), 32, 1280, 8192), bad
+    grid = ws.grid_configs(64, 1280, 8192, 132, cluster=True)
+    clusters = [c for c in grid if c.CL > 1]
+    assert clusters and all(c.E == 0 for c in grid) and all(c.PW == 4 and c.SK == c.CL for c in clusters)
+    assert all(0.9 * 132 <= -(-1280 // c.BN) * -(-64 // c.BM) * c.CL <= 2.2 * 132 for c in clusters)
+    assert not any(c.CL > 1 for c in ws.grid_configs(64, 1280, 8192, 132))
+
+
 @pytest.mark.skipif(ws.gluon is None, reason="Triton without Gluon")
 @pytest.mark.parametrize(("cfg", "has_bias"), [
     (ws.WsGemmConfig(64, 32, 64, 3, 4, 6), True),     # one warpgroup, bias
@@ -217,6 +232,31 @@ def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias, tmp_path):
     assert ("atom.global" in ptx) == (cfg.SK > 1)
 
 
+@pytest.mark.skipif(not wscl.HAS_CLUSTER, reason="Gluon inline_asm on shared memory: Triton >= 3.9")
+@pytest.mark.parametrize("cfg", [ws.WsGemmConfig(64, 32, 128, 2, 4, 8, 0, 4, 0, 0, 2),
+                                 ws.WsGemmConfig(128, 64, 64, 4, 8, 5, 0, 4, 0, 0, 4)])
+def test_wsgemm_cluster_compiles_for_sm90_on_cpu(cfg, tmp_path):
+    """The cluster kernel compiles for sm_90 as one CTA, and its PTX holds the exchange: the receive mbarrier's
+    initialisation fenced to the cluster, one cluster-barrier arrive per partition and one wait, a remote 16-byte
+    store per 4 rows, a release arrive on each CTA's barrier, an acquire wait on its own; no global atomics."""
+    out = tmp_path / "k.ptx"
+    code = ("import sys; from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws; "
+            f"k = ws.compile_offline(ws.WsGemmConfig.from_name({cfg.name!r}), {cfg.BM}, 1280, 8192, True); "
+            f"open({str(out)!r}, 'w').write(k.asm['ptx'])")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ptx = out.read_text()
+    assert ptx.count("fence.mbarrier_init.release.cluster") == 1
+    assert ptx.count("barrier.cluster.arrive.relaxed.aligned") == 2 and ptx.count("barrier.cluster.wait") == 1
+    per_thread = cfg.BN * cfg.BM // (cfg.W * 32)
+    assert ptx.count("st.shared::cluster.v4.f32") == per_thread // 4
+    assert ptx.count("mbarrier.arrive.release.cluster.shared::cluster.b64") == cfg.CL
+    assert ptx.count("mbarrier.try_wait.parity.acquire.cluster") == 1
+    assert "atom.global" not in ptx and ".reqntid " + str((cfg.W + cfg.PW) * 32) in ptx  # no idle warps
+
+
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
 
@@ -242,6 +282,22 @@ def test_wsgemm_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
                           bit_identical_rerun=True)
     for buf in gd._COUNTERS.values():
         assert int(buf.abs().sum()) == 0, "the last split of a tile resets its counter"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not wscl.HAS_CLUSTER or not _hopper(), reason="clusters and DSMEM: NVIDIA sm_90+, Triton >= 3.9")
+@pytest.mark.parametrize(("M", "N", "K", "cfg", "with_bias", "otype"), [
+    (1, 100, 272, ws.WsGemmConfig(64, 16, 64, 2, 4, 4, 0, 4, 0, 0, 2), True, torch.bfloat16),  # rows, tokens past N, M
+    (17, 1000, 4112, ws.WsGemmConfig(64, 32, 128, 4, 4, 6, 0, 4, 0, 0, 4), False, torch.float32),  # K tail
+    (33, 1280, 8192, ws.WsGemmConfig(64, 16, 128, 8, 4, 5, 0, 4, 0, 0, 8), True, torch.float16),  # 8 CTAs, 3 M tiles
+    (97, 4100, 528, ws.WsGemmConfig(128, 64, 64, 2, 8, 5, 0, 4, 0, 0, 2), True, torch.bfloat16),  # two warpgroups
+    (255, 1280, 8192, ws.WsGemmConfig(64, 128, 64, 4, 4, 6, 0, 4, 0, 0, 4), False, torch.bfloat16),
+])
+def test_wsgemm_cluster_matches_reference_gpu(M, N, K, cfg, with_bias, otype):
+    assert ws.config_error(cfg, M, N, K) is None
+    # The splits are summed in split order in the owning CTA: bit-identical reruns, and no counters involved.
+    run_against_reference(lambda a, b, bias, out: ws.launch_wsgemm(a, b, bias, out, cfg), M, N, K, with_bias, otype,
+                          bit_identical_rerun=True)
 
 
 def test_write_csv_unions_the_keys_and_skips_empty(tmp_path):

@@ -87,22 +87,25 @@ class WsGemmConfig:
     # round trip); 2 threads along n, 16 bytes each
     PS: int = 0  # 0: a CTA per (tile, split); p > 0: persistent, p CTAs per SM loop over the tiles, the producer
     # running into the next tile while the consumers store the last (no split; TMA producer)
+    CL: int = 1  # > 1: the SK = CL splits of a tile are one cluster's CTAs, summed through distributed shared
+    # memory (wsgemm_cluster.py, Triton >= 3.9)
 
     @property
     def name(self) -> str:
         return (f"WS_BN{self.BN}_BM{self.BM}_BK{self.BK}_SK{self.SK}_W{self.W}_S{self.S}"
                 + (f"_D{self.D}" if self.D else "") + (f"_P{self.PW}" if self.PW else "")
-                + (f"_E{self.E}" if self.E else "") + (f"_PS{self.PS}" if self.PS else ""))
+                + (f"_E{self.E}" if self.E else "") + (f"_PS{self.PS}" if self.PS else "")
+                + (f"_CL{self.CL}" if self.CL > 1 else ""))
 
     @classmethod
     def from_name(cls, name: str) -> WsGemmConfig:
         m = re.fullmatch(r"WS_BN(\d+)_BM(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)"
-                         r"(?:_D(\d))?(?:_P(\d+))?(?:_E(\d))?(?:_PS(\d))?", name.strip())
+                         r"(?:_D(\d))?(?:_P(\d+))?(?:_E(\d))?(?:_PS(\d))?(?:_CL(\d))?", name.strip())
         if m is None:
             raise ValueError(f"wsgemm kernelName {name!r} does not match WS_BN<n>_BM<m>_BK<k>_SK<s>_W<w>_S<st>"
-                             "[_D<d>][_P<pw>][_E<e>][_PS<p>] (e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
-        *head, d, pw, e, ps = m.groups()
-        return cls(*(int(x) for x in head), int(d or 0), int(pw or 0), int(e or 0), int(ps or 0))
+                             "[_D<d>][_P<pw>][_E<e>][_PS<p>][_CL<c>] (e.g. 'WS_BN64_BM64_BK64_SK2_W4_S6')")
+        *head, d, pw, e, ps, cl = m.groups()
+        return cls(*(int(x) for x in head), int(d or 0), int(pw or 0), int(e or 0), int(ps or 0), int(cl or 1))
 
     @property
     def chunk_rows(self) -> int:
@@ -111,8 +114,8 @@ class WsGemmConfig:
 
     def smem_bytes(self) -> int:
         """The ring, and for the persistent kernel's epilogue (in the warp-specialised region, beside the live ring)
-        the layout conversion's float32 tile unless E = 1 converts nothing."""
-        scratch = self.BN * self.BM * 4 if self.PS and self.E != 1 else 0
+        the layout conversion's float32 tile unless E = 1 converts nothing; for a cluster the receive buffer."""
+        scratch = self.BN * self.BM * 4 if (self.PS and self.E != 1) or self.CL > 1 else 0
         return self.S * (self.BN + self.BM) * self.BK * 2 + scratch
 
 
@@ -134,6 +137,11 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
         return f"{cfg.name}: E must be 0, 1 or 2"
     if cfg.PS and (cfg.SK != 1 or cfg.PW or cfg.D or cfg.PS > 2):
         return f"{cfg.name}: the persistent kernel (PS 1 or 2) takes no split, no cp.async producers, no diagnostics"
+    if cfg.CL > 1 and (cfg.CL not in (2, 4, 8) or cfg.SK != cfg.CL or cfg.PS or cfg.E or cfg.D not in (0, 4)
+                       or cfg.BN // cfg.CL < 4 or not cfg.PW):
+        return (f"{cfg.name}: a cluster of CL = 2, 4 or 8 CTAs takes SK = CL splits, cp.async producers (a TMA "
+                "producer warp leaves idle warps that a cluster barrier would wait for), no persistence, its own "
+                "epilogue (E 0) and at least 4 rows per CTA; diagnostics D 4 only")
     if cfg.PW and K % 16:
         return f"{cfg.name}: cp.async producers need K % 16 == 0 (16-byte copies the JIT can prove aligned); K={K}"
     if not 2 <= cfg.S <= 16:
@@ -441,6 +449,9 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         raise ValueError(f"wsgemm {cfg.name} needs unit K stride and row strides that are multiples of {row_align}: "
                          f"a {tuple(a.stride())}, b {tuple(b.stride())}")
     w_desc, x_desc = _descriptors(a, b, cfg)
+    if cfg.CL > 1:
+        from op_tests.op_benchmarks.explore_decode_mid import wsgemm_cluster
+        return wsgemm_cluster.launch(a, b, bias, out, cfg, (w_desc, x_desc))
     k_tiles = triton.cdiv(K, cfg.BK)
     tiles = triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM)
     if cfg.PS:
@@ -462,14 +473,16 @@ def launch_wsgemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
     return out
 
 
-def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[WsGemmConfig]:
+def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False, cluster: bool = False) -> list[WsGemmConfig]:
     """Exploration grid: BM = M rounded up to a power of 2 (16..256), and its half and quarter (>= 16: several M
     tiles read the same weight rows, the second from L2, instead of splitting K); BN 64 (4 warps) / 128 (4 or 8) /
     256 (8); BK 64/128; the deepest ring that fits one or two CTAs per SM; the K splits that bring the CTAs to
     0.9-2.2 per SM, and none where the tiles fill half the SMs; each fed by TMA and by 4 cp.async producer warps,
     each with the three epilogue layouts; and the persistent kernel (1 or 2 CTAs per SM, epilogue layouts 1 and 2)
     where the tiles come to 1.5 or more per CTA. ``wide``: also BK 256, rings of 2-4 stages and splits up to 4.5
-    CTAs per SM (many small CTAs, as the gemv runs)."""
+    CTAs per SM (many small CTAs, as the gemv runs). ``cluster``: the epilogue layout 0 only, plus the cluster
+    configs (``CL`` 2/4/8 K splits summed through DSMEM, 4 cp.async producer warps) that bring the CTAs to 0.9-2.2 per
+    SM, with the deepest ring that fits beside the receive buffer at one or two CTAs per SM."""
     bm_full = min(256, max(16, 1 << (M - 1).bit_length()))
     hi = 4.5 if wide else 2.2
     out = []
@@ -488,10 +501,16 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False) -> list[Ws
             for s in sorted(d for d in depths if d >= (2 if wide else 3)):
                 for sk in splits:
                     for pw in (0, 4):
-                        for e in (0, 1, 2):
+                        for e in ((0, ) if cluster else (0, 1, 2)):
                             c = WsGemmConfig(bn, bm, bk, sk, w, s, 0, pw, e)
                             if config_error(c, M, N, K) is None:
                                 out.append(c)
+            for cl in ((2, 4, 8) if cluster else ()):
+                recv = bn * bm * 4
+                for room in (_SMEM_LIMIT - recv, _SMEM_LIMIT // 2 - 1024 - recv):
+                    c = WsGemmConfig(bn, bm, bk, cl, w, min(12, room // per_stage), 0, 4, 0, 0, cl)
+                    if 0.9 * cu <= tiles * cl <= hi * cu and c.S >= 3 and config_error(c, M, N, K) is None:
+                        out.append(c)
             # Persistent: where the tiles come to 1.5 or more per CTA, so the epilogues overlap a stream.
             for ps in (1, 2):
                 for e in (1, 2):
@@ -521,6 +540,9 @@ def compile_offline(cfg: WsGemmConfig, M: int, N: int, K: int, has_bias: bool = 
     ints = dict(M=M, N=N, K=K, stride_wn=K, stride_xm=K, stride_cm=N, stride_cn=1, k_tiles=k_tiles,
                 k_tiles_per_split=triton.cdiv(k_tiles, cfg.SK), num_ksplit=cfg.SK)
     kernel = _wsgemm_persistent_kernel if cfg.PS else _wsgemm_kernel
+    if cfg.CL > 1:
+        from op_tests.op_benchmarks.explore_decode_mid import wsgemm_cluster
+        kernel, constexprs["CL"] = wsgemm_cluster._wscl_kernel, cfg.CL
     names = kernel.arg_names
     constexprs = {n: v for n, v in constexprs.items() if n in names}
     ints = {n: v for n, v in ints.items() if n in names}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# wsgemm_cluster on one Hopper GPU (issue 14): Triton 3.9 unpacked from .whl/t39.tar.xz (the device has 3.6, whose
+# Gluon cannot take shared memory in inline_asm), nvmath-python from .whl (so the dispatch's cuBLASLt rows run), the
+# GPU tests of wsgemm (cluster cases included), then explore_gemv_mma.py --family ws --cluster over SHAPES.
+#
+#   OUT=/tmp/x SHAPES=64x1280x8192,... COMMIT=$(git rev-parse HEAD) bash op_tests/op_benchmarks/explore_decode_mid/run_wscl_h100.sh
+# EXPLORE_ARGS: extra arguments (default "--diag --pairs 8 --deadline_s 330"); EXPLORE_LIMIT_S (default 420).
+# .whl/t39.tar.xz: the cp312-abi3 Triton 3.9.0 wheel unpacked, AMD backend, proton, CUPTI and the Blackwell ptxas
+# removed, libtriton.so stripped of debug info, tar | xz -9 (58.7 MB); carried with the run tool's carry [".whl"].
+set -u
+OUT=${OUT:?set OUT to an output folder}
+SHAPES=${SHAPES:?set SHAPES to MxNxK,...}
+mkdir -p "$OUT" /tmp/t39
+[ -f /tmp/t39/triton/__init__.py ] || xz -dc .whl/t39.tar.xz | tar -x -C /tmp/t39
+python -m pip install -q --no-index --no-deps .whl/nvmath_python-*.whl > "$OUT/pip.log" 2>&1
+export PYTHONPATH=/tmp/t39:${PYTHONPATH:-}
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  python -c "import torch, triton, nvmath; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, triton.__file__, 'nvmath', nvmath.__version__)"
+  echo "commit ${COMMIT:-unknown}; shapes $SHAPES; args ${EXPLORE_ARGS:-}"
+} > "$OUT/env.txt" 2>&1
+timeout -s KILL ${TEST_LIMIT_S:-150} python -m pytest -q -p no:cacheprovider \
+  op_tests/op_benchmarks/explore_decode_mid/test_explore_kernels.py -k "wsgemm" > "$OUT/pytest_gpu.log" 2>&1
+rc=$?
+echo "tests rc=$rc" >> "$OUT/env.txt"
+[ $rc = 0 ] || { echo "tests failed: no exploration" >> "$OUT/env.txt"; exit 1; }
+timeout -s KILL ${EXPLORE_LIMIT_S:-420} python op_tests/op_benchmarks/explore_decode_mid/explore_gemv_mma.py \
+  --family ws --cluster --out "$OUT/explore" --shapes "$SHAPES" ${EXPLORE_ARGS:---diag --pairs 8 --deadline_s 330} \
+  > "$OUT/explore.log" 2>&1
+echo "explore rc=$?" >> "$OUT/env.txt"

@@ -1,0 +1,178 @@
+"""wsgemm with its K splits summed through distributed shared memory (exploration, issue 14; Triton >= 3.9).
+
+Why
+===
+
+``wsgemm.py`` measured on the H100 that its weight stream alone runs 1.32-1.69x faster than F.linear at N = 1280,
+but that the split-K fix-up (float32 partials to global memory, a counter, the last split re-reading them) costs
+1.7-4.2 us, which leaves the full kernel at 1.04-1.11x. Here the ``CL`` K splits of one output tile are the CTAs of
+one thread-block cluster: each runs wsgemm's producer / consumer ring over its K slice, then *pushes* its float32
+partial through distributed shared memory (DSMEM): the rows CTA ``q`` owns (``BN / CL`` of them) go into slot
+``rank`` of CTA q's receive buffer (``mapa`` + ``st.shared::cluster.v4``), and every thread then arrives on q's
+receive mbarrier with release semantics at cluster scope. CTA q waits on its own mbarrier (acquire, cluster scope),
+sums the ``CL`` slots in split order (deterministic) and stores its rows. Nothing goes through global memory but the
+output, and there is one handshake instead of wsgemm's chain of global round trips.
+
+How it is written
+=================
+
+Gluon's own cross-CTA layout conversion would express the exchange, but it needs the kernel compiled for clusters
+(``num_ctas``), where every layout must describe the cluster and the TMA and wgmma of wsgemm's partitions would have
+to be re-expressed as cluster-wide tensors (and Triton 3.6, the H100's, fails to lower the conversion). So the kernel
+is compiled as for one CTA (``program_id`` is the CTA's own index: tile = pid // CL, split = pid % CL) and launched
+in clusters of ``CL`` CTAs along x (:func:`launch` sets the compiled kernel's cluster size); the exchange is inline
+PTX through ``gl.inline_asm``, which takes shared-memory descriptors as operands (Triton >= 3.9).
+
+The receive mbarrier must be initialised before another CTA arrives on it: each CTA initialises it, fences the
+initialisation to the cluster and arrives on the cluster barrier at the start (``barrier.cluster.arrive``: the
+default warps in the prologue, the producer warps at the start of their partition), and waits on the cluster
+barrier only after its own K split (``barrier.cluster.wait``), just before its first remote store. A cluster
+barrier waits for every thread of the cluster that has not exited, so the CTA must have no idle warps: Triton pads
+the warp-specialised region's warps to whole warpgroups, which for one TMA producer warp leaves three warps parked
+in its scheduler loop; the configs therefore use 4 cp.async producer warps (``_P4``: 4 + 4 or 8 + 4 warps).
+
+Configs are wsgemm's with ``_CL<c>`` (``c`` = ``SK`` = 2, 4 or 8): :func:`wsgemm.launch_wsgemm` hands them here.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws
+
+try:
+    from triton.experimental.gluon.language.nvidia.hopper import cluster as _cluster  # noqa: F401  (3.9+)
+    HAS_CLUSTER = ws.gluon is not None
+except ImportError:  # Triton 3.6: no cluster module, and the cross-CTA conversion does not lower
+    HAS_CLUSTER = False
+
+if HAS_CLUSTER:
+    gluon, gl, mbarrier = ws.gluon, ws.gl, ws.mbarrier
+    from triton.runtime.jit import constexpr_function
+
+    @constexpr_function
+    def _push_asm(outputs, inputs):
+        """Per group of 4 consecutive rows of one token: map the local receive address into the owner CTA's window
+        (``mapa``) and store the 4 floats there (``st.shared::cluster.v4``)."""
+        vals, owners, addrs = inputs
+        return "\n".join(
+            f"{{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {addrs[i]}, {owners[i]}; "
+            f"st.shared::cluster.v4.f32 [ra], {{{vals[i]}, {vals[i + 1]}, {vals[i + 2]}, {vals[i + 3]}}}; }}"
+            for i in range(0, len(vals), 4))
+
+    @constexpr_function
+    def _arrive_all_asm(CL):
+        """Arrive on the receive mbarrier ($0, a local address) of each of the CL CTAs, releasing this thread's
+        remote stores at cluster scope."""
+        return "\n".join(f"{{ .reg .b32 rb; mapa.shared::cluster.u32 rb, $0, {q}; "
+                         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [rb]; }"
+                         for q in range(CL))
+
+    @gluon.jit
+    def _cluster_arrive():
+        gl.inline_asm("barrier.cluster.arrive.relaxed.aligned;", "", [], (), is_pure=False)
+
+    @gluon.jit
+    def _cl_load_partition(w_ptr, x_ptr, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin, n_iters,
+                           N, M, K, stride_wn, stride_xm,
+                           BLOCK_SIZE_N: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_K: gl.constexpr,
+                           NUM_STAGES: gl.constexpr, PW: gl.constexpr, DIAG: gl.constexpr):
+        """wsgemm's cp.async producers, after arriving on the cluster barrier (every warp of the cluster must)."""
+        _cluster_arrive()
+        ws._cpa_load_partition(w_ptr, x_ptr, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m, kt_begin,
+                               n_iters, N, M, K, stride_wn, stride_xm, BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_K,
+                               NUM_STAGES, PW, DIAG)
+
+    @gluon.jit
+    def _wscl_kernel(w_desc, x_desc, w_ptr, x_ptr, c_ptr, bias_ptr, M, N, K, stride_wn, stride_xm, stride_cm,
+                     stride_cn, k_tiles, k_tiles_per_split,
+                     HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr, CL: gl.constexpr,
+                     DIAG: gl.constexpr = 0, PW: gl.constexpr = 4):
+        """One ``[BLOCK_SIZE_N x BLOCK_SIZE_M]`` tile of C.T per cluster of CL CTAs; CTA r runs K split r."""
+        BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_SIZE_K: gl.constexpr = w_desc.block_type.shape[1]
+        BLOCK_SIZE_M: gl.constexpr = x_desc.block_type.shape[0]
+        ROWS: gl.constexpr = BLOCK_SIZE_N // CL  # rows of the tile each CTA sums and stores
+        pid = gl.program_id(0)
+        tile = pid // CL
+        rank = pid % CL  # = %cluster_ctarank: clusters of CL consecutive CTAs along x
+        num_m_tiles = (M + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
+        off_n = (tile // num_m_tiles) * BLOCK_SIZE_N
+        off_m = (tile % num_m_tiles) * BLOCK_SIZE_M
+        kt_begin = rank * k_tiles_per_split
+        n_iters = gl.minimum(kt_begin + k_tiles_per_split, k_tiles) - kt_begin  # >= 1 (config_error)
+
+        w_bufs, x_bufs, ready_bars, empty_bars = ws._alloc_ring(w_desc, x_desc, NUM_STAGES, PW * 32)
+        # Slot s of the receive buffer holds split s's partial of this CTA's ROWS rows, token-major, rows contiguous.
+        recv = gl.allocate_shared_memory(gl.float32, [CL, BLOCK_SIZE_M, ROWS],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        recv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(recv_bar, count=CL * num_warps * 32)  # every consumer thread of every CTA arrives once
+        gl.inline_asm("fence.mbarrier_init.release.cluster;", "", [], (), is_pure=False)
+        _cluster_arrive()
+
+        res = gl.warp_specialize([
+            (ws._mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
+                                 BLOCK_SIZE_N, BLOCK_SIZE_M, NUM_STAGES, num_warps, DIAG, True)),
+            (_cl_load_partition, (w_ptr, x_ptr, w_bufs, x_bufs, ready_bars, empty_bars, off_n, off_m,
+                                  kt_begin, n_iters, N, M, K, stride_wn, stride_xm,
+                                  BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_K, NUM_STAGES, PW, DIAG)),
+        ], [PW], [88])
+        # Every CTA of the cluster has initialised its receive mbarrier (and no warp has exited yet).
+        gl.inline_asm("barrier.cluster.wait.acquire.aligned;", "", [], (), is_pure=False)
+        if DIAG == 4:
+            return
+        # Push: 4 consecutive rows per thread, each group to the CTA that owns those rows, into slot `rank`.
+        TN: gl.constexpr = min(32, BLOCK_SIZE_N // 4)
+        push: gl.constexpr = gl.BlockedLayout([4, 1], [TN, 32 // TN], [1, num_warps], [0, 1])
+        acc = gl.convert_layout(res[0], push)
+        n = gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(1, push))[:, None]
+        m = gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(0, push))[None, :]
+        owner = n // ROWS + m * 0
+        local = ((rank * BLOCK_SIZE_M + m) * ROWS + n % ROWS) * 4
+        gl.inline_asm(_push_asm, ("f", "r", "r"), [acc, owner, local + _smem_base(recv)], (), is_pure=False)
+        gl.inline_asm(_arrive_all_asm(CL), "r", [recv_bar], (), is_pure=False)
+        gl.inline_asm("{ .reg .pred p; W${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$0], 0; "
+                      "@!p bra W${:uid}; }", "r", [recv_bar], (), is_pure=False)
+        # Sum the CL partials of this CTA's rows in split order and store them (threads along the rows).
+        TR: gl.constexpr = min(32, ROWS // 4)
+        red: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TR, TR], [1, num_warps, 1], [2, 1, 0])
+        total = gl.sum(recv.load(red), axis=0)
+        out: gl.constexpr = gl.SliceLayout(0, red)
+        offs_m = off_m + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, out))
+        offs_n = off_n + rank * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, out))
+        if HAS_BIAS:
+            total += gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[None, :]
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        gl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+                 total.to(c_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _smem_base(buf):
+        """The shared-memory address of ``buf``'s origin, as a scalar."""
+        return gl.inline_asm("mov.u32 $0, $1;", "=r,r", [buf], gl.int32, is_pure=False)
+
+
+def launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: ws.WsGemmConfig,
+           descs) -> torch.Tensor:
+    """``out = a @ b.T (+ bias)`` with ``cfg.CL`` K splits per cluster (the checks are :func:`wsgemm.launch_wsgemm`'s).
+    The kernel is compiled for one CTA; its cached compiled form is then told to launch in clusters of CL (Triton's
+    launcher multiplies the grid by it and sets the cluster dimension)."""
+    if not HAS_CLUSTER:
+        raise RuntimeError(f"{cfg.name}: the DSMEM reduction needs Gluon's inline_asm on shared memory (Triton >= "
+                           f"3.9); this is Triton {triton.__version__}")
+    M, K = a.shape
+    N = b.shape[0]
+    w_desc, x_desc = descs
+    k_tiles = triton.cdiv(K, cfg.BK)
+    tiles = triton.cdiv(N, cfg.BN) * triton.cdiv(M, cfg.BM)
+    args = (w_desc, x_desc, b, a, out, bias if bias is not None else out, M, N, K, b.stride(0), a.stride(0),
+            out.stride(0), out.stride(1), k_tiles, triton.cdiv(k_tiles, cfg.CL))
+    kw = dict(HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, CL=cfg.CL, DIAG=cfg.D, PW=cfg.PW)
+    compiled = _wscl_kernel.warmup(*args, grid=(tiles, ), **kw)
+    warps, ctas, smem = compiled.packed_metadata
+    if ctas != cfg.CL:
+        compiled.packed_metadata = (warps, cfg.CL, smem)
+    _wscl_kernel[(tiles, )](*args, **kw)
+    return out
