@@ -13,6 +13,7 @@ OUT=${OUT:?set OUT to an output folder}
 SHAPES=${SHAPES:?set SHAPES to MxNxK,...}
 mkdir -p "$OUT" /tmp/t39
 [ -f /tmp/t39/triton/__init__.py ] || xz -dc .whl39/t39.tar.xz | tar -x -C /tmp/t39
+sed -i "/backends.amd/d" /tmp/t39/triton-3.9.0.dist-info/entry_points.txt  # the pack has no AMD backend
 ls .whl/nvmath_python-*.whl > /dev/null 2>&1 && python -m pip install -q --no-index --no-deps .whl/nvmath_python-*.whl > "$OUT/pip.log" 2>&1
 T36=$(python -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin
 for p in /usr/local/cuda/bin/ptxas "$T36/ptxas-blackwell" "$T36/ptxas"; do [ -x "$p" ] && { PTXAS=$p; break; }; done
