@@ -110,7 +110,8 @@ if HAS_CLUSTER:
         recv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(recv_bar, count=CL * num_warps * 32)  # every consumer thread of every CTA arrives once
         gl.inline_asm("fence.mbarrier_init.release.cluster;", "", [], (), is_pure=False)
-        _cluster_arrive()
+        if DIAG != 5:
+            _cluster_arrive()
 
         res = gl.warp_specialize([
             (ws._mma_partition, (w_bufs, x_bufs, ready_bars, empty_bars, n_iters,
@@ -120,7 +121,8 @@ if HAS_CLUSTER:
                                   BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_K, NUM_STAGES, PW, DIAG)),
         ], [PW], [88])
         # Every CTA of the cluster has initialised its receive mbarrier (and no warp has exited yet).
-        gl.inline_asm("barrier.cluster.wait.acquire.aligned;", "", [], (), is_pure=False)
+        if DIAG != 5:
+            gl.inline_asm("barrier.cluster.wait.acquire.aligned;", "", [], (), is_pure=False)
         if DIAG == 4:
             return
         # Push: 4 consecutive rows per thread, each group to the CTA that owns those rows, into slot `rank`.
@@ -131,10 +133,11 @@ if HAS_CLUSTER:
         m = gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(0, push))[None, :]
         owner = n // ROWS + m * 0
         local = ((rank * BLOCK_SIZE_M + m) * ROWS + n % ROWS) * 4
-        gl.inline_asm(_push_asm, ("f", "r", "r"), [acc, owner, local + _smem_base(recv)], (), is_pure=False)
-        gl.inline_asm(_arrive_all_asm(CL), "r", [recv_bar], (), is_pure=False)
-        gl.inline_asm("{ .reg .pred p; W${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$0], 0; "
-                      "@!p bra W${:uid}; }", "r", [recv_bar], (), is_pure=False)
+        if DIAG != 6:
+            gl.inline_asm(_push_asm, ("f", "r", "r"), [acc, owner, local + _smem_base(recv)], (), is_pure=False)
+            gl.inline_asm(_arrive_all_asm(CL), "r", [recv_bar], (), is_pure=False)
+            gl.inline_asm("{ .reg .pred p; W${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, "
+                          "[$0], 0; @!p bra W${:uid}; }", "r", [recv_bar], (), is_pure=False)
         # Sum the CL partials of this CTA's rows in split order and store them (threads along the rows).
         TR: gl.constexpr = min(32, ROWS // 4)
         red: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TR, TR], [1, num_warps, 1], [2, 1, 0])
@@ -170,9 +173,17 @@ def launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: tor
     args = (w_desc, x_desc, b, a, out, bias if bias is not None else out, M, N, K, b.stride(0), a.stride(0),
             out.stride(0), out.stride(1), k_tiles, triton.cdiv(k_tiles, cfg.CL))
     kw = dict(HAS_BIAS=bias is not None, NUM_STAGES=cfg.S, num_warps=cfg.W, CL=cfg.CL, DIAG=cfg.D, PW=cfg.PW)
-    compiled = _wscl_kernel.warmup(*args, grid=(tiles, ), **kw)
-    warps, ctas, smem = compiled.packed_metadata
-    if ctas != cfg.CL:
-        compiled.packed_metadata = (warps, cfg.CL, smem)
-    _wscl_kernel[(tiles, )](*args, **kw)
+    launch_in_clusters(_wscl_kernel, tiles, cfg.CL, args, kw)
     return out
+
+
+def launch_in_clusters(kernel, clusters: int, cl: int, args: tuple, kw: dict):
+    """Launch a kernel compiled for one CTA as ``clusters`` clusters of ``cl`` CTAs along x: Triton's launcher
+    multiplies grid x by the compiled kernel's CTA count and sets it as the cluster dimension, so the cached compiled
+    kernel is told ``cl``; returns it."""
+    compiled = kernel.warmup(*args, grid=(clusters, ), **kw)
+    warps, ctas, smem = compiled.packed_metadata
+    if ctas != cl:
+        compiled.packed_metadata = (warps, cl, smem)
+    kernel[(clusters, )](*args, **kw)
+    return compiled
