@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, ROOT)
 
 PROBE = """
 import torch
@@ -57,12 +58,18 @@ print(cfg.name, "ran; max rel err", err)
 
 
 def run(code: str, timeout: int, prefix=()) -> tuple[int, str]:
+    """Run ``code`` from a file in ROOT (Triton's JIT reads kernels' source from their file)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".py", dir=ROOT, prefix="_dbg_", delete=False) as f:
+        f.write(f"import sys; sys.path.insert(0, {ROOT!r})\n" + code)
     try:
-        p = subprocess.run([*prefix, sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+        p = subprocess.run([*prefix, sys.executable, f.name], cwd=ROOT, capture_output=True, text=True,
                            timeout=timeout)
         return p.returncode, (p.stdout + p.stderr)[-2500:]
     except subprocess.TimeoutExpired:
         return -1, f"timed out after {timeout}s (a hang)"
+    finally:
+        os.unlink(f.name)
 
 
 def main() -> int:
