@@ -136,8 +136,12 @@ if HAS_CLUSTER:
         if DIAG != 6:
             gl.inline_asm(_push_asm, ("f", "r", "r"), [acc, owner, local + _smem_base(recv)], (), is_pure=False)
             gl.inline_asm(_arrive_all_asm(CL), "r", [recv_bar], (), is_pure=False)
-            gl.inline_asm("{ .reg .pred p; W${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, "
-                          "[$0], 0; @!p bra W${:uid}; }", "r", [recv_bar], (), is_pure=False)
+            # Gluon hands inline_asm a descriptor's offset within the CTA's window, without the CTA-id bits that
+            # sm_90 shared addresses carry in a cluster (bits 24+): mapa to this CTA's own rank restores them.
+            gl.inline_asm("{ .reg .pred p; .reg .b32 me, a; mov.u32 me, %cluster_ctarank; "
+                          "mapa.shared::cluster.u32 a, $0, me; "
+                          "W${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [a], 0; "
+                          "@!p bra W${:uid}; }", "r", [recv_bar], (), is_pure=False)
         # Sum the CL partials of this CTA's rows in split order and store them (threads along the rows).
         TR: gl.constexpr = min(32, ROWS // 4)
         red: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TR, TR], [1, num_warps, 1], [2, 1, 0])
