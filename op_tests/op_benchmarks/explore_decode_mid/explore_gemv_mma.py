@@ -148,6 +148,9 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
         rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{e:.1e}", screen_us=round(us, 3)))
         cands[c.name] = (us, fn)
     best = sorted(cands, key=lambda n: cands[n][0])[:5]
+    clusters = sorted((n for n in cands if "_CL" in n), key=lambda n: cands[n][0])
+    if Family.cluster and clusters:  # the fastest cluster config in the paired rounds too, and the one diagnosed
+        best = [clusters[0]] + [n for n in best if n != clusters[0]]
     if stream and fam.name == "ws":  # the weight stream alone (D3: no wgmma, no activation) over the wide grid
         streams = {}
         for n in diag_stream_configs(M, N, K, cu):
@@ -180,9 +183,9 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
     base_ws = ws.WsGemmConfig.from_name(best[0]) if fam.name == "ws" and best else None
     if diag and base_ws is not None and not base_ws.PS:  # without its products, activation copies, both, epilogue
-        for d in (1, 2, 3, 4):
+        for d in (1, 2, 3, 4, 6):
             dcfg = ws.WsGemmConfig(**{**base_ws.__dict__, "D": d})
-            if ws.config_error(dcfg, M, N, K) is None:  # a cluster config has D 4 only
+            if ws.config_error(dcfg, M, N, K) is None:  # a cluster config: D 4 and 6 (no DSMEM exchange)
                 calls[dcfg.name + " (diag, unchecked)"] = (lambda i, f=fam.launcher(dcfg.name): f(*sets[i]))
     samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
     floor = floor_us(M, N, K)

@@ -8,10 +8,11 @@ but that the split-K fix-up (float32 partials to global memory, a counter, the l
 1.7-4.2 us, which leaves the full kernel at 1.04-1.11x. Here the ``CL`` K splits of one output tile are the CTAs of
 one thread-block cluster: each runs wsgemm's producer / consumer ring over its K slice, then *pushes* its float32
 partial through distributed shared memory (DSMEM): the rows CTA ``q`` owns (``BN / CL`` of them) go into slot
-``rank`` of CTA q's receive buffer (``mapa`` + ``st.shared::cluster.v4``), and every thread then arrives on q's
-receive mbarrier with release semantics at cluster scope. CTA q waits on its own mbarrier (acquire, cluster scope),
-sums the ``CL`` slots in split order (deterministic) and stores its rows. Nothing goes through global memory but the
-output, and there is one handshake instead of wsgemm's chain of global round trips.
+``rank`` of CTA q's receive buffer with ``st.async`` (``mapa`` to q's window; 16 bytes per store), which counts the
+bytes on q's receive mbarrier as they land, so no fence and no arrive are needed (the first version arrived with
+release semantics at cluster scope, which ptxas turns into a ``MEMBAR.ALL.GPU`` per arrive). Each CTA has armed its
+own mbarrier with the bytes all CL partials bring; it waits on it, sums the ``CL`` slots in split order
+(deterministic) and stores its rows. Nothing goes through global memory but the output.
 
 How it is written
 =================
@@ -23,13 +24,14 @@ is compiled as for one CTA (``program_id`` is the CTA's own index: tile = pid //
 in clusters of ``CL`` CTAs along x (:func:`launch` sets the compiled kernel's cluster size); the exchange is inline
 PTX through ``gl.inline_asm``, which takes shared-memory descriptors as operands (Triton >= 3.9).
 
-The receive mbarrier must be initialised before another CTA arrives on it: each CTA initialises it, fences the
-initialisation to the cluster and arrives on the cluster barrier at the start (``barrier.cluster.arrive``: the
-default warps in the prologue, the producer warps at the start of their partition), and waits on the cluster
-barrier only after its own K split (``barrier.cluster.wait``), just before its first remote store. A cluster
-barrier waits for every thread of the cluster that has not exited, so the CTA must have no idle warps: Triton pads
-the warp-specialised region's warps to whole warpgroups, which for one TMA producer warp leaves three warps parked
-in its scheduler loop; the configs therefore use 4 cp.async producer warps (``_P4``: 4 + 4 or 8 + 4 warps).
+The receive mbarrier must be initialised (and armed) before another CTA's bytes land on it: each CTA initialises
+it, fences the initialisation to the cluster and arrives on the cluster barrier at the start
+(``barrier.cluster.arrive``: the default warps in the prologue, the producer warps at the start of their
+partition), and waits on the cluster barrier only after its own K split (``barrier.cluster.wait``), just before its
+first remote store. A cluster barrier waits for every thread of the cluster that has not exited, so the CTA must
+have no idle warps: Triton pads the warp-specialised region's warps to whole warpgroups, which for one TMA producer
+warp leaves three warps parked in its scheduler loop; the configs therefore use 4 cp.async producer warps (``_P4``:
+4 + 4 or 8 + 4 warps).
 
 Configs are wsgemm's with ``_CL<c>`` (``c`` = ``SK`` = 2, 4 or 8): :func:`wsgemm.launch_wsgemm` hands them here.
 """
@@ -53,21 +55,16 @@ if HAS_CLUSTER:
 
     @constexpr_function
     def _push_asm(outputs, inputs):
-        """Per group of 4 consecutive rows of one token: map the local receive address into the owner CTA's window
-        (``mapa``) and store the 4 floats there (``st.shared::cluster.v4``)."""
-        vals, owners, addrs = inputs
+        """Per group of 4 consecutive rows of one token: map the local receive address and the receive mbarrier into
+        the owner CTA's window (``mapa``) and store the 4 floats there asynchronously, the owner's mbarrier counting
+        the bytes as they land (``st.async ... mbarrier::complete_tx::bytes``: no fence, no arrive)."""
+        vals, owners, addrs, bar = inputs
         return "\n".join(
-            f"{{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {addrs[i]}, {owners[i]}; "
-            f"st.shared::cluster.v4.f32 [ra], {{{vals[i]}, {vals[i + 1]}, {vals[i + 2]}, {vals[i + 3]}}}; }}"
+            f"{{ .reg .b32 ra, rb; mapa.shared::cluster.u32 ra, {addrs[i]}, {owners[i]}; "
+            f"mapa.shared::cluster.u32 rb, {bar[0]}, {owners[i]}; "
+            f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [ra], "
+            f"{{{vals[i]}, {vals[i + 1]}, {vals[i + 2]}, {vals[i + 3]}}}, [rb]; }}"
             for i in range(0, len(vals), 4))
-
-    @constexpr_function
-    def _arrive_all_asm(CL):
-        """Arrive on the receive mbarrier ($0, a local address) of each of the CL CTAs, releasing this thread's
-        remote stores at cluster scope."""
-        return "\n".join(f"{{ .reg .b32 rb; mapa.shared::cluster.u32 rb, $0, {q}; "
-                         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [rb]; }"
-                         for q in range(CL))
 
     @gluon.jit
     def _cluster_arrive():
@@ -108,7 +105,9 @@ if HAS_CLUSTER:
         recv = gl.allocate_shared_memory(gl.float32, [CL, BLOCK_SIZE_M, ROWS],
                                          gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         recv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(recv_bar, count=CL * num_warps * 32)  # every consumer thread of every CTA arrives once
+        mbarrier.init(recv_bar, count=1)
+        # Its one arrival now, with the bytes the CL partials will bring: the phase completes when they have landed.
+        mbarrier.expect(recv_bar, CL * BLOCK_SIZE_M * ROWS * 4)
         gl.inline_asm("fence.mbarrier_init.release.cluster;", "", [], (), is_pure=False)
         if DIAG != 5:
             _cluster_arrive()
@@ -134,14 +133,9 @@ if HAS_CLUSTER:
         owner = n // ROWS + m * 0
         local = ((rank * BLOCK_SIZE_M + m) * ROWS + n % ROWS) * 4
         if DIAG != 6:
-            gl.inline_asm(_push_asm, ("f", "r", "r"), [acc, owner, local + _smem_base(recv)], (), is_pure=False)
-            gl.inline_asm(_arrive_all_asm(CL), "r", [recv_bar], (), is_pure=False)
-            # Gluon hands inline_asm a descriptor's offset within the CTA's window, without the CTA-id bits that
-            # sm_90 shared addresses carry in a cluster (bits 24+): mapa to this CTA's own rank restores them.
-            gl.inline_asm("{ .reg .pred p; .reg .b32 me, a; mov.u32 me, %cluster_ctarank; "
-                          "mapa.shared::cluster.u32 a, $0, me; "
-                          "W${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [a], 0; "
-                          "@!p bra W${:uid}; }", "r", [recv_bar], (), is_pure=False)
+            gl.inline_asm(_push_asm, ("f", "r", "r", "r"), [acc, owner, local + _smem_base(recv), recv_bar], (),
+                          is_pure=False)
+            mbarrier.wait(recv_bar, 0)
         # Sum the CL partials of this CTA's rows in split order and store them (threads along the rows).
         TR: gl.constexpr = min(32, ROWS // 4)
         red: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TR, TR], [1, num_warps, 1], [2, 1, 0])
@@ -157,7 +151,8 @@ if HAS_CLUSTER:
 
     @gluon.jit
     def _smem_base(buf):
-        """The shared-memory address of ``buf``'s origin, as a scalar."""
+        """The shared-memory offset of ``buf``'s origin in this CTA's window, as a scalar (Gluon hands inline_asm a
+        descriptor without the CTA-id bits that sm_90 shared addresses carry in a cluster; ``mapa`` sets them)."""
         return gl.inline_asm("mov.u32 $0, $1;", "=r,r", [buf], gl.int32, is_pure=False)
 
 
