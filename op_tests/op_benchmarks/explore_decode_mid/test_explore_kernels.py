@@ -189,7 +189,7 @@ def test_wsgemm_names_rejections_and_grid():
 def test_wsgemm_cluster_names_rejections_and_grid():
     cfg = ws.WsGemmConfig(64, 32, 128, 4, 4, 8, 0, 4, 0, 0, 4)
     assert cfg.name == "WS_BN64_BM32_BK128_SK4_W4_S8_P4_CL4" and ws.WsGemmConfig.from_name(cfg.name) == cfg
-    assert cfg.smem_bytes() == 8 * (64 + 32) * 128 * 2 + 64 * 32 * 4  # the ring and the receive buffer
+    assert cfg.smem_bytes() == 8 * (64 + 32) * 128 * 2 + 2 * 64 * 32 * 4  # the ring, the partial and recv buffers
     assert ws.config_error(cfg, 32, 1280, 8192) is None
     for bad in (dict(SK=2), dict(CL=3, SK=3), dict(PW=0), dict(E=1), dict(D=3), dict(BN=64, CL=32, SK=32)):
         assert "cluster" in ws.config_error(ws.WsGemmConfig(**{**cfg.__dict__, **bad}), 32, 1280, 8192), bad
@@ -236,9 +236,10 @@ def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias, tmp_path):
 @pytest.mark.parametrize("cfg", [ws.WsGemmConfig(64, 32, 128, 2, 4, 8, 0, 4, 0, 0, 2),
                                  ws.WsGemmConfig(128, 64, 64, 4, 8, 5, 0, 4, 0, 0, 4)])
 def test_wsgemm_cluster_compiles_for_sm90_on_cpu(cfg, tmp_path):
-    """The cluster kernel compiles for sm_90 as one CTA, and its PTX holds the exchange: the receive mbarrier's
-    initialisation fenced to the cluster, one cluster-barrier arrive per partition and one wait, an asynchronous
-    remote 16-byte store per 4 rows completing on the owner's mbarrier; no remote arrive, no global atomics."""
+    """The cluster kernel compiles for sm_90 as one CTA, and its PTX holds the exchange: the mbarriers'
+    initialisation fenced to the cluster, one cluster-barrier arrive per partition and one wait, a local 16-byte
+    store per 4 rows, a proxy fence, one bulk copy to each CTA of the cluster completing on its receive mbarrier, and
+    a relaxed arrive on each CTA's done mbarrier; no release arrive (ptxas: a GPU-scope membar each), no atomics."""
     out = tmp_path / "k.ptx"
     code = ("import sys; from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws; "
             f"k = ws.compile_offline(ws.WsGemmConfig.from_name({cfg.name!r}), {cfg.BM}, 1280, 8192, True); "
@@ -251,8 +252,10 @@ def test_wsgemm_cluster_compiles_for_sm90_on_cpu(cfg, tmp_path):
     assert ptx.count("fence.mbarrier_init.release.cluster") == 1
     assert ptx.count("barrier.cluster.arrive.relaxed.aligned") == 2 and ptx.count("barrier.cluster.wait") == 1
     per_thread = cfg.BN * cfg.BM // (cfg.W * 32)
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32") == per_thread // 4
-    assert "mbarrier.arrive.release.cluster" not in ptx and "st.shared::cluster" not in ptx
+    assert ptx.count("st.shared.v4.f32 [a]") == per_thread // 4 and "fence.proxy.async.shared::cta;" in ptx
+    assert ptx.count("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes") == cfg.CL
+    assert ptx.count("mbarrier.arrive.relaxed.cluster.shared::cluster.b64") == cfg.CL
+    assert "mbarrier.arrive.release.cluster" not in ptx and "st.async" not in ptx
     assert "atom.global" not in ptx and ".reqntid " + str((cfg.W + cfg.PW) * 32) in ptx  # no idle warps
 
 

@@ -114,8 +114,9 @@ class WsGemmConfig:
 
     def smem_bytes(self) -> int:
         """The ring, and for the persistent kernel's epilogue (in the warp-specialised region, beside the live ring)
-        the layout conversion's float32 tile unless E = 1 converts nothing; for a cluster the receive buffer."""
-        scratch = self.BN * self.BM * 4 if (self.PS and self.E != 1) or self.CL > 1 else 0
+        the layout conversion's float32 tile unless E = 1 converts nothing; for a cluster the partial and the
+        receive buffer."""
+        scratch = self.BN * self.BM * 4 * (2 if self.CL > 1 else 1 if self.PS and self.E != 1 else 0)
         return self.S * (self.BN + self.BM) * self.BK * 2 + scratch
 
 
@@ -506,8 +507,8 @@ def grid_configs(M: int, N: int, K: int, cu: int, wide: bool = False, cluster: b
                             if config_error(c, M, N, K) is None:
                                 out.append(c)
             for cl in ((2, 4, 8) if cluster else ()):
-                recv = bn * bm * 4
-                for room in (_SMEM_LIMIT - recv, _SMEM_LIMIT // 2 - 1024 - recv):
+                bufs = 2 * bn * bm * 4  # the partial and the receive buffer
+                for room in (_SMEM_LIMIT - bufs, _SMEM_LIMIT // 2 - 1024 - bufs):
                     c = WsGemmConfig(bn, bm, bk, cl, w, min(12, room // per_stage), 0, 4, 0, 0, cl)
                     if 0.9 * cu <= tiles * cl <= hi * cu and c.S >= 3 and config_error(c, M, N, K) is None:
                         out.append(c)

@@ -54,17 +54,37 @@ if HAS_CLUSTER:
     from triton.runtime.jit import constexpr_function
 
     @constexpr_function
-    def _push_asm(outputs, inputs):
-        """Per group of 4 consecutive rows of one token: map the local receive address and the receive mbarrier into
-        the owner CTA's window (``mapa``) and store the 4 floats there asynchronously, the owner's mbarrier counting
-        the bytes as they land (``st.async ... mbarrier::complete_tx::bytes``: no fence, no arrive)."""
-        vals, owners, addrs, bar = inputs
+    def _store_own_asm(outputs, inputs):
+        """Per group of 4 consecutive rows of one token: store the 4 floats into this CTA's own shared memory at an
+        offset (``mapa`` to its own rank gives the address the CTA-id bits)."""
+        vals, addrs = inputs
         return "\n".join(
-            f"{{ .reg .b32 ra, rb; mapa.shared::cluster.u32 ra, {addrs[i]}, {owners[i]}; "
-            f"mapa.shared::cluster.u32 rb, {bar[0]}, {owners[i]}; "
-            f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [ra], "
-            f"{{{vals[i]}, {vals[i + 1]}, {vals[i + 2]}, {vals[i + 3]}}}, [rb]; }}"
+            f"{{ .reg .b32 me, a; mov.u32 me, %cluster_ctarank; mapa.shared::cluster.u32 a, {addrs[i]}, me; "
+            f"st.shared.v4.f32 [a], {{{vals[i]}, {vals[i + 1]}, {vals[i + 2]}, {vals[i + 3]}}}; }}"
             for i in range(0, len(vals), 4))
+
+    @constexpr_function
+    def _send_asm(CL, SLOT):
+        """Thread 0: bulk-copy slice q of this CTA's partial ($0: ``part``) into slot ``rank`` ($3) of CTA q's
+        ``recv`` ($1), the bytes counted on CTA q's receive mbarrier ($2), for every q of the cluster."""
+        lines = ["{ .reg .pred p; .reg .b32 t, me, src, dst, b; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                 "mov.u32 me, %cluster_ctarank;"]
+        for q in range(CL):
+            lines.append(f"add.u32 src, $0, {q * SLOT}; mapa.shared::cluster.u32 src, src, me; "
+                         f"mad.lo.u32 dst, $3, {SLOT}, $1; mapa.shared::cluster.u32 dst, dst, {q}; "
+                         f"mapa.shared::cluster.u32 b, $2, {q}; "
+                         f"@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
+                         f"[dst], [src], {SLOT}, [b];")
+        return "\n".join(lines) + " }"
+
+    @constexpr_function
+    def _done_asm(CL):
+        """Thread 0: tell every CTA of the cluster (its ``done`` mbarrier, $0) that its slice for this CTA has
+        landed, so it may exit (a bulk copy reads its source until then)."""
+        return ("{ .reg .pred p; .reg .b32 t, b; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                + " ".join(f"mapa.shared::cluster.u32 b, $0, {q}; "
+                           "@p mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [b];" for q in range(CL))
+                + " }")
 
     @gluon.jit
     def _cluster_arrive():
@@ -101,13 +121,18 @@ if HAS_CLUSTER:
         n_iters = gl.minimum(kt_begin + k_tiles_per_split, k_tiles) - kt_begin  # >= 1 (config_error)
 
         w_bufs, x_bufs, ready_bars, empty_bars = ws._alloc_ring(w_desc, x_desc, NUM_STAGES, PW * 32)
-        # Slot s of the receive buffer holds split s's partial of this CTA's ROWS rows, token-major, rows contiguous.
-        recv = gl.allocate_shared_memory(gl.float32, [CL, BLOCK_SIZE_M, ROWS],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        # part: this CTA's partial, slice q = the ROWS rows CTA q owns; recv: slot s = split s's partial of this CTA's
+        # rows. Both [CL, BM, ROWS] float32, token-major, rows contiguous.
+        SLOT: gl.constexpr = BLOCK_SIZE_M * ROWS * 4
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        part = gl.allocate_shared_memory(gl.float32, [CL, BLOCK_SIZE_M, ROWS], plain)
+        recv = gl.allocate_shared_memory(gl.float32, [CL, BLOCK_SIZE_M, ROWS], plain)
         recv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(recv_bar, count=1)
-        # Its one arrival now, with the bytes the CL partials will bring: the phase completes when they have landed.
-        mbarrier.expect(recv_bar, CL * BLOCK_SIZE_M * ROWS * 4)
+        mbarrier.init(done_bar, count=CL)  # one arrival per CTA that has received its slice of `part`
+        # recv_bar's one arrival now, with the bytes the CL slices will bring: its phase completes once they landed.
+        mbarrier.expect(recv_bar, CL * SLOT)
         gl.inline_asm("fence.mbarrier_init.release.cluster;", "", [], (), is_pure=False)
         if DIAG != 5:
             _cluster_arrive()
@@ -124,18 +149,23 @@ if HAS_CLUSTER:
             gl.inline_asm("barrier.cluster.wait.acquire.aligned;", "", [], (), is_pure=False)
         if DIAG == 4:
             return
-        # Push: 4 consecutive rows per thread, each group to the CTA that owns those rows, into slot `rank`.
+        # Exchange: the partial into `part` (4 consecutive rows per thread), visible to the async proxy; then thread
+        # 0 bulk-copies slice q to CTA q for every q (CL copies; one st.async per 16 bytes measured 3-4 ns per
+        # store at the receiving mbarrier, 2.4-13 us per exchange: ws results wscl2).
         TN: gl.constexpr = min(32, BLOCK_SIZE_N // 4)
         push: gl.constexpr = gl.BlockedLayout([4, 1], [TN, 32 // TN], [1, num_warps], [0, 1])
         acc = gl.convert_layout(res[0], push)
         n = gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(1, push))[:, None]
         m = gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(0, push))[None, :]
-        owner = n // ROWS + m * 0
-        local = ((rank * BLOCK_SIZE_M + m) * ROWS + n % ROWS) * 4
+        local = (((n // ROWS) * BLOCK_SIZE_M + m) * ROWS + n % ROWS) * 4
         if DIAG != 6:
-            gl.inline_asm(_push_asm, ("f", "r", "r", "r"), [acc, owner, local + _smem_base(recv), recv_bar], (),
+            gl.inline_asm(_store_own_asm, ("f", "r"), [acc, local + _smem_base(part)], (), is_pure=False)
+            gl.inline_asm("fence.proxy.async.shared::cta;", "", [], (), is_pure=False)
+            ws._cta_barrier()
+            gl.inline_asm(_send_asm(CL, SLOT), "r,r,r,r", [_smem_base(part), _smem_base(recv), recv_bar, rank], (),
                           is_pure=False)
             mbarrier.wait(recv_bar, 0)
+            gl.inline_asm(_done_asm(CL), "r", [done_bar], (), is_pure=False)
         # Sum the CL partials of this CTA's rows in split order and store them (threads along the rows).
         TR: gl.constexpr = min(32, ROWS // 4)
         red: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TR, TR], [1, num_warps, 1], [2, 1, 0])
@@ -148,6 +178,8 @@ if HAS_CLUSTER:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         gl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
                  total.to(c_ptr.dtype.element_ty), mask=mask)
+        if DIAG != 6:
+            mbarrier.wait(done_bar, 0)  # every CTA has its slice of this CTA's `part`: no copy reads it any more
 
     @gluon.jit
     def _smem_base(buf):
