@@ -81,7 +81,8 @@ class WsGemmConfig:
     W: int = 4  # consumer warps (4: one warpgroup; 8: two, BN >= 128)
     S: int = 6  # ring stages
     D: int = 0  # diagnostics, timing only (wrong results): 1 no wgmma, 2 no activation copies, 3 neither, 4 = 3
-    # without the epilogue (no stores, no split-K fix-up); cluster configs: 5 no cluster barrier, 6 no DSMEM exchange
+    # without the epilogue (no stores, no split-K fix-up); cluster configs: 5 no cluster barrier, 6 no DSMEM exchange,
+    # 7 the exchange's handshake with 16-byte slices, 8 no done handshake
     PW: int = 0  # 0: one producer warp issues TMA copies; > 0: PW producer warps issue cp.async (16 B per thread)
     E: int = 0  # epilogue layout: 0 threads along n, 4 bytes each; 1 the wgmma accumulator's own (no shared-memory
     # round trip); 2 threads along n, 16 bytes each
@@ -128,8 +129,8 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
         return f"{cfg.name}: BM must be a power of 2 in 8..256 (the wgmma N side; Gluon tiles are powers of 2)"
     if cfg.BK not in (64, 128, 256):
         return f"{cfg.name}: BK must be 64, 128 or 256"
-    if cfg.D not in (0, 1, 2, 3, 4) and not (cfg.CL > 1 and cfg.D in (5, 6)):
-        return f"{cfg.name}: D must be 0..4 (5, 6: cluster configs)"
+    if cfg.D not in (0, 1, 2, 3, 4) and not (cfg.CL > 1 and cfg.D in (5, 6, 7, 8)):
+        return f"{cfg.name}: D must be 0..4 (5-8: cluster configs)"
     if cfg.PW and (cfg.PW not in (1, 2, 4, 8) or cfg.BK // 8 > 32 or cfg.BM % cfg.chunk_rows
                    or cfg.BN % cfg.chunk_rows or cfg.chunk_rows < 8):
         return (f"{cfg.name}: PW in 1/2/4/8, and BN and BM multiples of the {cfg.chunk_rows} rows one cp.async "
@@ -138,11 +139,11 @@ def config_error(cfg: WsGemmConfig, M: int, N: int, K: int) -> str | None:
         return f"{cfg.name}: E must be 0, 1 or 2"
     if cfg.PS and (cfg.SK != 1 or cfg.PW or cfg.D or cfg.PS > 2):
         return f"{cfg.name}: the persistent kernel (PS 1 or 2) takes no split, no cp.async producers, no diagnostics"
-    if cfg.CL > 1 and (cfg.CL not in (2, 4, 8) or cfg.SK != cfg.CL or cfg.PS or cfg.E or cfg.D not in (0, 4, 5, 6)
+    if cfg.CL > 1 and (cfg.CL not in (2, 4, 8) or cfg.SK != cfg.CL or cfg.PS or cfg.E or cfg.D not in (0, 4, 5, 6, 7, 8)
                        or cfg.BN // cfg.CL < 4 or not cfg.PW):
         return (f"{cfg.name}: a cluster of CL = 2, 4 or 8 CTAs takes SK = CL splits, cp.async producers (a TMA "
                 "producer warp leaves idle warps that a cluster barrier would wait for), no persistence, its own "
-                "epilogue (E 0) and at least 4 rows per CTA; diagnostics D 4-6 only")
+                "epilogue (E 0) and at least 4 rows per CTA; diagnostics D 4-8 only")
     if cfg.PW and K % 16:
         return f"{cfg.name}: cp.async producers need K % 16 == 0 (16-byte copies the JIT can prove aligned); K={K}"
     if not 2 <= cfg.S <= 16:

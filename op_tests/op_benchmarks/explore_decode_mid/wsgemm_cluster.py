@@ -64,7 +64,7 @@ if HAS_CLUSTER:
             for i in range(0, len(vals), 4))
 
     @constexpr_function
-    def _send_asm(CL, SLOT):
+    def _send_asm(CL, SLOT, SENT):
         """Thread 0: bulk-copy slice q of this CTA's partial ($0: ``part``) into slot ``rank`` ($3) of CTA q's
         ``recv`` ($1), the bytes counted on CTA q's receive mbarrier ($2), for every q of the cluster."""
         lines = ["{ .reg .pred p; .reg .b32 t, me, src, dst, b; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
@@ -74,7 +74,7 @@ if HAS_CLUSTER:
                          f"mad.lo.u32 dst, $3, {SLOT}, $1; mapa.shared::cluster.u32 dst, dst, {q}; "
                          f"mapa.shared::cluster.u32 b, $2, {q}; "
                          f"@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
-                         f"[dst], [src], {SLOT}, [b];")
+                         f"[dst], [src], {SENT}, [b];")
         return "\n".join(lines) + " }"
 
     @constexpr_function
@@ -132,7 +132,9 @@ if HAS_CLUSTER:
         mbarrier.init(recv_bar, count=1)
         mbarrier.init(done_bar, count=CL)  # one arrival per CTA that has received its slice of `part`
         # recv_bar's one arrival now, with the bytes the CL slices will bring: its phase completes once they landed.
-        mbarrier.expect(recv_bar, CL * SLOT)
+        # Diagnostics: D 7 sends 16 bytes per slice (the handshake without the transfer), D 8 skips the done wait.
+        SENT: gl.constexpr = 16 if DIAG == 7 else SLOT
+        mbarrier.expect(recv_bar, CL * SENT)
         gl.inline_asm("fence.mbarrier_init.release.cluster;", "", [], (), is_pure=False)
         if DIAG != 5:
             _cluster_arrive()
@@ -162,8 +164,8 @@ if HAS_CLUSTER:
             gl.inline_asm(_store_own_asm, ("f", "r"), [acc, local + _smem_base(part)], (), is_pure=False)
             gl.inline_asm("fence.proxy.async.shared::cta;", "", [], (), is_pure=False)
             ws._cta_barrier()
-            gl.inline_asm(_send_asm(CL, SLOT), "r,r,r,r", [_smem_base(part), _smem_base(recv), recv_bar, rank], (),
-                          is_pure=False)
+            gl.inline_asm(_send_asm(CL, SLOT, SENT), "r,r,r,r", [_smem_base(part), _smem_base(recv), recv_bar, rank],
+                          (), is_pure=False)
             mbarrier.wait(recv_bar, 0)
             gl.inline_asm(_done_asm(CL), "r", [done_bar], (), is_pure=False)
         # Sum the CL partials of this CTA's rows in split order and store them (threads along the rows).
@@ -178,7 +180,7 @@ if HAS_CLUSTER:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         gl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
                  total.to(c_ptr.dtype.element_ty), mask=mask)
-        if DIAG != 6:
+        if DIAG != 6 and DIAG != 8:
             mbarrier.wait(done_bar, 0)  # every CTA has its slice of this CTA's `part`: no copy reads it any more
 
     @gluon.jit
