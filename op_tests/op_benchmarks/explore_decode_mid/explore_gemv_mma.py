@@ -183,9 +183,10 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
             calls[n + " (diag, unchecked)"] = (lambda i, f=fam.launcher(n): f(*sets[i]))
     base_ws = ws.WsGemmConfig.from_name(best[0]) if fam.name == "ws" and best else None
     if diag and base_ws is not None and not base_ws.PS:  # without its products, activation copies, both, epilogue
-        for d in (1, 2, 3, 4, 6, 7, 8):
+        for d in (1, 2, 3, 4, 6, 7):
             dcfg = ws.WsGemmConfig(**{**base_ws.__dict__, "D": d})
-            if ws.config_error(dcfg, M, N, K) is None:  # a cluster config: D 4, 6-8 (wsgemm_cluster)
+            if ws.config_error(dcfg, M, N, K) is None:  # a cluster config: D 4, 6, 7 (wsgemm_cluster; D 8
+                # faulted: a CTA exiting while a bulk copy still read its shared memory)
                 calls[dcfg.name + " (diag, unchecked)"] = (lambda i, f=fam.launcher(dcfg.name): f(*sets[i]))
     samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
     floor = floor_us(M, N, K)
