@@ -23,7 +23,8 @@ export PYTHONPATH=/tmp/t39:${PYTHONPATH:-}
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
-  python -c "import torch, triton, nvmath; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, triton.__file__, 'nvmath', nvmath.__version__)"
+  python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, triton.__file__)"
+  python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1 | tail -1
   echo "commit ${COMMIT:-unknown}; shapes $SHAPES; args ${EXPLORE_ARGS:-}; ptxas $PTXAS"
   "$PTXAS" --version | tail -2
 } > "$OUT/env.txt" 2>&1
