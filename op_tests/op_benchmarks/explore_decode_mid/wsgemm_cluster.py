@@ -6,13 +6,21 @@ Why
 ``wsgemm.py`` measured on the H100 that its weight stream alone runs 1.32-1.69x faster than F.linear at N = 1280,
 but that the split-K fix-up (float32 partials to global memory, a counter, the last split re-reading them) costs
 1.7-4.2 us, which leaves the full kernel at 1.04-1.11x. Here the ``CL`` K splits of one output tile are the CTAs of
-one thread-block cluster: each runs wsgemm's producer / consumer ring over its K slice, then *pushes* its float32
-partial through distributed shared memory (DSMEM): the rows CTA ``q`` owns (``BN / CL`` of them) go into slot
-``rank`` of CTA q's receive buffer with ``st.async`` (``mapa`` to q's window; 16 bytes per store), which counts the
-bytes on q's receive mbarrier as they land, so no fence and no arrive are needed (the first version arrived with
-release semantics at cluster scope, which ptxas turns into a ``MEMBAR.ALL.GPU`` per arrive). Each CTA has armed its
-own mbarrier with the bytes all CL partials bring; it waits on it, sums the ``CL`` slots in split order
-(deterministic) and stores its rows. Nothing goes through global memory but the output.
+one thread-block cluster: each runs wsgemm's producer / consumer ring over its K slice, then writes its float32
+partial into its own shared memory, destination-major (slice ``q`` = the ``BN / CL`` rows CTA ``q`` owns), and one
+thread bulk-copies slice q into slot ``rank`` of CTA q's receive buffer through distributed shared memory (DSMEM:
+``cp.async.bulk.shared::cluster.shared::cta``, one copy per destination), the bytes counted on CTA q's receive
+mbarrier, which each CTA armed with the bytes all CL slices bring. A CTA waits on it, sums the ``CL`` slots in split
+order (deterministic), stores its rows, and before it exits waits until every CTA has received its slice (a relaxed
+remote arrive on a ``done`` mbarrier: a bulk copy reads its source until it lands; without the wait, D 8, the H100
+reported an unspecified launch failure). Nothing goes through global memory but the output.
+
+What it showed (H100, BENCHMARKS.md "M 17-256: the K splits summed through distributed shared memory"): correct and
+deterministic, but slower than wsgemm's global-memory fix-up on every shape measured. The exchange cost 1.6-14 us;
+the handshake alone (D 7: 16-byte slices) 0.4-1.5 us, the rest grew with the bytes (16 KB per CTA: 1.2 us in
+clusters of 2, 3.6-6.4 us in clusters of 4 or 8). Two earlier exchanges measured the same way, at the commits named
+there: per-thread ``st.shared::cluster`` + ``mbarrier.arrive.release.cluster`` (ptxas: a ``MEMBAR.ALL.GPU`` per
+arrive) and one ``st.async`` per 16 bytes (complete_tx on the owner's mbarrier), no faster.
 
 How it is written
 =================
@@ -152,8 +160,7 @@ if HAS_CLUSTER:
         if DIAG == 4:
             return
         # Exchange: the partial into `part` (4 consecutive rows per thread), visible to the async proxy; then thread
-        # 0 bulk-copies slice q to CTA q for every q (CL copies; one st.async per 16 bytes measured 3-4 ns per
-        # store at the receiving mbarrier, 2.4-13 us per exchange: ws results wscl2).
+        # 0 bulk-copies slice q to CTA q for every q (CL copies).
         TN: gl.constexpr = min(32, BLOCK_SIZE_N // 4)
         push: gl.constexpr = gl.BlockedLayout([4, 1], [TN, 32 // TN], [1, num_warps], [0, 1])
         acc = gl.convert_layout(res[0], push)
