@@ -8,7 +8,8 @@
 # RUN_TESTS=0 skips the tests (a rerun of a commit whose tests passed on the device).
 # .whl39/t39.tar.xz: the cp312-abi3 Triton 3.9.0 wheel unpacked, without the AMD backend, proton, CUPTI, ptxas,
 # nvdisasm and cuobjdump, libtriton.so stripped (strip --strip-all), tar | xz -9e (41.8 MB: the run tool carries 64
-# MiB with the tracked files); carry [".whl39"]. ptxas is the device's: CUDA's if installed, else Triton 3.6's.
+# MiB with the tracked files; built by pack_triton39.sh); carry [".whl39"]. ptxas is the device's: CUDA's if
+# installed, else Triton 3.6's.
 set -u
 OUT=${OUT:?set OUT to an output folder}
 SHAPES=${SHAPES:?set SHAPES to MxNxK,...}
