@@ -309,3 +309,15 @@ def test_write_csv_unions_the_keys_and_skips_empty(tmp_path):
     assert (tmp_path / "r.csv").read_text().splitlines() == ["config,err,us", "a,x,", "b,1e-3,2.5"]
     write_csv(tmp_path / "none.csv", [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv"]  # no empty file, no temp file left
+
+
+@pytest.mark.parametrize(("n", "programs", "block", "inter"), [(1000, 3, 128, 0), (4100, 5, 256, 1), (97, 4, 64, 0)])
+def test_probe_read_floor_kernel_sums_each_slice(device, n, programs, block, inter):
+    """The pure-read probe's kernel reads every element once: its per-program sums add up to the buffer's sum."""
+    from op_tests.op_benchmarks.explore_decode_mid import probe_read_floor as prf
+    w = torch.randn(n, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(programs, dtype=torch.float32, device=device)
+    prf.launch_read(w, out, programs, block, 4, inter, "evict_first")
+    torch.testing.assert_close(out.sum(), w.float().sum(), rtol=1e-4, atol=1e-3)
+    assert prf.read_configs(132) and all(b // (w_ * 32) >= 8 for _, _, b, w_, _, _ in prf.read_configs(132))
+
