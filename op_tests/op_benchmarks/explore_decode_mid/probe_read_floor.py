@@ -56,13 +56,13 @@ def _read_kernel(x_ptr, out_ptr, n_elem, chunk, BLOCK_SIZE: tl.constexpr, INTERL
     if INTERLEAVE:
         for start in range(pid * BLOCK_SIZE, n_elem, tl.num_programs(0) * BLOCK_SIZE):
             idx = start + offs
-            acc += tl.load(x_ptr + idx, mask=idx < n_elem, other=0.0, cache_modifier=".cg",
+            acc += tl.load(x_ptr + idx, mask=idx < n_elem, other=0.0,
                            eviction_policy=EVICT).to(tl.float32)
     else:
         end = tl.minimum(pid * chunk + chunk, n_elem)
         for start in range(pid * chunk, end, BLOCK_SIZE):
             idx = start + offs
-            acc += tl.load(x_ptr + idx, mask=idx < end, other=0.0, cache_modifier=".cg",
+            acc += tl.load(x_ptr + idx, mask=idx < end, other=0.0,
                            eviction_policy=EVICT).to(tl.float32)
     tl.store(out_ptr + pid, tl.sum(acc))
 
