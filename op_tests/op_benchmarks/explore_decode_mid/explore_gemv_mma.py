@@ -48,15 +48,14 @@ from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import ( 
 class Family:
     """The kernel family under test: its grid, config parser and launcher (out = a @ b.T)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, cluster: bool = False):
         self.name = name
         self.mod = {"gmma": gm, "tc": tc, "cl": cl, "ws": ws}[name]
-
-    cluster = False  # ws: the grid with wsgemm_cluster's configs (--cluster)
+        self.cluster = cluster  # ws: the grid with wsgemm_cluster's configs (--cluster)
 
     def grid(self, M, N, K, cu):
         if self.name == "ws":
-            return ws.grid_configs(M, N, K, cu, cluster=Family.cluster)
+            return ws.grid_configs(M, N, K, cu, cluster=self.cluster)
         return self.mod.grid_configs(M, N, K, cu)
 
     def launcher(self, cfg_name):
@@ -149,7 +148,7 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
         cands[c.name] = (us, fn)
     best = sorted(cands, key=lambda n: cands[n][0])[:5]
     clusters = sorted((n for n in cands if "_CL" in n), key=lambda n: cands[n][0])
-    if Family.cluster and clusters:  # the fastest cluster config in the paired rounds too, and the one diagnosed
+    if fam.cluster and clusters:  # the fastest cluster config in the paired rounds too, and the one diagnosed
         best = [clusters[0]] + [n for n in best if n != clusters[0]]
     if stream and fam.name == "ws":  # the weight stream alone (D3: no wgmma, no activation) over the wide grid
         streams = {}
@@ -219,8 +218,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     cu = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    fam = Family(args.family)
-    Family.cluster = args.cluster
+    fam = Family(args.family, args.cluster)
     if args.family in ("gmma", "ws"):
         bad = precompile(fam, shapes, cu, args.workers, args.stream)
     else:

@@ -200,6 +200,20 @@ def test_wsgemm_cluster_names_rejections_and_grid():
     assert not any(c.CL > 1 for c in ws.grid_configs(64, 1280, 8192, 132))
 
 
+def _sm90_ptx_in_fresh_process(cfg, has_bias: bool, tmp_path) -> str:
+    """wsgemm's :func:`compile_offline` of ``cfg`` at (BM, 1280, 8192), its PTX. In a fresh process: the interpreted
+    kernels of the other tests leave Triton's language patched for the interpreter."""
+    out = tmp_path / "k.ptx"
+    code = ("import sys; from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws; "
+            f"k = ws.compile_offline(ws.WsGemmConfig.from_name({cfg.name!r}), {cfg.BM}, 1280, 8192, {has_bias}); "
+            f"open({str(out)!r}, 'w').write(k.asm['ptx'])")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out.read_text()
+
+
 @pytest.mark.skipif(ws.gluon is None, reason="Triton without Gluon")
 @pytest.mark.parametrize(("cfg", "has_bias"), [
     (ws.WsGemmConfig(64, 32, 64, 3, 4, 6), True),     # one warpgroup, bias
@@ -209,17 +223,8 @@ def test_wsgemm_cluster_names_rejections_and_grid():
 ])
 def test_wsgemm_compiles_for_sm90_on_cpu(cfg, has_bias, tmp_path):
     """Triton compiles the Gluon kernel for sm_90 without a GPU: a producer warp issuing TMA copies, consumer warps
-    issuing wgmma of the tile's token width, registers handed between them (setmaxnreg). In a fresh process: the
-    interpreted kernels of the other tests leave Triton's language patched for the interpreter."""
-    out = tmp_path / "k.ptx"
-    code = ("import sys; from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws; "
-            f"k = ws.compile_offline(ws.WsGemmConfig.from_name({cfg.name!r}), {cfg.BM}, 1280, 8192, {has_bias}); "
-            f"open({str(out)!r}, 'w').write(k.asm['ptx'])")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ptx = out.read_text()
+    issuing wgmma of the tile's token width, registers handed between them (setmaxnreg)."""
+    ptx = _sm90_ptx_in_fresh_process(cfg, has_bias, tmp_path)
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.BM}k16.f32.bf16.bf16" in ptx and "setmaxnreg" in ptx
     if cfg.PW:  # 16-byte cp.async (zero-filled past N, M, K), each thread arriving on the stage when they land
         assert "cp.async.bulk" not in ptx and "cp.async.mbarrier.arrive.noinc" in ptx
@@ -240,15 +245,7 @@ def test_wsgemm_cluster_compiles_for_sm90_on_cpu(cfg, tmp_path):
     initialisation fenced to the cluster, one cluster-barrier arrive per partition and one wait, a local 16-byte
     store per 4 rows, a proxy fence, one bulk copy to each CTA of the cluster completing on its receive mbarrier, and
     a relaxed arrive on each CTA's done mbarrier; no release arrive (ptxas: a GPU-scope membar each), no atomics."""
-    out = tmp_path / "k.ptx"
-    code = ("import sys; from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws; "
-            f"k = ws.compile_offline(ws.WsGemmConfig.from_name({cfg.name!r}), {cfg.BM}, 1280, 8192, True); "
-            f"open({str(out)!r}, 'w').write(k.asm['ptx'])")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ptx = out.read_text()
+    ptx = _sm90_ptx_in_fresh_process(cfg, True, tmp_path)
     assert ptx.count("fence.mbarrier_init.release.cluster") == 1
     assert ptx.count("barrier.cluster.arrive.relaxed.aligned") == 2 and ptx.count("barrier.cluster.wait") == 1
     per_thread = cfg.BN * cfg.BM // (cfg.W * 32)
