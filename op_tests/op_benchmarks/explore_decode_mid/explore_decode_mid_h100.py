@@ -83,6 +83,9 @@ SMOKE_SHAPES = [("smoke", 17, 96, 160), ("smoke", 33, 64, 256), ("smoke", 20, 10
 
 SCREEN = dict(warmup=2, reps=7, target_us=300.0, budget_s=0.3)
 FINAL = dict(warmup=5, reps=15, target_us=1500.0, budget_s=1.0)
+# The exploration scripts beside this one (explore_gemv_mma, probe_*): screening, then paired rounds.
+SCREEN_TIMING = TimingConfig(**SCREEN)
+PAIRED_TIMING = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
 N_FINAL_NEW = 5  # screening ranks within ~2-3% are noise: re-time the 5 fastest new configs
 COLUMNS = ["order", "model", "N", "K", "M", "impl", "config", "in_space", "is_default", "ok", "rel_err", "error",
            "screen_us", "final_us", "final_spread", "us", "speedup", "pct_roof", "floor_us"]

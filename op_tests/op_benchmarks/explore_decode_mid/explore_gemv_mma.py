@@ -31,12 +31,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gradlib.timing import TimingConfig, time_paired  # noqa: E402
+from gradlib.timing import time_paired  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import clgemv as cl  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import gemv_mma as gm  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import tcgemv as tc  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import wsgemm as ws  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
+    PAIRED_TIMING,
+    SCREEN_TIMING,
     Rotating,
     check,
     floor_us,
@@ -72,8 +74,6 @@ class Family:
         return lambda a, b, out: tc.launch_tcgemv(a, b, None, out, cfg)
 
 
-SCREEN = TimingConfig(warmup=2, reps=7, target_us=300.0, budget_s=0.3)
-PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
 
 
 def _compile(task):
@@ -143,7 +143,7 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
         if not ok:
             rows.append(dict(M=M, N=N, K=K, config=c.name, err=why))
             continue
-        us = rot.time(fn, SCREEN)
+        us = rot.time(fn, SCREEN_TIMING)
         rows.append(dict(M=M, N=N, K=K, config=c.name, err=f"{e:.1e}", screen_us=round(us, 3)))
         cands[c.name] = (us, fn)
     best = sorted(cands, key=lambda n: cands[n][0])[:5]
@@ -156,7 +156,7 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
             if (M, N, K, n) in bad:
                 continue
             try:
-                streams[n] = rot.time(fam.launcher(n), SCREEN)
+                streams[n] = rot.time(fam.launcher(n), SCREEN_TIMING)
             except Exception as exc:  # noqa: BLE001 - recorded, skipped
                 rows.append(dict(M=M, N=N, K=K, config=n, err=f"{type(exc).__name__}: {str(exc)[:200]}"))
                 continue
@@ -187,7 +187,7 @@ def measure(fam: Family, M: int, N: int, K: int, cu: int, bad: dict, pairs: int,
             if ws.config_error(dcfg, M, N, K) is None:  # a cluster config: D 4, 6, 7 (wsgemm_cluster; D 8
                 # faulted: a CTA exiting while a bulk copy still read its shared memory)
                 calls[dcfg.name + " (diag, unchecked)"] = (lambda i, f=fam.launcher(dcfg.name): f(*sets[i]))
-    samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
+    samples = time_paired(calls, nset, PAIRED_TIMING, pairs, captures=2)
     floor = floor_us(M, N, K)
     print(f"M={M} N={N} K={K}: floor {floor:.2f} us, {len(cands)} configs timed", flush=True)
     for n, (med, ratio) in paired_medians(samples, "F.linear").items():

@@ -27,16 +27,16 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gradlib.timing import TimingConfig, time_paired  # noqa: E402
+from gradlib.timing import time_paired  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
-    SCREEN,
+    PAIRED_TIMING,
+    SCREEN_TIMING,
     Rotating,
     floor_us,
     paired_medians,
     write_csv,
 )
 
-PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
 WEIGHTS = [(4096, 4096), (6144, 4096), (8192, 3584), (4096, 14336), (7168, 8192)]  # the shipped ones of 32-117 MB
 
 
@@ -101,7 +101,7 @@ def measure_weight(N: int, K: int, cu: int, sink: torch.Tensor, pairs: int, top:
     cands = {}
     for name, p, b, w, il, ev in read_configs(cu):
         fn = (lambda a, wt, c, p=p, b=b, w=w, il=il, ev=ev: launch_read(wt, sink, p, b, w, il, ev))
-        us = rot.time(fn, TimingConfig(**SCREEN))
+        us = rot.time(fn, SCREEN_TIMING)
         cands[name] = (us, fn)
         screen_rows.append(dict(N=N, K=K, config=name, screen_us=round(us, 3)))
     best = sorted(cands, key=lambda n: cands[n][0])[:top]
@@ -115,7 +115,7 @@ def measure_weight(N: int, K: int, cu: int, sink: torch.Tensor, pairs: int, top:
              f"empty kernel, {4 * cu} programs": lambda i: _empty_kernel[(4 * cu, )](sink)}
     for n in best:
         calls[n] = (lambda i, f=cands[n][1]: f(*sets[i]))
-    samples = time_paired(calls, nset, PAIRED, pairs, captures=2)
+    samples = time_paired(calls, nset, PAIRED_TIMING, pairs, captures=2)
     floor = floor_us(1, N, K)
     print(f"(1, {N}, {K}): floor {floor:.2f} us ({(N * K + N + K) * 2 / 1e6:.1f} MB at 3.0 TB/s), "
           f"{len(cands)} read configs screened", flush=True)

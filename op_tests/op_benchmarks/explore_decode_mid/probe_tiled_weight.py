@@ -27,16 +27,15 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_paired  # noqa: E402
+from gradlib.timing import cache_bytes, rotating_sets, time_paired  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import gemm_decode as gd  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
+    PAIRED_TIMING,
     check,
     floor_us,
     paired_medians,
     write_csv,
 )
-
-PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
 
 # (M, N, K): the wide exploration's best 2-3 configs per shape (screen order), then the family default is added.
 PLAN: dict[tuple[int, int, int], list[str]] = {
@@ -84,7 +83,7 @@ def measure_shape(M: int, N: int, K: int, names: list[str], cu: int, pairs: int,
         key = (c.BLOCK_SIZE_N, c.BLOCK_SIZE_K)
         calls[c.name] = (lambda i, c=c, key=key: gd.launch_gemm_decode(
             sets[i][0], sets[i][2][key] if c.B_TILED else sets[i][1], None, sets[i][3], c, cu))
-    samples = time_paired(calls, n_sets, PAIRED, pairs, captures=2)
+    samples = time_paired(calls, n_sets, PAIRED_TIMING, pairs, captures=2)
     floor = floor_us(M, N, K)
     print(f"M={M} N={N} K={K}: floor {floor:.2f} us ({n_sets} rotating sets)", flush=True)
     for name, (med, ratio) in paired_medians(samples, "F.linear").items():

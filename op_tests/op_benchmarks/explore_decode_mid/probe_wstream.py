@@ -24,16 +24,16 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gradlib.timing import TimingConfig, cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
+from gradlib.timing import cache_bytes, rotating_sets, time_paired, time_runner  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid import cuda_build  # noqa: E402
 from op_tests.op_benchmarks.explore_decode_mid.explore_decode_mid_h100 import (  # noqa: E402
+    PAIRED_TIMING,
+    SCREEN_TIMING,
     paired_medians,
     write_csv,
 )
 
 _SRC = Path(__file__).with_name("wstream.cu")
-SCREEN = TimingConfig(warmup=2, reps=7, target_us=300.0, budget_s=0.3)
-PAIRED = TimingConfig(warmup=5, reps=11, target_us=600.0, budget_s=0.5)
 PEAK_BW = 3.0e12
 SHAPES = [(4096, 4096), (8192, 1024), (1280, 8192), (28672, 4096), (4096, 14336)]
 CUBIN_DIR: Path | None = None
@@ -117,7 +117,7 @@ def measure(N: int, K: int, cu: int, pairs: int, rows: list) -> None:
     floor = N * K * 2 / PEAK_BW * 1e6
     screened = []
     for c in grid_configs(N, K, cu):
-        us = time_runner(lambda i, c=c: launch(c, sets[i][1], sink), n_sets, dev, SCREEN).us
+        us = time_runner(lambda i, c=c: launch(c, sets[i][1], sink), n_sets, dev, SCREEN_TIMING).us
         screened.append((us, c))
         rows.append(dict(N=N, K=K, method=c.name, phase="screen", us=round(us, 3), frac_floor=round(floor / us, 4)))
     best = [c for _, c in sorted(screened, key=lambda t: t[0])[:6]]
@@ -125,7 +125,7 @@ def measure(N: int, K: int, cu: int, pairs: int, rows: list) -> None:
              "F.linear@M64": lambda i: F.linear(sets[i][0], sets[i][1])}
     for c in best:
         calls[c.name] = (lambda i, c=c: launch(c, sets[i][1], sink))
-    samples = time_paired(calls, n_sets, PAIRED, pairs, captures=2)
+    samples = time_paired(calls, n_sets, PAIRED_TIMING, pairs, captures=2)
     print(f"N={N} K={K}: weight floor {floor:.2f} us, {len(screened)} stream configs screened", flush=True)
     for name, (med, ratio) in paired_medians(samples, "gemv@M1").items():
         print(f"   {name:34s} {med:8.2f} us  {floor / med:.3f} of floor  gemv/this {ratio:.3f}", flush=True)
