@@ -30,8 +30,20 @@ def __getattr__(name: str):
 
     return getattr(importlib.import_module(module), name)
 
+def warmup(ops: tuple[str, ...] = ("gemm_a16w16", "gemm_a8w8_blockscale"), on_gpu: bool | None = None) -> list[dict]:
+    """Compile and load, before serving, every kernel this device's tuned rows and JSON buckets name (TileLang
+    kernels: compiled in parallel into TileLang's disk cache the first time, loaded from it after a restart), and
+    decide each tuned shape, so no request waits on a compiler. One summary dict per op (rows, jobs, failed,
+    seconds). Call it once at start-up, after setting the config variables."""
+    import torch
+
+    gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+    return [get_dispatcher(op).warm_up(gpu) for op in ops]
+
+
 __all__ = [
     "ConfigError", "GemmProblem", "Solution", "TunedGemm", "current_device_identity", "gemm_a16w16",
     "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config",
     "get_GEMM_A16W16_config", "get_config_table", "get_dispatcher", "get_padded_m", "reload_configs", "tgemm",
+    "warmup",
 ]

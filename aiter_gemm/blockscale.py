@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from aiter_gemm import cudagraph, eager_ext
+from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
@@ -45,8 +46,10 @@ from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
 from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, read_buckets, select_bucket, write_buckets
+from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_error, config_space
+from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.op import OpSpec, register_op
 from aiter_gemm.ops import EAGER_EXT
@@ -61,10 +64,10 @@ __all__ = [
 
 KIND = "GEMM_A8W8_BLOCKSCALE"
 LIBTYPE = BlockscaleConfig.libtype
-LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE)
+LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE, TileLangConfig.libtype)
 FP8 = torch.float8_e4m3fn
-#: What runs a shape: one of our Triton configs, or torch's block-scaled matmul.
-Choice = BlockscaleConfig | TorchBlockwise
+#: What runs a shape: one of our Triton configs, torch's block-scaled matmul, or one of our TileLang configs.
+Choice = BlockscaleConfig | TorchBlockwise | TileLangConfig
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
 #: AITER's untuned shape list of this op; captured shapes (``AITER_TUNE_GEMM=1``) go to this name in the folder of
 #: ``AITER_UNTUNED_GEMM_FILE`` (default: the working directory).
@@ -78,15 +81,22 @@ _OUT_DTYPES = triton_backend.OUT_DTYPES
 
 
 def parse_choice(name: str) -> Choice:
-    """The choice a ``kernelName`` names (torch's :data:`~aiter_gemm.kernels.a8w8_blockscale_torch.NAME` or a
-    Triton config name); ValueError saying what is wrong."""
-    return TorchBlockwise() if name.strip() == torch_impl.NAME else BlockscaleConfig.from_name(name)
+    """The choice a ``kernelName`` names (torch's :data:`~aiter_gemm.kernels.a8w8_blockscale_torch.NAME`, a TileLang
+    config name ``<type>-BM.._BN.._BK.._S.._T.._SK..``, or a Triton config name ``<variant>-BM.._BN.._BK.._GM..``:
+    the two grammars differ after ``BK``); ValueError saying what is wrong."""
+    if name.strip() == torch_impl.NAME:
+        return TorchBlockwise()
+    if tilelang_impl.is_config_name(name):
+        return TileLangConfig.from_name(name)
+    return BlockscaleConfig.from_name(name)
 
 
 def solution_of(choice: Choice) -> Solution:
     """The dispatcher's / tuner's solution for a choice."""
     if isinstance(choice, TorchBlockwise):
         return torch_backend.SOLUTION
+    if isinstance(choice, TileLangConfig):
+        return tilelang_backend.solution_of(choice)
     return triton_backend.solution_of(choice)
 
 
@@ -102,6 +112,9 @@ def choice_error(choice: Choice, M: int, N: int, K: int, dtype: torch.dtype = to
     if isinstance(choice, TorchBlockwise):
         why = torch_impl.unavailable_reason(device) if device is not None else None
         return why or torch_impl.shape_error(M, N, K, dtype)
+    if isinstance(choice, TileLangConfig):
+        why = tilelang_impl.unavailable_reason(device) if device is not None else None
+        return why or tilelang_backend.config_why_not(choice, GemmProblem(M, N, K, False, FP8, dtype))
     arch = REFERENCE_ARCH
     if device is not None and device.type == "cuda":
         arch = dispatcher_for(GEMM_A8W8_BLOCKSCALE).device(True).gfx
@@ -122,7 +135,7 @@ def _row_solution(row: TunedRow) -> Solution:
                               f"libtype {libtype!r} rows name {torch_impl.NAME!r}, got {name!r}")
         return Solution(libtype, row.values["kernelId"], 0, name)
     try:
-        cfg = BlockscaleConfig.from_name(name)
+        cfg = TileLangConfig.from_name(name) if libtype == TileLangConfig.libtype else BlockscaleConfig.from_name(name)
     except ValueError as exc:
         raise ConfigError(row.source, row.line, "kernelName", str(exc)) from None
     split = row.values["splitK"]
@@ -134,6 +147,8 @@ def _row_solution(row: TunedRow) -> Solution:
 
 def _choice_from_json(entry: Mapping[str, Any]) -> Choice:
     entry = dict(entry)
+    if entry.get("libtype") == TileLangConfig.libtype:
+        return TileLangConfig.from_json(entry)
     return TorchBlockwise.from_json(entry) if entry.get("libtype") == torch_impl.LIBTYPE \
         else BlockscaleConfig.from_json(entry)
 
@@ -154,6 +169,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
     json_family="GEMM-A8W8_BLOCKSCALE", json_solution=lambda entry: solution_of(_choice_from_json(entry)),
     json_buckets=NAMED_BUCKETS, describe=_describe, source_with_line=True,
+    key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
 ))
 
 

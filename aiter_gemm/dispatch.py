@@ -10,7 +10,9 @@ dispatcher owns an immutable table and an immutable settings object; :meth:`Disp
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 from aiter_gemm import backends, cudagraph, jsonconfigs
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
-from aiter_gemm.configs import ConfigTable, TunedRow, load_table
+from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow, load_table
 from aiter_gemm.device import DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
 from aiter_gemm.dtypes import dtype_name
 from aiter_gemm.logs import WarnOnce, ensure_info_handler
@@ -174,6 +176,49 @@ class Dispatcher:
                     backend.configure(self.settings)
                     self._configured.add(id(backend))
         return backend
+
+    def warm_up(self, on_gpu: bool = True) -> dict[str, Any]:
+        """Build and load, ahead of the first GEMM, what this device's rows need: every backend's
+        :meth:`~aiter_gemm.backends.base.Backend.precompile` over the op's tuned rows and JSON buckets for this
+        device (TileLang: kernels compiled in parallel into its disk cache, loaded from it after a restart), then
+        each tuned shape decided. A server calls it once at start-up so its first requests do not wait on a
+        compiler. Returns counts, the failures (kernelName -> why) and the seconds taken."""
+        t0 = time.monotonic()
+        device = self.device(on_gpu)
+        jobs: dict[str, list[tuple[GemmProblem, Solution]]] = {}
+        exact: list[GemmProblem] = []
+        if self.op.key_problem is not None:
+            for row in self.table():
+                if row.cu_num != device.cu_num or row.gfx not in (None, device.gfx):
+                    continue
+                try:
+                    sol = self.op.row_solution(row)
+                except ConfigError:
+                    continue  # the decision warns about it, naming file and line
+                problem = self.op.key_problem(row.key)
+                exact.append(problem)
+                jobs.setdefault(sol.libtype, []).append((problem, sol))
+        if self.op.json_family and self.op.key_problem is not None:  # ops with JSON levels key rows on (M, N, K)
+            for folder in self._json_dirs:
+                for path in sorted(folder.glob(f"{device.gfx}-{self.op.json_family}-N=*-K=*.json")):
+                    nk = re.fullmatch(r".*-N=(\d+)-K=(\d+)\.json", path.name)
+                    try:
+                        buckets = jsonconfigs.cached_buckets(path, self.op.json_solution, self.op.json_buckets or {})
+                    except (ValueError, OSError):
+                        continue  # the decision warns about it, naming the file
+                    for bound, _key, sol in buckets or ():
+                        if sol is not None and nk is not None:
+                            problem = self.op.key_problem((bound or 1, int(nk[1]), int(nk[2])))
+                            jobs.setdefault(sol.libtype, []).append((problem, sol))
+        failed: dict[str, str] = {}
+        for libtype, todo in jobs.items():
+            backend = self.backend(libtype)
+            if backend.is_available():
+                failed.update(backend.precompile(todo))
+        for problem in exact:
+            self.decide(problem, on_gpu)
+        return {"op": self.op.name, "rows": len(exact), "jobs": sum(map(len, jobs.values())), "failed": failed,
+                "seconds": round(time.monotonic() - t0, 3)}
 
     def flush_capture(self) -> None:
         if self._recorder is not None:

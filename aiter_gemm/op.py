@@ -48,6 +48,8 @@ class OpSpec:
     describe: Callable[[Solution], dict[str, Any]] | None = None
     #: A row's ``source`` as ``path:line`` (True) or the path with ``line`` beside it (AITER's config dict).
     source_with_line: bool = False
+    #: The problem of a table key (:attr:`row_key`'s inverse), for :meth:`~aiter_gemm.dispatch.Dispatcher.warm_up`.
+    key_problem: Callable[[tuple], GemmProblem] | None = None
 
     @property
     def table_spec(self) -> TableSpec:

@@ -40,6 +40,7 @@ def untuned_row(p: GemmProblem) -> dict[str, str]:
 GEMM_A16W16 = register_op(OpSpec(
     name="gemm_a16w16", kind="GEMM_BF16", backends=A16W16, row_key=row_key,
     untuned_columns=BF16_UNTUNED_COLUMNS, untuned_row=untuned_row, capture_path=lambda s: s.untuned_file,
+    key_problem=lambda key: GemmProblem(*key),
 ))
 
 _DISPATCHER = dispatcher_for(GEMM_A16W16)

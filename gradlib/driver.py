@@ -115,6 +115,36 @@ def _top(o: ShapeOutcome, n: int = 5) -> str:
     return f"M={p.M} N={p.N} K={p.K} bias={p.bias}: top {len(rows)}\n" + "\n".join(rows)
 
 
+def precompile(op: str, libtypes: tuple[str, ...], problems: list[GemmProblem], ident: DeviceIdentity,
+               quick: bool, fixed: Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]] | None) -> None:
+    """Let each backend build what its candidates need before any is timed (TileLang: every kernel compiled in
+    parallel into its disk cache, so each worker's ``prepare`` loads it in milliseconds instead of running nvcc per
+    candidate). A backend that cannot build here (its package missing in this process) is skipped with a warning:
+    the workers then build, or fail, candidate by candidate."""
+    from aiter_gemm.backends.base import Backend
+    from aiter_gemm.op import op_spec
+    from gradlib.tasks import enumerate_solutions
+
+    package = op_spec(op).backends
+    for lib in libtypes:
+        backend = backend_of(op, lib)
+        if type(backend).precompile is Backend.precompile:
+            continue
+        jobs = [(p, s) for p in problems
+                for s in (fixed(p, ident) if fixed is not None else enumerate_solutions(backend, p, ident, quick))
+                if s.libtype == lib]
+        if not jobs:
+            continue
+        t0 = time.monotonic()
+        try:
+            failed = backend.precompile(jobs)
+        except ImportError as exc:
+            log.warning("%s (%s): cannot build ahead here (%s); workers build per candidate", lib, package, exc)
+            continue
+        log.info("%s: %d candidate kernel(s) built in %.1f s, %d failed%s", lib, len(jobs), time.monotonic() - t0,
+                 len(failed), "".join(f"; {name}: {why}" for name, why in list(failed.items())[:3]))
+
+
 def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, flush: Callable[[], None],
           on_tick=None) -> tuple[KeyboardInterrupt | None, PoolError | None]:
     """Run the searches to the end, or until Ctrl-C / SIGTERM or a pool failure; the checkpoints are written
@@ -226,6 +256,7 @@ def _tune(job: TuneJob, pool: Executor) -> int:
                 continue
             searches.append(ShapeSearch(i, p, opts, fixed, _baseline_of(spec.op, opts.baseline, p, ident)
                                         if fixed is not None else None, incumbent))
+        precompile(spec.op, opts.libtypes, todo, ident, opts.quick, job.candidates)
         log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
                  ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(problems), skipped)
         interrupted, pool_error = drive(pool, searches, on_outcome, on_item, lambda: [w.flush() for w in writers],

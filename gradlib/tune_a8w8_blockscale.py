@@ -16,7 +16,10 @@ Search: the same driver as ``gemm-tuner`` (:mod:`gradlib.driver`) over the op's 
 hand-picked list per M class); ``--variants`` restricts the variants, ``--candidates`` names the configs (or
 registered launchers) to time instead. ``--libtype`` (default ``triton,torch`` on a GPU, ``triton`` on CPU):
 ``torch`` adds torch's block-scaled ``F.scaled_mm`` (cuBLASLt) where it supports the shape; when it wins, the row
-and JSON bucket say ``libtype=torch``. Each candidate runs in a worker of the crash-isolated pool (``--mp``,
+and JSON bucket say ``libtype=torch``. ``tilelang`` (default where TileLang is installed and the GPU is sm_90) adds
+:func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.config_space`; its kernels are compiled in parallel, before any
+is timed, into TileLang's disk cache (:func:`gradlib.driver.precompile`).
+Each candidate runs in a worker of the crash-isolated pool (``--mp``,
 ``--timeout``, ``--ray``), is checked against the float32 dequantized reference (``err_ratio`` <= ``--errRatio``)
 and timed with CUDA-graph replay over rotating inputs larger than twice the L2. One shape's candidates are split into
 one chunk per worker.
@@ -38,6 +41,7 @@ Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid con
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -52,6 +56,7 @@ from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import render_csv
+from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
 from gradlib import cli
@@ -92,7 +97,20 @@ PROG = "python -m gradlib.tune_a8w8_blockscale"
 DEFAULT_MS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Interpreted Triton on CPU (tests): ~50 ms a launch at N = K = 256, so a few launches per candidate.
 CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budget_s=0.2)
-OP_LIBTYPES = ("triton", torch_impl.LIBTYPE)
+log = logging.getLogger("gradlib")
+OP_LIBTYPES = ("triton", torch_impl.LIBTYPE, tilelang_impl.TileLangConfig.libtype)
+
+
+def default_libtypes(on_gpu: bool) -> tuple[str, ...]:
+    """Every implementation that can run here: on a GPU triton and torch, plus tilelang where it is installed and
+    the GPU is sm_90 (its absence is said once, not an error); on CPU triton (interpreter)."""
+    if not on_gpu:
+        return ("triton",)
+    why = tilelang_impl.unavailable_reason()
+    if why is not None:
+        log.info("tilelang candidates not timed: %s", why)
+        return ("triton", torch_impl.LIBTYPE)
+    return OP_LIBTYPES
 
 
 def _variant_filter(variants: Sequence[str] | None):
@@ -153,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     srch.add_argument("--quick", action="store_true", help="a short hand-picked config list per M class")
     srch.add_argument("--libtype", type=name_list,
                       help="implementations to time: triton (our kernels), torch (F.scaled_mm block-wise, "
-                      "cuBLASLt); default triton,torch on a GPU, triton on CPU")
+                      "cuBLASLt), tilelang (our TileLang kernels, sm_90); default all that run here (a GPU: "
+                      "triton,torch and tilelang where installed), triton on CPU")
     srch.add_argument("--variants", type=name_list, help=f"only these variants (comma list of {', '.join(VARIANTS)})")
     srch.add_argument("--candidates", type=name_list,
                       help="time exactly these kernelNames (or names registered by a --plugin) instead")
@@ -204,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_gpu = devices[0] is not None
         if torch_impl.LIBTYPE in (args.libtype or ()) and not on_gpu:
             raise UsageError(f"--libtype torch: {torch_impl.unavailable_reason(torch.device('cpu'))}")
-        libtypes = tuple(args.libtype or (OP_LIBTYPES if on_gpu else ("triton",)))
+        libtypes = tuple(args.libtype or default_libtypes(on_gpu))
         env = cli.worker_env(on_gpu)
         with scoped_env(env):
             import_plugins(plugins)

@@ -146,3 +146,9 @@ class Backend:
     def quick_candidates(self, problem: GemmProblem, device: DeviceIdentity) -> Sequence[Solution]:
         """A short list for quick tuning runs (default: every candidate)."""
         return self.candidates(problem, device)
+
+    def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
+        """Build, ahead of their first ``prepare``, whatever the (problem, solution) jobs need (JIT kernels into a
+        disk cache), in parallel where the backend can; kernelName -> why for those that failed. The tuner calls it
+        before timing a batch, :func:`aiter_gemm.warmup` before serving. Default: nothing to build."""
+        return {}

@@ -1,0 +1,84 @@
+"""Backend ``tilelang`` of ``gemm_a8w8_blockscale``: the TileLang kernels of
+:mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang` (SGLang's four variants on this op's layouts).
+
+A solution's ``kernelName`` is a :class:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.TileLangConfig` name (e.g.
+``splitK_swapAB-BM64_BN16_BK128_S4_T128_SK4``); ``splitK`` mirrors its split count (0 when unsplit). One rule of
+what runs, for the tuner and the runtime: the config's own checks plus
+:func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.shape_error`. Optional: without ``tilelang`` installed, or off
+sm_90, the backend says why it is unavailable and its rows are misses. ``prepare`` compiles the shape's kernels
+(TileLang's disk cache makes that milliseconds after the first time; :func:`aiter_gemm.warmup` does it ahead of
+serving) and returns a runner that only launches; its host cost per eager call is below torch's block-scaled path,
+so eager calls keep its decisions (``cheap_launch``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
+from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
+
+NAME = TileLangConfig.libtype
+FP8_IN = (torch.float8_e4m3fn,)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def solution_of(cfg: TileLangConfig) -> Solution:
+    """The solution (and tuned-row fields) naming ``cfg``."""
+    return Solution(NAME, -1, cfg.split_k if cfg.split_k > 1 else 0, cfg.name)
+
+
+def config_why_not(cfg: TileLangConfig, problem: GemmProblem) -> str | None:
+    """Why ``cfg`` cannot run ``problem`` (dtypes and shape; not the machine)."""
+    if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+        return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
+    return tl_impl.shape_error(cfg, problem.M, problem.N, problem.K)
+
+
+class BlockscaleTileLangBackend(Backend):
+    name = NAME
+
+    def unavailable_reason(self) -> str | None:
+        return tl_impl.unavailable_reason()
+
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        if not device.is_gpu:
+            return "TileLang kernels run on CUDA tensors only"
+        try:
+            cfg = TileLangConfig.from_name(solution.kernelName)
+        except ValueError as exc:
+            return str(exc)
+        return config_why_not(cfg, problem)
+
+    def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
+        if self.why_not(problem, solution, device) is not None:
+            return None
+        cfg = TileLangConfig.from_name(solution.kernelName)
+        return tl_impl.launcher(problem.N, problem.K, cfg, problem.otype)
+
+    def _space(self, problem: GemmProblem, quick: bool) -> list[Solution]:
+        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+            return []
+        return [solution_of(c) for c in tl_impl.config_space(problem.M, problem.N, problem.K, quick)]
+
+    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return self._space(problem, quick=False)
+
+    def quick_candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
+        return self._space(problem, quick=True)
+
+    def precompile(self, jobs: list[tuple[GemmProblem, Solution]]) -> dict[str, str]:
+        """Compile every (problem, solution) job's kernels in parallel into TileLang's disk cache before they are
+        timed or served (:func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.precompile`); kernelName -> why, for
+        those that failed."""
+        want = {}
+        for problem, sol in jobs:
+            cfg = TileLangConfig.from_name(sol.kernelName)
+            want[(problem.N, problem.K, cfg, problem.otype)] = sol.kernelName
+        failed = tl_impl.precompile(list(want))
+        return {want[job]: why for job, why in failed.items()}
+
+
+BACKEND = BlockscaleTileLangBackend()
