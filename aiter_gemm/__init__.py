@@ -30,15 +30,17 @@ def __getattr__(name: str):
 
     return getattr(importlib.import_module(module), name)
 
-def warmup(ops: tuple[str, ...] = ("gemm_a16w16", "gemm_a8w8_blockscale"), on_gpu: bool | None = None) -> list[dict]:
-    """Compile and load, before serving, every kernel this device's tuned rows and JSON buckets name (TileLang
-    kernels: compiled in parallel into TileLang's disk cache the first time, loaded from it after a restart), and
-    decide each tuned shape, so no request waits on a compiler. One summary dict per op (rows, jobs, failed,
-    seconds). Call it once at start-up, after setting the config variables."""
+def warmup(ops: tuple[str, ...] = ("gemm_a16w16", "gemm_a8w8_blockscale"), on_gpu: bool | None = None,
+           shapes: dict[str, list[GemmProblem]] | None = None) -> list[dict]:
+    """Compile and load, before serving, every kernel this device's tuned rows and JSON buckets name, plus what
+    ``shapes`` (op name -> a model's problems) run where no row serves them (TileLang kernels: compiled in parallel
+    into TileLang's disk cache the first time, loaded from it after a restart), and decide those shapes, so no
+    request waits on a compiler. One summary dict per op (shapes, jobs, failed, seconds). Call it once at start-up,
+    after setting the config variables."""
     import torch
 
     gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
-    return [get_dispatcher(op).warm_up(gpu) for op in ops]
+    return [get_dispatcher(op).warm_up(gpu, (shapes or {}).get(op, ())) for op in ops]
 
 
 __all__ = [

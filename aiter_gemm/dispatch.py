@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -177,16 +178,21 @@ class Dispatcher:
                     self._configured.add(id(backend))
         return backend
 
-    def warm_up(self, on_gpu: bool = True) -> dict[str, Any]:
+    def warm_up(self, on_gpu: bool = True, problems: Iterable[GemmProblem] = ()) -> dict[str, Any]:
         """Build and load, ahead of the first GEMM, what this device's rows need: every backend's
         :meth:`~aiter_gemm.backends.base.Backend.precompile` over the op's tuned rows and JSON buckets for this
-        device (TileLang: kernels compiled in parallel into its disk cache, loaded from it after a restart), then
-        each tuned shape decided. A server calls it once at start-up so its first requests do not wait on a
-        compiler. Returns counts, the failures (kernelName -> why) and the seconds taken."""
+        device (TileLang: kernels compiled in parallel into its disk cache, loaded from it after a restart), plus
+        the decisions of ``problems`` (a model's shapes: their rows or defaults), then each of those shapes decided.
+        A server calls it once at start-up so its first requests do not wait on a compiler. Returns counts, the
+        failures (kernelName -> why) and the seconds taken."""
         t0 = time.monotonic()
         device = self.device(on_gpu)
         jobs: dict[str, list[tuple[GemmProblem, Solution]]] = {}
-        exact: list[GemmProblem] = []
+        exact: list[GemmProblem] = list(problems)
+        for problem in exact:  # what no row serves runs its default: build that ahead too
+            for _backend, sol in self._default_solutions(problem, device):
+                jobs.setdefault(sol.libtype, []).append((problem, sol))
+                break
         if self.op.key_problem is not None:
             for row in self.table():
                 if row.cu_num != device.cu_num or row.gfx not in (None, device.gfx):
@@ -217,7 +223,7 @@ class Dispatcher:
                 failed.update(backend.precompile(todo))
         for problem in exact:
             self.decide(problem, on_gpu)
-        return {"op": self.op.name, "rows": len(exact), "jobs": sum(map(len, jobs.values())), "failed": failed,
+        return {"op": self.op.name, "shapes": len(exact), "jobs": sum(map(len, jobs.values())), "failed": failed,
                 "seconds": round(time.monotonic() - t0, 3)}
 
     def flush_capture(self) -> None:
@@ -372,9 +378,10 @@ class Dispatcher:
         )
 
 
-    def _default_choice(self, problem: GemmProblem, device: DeviceIdentity, cheap_only: bool = False
-                        ) -> tuple[Solution, Any] | None:
-        """(solution, runner) of the default: the highest-priority backend that claims the shape and can run it."""
+    def _default_solutions(self, problem: GemmProblem, device: DeviceIdentity, cheap_only: bool = False
+                           ) -> Iterator[tuple[Backend, Solution]]:
+        """The backends that claim the shape as its default and can run it, highest priority first, with their
+        solutions (nothing prepared)."""
         if self._defaults is None:
             found = [self.backend(b.name) for b in backends.available_backends(self.op.backends)]
             self._defaults = sorted(found, key=lambda b: -b.default_priority)
@@ -382,8 +389,13 @@ class Dispatcher:
             if (problem.bpreshuffle and not backend.is_blaslt) or (cheap_only and not backend.cheap_launch):
                 continue
             sol = backend.eager_default_for(problem, device) if cheap_only else backend.default_for(problem, device)
-            if sol is None or backend.why_not(problem, sol, device) is not None:
-                continue
+            if sol is not None and backend.why_not(problem, sol, device) is None:
+                yield backend, sol
+
+    def _default_choice(self, problem: GemmProblem, device: DeviceIdentity, cheap_only: bool = False
+                        ) -> tuple[Solution, Any] | None:
+        """(solution, runner) of the default: the highest-priority backend that claims the shape and can run it."""
+        for backend, sol in self._default_solutions(problem, device, cheap_only):
             runner = backend.prepare(problem, sol, device)
             if runner is not None:
                 return sol, runner

@@ -39,6 +39,8 @@ def config_why_not(cfg: TileLangConfig, problem: GemmProblem) -> str | None:
 
 class BlockscaleTileLangBackend(Backend):
     name = NAME
+    #: Above the torch backend's default (10) where :meth:`default_for` claims a shape: decode, M <= 64.
+    default_priority = 20
 
     def unavailable_reason(self) -> str | None:
         return tl_impl.unavailable_reason()
@@ -57,6 +59,15 @@ class BlockscaleTileLangBackend(Backend):
             return None
         cfg = TileLangConfig.from_name(solution.kernelName)
         return tl_impl.launcher(problem.N, problem.K, cfg, problem.otype)
+
+    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
+        """Decode shapes (M <= 64) on sm_90 (:func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.default_config`).
+        Its kernels compile at the shape's first call (3-4 s each layout, once per machine: TileLang's disk cache
+        keeps them; :func:`aiter_gemm.warmup` with ``nk`` compiles them ahead)."""
+        if not device.is_gpu or device.gfx != "sm_90" or problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+            return None
+        cfg = tl_impl.default_config(problem.M, problem.N, problem.K, device.heuristic_cu)
+        return None if cfg is None or tl_impl.shape_error(cfg, problem.M, problem.N, problem.K) else solution_of(cfg)
 
     def _space(self, problem: GemmProblem, quick: bool) -> list[Solution]:
         if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
