@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import re
 import subprocess
@@ -58,7 +59,8 @@ def environment(device: torch.device, argv: list[str]) -> dict[str, Any]:
     env: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join(["python -m benchmarks.run", *argv]),
-        "commit": _run(["git", "rev-parse", "--short", "HEAD"]) or "-",
+        # A device copy of the tree may have no .git: the caller passes COMMIT (the device scripts do).
+        "commit": os.environ.get("COMMIT") or _run(["git", "rev-parse", "--short", "HEAD"]) or "-",
         "dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0] or "-",

@@ -180,6 +180,19 @@ def defaults_sweep(rows: list[dict]) -> list[dict]:
     return out
 
 
+def eager_host(rows: list[dict]) -> list[dict]:
+    """bench_eager_host: host us to submit a call and GPU us per call, F.linear and the dispatch (``host`` mode)."""
+    out = []
+    for r in rows:
+        base = {"bench": "bf16", "set": "host", "label": "host", "M": r["M"], "N": r["N"], "K": r["K"],
+                "bias": "False", "mode": "host"}
+        f, d = _f(r["host_us_linear"]), _f(r["host_us_ours"])
+        out.append(_pair(base, "flinear", f, gpu_us=r["gpu_us_linear"]))
+        out.append(_pair(base, "dispatch", d, "flinear", f, gpu_us=r["gpu_us_ours"], libtype=r["libtype"],
+                         eager_libtype=r["eager_libtype"]))
+    return out
+
+
 #: (columns that identify the format, converter taking (rows, path)).
 FORMATS: tuple[tuple[frozenset[str], Callable[[list[dict], Path], list[dict]]], ...] = (
     (frozenset({"set", "model", "method", "ref_us"}), lambda rows, path: heldout(rows)),
@@ -189,6 +202,7 @@ FORMATS: tuple[tuple[frozenset[str], Callable[[list[dict], Path], list[dict]]], 
     (frozenset({"F.linear_graph_us", "gemm_a16w16_graph_us"}), lambda rows, path: layer(rows)),
     (frozenset({"set", "method", "config", "speedup", "q1", "q3"}), lambda rows, path: gemv_default(rows)),
     (frozenset({"part", "method", "mode", "rounds", "error"}), lambda rows, path: defaults_sweep(rows)),
+    (frozenset({"host_us_linear", "host_us_ours", "gpu_us_linear"}), lambda rows, path: eager_host(rows)),
 )
 
 

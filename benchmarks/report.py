@@ -9,7 +9,8 @@ by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json``. Tables (``--
 * ``mclass``: geomean and minimum per M class (<= 16, 17-256, > 256, all).
 * ``matrix``: one row per (label, N, K), one column per M; the cell is the ratio (``--cell ratio``), the ratio with
   the dispatch's libtype (``ratio+lib``), the time (``us``) or the roofline fraction (``roof``).
-* ``overhead``, ``layer``: the dispatch-overhead and decoder-layer benchmarks as they are.
+* ``overhead``, ``layer``, ``host``: the dispatch-overhead and decoder-layer benchmarks, and host / GPU time per
+  eager call, as they are.
 * ``hf``: ``hf_decode`` runs (``results.json``): graph and eager speedup with the A/A control, per batch and phase.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -97,9 +99,10 @@ def identical_calls(rows: Sequence[dict]) -> str:
     body = []
     for mode in ("graph", "eager"):
         aa = sorted(_num(r["ratio"]) for r in select(rows, "dispatch", "flinear", mode)
-                    if r.get("libtype") == r.get("eager_libtype") == "torch")
+                    if r.get("bench") == "bf16" and r.get("libtype") == r.get("eager_libtype") == "torch")
         if len(aa) >= 2:
-            lo, hi = aa[int(0.05 * (len(aa) - 1))], aa[math.ceil(0.95 * (len(aa) - 1))]
+            q = statistics.quantiles(aa, n=20, method="inclusive")
+            lo, hi = q[0], q[-1]
             body.append((mode, len(aa), f"{geomean(aa):.3f}", f"{lo:.3f}", f"{hi:.3f}", f"{aa[0]:.3f}",
                          f"{aa[-1]:.3f}"))
     return _table(("identical calls (plain F.linear decisions)", "shapes", "geomean", "5%", "95%", "min", "max"),
@@ -163,6 +166,20 @@ def layer(rows: Sequence[dict]) -> str:
             for (m, mode), r in sorted(by.items())]
     return _table(("M", "mode", "F.linear layer us", "gemm_a16w16 layer us", "speedup"),
                   ("---:", "---", "---:", "---:", "---:"), body)
+
+
+def host(rows: Sequence[dict]) -> str:
+    """Per shape: what the dispatch decided (graph / eager), host us to submit one call and GPU us per call, F.linear
+    against the dispatch."""
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r["mode"] == "host" and r["provider"] in ("flinear", "dispatch") and r.get("us"):
+            by.setdefault((int(r["M"]), int(r["N"]), int(r["K"])), {})[r["provider"]] = r
+    body = [(f"{m}, {n}, {k}", f"{d.get('libtype', '')}/{d.get('eager_libtype', '')}", f"{_num(f['us']):.1f}",
+             f"{_num(d['us']):.1f}", f"{_num(f['gpu_us']):.1f}", f"{_num(d['gpu_us']):.1f}")
+            for (m, n, k), pair in by.items() if len(pair) == 2 for f, d in [(pair["flinear"], pair["dispatch"])]]
+    return _table(("M, N, K", "decision (graph/eager)", "host us F.linear", "host us ours", "GPU us F.linear",
+                   "GPU us ours"), ("---", "---", "---:", "---:", "---:", "---:"), body)
 
 
 def hf(paths: Sequence[str | Path]) -> str:

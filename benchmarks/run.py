@@ -6,7 +6,7 @@
         --baselines torch_blockscale,flinear --out $OUT
     python -m benchmarks.run --bench overhead --out $OUT     # host time the dispatch adds (tiny shapes)
     python -m benchmarks.run --bench layer --set llama3_8b --m 1,8,32,128,2048 --out $OUT
-    python -m benchmarks.run report FILE [--table summary|mclass|matrix|overhead|layer|hf] ...
+    python -m benchmarks.run report FILE [--table summary|mclass|matrix|overhead|layer|host|hf] ...
     python -m benchmarks.run plot FILE --out DIR --stem NAME
     python -m benchmarks.run tables BENCHMARKS.md [--write]  # check (or regenerate) every table it quotes
     python -m benchmarks.run list                            # providers and shape sets
@@ -66,6 +66,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timing", default=None, help=f"comma list of {', '.join(MODES)} (default: graph on a GPU, "
                     "eager on CPU)")
     ap.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
+    ap.add_argument("--name", default=None, help="file stem: <name>_<gpu>.csv (default: the --bench name)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--pairs", type=int, default=GRAPH_PAIRS, help=f"graph rounds per shape (default {GRAPH_PAIRS})")
     ap.add_argument("--eager_pairs", type=int, default=EAGER_PAIRS,
@@ -90,8 +91,9 @@ def run_bench(argv: list[str], timer: Timer | None = None) -> int:
         ap.error("--timing graph and host need a CUDA device (CPU runs time eagerly: --timing eager)")
     torch.backends.cuda.matmul.allow_tf32 = False
     timer = timer or DeviceTimer(device, args.pairs, args.eager_pairs)
-    csv_path, env_path = envmod.output_paths(args.out, args.bench, device)
+    csv_path, env_path = envmod.output_paths(args.out, args.name or args.bench, device)
     env = envmod.environment(device, argv)
+    envmod.write_env(env_path, env)  # now, so a run stopped early still says what produced its CSV
     t0 = time.monotonic()
     if args.bench == "overhead":
         from benchmarks.overhead import run_overhead
@@ -136,7 +138,8 @@ def run_bench(argv: list[str], timer: Timer | None = None) -> int:
 def report_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run report", description=rep.__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="harness CSVs, raw files of the replaced scripts, or results.json")
-    ap.add_argument("--table", choices=("summary", "mclass", "matrix", "overhead", "layer", "hf"), default="summary")
+    ap.add_argument("--table", default="summary",
+                    choices=("summary", "mclass", "matrix", "overhead", "layer", "host", "hf"))
     ap.add_argument("--provider", default="dispatch")
     ap.add_argument("--vs", default="flinear")
     ap.add_argument("--mode", default="graph")
@@ -164,7 +167,7 @@ def render(argv: list[str], root: Path | None = None) -> str:
         return rep.mclass(rows, args.provider, args.vs, args.mode)
     if args.table == "matrix":
         return rep.matrix(rows, args.provider, args.vs, args.mode, args.cell)
-    return rep.overhead(rows) if args.table == "overhead" else rep.layer(rows)
+    return {"overhead": rep.overhead, "layer": rep.layer, "host": rep.host}[args.table](rows)
 
 
 def run_report(argv: list[str]) -> int:
