@@ -252,6 +252,10 @@ class GemmBench:
             except Unavailable as exc:
                 self.rows.append({**base, "provider": s, "note": f"unavailable: {exc}"})
                 continue
+            except Exception as exc:  # one provider failing on one shape (a compile, a launch) ends only its row
+                log.warning("%s on M=%d N=%d K=%d: %s: %s", s, p.M, p.N, p.K, type(exc).__name__, exc)
+                self.rows.append({**base, "provider": s, "note": f"error: {type(exc).__name__}: {exc}"[:300]})
+                continue
             if not err <= MAX_REL_ERR:
                 self.rows.append({**base, "provider": s, "rel_err": f"{err:.2e}", "note": "wrong result: not timed"})
                 continue
@@ -267,7 +271,13 @@ class GemmBench:
                     host_us, gpu[k] = self.timer.host(calls[k], n_sets)
                     samples[k] = [host_us]
         else:
-            samples = self.timer.paired(calls, n_sets, mode)
+            try:
+                samples = self.timer.paired(calls, n_sets, mode)
+            except Exception as exc:  # e.g. a capture that fails: say so for every provider of this shape and mode
+                log.warning("timing M=%d N=%d K=%d %s failed: %s: %s", p.M, p.N, p.K, mode, type(exc).__name__, exc)
+                note = f"timing failed: {type(exc).__name__}: {exc}"[:300]
+                self.rows += [{**base, "provider": k, "rel_err": f"{errs[k]:.2e}", "note": note} for k in calls]
+                return
         info = decision_columns(self.op, p)
         for s, got in samples.items():
             us = statistics.median(got)

@@ -6,7 +6,7 @@ by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json``. Tables (``--
 * ``summary``: per (set, baseline, mode) the shapes, geomean ratio, worst shape and how many fall below the bar
   (``--bars``, default issue 13's: graph 0.98, eager 0.97); ``identical`` adds the spread of shapes whose dispatch
   runs plain F.linear in both modes (the method's own noise).
-* ``mclass``: geomean and minimum per M class (<= 16, 17-256, > 256, all).
+* ``mclass``: geomean and minimum per M class (<= 16, 17-256, > 256, all); ``bym`` the same per M.
 * ``matrix``: one row per (label, N, K), one column per M; the cell is the ratio (``--cell ratio``), the ratio with
   the dispatch's libtype (``ratio+lib``), the time (``us``) or the roofline fraction (``roof``).
 * ``overhead``, ``layer``, ``host``: the dispatch-overhead and decoder-layer benchmarks, and host / GPU time per
@@ -126,6 +126,22 @@ def mclass(rows: Sequence[dict], provider: str, vs: str, mode: str) -> str:
                   ("---", "---:", "---:", "---"), body)
 
 
+def by_m(rows: Sequence[dict], provider: str, vs: str, mode: str) -> str:
+    """Per M: how many shapes, the geomean, the worst and the best shape of ``provider`` / ``vs``."""
+    groups: dict[int, list[dict]] = {}
+    for r in select(rows, provider, vs, mode):
+        groups.setdefault(int(r["M"]), []).append(r)
+    body = []
+    for m, part in sorted(groups.items()):
+        lo = min(part, key=lambda r: _num(r["ratio"]))
+        hi = max(part, key=lambda r: _num(r["ratio"]))
+        body.append((m, len(part), f"{geomean(_num(r['ratio']) for r in part):.3f}",
+                     f"{_num(lo['ratio']):.3f} ({lo['N']}, {lo['K']})",
+                     f"{_num(hi['ratio']):.3f} ({hi['N']}, {hi['K']})"))
+    return _table(("M", "shapes", f"{provider} / {vs} (geomean)", "min (N, K)", "max (N, K)"),
+                  ("---:", "---:", "---:", "---", "---"), body)
+
+
 def _cell(r: dict, cell: str) -> str:
     if cell == "us":
         return f"{_num(r['us']):.2f}"
@@ -147,7 +163,8 @@ def matrix(rows: Sequence[dict], provider: str, vs: str, mode: str, cell: str = 
     body = [(label, n, k, *(cells.get(m, "") for m in ms)) for (label, n, k), cells in grid.items()]
     out = _table(("label", "N", "K", *(f"M={m}" for m in ms)), ("---", "---:", "---:", *("---:",) * len(ms)), body)
     if cell == "ratio+lib":
-        out += "\n\nc = cublaslt, s = skinny, t = triton, f = torch (F.linear itself)"
+        out += ("\n\nc = cublaslt, s = skinny, t = triton, f = torch (F.linear itself; for the block-scale op, torch's "
+                "block-scaled matmul)")
     return out
 
 

@@ -6,7 +6,7 @@
         --baselines torch_blockscale,flinear --out $OUT
     python -m benchmarks.run --bench overhead --out $OUT     # host time the dispatch adds (tiny shapes)
     python -m benchmarks.run --bench layer --set llama3_8b --m 1,8,32,128,2048 --out $OUT
-    python -m benchmarks.run report FILE [--table summary|mclass|matrix|overhead|layer|host|hf] ...
+    python -m benchmarks.run report FILE [--table summary|mclass|bym|matrix|overhead|layer|host|hf] ...
     python -m benchmarks.run plot FILE --out DIR --stem NAME
     python -m benchmarks.run tables BENCHMARKS.md [--write]  # check (or regenerate) every table it quotes
     python -m benchmarks.run list                            # providers and shape sets
@@ -139,7 +139,7 @@ def report_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run report", description=rep.__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="harness CSVs, raw files of the replaced scripts, or results.json")
     ap.add_argument("--table", default="summary",
-                    choices=("summary", "mclass", "matrix", "overhead", "layer", "host", "hf"))
+                    choices=("summary", "mclass", "bym", "matrix", "overhead", "layer", "host", "hf"))
     ap.add_argument("--provider", default="dispatch")
     ap.add_argument("--vs", default="flinear")
     ap.add_argument("--mode", default="graph")
@@ -163,8 +163,8 @@ def render(argv: list[str], root: Path | None = None) -> str:
     if args.table == "summary":
         bars = {k: float(v) for k, v in (b.split("=") for b in args.bars.split(",") if b)}
         return rep.summary(rows, args.provider, bars, args.identical)
-    if args.table == "mclass":
-        return rep.mclass(rows, args.provider, args.vs, args.mode)
+    if args.table in ("mclass", "bym"):
+        return (rep.mclass if args.table == "mclass" else rep.by_m)(rows, args.provider, args.vs, args.mode)
     if args.table == "matrix":
         return rep.matrix(rows, args.provider, args.vs, args.mode, args.cell)
     return {"overhead": rep.overhead, "layer": rep.layer, "host": rep.host}[args.table](rows)

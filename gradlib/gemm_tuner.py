@@ -11,7 +11,7 @@ Examples::
 
 AITER's flags work too (:mod:`gradlib.aiter_flags`): ``--untune_file``/``--tune_file``/``-o2``, ``--sort``,
 ``--compare``, ``--run_config``, ``--warmup``/``--iters``, ``GTUNE_INPUT``/``GTUNE_TUNED``/``GTUNE_MODEL``/
-``GTUNE_TP``/``GTUNE_BATCH_SIZE``; README's "Differences from AITER" lists what differs.
+``GTUNE_TP``/``GTUNE_BATCH_SIZE``; docs/aiter.md lists what differs.
 
 Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments or input;
 3 workers could not start; 130 interrupted by Ctrl-C, 143 by SIGTERM (what finished is saved).

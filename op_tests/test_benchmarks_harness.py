@@ -71,6 +71,29 @@ def test_bf16_bench_pairs_each_provider_with_the_baseline(tmp_path, clean_runtim
                if r["provider"] == "maxautotune")
 
 
+def test_a_failing_provider_or_timing_ends_only_its_rows(tmp_path, clean_runtime):
+    """A provider that raises while building, or a timing that raises, is written as a row saying so; the run goes
+    on with the other providers, modes and shapes."""
+    def explode(ctx, arg):
+        raise RuntimeError("no kernel for this shape")
+
+    clean_runtime.setitem(providers._REGISTRY, (A16W16, "explodes"), Provider("explodes", A16W16, "raises", explode))
+
+    class FlakyTimer(FakeTimer):
+        def paired(self, calls, n_sets, mode):
+            if mode == "eager":
+                raise RuntimeError("capture failed")
+            return super().paired(calls, n_sets, mode)
+
+    assert main(["--bench", "bf16", "--set", "tiny", "--m", "1,17", "--providers", "flinear,explodes,dispatch",
+                 "--timing", "graph,eager", "--device", "cpu", "--out", str(tmp_path)], FlakyTimer({})) == 0
+    rows = _rows(tmp_path / "bf16_cpu.csv")
+    assert {r["note"] for r in rows if r["provider"] == "explodes"} == {"error: RuntimeError: no kernel for this shape"}
+    eager = [r for r in rows if r["mode"] == "eager" and r["provider"] != "explodes"]
+    assert len(eager) == 4 and {r["note"] for r in eager} == {"timing failed: RuntimeError: capture failed"}
+    assert len([r for r in rows if r["mode"] == "graph" and r["us"]]) == 4
+
+
 def test_host_mode_and_a_deadline(tmp_path, clean_runtime):
     """``--timing host`` reports host and GPU us per call; past ``--deadline_s`` no shape starts, and the CSV left
     behind is valid (header only) with the skipped shapes named in the environment."""
@@ -210,7 +233,7 @@ def test_legacy_raw_files_convert(tmp_path):
                      ("maxautotune", "flinear", "graph"): "1.1429", ("dispatch", "maxautotune", "graph"): "1.1667",
                      ("flinear", "", "eager"): "", ("dispatch", "flinear", "eager"): "0.9524"}
     bs = {(r["provider"], r.get("vs", "")): r.get("ratio", "") for r in out["summary.csv"]}
-    assert bs[("dispatch", "flinear")] == "0.8000" and bs[("dispatch", "torch_blockscale")] == "2.0000"
+    assert bs[("dispatch", "flinear")] == "0.8000" and bs[("dispatch", "torch_prepared")] == "2.0000"
     assert [(r["label"], r["provider"], r["vs"], r["added_us"]) for r in out["overhead.csv"]] == [
         ("exact_3d", "TunedLinear", "nn.Linear", "-2.269")]
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")

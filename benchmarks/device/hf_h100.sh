@@ -18,19 +18,13 @@ set -u
 OUT=${OUT:?set OUT to an output folder}
 D="$OUT/hf"
 mkdir -p "$D"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! python -c "import nvmath, transformers" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then
-  python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
+. benchmarks/device/common.sh
+need_wheels nvmath transformers
+python -m aiter_gemm.eager_ext > "$D/build.log" 2>&1
+env_header "$D/env.txt"
 {
-  date -u +%Y-%m-%dT%H:%M:%SZ
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python -m aiter_gemm.eager_ext 2>&1 | tail -n 1
-  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1
-  python -c "from aiter_gemm import ops, eager_ext; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1
-  echo "commit ${COMMIT:-unknown}; steps ${STEPS:-capture tune measure}; resume from ${RESUME_FROM:-nothing}"
+  python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1
+  echo "steps ${STEPS:-capture tune measure}; resume from ${RESUME_FROM:-nothing}"
 } >> "$D/env.txt"
 for step in ${STEPS:-capture tune measure}; do
   s=$(date +%s)

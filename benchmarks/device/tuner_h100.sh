@@ -15,18 +15,10 @@
 set -u
 OUT=${OUT:?set OUT to an output folder}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! python -c "import nvmath" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then
-  python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-{
-  date -u +%Y-%m-%dT%H:%M:%SZ
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1
-  echo "commit ${COMMIT:-unknown}; mode ${MODE:-reconfirm}"
-} >> "$OUT/env.txt"
+. benchmarks/device/common.sh
+need_wheels nvmath
+env_header "$OUT/env.txt"
+echo "mode ${MODE:-reconfirm}" >> "$OUT/env.txt"
 BF16=configs/bf16_tuned_gemm.csv
 FP8=configs/a8w8_blockscale_tuned_gemm.csv
 run() {  # name limit_s command...: wall time and exit status into env.txt
