@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from dataclasses import replace
 
-from gradlib.cli import UsageError, non_negative_float, non_negative_int, positive_int
+from gradlib.cli import EXIT_UNSAVED, UsageError, non_negative_float, non_negative_int, positive_int
 from gradlib.compare import CompareOptions, candidate_path
 from gradlib.driver import TuneJob, tune
 from gradlib.pool import Executor
@@ -127,5 +128,9 @@ def run_job(job: TuneJob, args: argparse.Namespace, run_config: str | None, exec
                       run_config=f"tuned: {run_config}" if run_config else "default", err_limit=args.errRatio)
     status = tune(job, executor)
     if args.sort and not args.run_config and os.path.isfile(args.tuned_file):
-        sort_tuned_file(args.tuned_file, job.spec)
+        try:
+            sort_tuned_file(args.tuned_file, job.spec)
+        except OSError as exc:  # the rows are written; only their order is not (a full disk, a lock held long)
+            print(f"{job.prog}: error: --sort: could not rewrite {args.tuned_file}: {exc}", file=sys.stderr)
+            return status or EXIT_UNSAVED
     return status

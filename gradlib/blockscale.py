@@ -46,7 +46,7 @@ from aiter_gemm.blockscale import (
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
-from gradlib.results import known_libtypes, stale_reason
+from gradlib.results import known_libtypes, row_key, stale_reason
 from gradlib.search import Candidate, ShapeOutcome
 from gradlib.timing import rotating_sets
 from gradlib.tune_ops import Inputs, Sidecar, TuneOp, cloned_sets, register_tune_op
@@ -237,9 +237,17 @@ class JsonSidecar(Sidecar):
         self._done_one(p.N, p.K)
 
     def flush(self) -> None:
-        ready, self._ready = self._ready, []
+        """Write the JSON of every (N, K) that is ready; one that cannot be written stays ready for the next flush
+        (the error, naming the file, is raised after the others were tried)."""
+        ready, self._ready, error = self._ready, [], None
         for n, k in ready:
-            self.write_json(n, k)
+            try:
+                self.write_json(n, k)
+            except OSError as exc:
+                self._ready.append((n, k))
+                error = error or exc
+        if error is not None:
+            raise error
 
     def summary(self) -> str:
         return f"; {len(self.written)} JSON file(s) in {self.json_dir}"
@@ -255,10 +263,15 @@ class JsonSidecar(Sidecar):
             return {}
         out = {}
         known = known_libtypes(BLOCKSCALE)
+        key_of = row_key(BLOCKSCALE)  # typed as the runtime reads the file: " 132" or "0128" match
         for r in read_csv_rows(self.tuned_file)[1]:
-            if (r.get("gfx", "") or self.identity.gfx) != self.identity.gfx \
-                    or str(r.get("cu_num", "")).strip() != str(self.identity.cu_num) \
-                    or (int(r["N"]), int(r["K"])) != (n, k):
+            key = key_of(r)
+            if key[0] == "unparsed":
+                log.warning("%s: row %s skipped for the JSON: its key does not parse", self.tuned_file, key[1])
+                continue
+            gfx, cu_num, (m, row_n, row_k) = key[0]
+            if (gfx or self.identity.gfx) != self.identity.gfx or cu_num != self.identity.cu_num \
+                    or (row_n, row_k) != (n, k):
                 continue
             stale = stale_reason(BLOCKSCALE, r, known)
             if stale is not None:
@@ -266,7 +279,7 @@ class JsonSidecar(Sidecar):
                 continue
             try:
                 pad = str(r.get("pad_m_min", "") or "").strip()
-                out[int(r["M"])] = (parse_choice(r["kernelName"]), int(pad) if pad else None)
+                out[m] = (parse_choice(r["kernelName"]), int(pad) if pad else None)
             except ValueError as exc:
                 log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, exc)
         return out

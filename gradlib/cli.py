@@ -2,7 +2,9 @@
 ``--timeout``, ``--plugin``, ``--verbose``), and turning them into an executor (local process pool or Ray actors).
 
 Exit statuses (docs): 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments
-or input; 3 workers could not start; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (what finished is saved).
+or input (an output that cannot be written included: checked before anything runs); 3 workers could not start; 4 an
+output could not be written at the end (its tuned rows are printed); 130 interrupted by SIGINT (Ctrl-C), 143 by
+SIGTERM (what finished is saved).
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from aiter_gemm.op import op_spec
 from gradlib.pool import Executor, PoolError, ProcessPool
 from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
 
-EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
+EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_UNSAVED = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+#: The exit statuses as the tuners' ``--help`` states them.
+EXIT_HELP = ("exit status: 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments "
+             "or input (an output that cannot be written included); 3 workers could not start; 4 an output could "
+             "not be written (the tuned rows are printed); 130 interrupted by Ctrl-C, 143 by SIGTERM (what "
+             "finished is saved).")
 
 
 class UsageError(ValueError):
@@ -243,12 +251,22 @@ def start_executor(pool: Executor, prog: str) -> int | None:
     return None
 
 
-def exit_status(prog: str, pool_error: PoolError | None, interrupted: KeyboardInterrupt | None, failed: int) -> int:
-    """The tuners' exit status: pool failure 3, interrupted 130 (SIGINT) or 143 (SIGTERM), some shape without a
-    winner 1, else 0."""
+def exit_status(prog: str, pool_error: PoolError | None, interrupted: KeyboardInterrupt | None, failed: int,
+                unsaved: bool = False) -> int:
+    """The tuners' exit status: pool failure 3, results not written 4, interrupted 130 (SIGINT) or 143 (SIGTERM),
+    some shape without a winner 1, else 0."""
     if pool_error is not None:
         print(f"{prog}: error: {pool_error}", file=sys.stderr)
         return EXIT_POOL
+    if unsaved:
+        return EXIT_UNSAVED
     if interrupted is not None:
         return interrupt_status(interrupted)
     return EXIT_FAILED_SHAPES if failed else EXIT_OK
+
+
+def help_epilog(examples: Sequence[str]) -> str:
+    """A tuner's ``--help`` epilog: example commands, then the exit statuses (plain text, wrapped by hand)."""
+    import textwrap
+
+    return "examples:\n" + "\n".join(f"  {e}" for e in examples) + "\n\n" + textwrap.fill(EXIT_HELP, 100)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.fileio import render_csv, write_error
 from gradlib.cli import EXIT_FAILED_SHAPES, EXIT_USAGE, Terminated, exit_status, sigterm_as_interrupt, start_executor
 from gradlib.compare import CompareOptions, Verdict, format_compare, format_run_config, seed_candidate, verdict
 from gradlib.pool import Executor, PoolError
@@ -58,6 +59,9 @@ class TuneJob:
     #: print that table and write nothing; the value labels the table.
     run_config: str | None = None
     err_limit: float = 0.05  # --run_config: the --errRatio a row must stay within (AITER: or its own + 5%)
+    #: (flag, folder) pairs the op's side files are written into (created if missing), checked before tuning as the
+    #: output files are: the block-scale tuner's ``--json_dir``.
+    output_dirs: tuple[tuple[str, str], ...] = ()
 
 
 def _baseline_of(op: str, libtype: str | None, p: GemmProblem, ident: DeviceIdentity) -> Solution | None:
@@ -131,6 +135,42 @@ def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, flus
     return None, None
 
 
+def output_errors(job: TuneJob) -> list[str]:
+    """What keeps the job's outputs from being written, one message per output naming its flag and path (an empty
+    list: all can be): checked before anything runs, so that a run does not tune for hours and then fail to save."""
+    files = []
+    if job.run_config is None:
+        if job.compare is None or job.compare.update:
+            files.append(("-o", job.tuned_file))
+        if job.compare is not None and job.compare.candidate_file:
+            files.append(("--compare's candidate copy", job.compare.candidate_file))
+    files += [(flag, f) for flag, f in (("--profile_file", job.profile_file), ("--summary_file", job.summary_file))
+              if f is not None]
+    out = [f"{flag} {path}: {why}" for flag, path in files if (why := write_error(path)) is not None]
+    if job.run_config is None:
+        out += [f"{flag} {path}: {why}" for flag, path in job.output_dirs
+                if (why := write_error(path, folder=True)) is not None]
+    return out
+
+
+def report_unsaved(job: TuneJob, writers: list[CheckpointWriter]) -> bool:
+    """Say which outputs could not be written and print the tuned rows they lack (CSV on stdout), so that nothing
+    tuned is lost; whether anything was left unsaved."""
+    left = False
+    for w in writers:
+        for path, rows, exc in w.unsaved():
+            left = True
+            if rows and path == w.tuned_file:
+                print(f"{job.prog}: error: could not write {path}: {exc}; its {len(rows)} tuned row(s) follow on "
+                      "stdout as CSV: save them and merge them into the file (or rerun with -o elsewhere)",
+                      file=sys.stderr)
+                sys.stdout.write(render_csv(job.spec.tuned_columns, rows))
+            else:
+                print(f"{job.prog}: error: could not write {path}: {exc}" + (f"; {len(rows)} row(s) lost" if rows
+                                                                             else ""), file=sys.stderr)
+    return left
+
+
 def tune(job: TuneJob, pool: Executor) -> int:
     """Run ``job`` on ``pool`` (any :class:`~gradlib.pool.Executor`: the process pool, Ray actors); the exit
     status of :func:`gradlib.cli.exit_status`. SIGTERM is handled as Ctrl-C is: what finished is saved."""
@@ -140,6 +180,12 @@ def tune(job: TuneJob, pool: Executor) -> int:
 
 def _tune(job: TuneJob, pool: Executor) -> int:
     t0 = time.monotonic()
+    unwritable = output_errors(job)
+    if unwritable:
+        pool.close()
+        for message in unwritable:
+            print(f"{job.prog}: error: {message}; nothing was tuned", file=sys.stderr)
+        return EXIT_USAGE
     failed = start_executor(pool, job.prog)
     if failed is not None:
         return failed
@@ -195,11 +241,13 @@ def _tune(job: TuneJob, pool: Executor) -> int:
     outcomes: list[ShapeOutcome] = []
     searches = []
     progress = Progress(len(todo), describe)
-    counts = {"items": 0, "failed_items": 0}
+    # [run, failed] per phase: what the summary line reports (listing a backend's candidates runs none).
+    counts = {"screen": [0, 0], "full": [0, 0], "confirm": [0, 0]}
 
     def on_item(search: ShapeSearch, res) -> None:
-        counts["items"] += 1
-        counts["failed_items"] += not res.ok
+        if search.phase in counts:  # an item arrives while its phase is the search's (it ends with its last task)
+            counts[search.phase][0] += 1
+            counts[search.phase][1] += not res.ok
         progress.item(search, res)
 
     def on_outcome(o: ShapeOutcome) -> None:
@@ -240,14 +288,22 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         return status if status or not bad else EXIT_FAILED_SHAPES
     if outcomes:
         print(format_table(spec, outcomes, roof))
+        for o in sorted(outcomes, key=lambda o: o.shape_id):  # the table cuts reasons short
+            if not o.tuned:
+                print(f"M={o.problem.M} N={o.problem.N} K={o.problem.K}: no winner: "
+                      + ("; ".join(o.errors) or "no valid candidate"))
         if job.compare is not None:
             print(format_compare(spec, outcomes, verdicts, job.compare, job.tuned_file))
+    unsaved = report_unsaved(job, writers)
     tuned = sum(o.tuned for o in outcomes)
     failed = len(outcomes) - tuned
     unfinished = len(todo) - len(outcomes)
     print(f"{job.prog}: {tuned} tuned, {skipped} skipped (already in {job.tuned_file}), {failed} failed"
           + (f", {unfinished} not finished" if unfinished else "")
-          + f"; {counts['items']} candidates run ({counts['failed_items']} failed), {pool.restarts} worker "
+          + "".join(f"; {n} candidate(s) {what} ({bad} failed)" for what, (n, bad) in
+                    (("screened", counts["screen"]), ("timed", counts["full"])) if n or what == "timed")
+          + (f", {counts['confirm'][0]} confirmation run(s)" if counts["confirm"][0] else "")
+          + f"; {pool.restarts} worker "
           f"restart(s); {pool.slots} worker(s) on {ident.gfx}/{ident.cu_num}; wall {time.monotonic() - t0:.1f} s; "
           f"{writer.written} row(s) written to {job.tuned_file}"
           + (f" ({writer.stale_replaced} unusable row(s) replaced)" if writer.stale_replaced else "")
@@ -256,7 +312,8 @@ def _tune(job: TuneJob, pool: Executor) -> int:
           + (sidecar.summary() if sidecar is not None else ""))
     if interrupted is not None:
         name = "SIGTERM" if isinstance(interrupted, Terminated) else "SIGINT"
-        print(f"{job.prog}: interrupted ({name}): the {len(outcomes)} shape(s) that finished are saved "
-              f"({writer.written} row(s) in {job.tuned_file}); rerun the same command to tune the rest",
+        print(f"{job.prog}: interrupted ({name}): the {len(outcomes)} shape(s) that finished are "
+              + ("printed above (not all could be saved)" if unsaved else "saved")
+              + f" ({writer.written} row(s) in {job.tuned_file}); rerun the same command to tune the rest",
               file=sys.stderr)
-    return exit_status(job.prog, pool_error, interrupted, failed)
+    return exit_status(job.prog, pool_error, interrupted, failed, unsaved)

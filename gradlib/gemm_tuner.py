@@ -1,20 +1,15 @@
 """``python -m gradlib.gemm_tuner`` / ``gemm-tuner``: tune the shapes of an untuned CSV (or of a model's
 ``config.json``) over every registered backend and merge the winners into a tuned CSV the runtime replays.
 
-Examples::
-
-    gemm-tuner -i bf16_untuned_gemm.csv -o bf16_tuned_gemm.csv            # captured shapes, all GPUs
-    gemm-tuner --model_dir configs/model_configs/llama3_70b --tp 8 --nsets 1,32,512 -o llama70b_tp8.csv
-    gemm-tuner --model_dir configs/model_configs/llama3_8b --print_shapes  # derived untuned CSV on stdout
-    gemm-tuner -i tuned.csv -o tuned.csv --all --compare --update_improved  # re-time a stale file in place
-    gemm-tuner --run_config tuned.csv                                      # its rows against F.linear
+Examples: :data:`EXAMPLES` (``gemm-tuner --help`` prints them).
 
 AITER's flags work too (:mod:`gradlib.aiter_flags`): ``--untune_file``/``--tune_file``/``-o2``, ``--sort``,
 ``--compare``, ``--run_config``, ``--warmup``/``--iters``, ``GTUNE_INPUT``/``GTUNE_TUNED``/``GTUNE_MODEL``/
 ``GTUNE_TP``/``GTUNE_BATCH_SIZE``; docs/aiter.md lists what differs.
 
-Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments or input;
-3 workers could not start; 130 interrupted by Ctrl-C, 143 by SIGTERM (what finished is saved).
+Exit status: :mod:`gradlib.cli` (0 all tuned, 1 some shape had no valid candidate, 2 bad arguments or input or an
+output that cannot be written, 3 workers could not start, 4 an output could not be written at the end, 130/143
+interrupted; what finished is saved).
 """
 
 from __future__ import annotations
@@ -57,10 +52,18 @@ CPU_DEFAULT_LIBTYPES = ("torch",)
 #: AITER's AMD-only libtypes (its --libtype choices): named in the error when asked for here.
 AITER_AMD_LIBTYPES = ("asm", "hipblaslt", "flydsl", "opus", "ck")
 DEFAULT_NSETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+DESCRIPTION = ("Tune the GEMM shapes of an untuned CSV (or of a model's config.json) over every registered backend "
+               "and merge the winners into a tuned CSV the runtime replays.")
+EXAMPLES = (
+    "gemm-tuner -i bf16_untuned_gemm.csv -o bf16_tuned_gemm.csv            # captured shapes, all GPUs",
+    "gemm-tuner --model_dir llama3_70b --tp 8 --nsets 1,32,512 -o llama70b_tp8.csv",
+    "gemm-tuner -i tuned.csv -o tuned.csv --all --compare --update_improved  # re-time a stale file in place",
+    "gemm-tuner --run_config tuned.csv                                      # its rows against F.linear",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=cli.help_epilog(EXAMPLES),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("shapes")
     src.add_argument("-i", "--input_file", "--untune_file", default=env_default("GTUNE_INPUT"),

@@ -12,14 +12,26 @@ import time
 from typing import TextIO
 
 from gradlib.search import ShapeOutcome, ShapeSearch
-from gradlib.tasks import ItemResult
+from gradlib.tasks import ENUMERATE, ItemResult
 
 HEARTBEAT_S = 30.0  # seconds between "still running" lines when not on a terminal
+
+
+#: How each phase of a search is named on the console.
+_PHASES = {ENUMERATE: "listing candidates", "screen": "screening", "full": "timing", "confirm": "confirming"}
 
 
 def _shape(search: ShapeSearch | ShapeOutcome) -> str:
     p = search.problem
     return f"M={p.M} N={p.N} K={p.K}" + (" bias" if p.bias else "")
+
+
+def _running(search: ShapeSearch) -> str:
+    """Where a running shape is: "timing 3/21 candidates", "confirming 5/12 runs" (the phase's own counts)."""
+    phase, done, total = search.progress()
+    if phase == ENUMERATE:
+        return _PHASES[phase]
+    return f"{_PHASES.get(phase, phase)} {done}/{total} " + ("runs" if phase == "confirm" else "candidates")
 
 
 class Progress:
@@ -32,10 +44,9 @@ class Progress:
         self.total, self.done = total, 0
         self.describe = describe  # Solution -> short text
         self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
-        self._items: dict[int, int] = {}  # candidates finished per shape
         self._last_line = time.monotonic()
         self._t0 = self._last_line
-        self._current = -1
+        self._current: tuple[int, str] | None = None
         self._shape_bar = self._cand_bar = None
         self._redirect = None
         if self.tty:
@@ -49,15 +60,15 @@ class Progress:
                                   file=self.stream)
 
     def item(self, search: ShapeSearch, res: ItemResult) -> None:
-        """One candidate of ``search`` finished."""
-        done_here = self._items[search.shape_id] = self._items.get(search.shape_id, 0) + 1
+        """One item of ``search`` finished: the bar shows its phase's count (the search's own, so never above it)."""
         if self._cand_bar is None:
             return
-        if self._current != search.shape_id:  # the bar follows the shape last heard of
-            self._current = search.shape_id
-            self._cand_bar.set_description(_shape(search), refresh=False)
-        self._cand_bar.total = search.planned
-        self._cand_bar.n = done_here
+        phase, done, total = search.progress()
+        if self._current != (search.shape_id, phase):  # the bar follows the shape last heard of
+            self._current = (search.shape_id, phase)
+            self._cand_bar.set_description(f"{_shape(search)} {_PHASES.get(phase, phase)}", refresh=False)
+        self._cand_bar.total = total
+        self._cand_bar.n = done
         self._cand_bar.refresh()
 
     def shape(self, outcome: ShapeOutcome) -> None:
@@ -75,8 +86,8 @@ class Progress:
         """Every scheduling round: off a terminal, say what is running when nothing was said for a while."""
         if self.tty or not active or time.monotonic() - self._last_line < self.heartbeat_s:
             return
-        running = ", ".join(f"{_shape(s)} ({self._items.get(s.shape_id, 0)}/{s.planned} candidates)"
-                            for s in active[:3]) + (f" and {len(active) - 3} more" if len(active) > 3 else "")
+        running = ", ".join(f"{_shape(s)} ({_running(s)})" for s in active[:3]) \
+            + (f" and {len(active) - 3} more" if len(active) > 3 else "")
         self._line(f"{self.done}/{self.total} shapes done, {time.monotonic() - self._t0:.0f} s; running {running}")
 
     def write(self, text: str) -> None:

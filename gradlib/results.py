@@ -12,12 +12,21 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from aiter_gemm.backends import known_backends
 from aiter_gemm.backends.base import GemmProblem, Solution
-from aiter_gemm.configs import SPECS, TunedRow, load_table, parse_time, unusable_time
+from aiter_gemm.configs import (
+    SPECS,
+    ConfigError,
+    TunedRow,
+    load_table,
+    parse_int,
+    parse_time,
+    typed_key,
+    unusable_time,
+)
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows, sort_csv_rows
 from aiter_gemm.op import op_spec
@@ -184,13 +193,62 @@ def row_solutions(path: str | os.PathLike, identity: DeviceIdentity, op: str) ->
     return {row.key: spec.row_solution(row) for row in device_rows(path, identity, op)}
 
 
+def row_key(op: str, tail: Sequence[str] = ()) -> Callable[[Mapping[str, str]], Hashable]:
+    """A CSV row's identity as the runtime's table parser types it (:func:`aiter_gemm.configs.typed_key`): (gfx,
+    cu_num, typed key) and the ``tail`` columns as written, so ``0``/``False`` or ``bf16``/``torch.bfloat16``
+    spellings of one shape are one row for the tuner as for the runtime. A row whose key does not parse keeps its
+    text (it then matches only the same text)."""
+    spec = SPECS[op_spec(op).kind]
+    names = ("gfx", "cu_num", *(c.name for c in spec.key), *tail)
+
+    def key(row: Mapping[str, str]) -> Hashable:
+        text = tuple(str(row.get(c) or "").strip() for c in names)
+        try:
+            typed = (text[0] or None, parse_int(text[1]), typed_key(spec, row))
+        except (ConfigError, ValueError):
+            return "unparsed", text
+        return typed, text[len(names) - len(tail):]
+
+    return key
+
+
 def _shape(row: Mapping[str, str]) -> str:
     return " ".join(f"{c}={row[c]}" for c in ("M", "N", "K", "bias") if c in row)
 
 
+@dataclass
+class _Output:
+    """One CSV a :class:`CheckpointWriter` merges into: the rows waiting for it, and the error of its last write."""
+
+    path: str
+    columns: tuple[str, ...]
+    key: Callable[[Mapping[str, str]], Hashable]
+    replace: Callable[[dict[str, str], dict[str, str]], bool]
+    rows: list[dict[str, str]] = field(default_factory=list)
+    error: Exception | None = None
+
+    def write(self) -> tuple[int, int] | None:
+        """Merge the waiting rows; (added, replaced), or None if the file could not be written (the rows wait for
+        the next checkpoint; the error, which names the file, is logged once per new cause)."""
+        try:
+            added, replaced = merge_csv_rows(self.path, self.columns, self.rows, self.key, replace=self.replace)
+        except (OSError, ConfigError) as exc:  # a full disk, a lock held too long, a file made unreadable meanwhile
+            if str(exc) != str(self.error):
+                log.error("checkpoint: could not write %s: %s; its %d row(s) are kept and written at the next "
+                          "checkpoint", self.path, exc, len(self.rows))
+            self.error = exc
+            return None
+        if self.error is not None:
+            log.warning("checkpoint: %s written again (%d row(s) that had waited)", self.path, len(self.rows))
+        self.error, self.rows = None, []
+        return added, replaced
+
+
 class CheckpointWriter:
     """Buffers finished shapes and merges them into the tuned (and profile, summary) file every ``batch`` shapes;
-    the op's side files (``sidecar``) are flushed with each checkpoint."""
+    the op's side files (``sidecar``) are flushed with each checkpoint once the tuned file holds its rows. A file that
+    cannot be written keeps its rows here until a later checkpoint can write them; :meth:`unsaved` lists what is
+    left at the end, for the driver to print."""
 
     def __init__(self, tuned_file: str | os.PathLike, identity: DeviceIdentity, batch: int,
                  replace_existing: bool, profile_file: str | os.PathLike | None = None,
@@ -205,15 +263,19 @@ class CheckpointWriter:
             spec = tune_op("gemm_a16w16")
         self.spec, self.sidecar = spec, sidecar
         self.accept = accept  # which tuned winners become rows (--compare: the improved ones); None: all
-        self.tuned_file, self.identity, self.batch = tuned_file, identity, batch
-        self.profile_file, self.summary_file, self.roofline = profile_file, summary_file, roofline
+        self.tuned_file, self.identity, self.batch = str(tuned_file), identity, batch
+        self.roofline = roofline
         self.replace_existing = replace_existing
         self._stale: list[tuple[dict[str, str], str]] = []  # rows replaced because they were not usable
         self.stale_replaced = 0
         self._known: frozenset[str] | None = None  # the op's libtypes, listed at the first comparison
-        self._rows: list[dict[str, str]] = []
-        self._profile: list[dict[str, str]] = []
-        self._summary: list[dict[str, str]] = []
+        key = row_key(spec.op)
+        self.tuned = _Output(self.tuned_file, spec.tuned_columns, key, self._replace)
+        self.profile = None if profile_file is None else _Output(
+            str(profile_file), profile_columns(spec), row_key(spec.op, _PROFILE_KEY_TAIL), lambda o, n: True)
+        self.summary = None if summary_file is None else _Output(
+            str(summary_file), summary_columns(spec), key, lambda o, n: True)
+        self._sidecar_error: Exception | None = None
         self._pending_shapes = 0
         self.written = 0
         self.checkpoints = 0
@@ -233,11 +295,11 @@ class CheckpointWriter:
     def add(self, outcome: ShapeOutcome) -> None:
         spec = self.spec
         if outcome.tuned and (self.accept is None or self.accept(outcome)):
-            self._rows.append(spec.tuned_row(self.identity, outcome, outcome.winner))
-        if self.profile_file is not None:
-            self._profile.extend(profile_row(spec, self.identity, outcome.problem, c) for c in outcome.candidates)
-        if self.summary_file is not None:
-            self._summary.append(summary_row(spec, self.identity, outcome, self.roofline))
+            self.tuned.rows.append(spec.tuned_row(self.identity, outcome, outcome.winner))
+        if self.profile is not None:
+            self.profile.rows.extend(profile_row(spec, self.identity, outcome.problem, c) for c in outcome.candidates)
+        if self.summary is not None:
+            self.summary.rows.append(summary_row(spec, self.identity, outcome, self.roofline))
         if self.sidecar is not None:
             self.sidecar.add(outcome)
         self._pending_shapes += 1
@@ -245,30 +307,47 @@ class CheckpointWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Merge everything buffered (a no-op when nothing is), then flush the side files."""
-        spec = self.spec
-        if self._rows:
+        """Merge everything buffered (a no-op when nothing is), then flush the side files; a file that cannot be
+        written is logged and keeps its rows for the next call (never raised: the run goes on)."""
+        self._pending_shapes = 0
+        n_rows = len(self.tuned.rows)
+        if n_rows:
             self._stale = []
-            added, replaced = merge_csv_rows(self.tuned_file, spec.tuned_columns, self._rows, spec.key_columns,
-                                             replace=self._replace)
-            kept = len(self._rows) - added - replaced
-            if kept:
-                log.warning("%s: %d shape(s) were tuned meanwhile by another writer; their rows were kept",
-                            self.tuned_file, kept)
-            if self._stale:
-                self.stale_replaced += len(self._stale)
-                log.warning("%s: replaced %d row(s) that were not usable as tuned rows: %s", self.tuned_file,
-                            len(self._stale), "; ".join(f"{_shape(old)} ({why})" for old, why in self._stale))
-            self.written += added + replaced
-            log.info("checkpoint: %d row(s) added, %d replaced in %s", added, replaced, self.tuned_file)
-        if self._profile and self.profile_file is not None:
-            merge_csv_rows(self.profile_file, profile_columns(spec), self._profile,
-                           (*spec.key_columns, *_PROFILE_KEY_TAIL), replace=lambda o, n: True)
-        if self._summary and self.summary_file is not None:
-            merge_csv_rows(self.summary_file, summary_columns(spec), self._summary, spec.key_columns,
-                           replace=lambda o, n: True)
-        if self._rows or self._profile or self._summary:
+            done = self.tuned.write()
+            if done is not None:
+                self._merged(n_rows, *done)
+        wrote = False
+        for out in (self.profile, self.summary):
+            if out is not None and out.rows:
+                wrote |= out.write() is not None
+        if (n_rows and not self.tuned.rows) or wrote:
             self.checkpoints += 1
-        self._rows, self._profile, self._summary, self._pending_shapes = [], [], [], 0
-        if self.sidecar is not None:
-            self.sidecar.flush()
+        if self.sidecar is not None and not self.tuned.rows:  # the side files are built from the tuned file
+            try:
+                self.sidecar.flush()
+            except OSError as exc:
+                if str(exc) != str(self._sidecar_error):
+                    log.error("checkpoint: %s; retried at the next checkpoint", exc)
+                self._sidecar_error = exc
+            else:
+                self._sidecar_error = None
+
+    def _merged(self, n_rows: int, added: int, replaced: int) -> None:
+        kept = n_rows - added - replaced
+        if kept:
+            log.warning("%s: %d shape(s) were tuned meanwhile by another writer; their rows were kept",
+                        self.tuned_file, kept)
+        if self._stale:
+            self.stale_replaced += len(self._stale)
+            log.warning("%s: replaced %d row(s) that were not usable as tuned rows: %s", self.tuned_file,
+                        len(self._stale), "; ".join(f"{_shape(old)} ({why})" for old, why in self._stale))
+        self.written += added + replaced
+        log.info("checkpoint: %d row(s) added, %d replaced in %s", added, replaced, self.tuned_file)
+
+    def unsaved(self) -> list[tuple[str, list[dict[str, str]], Exception | None]]:
+        """(file, rows still waiting for it, why its last write failed) for each file this writer could not write;
+        the side files' error as a file without rows."""
+        left = [(o.path, o.rows, o.error) for o in (self.tuned, self.profile, self.summary) if o is not None and o.rows]
+        if self._sidecar_error is not None:
+            left.append((getattr(self._sidecar_error, "filename", None) or "side files", [], self._sidecar_error))
+        return left

@@ -20,6 +20,7 @@ import logging
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -113,7 +114,7 @@ class ShapeOutcome:
     winner: Candidate | None
     baseline: Candidate | None
     candidates: list[Candidate]
-    errors: list[str]  # backends that could not enumerate
+    errors: list[str]  # backends that could not enumerate; with no winner, the candidates' common failure
     wall_s: float
     pad_m_min: int | None = None  # the smallest M the row was checked for through padding (None: not checked)
     probes: tuple[Probe, ...] = ()  # the confirmation, exact M first
@@ -205,7 +206,6 @@ class ShapeSearch:
             self.phase = ENUMERATE
             self._jobs = [_Job(problem, self._enumerate_items(), ENUMERATE,
                                {"options": opts.options + ((("quick", True),) if opts.quick else ())})]
-            self.planned = len(self._enumerate_items())  # items this shape will run, as far as known
         else:
             for sol in candidates:
                 self._eligible.setdefault(sol, sol.libtype not in opts.untunable)
@@ -215,11 +215,15 @@ class ShapeSearch:
                 self._eligible.setdefault(baseline, baseline.libtype in opts.libtypes)
             self._add_incumbent()
             self._enter("full")
-            self.planned = len(self._full_items())
 
     @property
     def inflight(self) -> bool:
         return bool(self._inflight)
+
+    def progress(self) -> tuple[str, int, int]:
+        """(phase, items of it finished, its items): what the progress display shows, exact by construction (a
+        later phase's size is not known before it starts)."""
+        return self.phase, sum(len(j.results) for j in self._jobs), sum(len(j.items) for j in self._jobs)
 
     def _enumerate_items(self) -> tuple[str, ...]:
         libs, base = self.opts.libtypes, self.opts.baseline
@@ -297,9 +301,6 @@ class ShapeSearch:
         if not self._screened and not self._others and self._baseline is None:
             self._finish(None)
             return
-        n_kept = sum(min(n, o.screen_top) for n in self._count_by_lib(self._screened).values())
-        self.planned += len(self._screened) + n_kept + len(self._others) + \
-            (self._baseline is not None and self._baseline not in self._others)
         self._enter("screen" if self._screened else "full")
 
     def _add_incumbent(self) -> None:
@@ -311,13 +312,6 @@ class ShapeSearch:
         self._eligible[inc] = inc != DEFAULT
         if inc not in self._others:
             self._others.append(inc)
-
-    @staticmethod
-    def _count_by_lib(sols: list[Solution]) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for sol in sols:
-            counts[sol.libtype] = counts.get(sol.libtype, 0) + 1
-        return counts
 
     def _after_screen(self) -> None:
         (job,) = self._jobs
@@ -336,8 +330,6 @@ class ShapeSearch:
                 kept.append(sol)
         log.debug("shape %s: screened %d solutions, %d ran, kept %d", self.problem, len(job.items), len(ran),
                   len(kept))
-        planned_kept = sum(min(n, self.opts.screen_top) for n in self._count_by_lib(self._screened).values())
-        self.planned -= planned_kept - len(kept)
         self._screened = kept
         self._enter("full")
 
@@ -449,9 +441,22 @@ class ShapeSearch:
             self._confirmed_base = Candidate(sol, "confirm", res, False)
         self._finish(Candidate(sol, "confirm", res, True), self.problem.M, probes, searched=pick)
 
+    def _failure(self) -> str | None:
+        """Why no full-phase candidate could win when they all failed: their most common error first (a cause
+        every candidate shares, such as inputs too large for the device, is otherwise only in the profile file)."""
+        full = [c for c in self.candidates if c.phase == "full"]
+        errors = [c.result.error for c in full if not c.result.ok]
+        if not full or len(errors) < len(full):
+            return None
+        error, n = Counter(errors).most_common(1)[0]
+        return f"{error} ({'all ' if n == len(full) else ''}{n} of {len(full)} candidate(s))"
+
     def _finish(self, winner: Candidate | None, pad_m_min: int | None = None, probes: list[Probe] | None = None,
                 searched: Candidate | None = None) -> None:
         self.done = True
+        why = self._failure() if winner is None and not self.errors else None
+        if why is not None:
+            self.errors.append(why)
         incumbent = self._incumbent_timed
         if incumbent is None and self.incumbent is not None:
             incumbent = next((c for c in self.candidates if c.phase == "full" and c.solution == self.incumbent), None)

@@ -227,10 +227,42 @@ class WorkerRuntime:
         self._data = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        data = tune_op(task.op).make_inputs(task.problem, task.seed, self.device, self.cache, dict(task.options))
+        p = task.problem
+        # Every op's inputs start as float32 A (M x K) and B (N x K) and end with a float32 reference (M x N): a lower
+        # bound of what they take, so a shape that cannot fit (M = 2**31: 137 GB for A alone) fails saying so, on
+        # every candidate (the console then shows it), instead of as one allocation error in the profile file.
+        need = 4 * (p.M * p.K + p.N * p.K + p.M * p.N)
+        have, how = device_memory(self.device)
+        too_large = (f"inputs need at least {need / 1e9:.1f} GB (float32 A, B and reference of M={p.M} N={p.N} "
+                     f"K={p.K}), {self.device.type} has {have / 1e9:.1f} GB {how}" if have is not None else None)
+        if have is not None and need > have:
+            raise MemoryError(too_large)
+        try:
+            data = tune_op(task.op).make_inputs(p, task.seed, self.device, self.cache, dict(task.options))
+        except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError and CPU allocation errors
+            if too_large is None or not _is_allocation_error(exc):
+                raise
+            raise MemoryError(f"{too_large}; allocating them failed: {str(exc).splitlines()[0][:200]}") from exc
         data.key = key
         self._data = data
         return data
+
+
+def device_memory(device: torch.device) -> tuple[int | None, str]:
+    """Bytes ``device`` can give a shape's inputs and what they are: a GPU's free memory, the CPU's physical memory
+    (its free pages undercount what the page cache would give back); None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], "free"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "in total"
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return None, ""
+
+
+def _is_allocation_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "out of memory" in text or "not enough memory" in text \
+        or "allocate" in text
 
 
 def enumerate_solutions(backend, problem: GemmProblem, identity: DeviceIdentity, quick: bool = False) -> list:

@@ -1,11 +1,7 @@
 """``python -m gradlib.tune_a8w8_blockscale``: tune the A8W8 block-scale op per (M, N, K) and write the tuned CSV
 rows and the per-(N, K) JSON files that :func:`aiter_gemm.gemm_a8w8_blockscale` dispatches from.
 
-Examples::
-
-    python -m gradlib.tune_a8w8_blockscale --nk 8192,8192 10240,8192 --m 1,16,64,256,1024,4096 --quick
-    python -m gradlib.tune_a8w8_blockscale --model_dir deepseek_v3_dir --tp 8 -o dsv3_blockscale_tuned.csv
-    python -m gradlib.tune_a8w8_blockscale --shapes a8w8_blockscale_untuned_gemm.csv --mp 8
+Examples: :data:`EXAMPLES` (``--help`` prints them).
 
 Shapes: ``--nk N,K ...`` or ``--model_dir`` (+ ``--tp``) crossed with ``--m``, and/or ``--shapes`` (an untuned CSV
 with M,N,K columns, e.g. AITER's ``a8w8_blockscale_untuned_gemm.csv``, taken as is): :mod:`gradlib.blockscale_shapes`.
@@ -31,8 +27,8 @@ AITER's tuner flags work as in ``gemm-tuner`` (:mod:`gradlib.aiter_flags`): ``-i
 ``--run_config [FILE]``, ``--warmup`` / ``--iters``, ``--shape_grouped`` (a shape's candidates on one worker, not
 split over all), and ``-i X -o X --all`` retunes X's rows for this device in place.
 
-Exit status: 0 every shape tuned or already tuned; 1 some shape had no valid config; 2 bad arguments or input;
-3 workers could not start; 130 interrupted by Ctrl-C, 143 by SIGTERM (what finished is saved).
+Exit status: as ``gemm-tuner``'s (:mod:`gradlib.cli`); the JSON files, like the CSV, are checked writable before
+anything runs and kept pending (rebuilt at the next checkpoint or rerun) when a write fails.
 """
 
 from __future__ import annotations
@@ -93,6 +89,13 @@ DEFAULT_MS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Interpreted Triton on CPU (tests): ~50 ms a launch at N = K = 256, so a few launches per candidate.
 CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budget_s=0.2)
 OP_LIBTYPES = ("triton", torch_impl.LIBTYPE)
+DESCRIPTION = ("Tune the A8W8 block-scale GEMM per (M, N, K): write the tuned CSV rows and the per-(N, K) JSON files "
+               "that aiter_gemm.gemm_a8w8_blockscale dispatches from.")
+EXAMPLES = (
+    f"{PROG} --nk 8192,8192 10240,8192 --m 1,16,64,256,1024,4096 --quick",
+    f"{PROG} --model_dir deepseek_v3_dir --tp 8 -o dsv3_blockscale_tuned.csv",
+    f"{PROG} -i a8w8_blockscale_untuned_gemm.csv --mp 8 --json_dir my_configs",
+)
 
 
 def _variant_filter(variants: Sequence[str] | None):
@@ -126,7 +129,7 @@ def candidate_names(M: int, N: int, K: int, args: argparse.Namespace, otype: tor
 
 # ---- CLI ----------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=cli.help_epilog(EXAMPLES),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("shapes")
     src.add_argument("--nk", type=nk_pair, nargs="+", metavar="N,K", help="weight shapes to tune, e.g. 8192,8192")
@@ -237,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   profile_file=args.profile_file, verbose=args.verbose,
                   sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
                                                                json_dir=args.json_dir, bucket_mode=args.buckets),
-                  rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file))
+                  rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file),
+                  output_dirs=(("--json_dir", args.json_dir),) if args.json_dir else ())
     return run_job(job, args, run_config, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
 
 

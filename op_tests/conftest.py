@@ -43,6 +43,16 @@ def cpu_tuner_workers(request, monkeypatch):
 
 
 @pytest.fixture
+def inline(cpu_tuner_workers, monkeypatch):
+    """The tuners' executor is :class:`~op_tests.runtime_helpers.InlineExecutor`: the driver runs the candidates in
+    this process (fakes that can neither hang nor crash; monkeypatches reach them)."""
+    from gradlib import cli
+    from op_tests.runtime_helpers import InlineExecutor
+
+    monkeypatch.setattr(cli, "build_executor", lambda devices, plugins, timeout, ray, env: InlineExecutor(plugins))
+
+
+@pytest.fixture
 def device() -> str:
     """The device tests run on: the GPU when there is one, else the CPU."""
     return "cuda" if HAS_GPU else "cpu"

@@ -15,18 +15,11 @@ import pytest
 import op_tests.gradlib_fakes  # noqa: F401  (registers fakepair)
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.fileio import read_csv_rows, render_csv
-from gradlib import cli
 from gradlib.gemm_tuner import main
-from op_tests.runtime_helpers import InlineExecutor
 
 PLUGIN = "op_tests.gradlib_fakes"
 CPU = ("cpu", str(os.cpu_count()))
 FAST = ("--warmup", "1", "--iters", "3")  # AITER's flags, keeping CPU time small
-
-
-@pytest.fixture
-def inline(cpu_tuner_workers, monkeypatch):
-    monkeypatch.setattr(cli, "build_executor", lambda devices, plugins, timeout, ray, env: InlineExecutor(plugins))
 
 
 def run(*args) -> int:

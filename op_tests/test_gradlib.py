@@ -490,3 +490,35 @@ def test_progress_lines_off_a_terminal():
     lines = stream.getvalue().splitlines()
     assert lines[0].startswith("[gradlib] 0/2 shapes done") and "running M=17 N=96 K=64" in lines[0]
     assert lines[1].startswith("[gradlib] shape 1/2 M=4 N=8 K=16 bias: tri[0,0]") and "2.500 us" in lines[1]
+
+
+def test_heartbeat_counts_the_running_phase_and_never_passes_its_total():
+    """Torch-only CPU tuning (the baseline is the only candidate, then the confirmation re-times it): the heartbeat
+    said "(17/2 candidates)", counting listing and confirmation items against a plan of two."""
+    import io
+    import re
+
+    from gradlib.driver import describe
+    from gradlib.progress import Progress
+
+    search = ShapeSearch(0, P, SearchOptions(("torch",), confirm_rounds=2))
+    stream = io.StringIO()
+    with Progress(1, describe, stream=stream, tty=False, heartbeat_s=0.0) as progress:
+        while not search.done:
+            task = search.next_task(0)
+            if task.kind == ENUMERATE:
+                results = _enum(0, 0)(task)
+            else:
+                results = [ItemResult(task.task_id, i, True, us=5.0, err_ratio=0.0,
+                                      solutions=(Solution("torch", 0, 0, "F.linear"),)) for i in range(len(task.items))]
+            for res in results:
+                search.on_item(res)
+                progress.item(search, res)
+                progress.tick([search])
+            search.on_task_done(task)
+    counts = re.findall(r"\((listing candidates|timing (\d+)/(\d+) candidates|confirming (\d+)/(\d+) runs)\)",
+                        stream.getvalue())
+    phases = [c[0].split()[0] for c in counts]
+    assert phases[0] == "listing" and phases.count("timing") == 1 and phases.count("confirming") >= 4
+    assert all(int(c[1] or c[3]) <= int(c[2] or c[4]) for c in counts if c[0] != "listing candidates")
+    assert "timing 1/1 candidates" in stream.getvalue()
