@@ -33,10 +33,12 @@ from pathlib import Path
 
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.fileio import atomic_write_text, merge_csv_rows, read_csv_rows
-from gradlib.a16w16 import KEY_COLUMNS
+from gradlib.results import row_key
 
 log = logging.getLogger("gradlib")
 SHIPPABLE = ("skinny", "triton")
+#: A row's identity as the runtime and the tuner type it (``bf16`` = ``torch.bfloat16``, ``0`` = ``False``).
+KEY = row_key("gemm_a16w16")
 
 
 def _float(x: str | None) -> float:
@@ -113,17 +115,17 @@ def ship_rows(results: Sequence[str], out: str, min_gain: float) -> int:
         rows.append(row)
         log.info("M=%d N=%d K=%d: %s %.2f us (F.linear %.2f, dispatch %.2f)", M, N, K, won[0], won[1],
                  times["flinear"], times["dispatch"])
-    added, replaced = merge_csv_rows(out, BF16_TUNED_COLUMNS, rows, KEY_COLUMNS, replace=lambda old, new: True)
+    added, replaced = merge_csv_rows(out, BF16_TUNED_COLUMNS, rows, KEY, replace=lambda old, new: True)
     log.info("%s: %d rows replaced, %d added", out, replaced, added)
     return 0
 
 
 def apply_min_gain(tuned: list[dict], summary: list[dict], min_gain: float) -> tuple[list[dict], int]:
     """(rows, how many became torch rows): see the module docstring, ``min-gain``."""
-    torch_us = {tuple(r[c] for c in KEY_COLUMNS): float(r["torch_us"]) for r in summary if r.get("torch_us")}
+    torch_us = {KEY(r): float(r["torch_us"]) for r in summary if r.get("torch_us")}
     out, swapped = [], 0
     for r in tuned:
-        base = torch_us.get(tuple(r[c] for c in KEY_COLUMNS))
+        base = torch_us.get(KEY(r))
         if r["libtype"] != "torch" and base is not None and base < float(r["us"]) * min_gain:
             scale = float(r["us"]) / base  # tflops and bw scale inversely with time
             r = {**r, "libtype": "torch", "solidx": "0", "splitK": "0", "kernelName": "F.linear",
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return ship_rows(args.results, args.out, args.min_gain)
     if args.cmd == "min-gain":
         out, swapped = apply_min_gain(read_csv_rows(args.tuned)[1], read_csv_rows(args.summary)[1], args.min_gain)
-        added, replaced = merge_csv_rows(args.out, BF16_TUNED_COLUMNS, out, KEY_COLUMNS,
+        added, replaced = merge_csv_rows(args.out, BF16_TUNED_COLUMNS, out, KEY,
                                          replace=lambda old, new: True)
         log.info("%d rows (%d winners within %sx of F.linear kept as torch): %d added, %d replaced in %s", len(out),
                  swapped, args.min_gain, added, replaced, args.out)

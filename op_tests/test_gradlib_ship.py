@@ -50,6 +50,7 @@ def test_min_gain_keeps_torch_rows_for_small_wins(tmp_path):
     tuned = [_tuned_row(1, "skinny", "9.90"), _tuned_row(2, "cublaslt", "8.00"), _tuned_row(4, "torch", "10.0")]
     summary = [{**{k: r[k] for k in ("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype", "scaleAB",
                                      "bpreshuffle")}, "torch_us": "10.0"} for r in tuned]
+    summary[0].update(dtype="bf16", outdtype="bf16", bias="0")  # another spelling of the same key: still matched
     rows, swapped = ship.apply_min_gain(tuned, summary, 1.02)
     assert swapped == 1
     assert (rows[0]["libtype"], rows[0]["kernelName"], rows[0]["us"], rows[0]["tflops"]) == (
@@ -61,6 +62,7 @@ def test_min_gain_keeps_torch_rows_for_small_wins(tmp_path):
         w = csv.DictWriter(f, fieldnames=list(BF16_TUNED_COLUMNS))
         w.writeheader()
         w.writerow(_tuned_row(8, "triton", "5.0"))
+        w.writerow({**_tuned_row(2, "skinny", "9.0"), "dtype": "bf16", "outdtype": "bf16"})  # replaced by M=2's row
     for name, rs in (("t.csv", tuned), ("s.csv", summary)):
         with open(tmp_path / name, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rs[0]))
@@ -68,8 +70,8 @@ def test_min_gain_keeps_torch_rows_for_small_wins(tmp_path):
             w.writerows(rs)
     assert ship.main(["min-gain", "--tuned", str(tmp_path / "t.csv"), "--summary", str(tmp_path / "s.csv"),
                       "--out", str(out)]) == 0
-    got = {r["M"]: r["libtype"] for r in read_csv_rows(out)[1]}
-    assert got == {"8": "triton", "1": "torch", "2": "cublaslt", "4": "torch"}
+    got = [(r["M"], r["libtype"]) for r in read_csv_rows(out)[1]]
+    assert got == [("8", "triton"), ("2", "cublaslt"), ("1", "torch"), ("4", "torch")]
 
 
 def test_triton_json_from_two_runs(tmp_path):
