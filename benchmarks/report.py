@@ -73,21 +73,21 @@ def _table(header: Sequence[str], align: str, body: Iterable[Sequence[object]]) 
 
 def summary(rows: Sequence[dict], provider: str = "dispatch", bars: dict[str, float] | None = None,
             identical: bool = False) -> str:
-    """Per (set, baseline, mode): shapes, geomean, worst shape, shapes below the bar."""
+    """Per (benchmark, set, baseline, mode): shapes, geomean, worst shape, shapes below the bar."""
     bars = bars or DEFAULT_BARS
     groups: dict[tuple, list[dict]] = {}
     for r in select(rows, provider):
-        groups.setdefault((r["set"], r["vs"], r["mode"]), []).append(r)
+        groups.setdefault((r["bench"], r["set"], r["vs"], r["mode"]), []).append(r)
     body = []
-    for (s, vs, mode), rs in groups.items():
+    for (bench, s, vs, mode), rs in groups.items():
         ratios = [_num(r["ratio"]) for r in rs]
         worst = min(rs, key=lambda r: _num(r["ratio"]))
         bar = bars.get(mode, math.nan)
         below = sum(x < bar for x in ratios)
-        body.append((s, vs, mode, len(rs), f"{geomean(ratios):.3f}", f"{_num(worst['ratio']):.3f} {_shape(worst)}",
-                     f"{below} < {bar}"))
-    out = _table(("set", "vs", "mode", "shapes", "geomean", "min (M, N, K)", "below bar"),
-                 ("---", "---", "---", "---:", "---:", "---", "---:"), body)
+        body.append((bench, s, vs, mode, len(rs), f"{geomean(ratios):.3f}",
+                     f"{_num(worst['ratio']):.3f} {_shape(worst)}", f"{below} < {bar}"))
+    out = _table(("bench", "set", "vs", "mode", "shapes", "geomean", "min (M, N, K)", "below bar"),
+                 ("---", "---", "---", "---", "---:", "---:", "---", "---:"), body)
     if identical:
         out += "\n\n" + identical_calls(rows)
     return out

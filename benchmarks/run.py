@@ -219,8 +219,10 @@ def run_plot(argv: list[str]) -> int:
     ap.add_argument("--provider", default="dispatch")
     ap.add_argument("--vs", default="flinear")
     ap.add_argument("--mode", default="graph")
+    ap.add_argument("--set", default=None, help="comma list: only these sets")
     args = ap.parse_args(argv)
-    rows = [r for f in args.files for r in rep.load_rows(f)]
+    rows = [r for f in args.files for r in rep.load_rows(f)
+            if not args.set or r["set"] in args.set.split(",")]
     for path in plot(rows, args.out, args.provider, args.vs, args.mode, args.stem):
         print(path)
     return 0

@@ -193,10 +193,10 @@ ROWS = [  # two shapes, graph and eager, the dispatch against F.linear
 
 def test_report_tables():
     assert report.summary(ROWS).splitlines() == [
-        "| set | vs | mode | shapes | geomean | min (M, N, K) | below bar |",
-        "|---|---|---|---:|---:|---|---:|",
-        "| heldout | flinear | graph | 2 | 1.079 | 0.970 (300, 64, 32) | 1 < 0.98 |",
-        "| heldout | flinear | eager | 1 | 0.990 | 0.990 (1, 64, 32) | 0 < 0.97 |"]
+        "| bench | set | vs | mode | shapes | geomean | min (M, N, K) | below bar |",
+        "|---|---|---|---|---:|---:|---|---:|",
+        "| bf16 | heldout | flinear | graph | 2 | 1.079 | 0.970 (300, 64, 32) | 1 < 0.98 |",
+        "| bf16 | heldout | flinear | eager | 1 | 0.990 | 0.990 (1, 64, 32) | 0 < 0.97 |"]
     assert report.mclass(ROWS, "dispatch", "flinear", "graph").splitlines()[2:] == [
         "| M <= 16 | 1 | 1.200 | 1.200 (1, 64, 32) |", "| M > 256 | 1 | 0.970 | 0.970 (300, 64, 32) |",
         "| all | 2 | 1.079 | 0.970 (300, 64, 32) |"]

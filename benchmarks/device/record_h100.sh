@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Every single-GPU GEMM table of record in BENCHMARKS.md, in one call of under ~8 minutes on an H100 (CUDA-graph
-# timing, paired rounds): the dispatch overhead, the bf16 dispatch against F.linear on the shipped, off-grid and
-# held-out shapes (graph and eager), against max-autotune at M = 1, the M = 1 default, the FP8 block-scale op,
-# the decoder layer and the host time of eager calls. Run from the repository root:
+# Every single-GPU GEMM table of record in BENCHMARKS.md, in one call meant to take under ~8 minutes on an H100
+# (CUDA-graph timing, paired rounds): the dispatch overhead (C++ and Python paths), the bf16 dispatch against F.linear
+# on the shipped, off-grid and held-out shapes (graph and eager), against max-autotune at M = 1, the M = 1 default,
+# the FP8 block-scale op, the decoder layer and the host time of eager calls. Run from the repository root:
 #
 #   OUT=/tmp/record COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/record_h100.sh
 #
-# Writes under $OUT: <name>_<GPU>.csv and <name>_<GPU>_env.json per step (names: overhead, bf16, bf16_maxautotune,
-# gemv_default, fp8, layer, host), record.log (each step's output and wall time) and build.log (the C++ eager path).
-# Then, on any machine, after copying them under benchmarks/results/ and pointing BENCHMARKS.md's <!-- report: -->
-# lines at them:  python -m benchmarks.run tables BENCHMARKS.md --write
+# Writes under $OUT: <name>_<GPU>.csv and <name>_<GPU>_env.json per step (names: overhead, overhead_python, bf16,
+# bf16_maxautotune, gemv_default, fp8, layer, host), record.log (each step's output and wall time) and build.log
+# (the C++ eager path). Then copy them under benchmarks/results/<topic>/, point BENCHMARKS.md's <!-- report: -->
+# markers at them and run `python -m benchmarks.run tables BENCHMARKS.md --write`. Marker -> file (add `--set
+# shipped` where the old file held the shipped shapes only): the overhead tables -> overhead_*, overhead_python_*;
+# host -> host_*; the bf16 mclass / matrix / roof tables and `plot --set shipped` -> bf16_*; max-autotune ->
+# bf16_maxautotune_*; layer -> layer_*; the gemv default summaries -> gemv_default_* (`--provider default`); the
+# held-out summary -> bf16_* and fp8_* together; the FP8 tables -> fp8_* (`--set shipped`, `--vs torch_blockscale`
+# for the per-call matmul in place of torch_prepared).
 #
 # STEPS picks steps (default: all, in the order above). Wheels carried in .whl/ (nvmath-python for the cuBLASLt
 # backend) are installed to /tmp/site when nvmath is missing; the C++ eager path is built first (~30 s).
@@ -36,6 +41,8 @@ step() {
   echo "== $name rc=$? $(( $(date +%s) - s )) s" >> "$LOG"
 }
 step overhead 45 $R --bench overhead --calls 5000 --repeats 11
+step overhead_python 45 env AITER_GEMM_EAGER_EXT=off $R --bench overhead --name overhead_python \
+  --calls 5000 --repeats 11
 step bf16 160 $R --bench bf16 --set shipped,offgrid,heldout --timing graph,eager --deadline_s 140
 # max-autotune compiles for ~9 s per shape (Inductor's autotuning): M = 1 only here, --m 1,2,4,8,16 for the whole table
 step bf16_maxautotune 110 $R --bench bf16 --name bf16_maxautotune --set shipped --m 1 \
