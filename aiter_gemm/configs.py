@@ -1,6 +1,6 @@
 """Tuned and untuned CSV configs: parsed once into typed rows, merged from several files, indexed by key.
 
-Merge rules (README documents them): the key is a kind's untuned columns plus ``gfx`` and ``cu_num``; on a duplicate
+Merge rules (docs/configs.md): the key is a kind's untuned columns plus ``gfx`` and ``cu_num``; on a duplicate
 key the row with the lowest positive ``us`` wins and ties go to the earlier path; a row with ``us = 0`` is hand-set
 (AITER ships them) and loses to every timed row (:func:`merge_rank`); rows whose ``us`` is negative, empty, NaN or
 infinite are dropped with a warning; a missing path is skipped with a warning, every path missing is an error; an
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 BF16_UNTUNED_COLUMNS = ("M", "N", "K", "bias", "dtype", "outdtype", "scaleAB", "bpreshuffle")
 # Our two columns after AITER's (optional when reading, so AITER's files load unchanged): ``pad_m_min``, the
-# smallest M the tuner checked the row for through padding (README, "Lookup"), and ``timing``, how it was timed.
+# smallest M the tuner checked the row for through padding (docs/configs.md), and ``timing``, how it was timed.
 EXTRA_TUNED_COLUMNS = ("pad_m_min", "timing")
 BF16_TUNED_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS,
                       "libtype", "solidx", "splitK", "us", "kernelName", "err_ratio", "tflops", "bw",

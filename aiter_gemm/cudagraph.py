@@ -2,7 +2,7 @@
 
 Decisions whose graph-timed choice is a launch-heavy backend (Triton) run the eager default outside capture, so they
 ask "capturing?" on every call. ``torch.cuda.is_current_stream_capturing()`` asks the driver: on the H100 host of
-the defaults sweep (results/defaults_sweep_h100, part B) such decisions cost 2.2-4.5 us more per eager call than
+the defaults sweep (benchmarks/results/defaults) such decisions cost 2.2-4.5 us more per eager call than
 plain torch decisions did (F.linear there: 15-26 us per call). Every capture made through torch's Python API
 (``torch.cuda.graph``, ``make_graphed_callables``, Inductor's CUDA-graph trees) goes through
 ``CUDAGraph.capture_begin`` / ``capture_end``, so counting those calls per thread answers the question instead.

@@ -63,8 +63,8 @@ class Decision:
     runner: Any  # the op's runner signature
     source: str = DEFAULT_SOURCE  # the row's file, "<json file>#<bucket>", or "default heuristic"
     extra: tuple[tuple[str, Any], ...] = ()  # the op's description of the solution (OpSpec.describe)
-    #: What runs when the stream is not capturing a CUDA graph, if not the same (README, "CUDA graphs and eager
-    #: calls"): a launch-heavy backend's graph-timed choice gives way to the eager default there.
+    #: What runs when the stream is not capturing a CUDA graph, if not the same (docs/eager_path.md): a
+    #: launch-heavy backend's graph-timed choice gives way to the eager default there.
     eager_solution: Solution | None = None
     eager_runner: Any = None
 
@@ -255,7 +255,7 @@ class Dispatcher:
                     continue
                 pad_min = row.values.get("pad_m_min")
                 if level != "exact" and pad_min is not None and problem.M < pad_min:
-                    # The tuner checked this row for padded use only from pad_m_min up (README, "Lookup").
+                    # The tuner checked this row for padded use only from pad_m_min up (docs/configs.md).
                     log.debug("%s:%d serves M >= %d through padding, not M=%d", row.source, row.line, pad_min,
                               problem.M)
                     continue
@@ -312,7 +312,7 @@ class Dispatcher:
         """What eager (non-capturing) calls run instead of ``sol``, or None for ``sol`` itself: on a GPU, a backend
         whose launches cost more host time than the library call's (``cheap_launch`` False, or a row faster than the
         backend's ``eager_min_us``) keeps only rows timed eagerly; otherwise the default among cheap-launch backends
-        runs (README, "CUDA graphs and eager calls")."""
+        runs (docs/eager_path.md)."""
         if not device.is_gpu:
             return None
         backend = self.backend(sol.libtype)

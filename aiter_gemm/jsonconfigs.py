@@ -4,7 +4,7 @@ A file maps bucket keys to config entries: ``M_LEQ_<n>`` covers M <= n, ``any`` 
 buckets (the block-scale op's ``small_M`` / ``medium_M`` / ``large_M``: M <= 256 / 2048 / any). The entry with the
 smallest bound >= M wins. An entry may also be the string ``"default"`` (:data:`DEFAULT_ENTRY`): no config for that
 range, the runtime's default serves it (the tuner writes such gaps below an M whose row was not confirmed for smaller
-M, README "Lookup"); it parses to None. Each user turns entries into its own config type with a ``parse_entry``
+M, docs/configs.md); it parses to None. Each user turns entries into its own config type with a ``parse_entry``
 function; every
 error (bad JSON, unknown key, two keys covering the same range, an entry its parser rejects) raises
 :class:`JSONConfigError` naming the file and the key. Files are only read; :func:`write_buckets` writes atomically.

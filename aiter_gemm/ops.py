@@ -205,7 +205,7 @@ def gemm_a16w16(
 
     Eager calls cost one dict lookup after a shape's first call: the key holds everything :func:`problem_of`
     validates (shapes and dtypes of every tensor, otype, which scales are given), so a call hits a cached entry only
-    if that entry's first call had operands passing the same checks. Measured on CPU (bench_dispatch_overhead):
+    if that entry's first call had operands passing the same checks. Measured on CPU (--bench overhead):
     building and hashing the key ~0.4 us; a plain-torch decision then calls ``F.linear`` on A as given, since
     reshaping a 3-D activation in Python costs ~1 us each way."""
     if _is_compiling():

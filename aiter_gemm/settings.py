@@ -63,7 +63,7 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """Runtime settings; see README's table of environment variables."""
+    """Runtime settings; see docs/configs.md's table of settings."""
 
     config_paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     tune_gemm: bool = False  # AITER_TUNE_GEMM: capture shapes that miss every tuned row

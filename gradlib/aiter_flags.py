@@ -7,7 +7,7 @@
 - accepted because our tuner always does what it asks (logged): ``-k/--splitK`` (split-K candidates are always in
   the search), ``--shape_grouped`` / ``--auto_group_small_m`` (a shape's candidates already run on one GPU),
   ``--post_verify`` and its knobs (every candidate is checked before it is timed);
-- refused with the reason (README, "Differences from AITER"): ``--fast_tune``, ``--tune_tie_break_rel_tol`` other
+- refused with the reason (docs/aiter.md): ``--fast_tune``, ``--tune_tie_break_rel_tol`` other
   than 0, ``--rocblas-decode``.
 """
 

@@ -1,7 +1,7 @@
 """What every tuner CLI shares: usage errors and exit statuses, the execution flags (``--mp``, ``--ray``,
 ``--timeout``, ``--plugin``, ``--verbose``), and turning them into an executor (local process pool or Ray actors).
 
-Exit statuses (README): 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments
+Exit statuses (docs): 0 every shape tuned or already tuned; 1 some shape had no valid candidate; 2 bad arguments
 or input (an output that cannot be written included: checked before anything runs); 3 workers could not start; 4 an
 output could not be written at the end (its tuned rows are printed); 130 interrupted by SIGINT (Ctrl-C), 143 by
 SIGTERM (what finished is saved).
@@ -140,7 +140,7 @@ def add_confirm_arguments(group: argparse._ArgumentGroup) -> None:
                        "it (written only if it still wins by --min_gain; 0: off, plain fastest of the search)")
     group.add_argument("--pad_check", choices=("on", "off"), default="on", help="also confirm the winner at the "
                        "smallest M of each padding range it would serve and one in the middle, and write the "
-                       "smallest M it held for as pad_m_min (README, Lookup); off: exact use only")
+                       "smallest M it held for as pad_m_min (docs/configs.md); off: exact use only")
     group.add_argument("--timing", choices=("graph", "eager"), default="graph", help="time candidates by "
                        "CUDA-graph replay (graph: GPU time, as served with CUDA graphs) or by a loop of eager calls "
                        "(eager: includes each backend's launch cost, for deployments without graphs)")

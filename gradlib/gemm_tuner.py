@@ -5,7 +5,7 @@ Examples: :data:`EXAMPLES` (``gemm-tuner --help`` prints them).
 
 AITER's flags work too (:mod:`gradlib.aiter_flags`): ``--untune_file``/``--tune_file``/``-o2``, ``--sort``,
 ``--compare``, ``--run_config``, ``--warmup``/``--iters``, ``GTUNE_INPUT``/``GTUNE_TUNED``/``GTUNE_MODEL``/
-``GTUNE_TP``/``GTUNE_BATCH_SIZE``; README's "Differences from AITER" lists what differs.
+``GTUNE_TP``/``GTUNE_BATCH_SIZE``; docs/aiter.md lists what differs.
 
 Exit status: :mod:`gradlib.cli` (0 all tuned, 1 some shape had no valid candidate, 2 bad arguments or input or an
 output that cannot be written, 3 workers could not start, 4 an output could not be written at the end, 130/143

@@ -261,7 +261,7 @@ def test_gemv_space_rows():
 
 def test_gemv_space_holds_inductors_m1_tiles():
     """Inductor's coordinate descent picked these (XBLOCK, R0_BLOCK, warps) for the shipped M=1 shapes on the H100
-    (results/skinny_inductor_h100 runs 1-3); the tuner's space must contain each as a gemv tile with evict_first."""
+    (docs/exploration.md); the tuner's space must contain each as a gemv tile with evict_first."""
     seen = {(4096, 4096): [(2, 4096, 16), (2, 4096, 32), (8, 512, 4)], (6144, 4096): [(2, 2048, 16)],
             (28672, 4096): [(2, 4096, 16), (1, 2048, 16)], (4096, 14336): [(8, 512, 8), (2, 2048, 16)],
             (1280, 8192): [(8, 512, 4), (1, 1024, 16)], (8192, 1024): [(2, 1024, 8), (1, 1024, 4), (2, 1024, 16)],

@@ -97,7 +97,7 @@ class Backend:
     tunable: bool = True
     #: False for backends whose per-call host cost exceeds the library call's by more than ~3 us (Triton's Python
     #: launcher: +12-18 us on the H100 host, BENCHMARKS.md): outside CUDA-graph capture, on a GPU, their graph-timed
-    #: choices give way to the default among cheap backends (README, "CUDA graphs and eager calls").
+    #: choices give way to the default among cheap backends (docs/eager_path.md).
     cheap_launch: bool = True
     #: For cheap-launch backends that still cost some host time more than the library call: on a GPU, their rows
     #: whose (graph-timed) ``us`` is below this give way to the cheap default in eager calls too, since a call that

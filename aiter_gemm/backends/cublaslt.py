@@ -385,9 +385,9 @@ class CublasLtBackend(Backend):
     name = NAME
     is_blaslt = True
     # Above torch (0), but the default only where torch cannot run (bpreshuffle): heuristic #0 timed the same as
-    # F.linear on 96 Llama shapes on an H100 (speedup geomean 1.001, range 0.987-1.020; results/cublaslt_H100.csv).
+    # F.linear on 96 Llama shapes on an H100 (speedup geomean 1.001, range 0.987-1.020; docs/exploration.md).
     default_priority = 10
-    # Eager calls through nvmath cost 8-11 us more host time than F.linear on the H100 host (bench_eager_host: 40-41
+    # Eager calls through nvmath cost 8-11 us more host time than F.linear on the H100 host (BENCHMARKS.md: 40-41
     # us against 29-33 us per call on (M, 4096, 14336)), more than rows of 45-55 us gain on the GPU (1.6-7 us): in a
     # host-bound eager model (HF decode, batch 8) such rows made the step 0.92x; run plain, 1.00x. Rows of 150 us
     # and more gained 12-25 us (M 1024 down_proj, lm_head at M 32-64). Below it eager calls run the cheap default;

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 _MAX_ACC_REGS = 64
 # Split-K is searched only while the slabs alone give fewer than 2 programs per SM, up to 4 programs per SM with the
 # splits: on the H100 no split beat the one-pass kernels once N / BLOCK_SIZE_N >= 2 * SMs, and beyond 4 programs per
-# SM splits only add partial-sum traffic (explore sweep, BENCHMARKS.md).
+# SM splits only add partial-sum traffic (the sweep of docs/exploration.md).
 _SPLIT_BELOW_PROGRAMS_PER_CU = 2
 _MAX_PROGRAMS_PER_CU = 4
 
@@ -102,7 +102,7 @@ def gemv_space(M: int, N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
     """The gemv variants' tiles: BN 1..16 rows x BK 512..4096 (not past K), one stage, with and without
     ``evict_first``, keeping 2..64 float32 accumulators per thread (:meth:`SkinnyConfig.acc_regs_per_thread`). At
     M == 1 (4..32 warps) it holds every tile Inductor's coordinate descent chose for the 8 shipped M=1 shapes on the
-    H100 (XBLOCK 1-8, R0_BLOCK 512-4096, 4-32 warps, 1 stage, evict_first; results/skinny_inductor_h100; its choice
+    H100 (XBLOCK 1-8, R0_BLOCK 512-4096, 4-32 warps, 1 stage, evict_first; docs/exploration.md; its choice
     varies between runs). At M >= 2 (BN 1..8, 2..16 warps) only tiles with at least 8 K elements (one 16-byte load)
     per thread: compiled for sm_90, shorter K slices convert the accumulator's layout through shared memory in every
     K step; BN > 1 rows share each load of A. Split-K (two-pass, 2/4/8) as for the other variants."""
@@ -128,7 +128,7 @@ def gemv_space(M: int, N: int, K: int, cu_num: int) -> list[SkinnyConfig]:
 def dot_sp_space() -> list[SkinnyConfig]:
     """M >= 2: whole-K ``dot`` tiles with N and K compiled in (``_SP``), over the range of Inductor's mm templates
     for these M (BLOCK_M 16, BLOCK_N 32-128, BLOCK_K 64-128, 3-5 stages, 2-8 warps: its autotune tables on the H100,
-    results/skinny_inductor_h100), BK up to 256; :func:`config_error` prunes what exceeds shared memory."""
+    docs/exploration.md), BK up to 256; :func:`config_error` prunes what exceeds shared memory."""
     return [SkinnyConfig(3, bn, bk, 1, warps, stages, False, True)
             for bn in (16, 32, 64, 128) for bk in (64, 128, 256) for stages in (3, 4, 5) for warps in (2, 4, 8)]
 
@@ -141,8 +141,8 @@ def is_skinny_default_shape(M: int, N: int, K: int, cu_num: int, arch: str = "sm
     """Where the skinny default claims a shape from F.linear: only inside what the H100 sweeps measured winning.
     M == 1 (the ``gemv`` default): N >= 1280 and K a multiple of 512 in 1024..18944, the envelope of the 21 shipped
     and held-out (N, K) (Llama-3 8B/70B-TP8, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Llama-3.2-3B) where it ran
-    1.052-1.44x F.linear (results/gemv_default_h100, BENCHMARKS.md). M >= 2 stays with F.linear: the ``dot``
-    default won by 1-3% at best on most shapes of the earlier sweep (results/defaults_sweep_h100) and lost up to 14%
+    1.052-1.44x F.linear (BENCHMARKS.md, Defaults). M >= 2 stays with F.linear: the ``dot``
+    default won by 1-3% at best on most shapes of the earlier sweep (BENCHMARKS.md, Defaults) and lost up to 14%
     on others. Other devices: no claim, no data."""
     if (arch, cu_num) not in DEFAULT_MEASURED_ON:
         return False

@@ -17,8 +17,8 @@ Four variants (docs/design.md, "Ops"; one kernel with different launch geometry,
 
 Options every variant takes (named in ``kernelName``): TMA tile loads (``_TMA``, Hopper's bulk tensor copy engine;
 zero-fills rows past M / N), two column subtiles per K block (``_NS2``, halving the registers of the unscaled
-product), Triton's warp specialization (``_WS``). What made the H100 numbers (op_tests/op_benchmarks/results/
-a8w8_blockscale/): one multiply per product element for the scales (the weight scale is a scalar per tile and K
+product), Triton's warp specialization (``_WS``). What made the H100 numbers (docs/exploration.md,
+block-scale): one multiply per product element for the scales (the weight scale is a scalar per tile and K
 block whenever the tile lies in one 128-row block) and scales loaded one K block ahead; 8192^3 went from 650 to
 ~900 TFLOP/s with those two.
 
@@ -265,7 +265,7 @@ def _grid(variant: str, bms, bns, gm: int, sks, warps, stages, ws=(False,), ns=1
 
 
 def _quick_space(M: int) -> list[BlockscaleConfig]:
-    """Hand-picked lists per M class from the H100 exploration (op_tests/op_benchmarks/results/)."""
+    """Hand-picked lists per M class from the H100 exploration (docs/exploration.md)."""
     if M <= 16:
         return (_grid("swapAB", [16], [64, 128], 1, [1], [4], [4, 6])
                 + _grid("splitK_swapAB", [16], [64, 128], 1, [2, 4, 8], [4], [4]))
@@ -309,7 +309,7 @@ def _worth_timing(cfg: BlockscaleConfig, M: int, N: int, num_sms: int) -> bool:
 
 def default_config(M: int, N: int, K: int, num_sms: int = REFERENCE_CU) -> BlockscaleConfig:
     """Built-in choice when neither a tuned row nor a JSON entry exists. Rules read off the H100 quick search over
-    DeepSeek-V3 and Llama-3-70B shapes (op_tests/op_benchmarks/results/a8w8_blockscale/h100_run3_final):
+    DeepSeek-V3 and Llama-3-70B shapes (docs/exploration.md, the block-scale kernel):
 
     * M <= 16: swapAB, 16 x 64 tiles, 6 stages; 16 < M <= 64: 64 x 64 tiles.
     * 64 < M <= 256: 64 x 64 tiles up to N = 4096, 64 x 128 above, 128 x 128 on 8 warps for weights >= 128 MiB.

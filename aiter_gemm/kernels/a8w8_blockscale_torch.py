@@ -3,7 +3,7 @@ activation scales and ``BlockWise128x128`` weight scales, which torch runs with 
 
 The second implementation :func:`aiter_gemm.gemm_a8w8_blockscale` can dispatch to (CSV ``libtype=torch``,
 ``kernelName`` :data:`NAME`; JSON entry :meth:`TorchBlockwise.to_json`). On the H100 it ran 1.2-1.4x faster than our
-Triton kernel at M >= 1024 and slower at M <= 256 (op_tests/op_benchmarks/results/a8w8_blockscale/h100_run3_final),
+Triton kernel at M >= 1024 and slower at M <= 256 (docs/exploration.md),
 so the tuner times both and the table decides per shape.
 
 cuBLASLt wants, and the launchers prepare per call: M padded to a multiple of 4 (a copy of XQ when it is not),

@@ -33,7 +33,7 @@ so its tiles shrink as M grows; ``dot`` pays for padding M to 16 with tensor-cor
 Two load options apply to every variant (kernelName suffixes): ``_EF`` loads the weight ``evict_first``, ``_SP``
 compiles N and K into the kernel (``SPEC_N``/``SPEC_K`` of ``_skinny_kernel``: a binary per weight shape, as
 Inductor's kernels are; on the H100 the same dot tile ran 0.98-1.10x as fast with it at M = 2 and 16,
-results/skinny_inductor_h100/run4).
+docs/exploration.md).
 """
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ _PDL_LAUNCH = {False: {}, True: {"launch_pdl": True} if PDL_AVAILABLE else {}}  
 MAX_M = 16
 #: Rows the ``gemv`` variants take. Their M * N * K multiply-adds (plus converting M rows of A per weight load) run
 #: on CUDA cores: at M = 8 no tile beat F.linear on the H100 (0.48-0.67x, 0.74-0.996x with the fold below;
-#: results/skinny_inductor_h100/gemv_m2_m8, gemv_fold_m2_m8), so more rows would only be slower; the tensor-core
+#: docs/exploration.md, gemv_m2_m8 and gemv_fold_m2_m8), so more rows would only be slower; the tensor-core
 #: ``dot`` variants cover M up to 16.
 GEMV_MAX_M = 8
 #: From this many rows (BLOCK_SIZE_M) the gemv kernel sums each thread's 8 products of one 16-byte weight load at
 #: once (``_gemv_fma``): 8x fewer accumulators. On the H100 that made M = 4 faster ((4, 1280, 8192): 10.0 against
 #: 11.1 us) and M = 2 slower ((2, 4096, 14336): 0.95x F.linear against 1.07x; two rows leave too few independent
-#: multiply-add chains), results/skinny_inductor_h100/gemv_fold_m2_m8.
+#: multiply-add chains), docs/exploration.md (gemv_fold_m2_m8).
 GEMV_FOLD_FROM_M = 4
 
 
@@ -448,7 +448,7 @@ def default_skinny_config(M: int, N: int, K: int, cu_num: int) -> SkinnyConfig:
     """Heuristic config from the SM/CU count, chosen on H100 sweeps (BENCHMARKS.md).
 
     M == 1: ``gemv`` one row of B per program, BK 2048, 4 warps, ``evict_first``: 1.052-1.44x F.linear on all 21
-    shipped and held-out (N, K) of results/gemv_default_h100 (geomean 1.145x; the earlier ``fma`` default there:
+    shipped and held-out (N, K) of BENCHMARKS.md, Defaults (geomean 1.145x; the earlier ``fma`` default there:
     1.025x, min 0.877x), N / 1 rows give every SM many programs, so no split-K.
     M >= 2: ``dot`` on 32-row slabs. With at most one slab per SM, each program must keep more bytes in flight:
     BK 512 x 3 stages (N=4096: 128 slabs on 132 SMs); else BK 128 x 4 stages up to K=2048 and BK 256 x 3 beyond.

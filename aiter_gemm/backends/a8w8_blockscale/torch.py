@@ -21,7 +21,7 @@ def _torch_device(device: DeviceIdentity) -> torch.device:
     return torch.device("cpu") if device.kind == "cpu" else torch.device(device.kind)
 
 
-#: Where our Triton default config stays the default below torch's (H100 sweep, results/defaults_sweep_h100): the
+#: Where our Triton default config stays the default below torch's (H100 sweep, BENCHMARKS.md): the
 #: largest M per weight size (N * K elements) at which it was faster than torch's block-scaled matmul by >= 5% on
 #: every measured (N, K): 10 DeepSeek-V3 and Llama-3-70B weights, M in 1..4096. Above it torch's is the default.
 TRITON_BELOW: tuple[tuple[int, int], ...] = ((4 << 20, 500), (16 << 20, 256), (1 << 62, 16))

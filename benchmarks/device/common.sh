@@ -1,0 +1,24 @@
+# Sourced by the device scripts (from the repository root): the package on PYTHONPATH, wheels carried in .whl/
+# (nvmath-python for the cuBLASLt backend, transformers for the HF loop) installed to /tmp/site when a module the
+# script needs is missing, and env_header FILE: date, GPU, versions and COMMIT appended to FILE.
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# need_wheels MODULE...: install the carried wheels unless every module imports.
+need_wheels() {
+  local mods; mods=$(IFS=,; echo "$*")
+  if ! python -c "import $mods" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
+      export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
+}
+
+env_header() {
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+    python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+    python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1 | tail -n 1
+    python -c "from aiter_gemm import ops, eager_ext; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1 | tail -n 1
+    echo "commit ${COMMIT:-unknown}"
+  } >> "$1"
+}

@@ -1,0 +1,153 @@
+"""Host time the dispatch adds per call (``--bench overhead``): tiny GEMMs, where host time is all there is.
+
+For an exact hit, a padded hit and a default decision (2-D A), an exact hit with a 3-D A, ``TunedLinear`` against the
+``nn.Linear`` it replaces, the ``torch.ops`` custom op that compiled graphs call, and on a GPU a graph-timed row whose
+eager calls run F.linear and ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call: N calls of the torch
+call and N of ours back to back, R times, the median of the per-repeat differences (``added_us``). The decisions come
+from a tuned CSV this bench writes to a temporary folder (the environment is restored afterwards).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import aiter_gemm
+from aiter_gemm.configs import BF16_TUNED_COLUMNS
+
+N, K = 64, 64
+
+
+def per_call_us(fn: Callable[[], object], n: int, sync: Callable[[], None]) -> float:
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def measure(ref: Callable[[], object], ours: Callable[[], object], n: int, repeats: int,
+            sync: Callable[[], None]) -> tuple[float, float, float]:
+    """(median ref us, median ours us, median of per-repeat ours - ref), repeats alternating the two loops."""
+    for _ in range(3):  # warm-up: decisions made, caches filled
+        per_call_us(ref, n // 10 + 1, sync)
+        per_call_us(ours, n // 10 + 1, sync)
+    refs, outs, diffs = [], [], []
+    for _ in range(repeats):
+        r, o = per_call_us(ref, n, sync), per_call_us(ours, n, sync)
+        refs.append(r)
+        outs.append(o)
+        diffs.append(o - r)
+    return statistics.median(refs), statistics.median(outs), statistics.median(diffs)
+
+
+def _row(case: str, provider: str, vs: str, m: int, n: int, k: int, got: tuple[float, float, float],
+         repeats: int) -> dict:
+    ref, ours, added = got
+    return {"bench": "overhead", "set": "tiny", "label": case, "M": m, "N": n, "K": k, "bias": False,
+            "provider": provider, "mode": "eager", "us": f"{ours:.3f}", "vs": vs, "vs_us": f"{ref:.3f}",
+            "ratio": f"{ref / ours:.4f}", "rounds": repeats, "added_us": f"{added:.3f}"}
+
+
+def _tuned_csv(path: Path, dev: torch.device, dtype: torch.dtype) -> None:
+    """Rows for the cases: M = 8 exact, M = 13 padded to 16 (gl0), and on a GPU a graph-timed skinny row at M = 4."""
+    ident = aiter_gemm.current_device_identity(on_gpu=dev.type == "cuda")
+    name = str(dtype)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(BF16_TUNED_COLUMNS)
+        for m in (8, 16):
+            w.writerow([ident.gfx, ident.cu_num, m, N, K, False, name, name, False, False, "torch", 0, 0, 1.0,
+                        "F.linear", 0.0, 0.0, 0.0, "", ""])
+        if dev.type == "cuda":
+            w.writerow([ident.gfx, ident.cu_num, 4, N, K, False, name, name, False, False, "skinny", 0, 1, 1.0,
+                        "fma_BN8_BK64_SK1_W4_S1", 0.0, 0.0, 0.0, "", "graph"])
+
+
+def _blockscale_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
+    """The block-scale op against the plain call of torch's block-scaled matmul: torch-decided (M a multiple of 4,
+    and padded) and a Triton-decided shape whose eager calls run torch's."""
+    from aiter_gemm.blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+    from aiter_gemm.kernels.a8w8_blockscale import quantize_blockscale
+
+    if torch_impl.unavailable_reason(torch.device("cuda")) is not None:
+        return []
+    n, k, rows = 256, 512, []
+    for case, m in (("torch", 1024), ("torch_padded", 1027), ("eager_switch", 128)):
+        ops = tuple(t.cuda() for t in quantize_blockscale(torch.randn(m, k), torch.randn(n, k)))
+        cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
+        if cfg["eager_libtype"] != "torch" or (cfg["libtype"] == "torch") != (case != "eager_switch"):
+            raise RuntimeError(f"blockscale case {case}: the dispatch decided {cfg}")
+        got = measure(lambda ops=ops: torch_impl.gemm_a8w8_blockscale_torch(*ops),
+                      lambda ops=ops: gemm_a8w8_blockscale(*ops), calls // 4, repeats, sync)
+        rows.append(_row(case, "dispatch_blockscale", "torch_blockscale", m, n, k, got, repeats))
+    return rows
+
+
+def run_overhead(device: torch.device, calls: int, repeats: int) -> list[dict]:
+    """Every case's row (see the module docstring)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    saved = os.environ.get("AITER_CONFIG_GEMM_BF16")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "overhead_tuned.csv"
+        _tuned_csv(path, device, dtype)
+        os.environ["AITER_CONFIG_GEMM_BF16"] = str(path)
+        aiter_gemm.reload_configs()
+        try:
+            return _cases(device, dtype, calls, repeats, sync)
+        finally:
+            if saved is None:
+                os.environ.pop("AITER_CONFIG_GEMM_BF16", None)
+            else:
+                os.environ["AITER_CONFIG_GEMM_BF16"] = saved
+            aiter_gemm.reload_configs()
+
+
+def _cases(dev: torch.device, dtype: torch.dtype, calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
+    b = torch.randn(N, K, device=dev, dtype=dtype)
+    rows = []
+    for case, m in {"exact": 8, "padded_gl0": 13, "default": 100}.items():  # 100 pads to 112 / 128: no row
+        a = torch.randn(m, K, device=dev, dtype=dtype)
+        cfg = aiter_gemm.get_GEMM_A16W16_config(m, N, K, False, dtype, dtype)
+        if cfg["matched"] != case or cfg["libtype"] != "torch":
+            raise RuntimeError(f"overhead case {case}: the dispatch decided {cfg}")
+        got = measure(lambda a=a: F.linear(a, b), lambda a=a: aiter_gemm.gemm_a16w16(a, b), calls, repeats, sync)
+        rows.append(_row(case, "dispatch", "flinear", m, N, K, got, repeats))
+    # A 3-D activation, as a model's linears get one; and patch_linear's TunedLinear against its nn.Linear.
+    a3 = torch.randn(1, 8, K, device=dev, dtype=dtype)
+    got = measure(lambda: F.linear(a3, b), lambda: aiter_gemm.gemm_a16w16(a3, b), calls, repeats, sync)
+    rows.append(_row("exact_3d", "dispatch", "flinear", 8, N, K, got, repeats))
+    from aiter_gemm.nn import TunedLinear
+
+    linear = torch.nn.Linear(K, N, bias=False, device=dev, dtype=dtype)
+    tuned = TunedLinear.from_linear(linear)
+    with torch.no_grad():
+        got = measure(lambda: linear(a3), lambda: tuned(a3), calls, repeats, sync)
+    rows.append(_row("exact_3d", "TunedLinear", "nn.Linear", 8, N, K, got, repeats))
+    if dev.type == "cuda":  # decode through a graph-timed skinny row outside capture: the eager switch's cost
+        a4 = torch.randn(1, 4, K, device=dev, dtype=dtype)
+        cfg = aiter_gemm.get_GEMM_A16W16_config(4, N, K, False, dtype, dtype)
+        if (cfg["libtype"], cfg["eager_libtype"]) != ("skinny", "torch"):
+            raise RuntimeError(f"overhead case eager_switch_3d: the dispatch decided {cfg}")
+        got = measure(lambda: F.linear(a4, b), lambda: aiter_gemm.gemm_a16w16(a4, b), calls, repeats, sync)
+        rows.append(_row("eager_switch_3d", "dispatch", "flinear", 4, N, K, got, repeats))
+        with torch.no_grad():
+            got = measure(lambda: linear(a4), lambda: tuned(a4), calls, repeats, sync)
+        rows.append(_row("eager_switch_3d", "TunedLinear", "nn.Linear", 4, N, K, got, repeats))
+        rows += _blockscale_rows(calls, repeats, sync)
+    a = torch.randn(8, K, device=dev, dtype=dtype)
+    op = torch.ops.aiter_gemm.gemm_a16w16
+    got = measure(lambda: F.linear(a, b), lambda: op(a, b), calls // 4, repeats, sync)
+    rows.append(_row("exact", "custom_op", "flinear", 8, N, K, got, repeats))
+    return rows

@@ -1,0 +1,214 @@
+"""Providers: the things a benchmark times on a shape, registered per op (``gemm_a16w16``, ``gemm_a8w8_blockscale``).
+
+A provider spec is ``name`` or ``name:arg`` (``skinny:gemv_BN1_BK2048_SK1_W4_S1_EF``, ``cublaslt:v130100:<hex>``).
+Each provider builds, once per shape, a call ``call(i)`` that runs it on the op's rotating input set ``i`` (the sets
+the tuner times on: :attr:`gradlib.tune_ops.TuneOp.make_inputs`), or raises :class:`Unavailable` saying why it cannot
+run that shape here. Registered for both ops: ``flinear`` (bf16 ``F.linear``; for the block-scale op, of the
+dequantized operands: what FP8 must beat), ``dispatch`` (the op's public function: the whole dispatch path),
+``default`` (the runtime's heuristic default, tuned tables ignored) and one provider per backend of the op
+(``torch``, ``cublaslt``, ``triton``, ``skinny``; the block-scale op's ``triton`` and ``torch``) taking a kernelName
+as ``arg`` (without one: the backend's own default for the shape). Besides: ``maxautotune``
+(``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only) and ``torch_blockscale`` (the plain
+per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import aiter_gemm
+from aiter_gemm.backends import get_backend, known_backends
+from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.op import op_spec
+
+A16W16 = "gemm_a16w16"
+BLOCKSCALE = "gemm_a8w8_blockscale"
+#: Benchmark name -> op it times.
+BENCH_OPS = {"bf16": A16W16, "fp8": BLOCKSCALE}
+
+Call = Callable[[int], object]
+
+
+class Unavailable(Exception):
+    """A provider cannot run this shape here; the message says why (it goes to the row's ``note``)."""
+
+
+@dataclass
+class Context:
+    """What a provider builds from: the shape, its rotating input sets, where it runs and how it is timed."""
+
+    problem: GemmProblem
+    op: str
+    sets: list[tuple]
+    ident: DeviceIdentity
+    device: torch.device
+    mode: str  # "graph", "eager" or "host"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One registered provider: ``build(ctx, arg)`` returns ``call(i)`` or raises :class:`Unavailable`."""
+
+    name: str
+    op: str
+    doc: str
+    build: Callable[[Context, str], Call]
+
+
+_REGISTRY: dict[tuple[str, str], Provider] = {}
+
+
+def register_provider(provider: Provider) -> None:
+    """Add (or replace) ``provider`` for its op."""
+    _REGISTRY[(provider.op, provider.name)] = provider
+
+
+def providers_for(op: str) -> list[Provider]:
+    """Every provider of ``op``, the op's backends included, by name."""
+    _register_backends(op)
+    return sorted((p for (o, _), p in _REGISTRY.items() if o == op), key=lambda p: p.name)
+
+
+def resolve(op: str, spec: str) -> tuple[Provider, str]:
+    """(provider, arg) of a spec ``name[:arg]``; ValueError naming the known providers if there is none."""
+    name, _, arg = spec.partition(":")
+    _register_backends(op)
+    provider = _REGISTRY.get((op, name))
+    if provider is None:
+        known = ", ".join(p.name for p in providers_for(op))
+        raise ValueError(f"no provider {name!r} for {op} (known: {known})")
+    return provider, arg
+
+
+# ---- shared by both ops ----------------------------------------------------------------------------------------------
+def _dispatch(ctx: Context, arg: str) -> Call:
+    if arg:
+        raise Unavailable(f"dispatch takes no argument (got {arg!r})")
+    sets, p = ctx.sets, ctx.problem
+    if ctx.op == A16W16:
+        return lambda i: aiter_gemm.gemm_a16w16(sets[i][0], sets[i][1], sets[i][2], p.otype, sets[i][3], sets[i][4])
+    from aiter_gemm.blockscale import gemm_a8w8_blockscale
+
+    return lambda i: gemm_a8w8_blockscale(*sets[i], p.otype)
+
+
+def _default(ctx: Context, arg: str) -> Call:
+    """The runtime's heuristic default for the shape (tuned rows and JSON ignored), as eager calls see it in eager
+    timing: what a shape without a row runs."""
+    if arg:
+        raise Unavailable(f"default takes no argument (got {arg!r})")
+    dec = aiter_gemm.get_dispatcher(ctx.op)._default(ctx.problem, ctx.ident, eager=ctx.mode != "graph")
+    return _runner_call(ctx, dec.runner)
+
+
+def _runner_call(ctx: Context, runner: Callable) -> Call:
+    from gradlib.tune_ops import tune_op
+
+    spec, sets, p = tune_op(ctx.op), ctx.sets, ctx.problem
+    return lambda i: spec.call(runner, sets[i], p)
+
+
+def _backend_provider(op: str, libtype: str) -> Provider:
+    def build(ctx: Context, arg: str) -> Call:
+        backend = get_backend(libtype, op_spec(op).backends)
+        why = backend.unavailable_reason()
+        if why is not None:
+            raise Unavailable(why)
+        aiter_gemm.get_dispatcher(op).backend(libtype)  # configured with the runtime's settings (JSON folders)
+        sol = _solution(backend, ctx, arg)
+        why = backend.why_not(ctx.problem, sol, ctx.ident)
+        runner = backend.prepare(ctx.problem, sol, ctx.ident) if why is None else None
+        if runner is None:
+            raise Unavailable(why or f"{libtype} prepare() returned None")
+        return _runner_call(ctx, runner)
+
+    doc = f"backend {libtype!r} of {op}: ``{libtype}:<kernelName>``, or its own default for the shape"
+    return Provider(libtype, op, doc, build)
+
+
+def _solution(backend, ctx: Context, arg: str) -> Solution:
+    """The solution ``arg`` names (a kernelName), else the backend's default claim, else its unnamed solution
+    (cuBLASLt's heuristic #0, Triton's JSON or built-in config, skinny's heuristic tile), else its first candidate."""
+    if arg:
+        if ctx.op == BLOCKSCALE:
+            from gradlib.blockscale import candidate_solution
+
+            return candidate_solution(arg)
+        return Solution(backend.name, -1, 0, arg)
+    sol = backend.default_for(ctx.problem, ctx.ident)
+    if sol is not None:
+        return sol
+    plain = Solution(backend.name, -1, 0, "")
+    if backend.why_not(ctx.problem, plain, ctx.ident) is None:
+        return plain
+    first = next(iter(backend.quick_candidates(ctx.problem, ctx.ident)), None)
+    if first is None:
+        raise Unavailable(f"{backend.name} has no solution for this shape")
+    return first
+
+
+def _register_backends(op: str) -> None:
+    for libtype in known_backends(op_spec(op).backends):
+        if libtype != "launcher" and (op, libtype) not in _REGISTRY:
+            register_provider(_backend_provider(op, libtype))
+
+
+# ---- gemm_a16w16 -----------------------------------------------------------------------------------------------------
+def _flinear(ctx: Context, arg: str) -> Call:
+    if arg:
+        raise Unavailable(f"flinear takes no argument (got {arg!r})")
+    sets, p = ctx.sets, ctx.problem
+    if ctx.op == BLOCKSCALE:  # bf16 F.linear of the dequantized operands: the baseline FP8 must beat
+        from aiter_gemm.kernels.a8w8_blockscale import dequantize_blockscale
+
+        bf = [tuple(t.to(torch.bfloat16) for t in dequantize_blockscale(*s)) for s in sets]
+        return lambda i: F.linear(bf[i][0], bf[i][1])
+    if p.scaleAB or p.dtype != p.otype:
+        raise Unavailable("F.linear runs same-dtype GEMMs without scales")
+    return lambda i: F.linear(sets[i][0], sets[i][1], sets[i][2])
+
+
+def _maxautotune(ctx: Context, arg: str) -> Call:
+    """``torch.compile(mode="max-autotune-no-cudagraphs")`` of an ``F.linear`` for this shape; each compile
+    autotunes for tens of seconds, so ``options['compile_budget_s']`` (from the run's start) stops compiling."""
+    if ctx.device.type != "cuda":
+        raise Unavailable("max-autotune is timed on a GPU only")
+    opts = ctx.options
+    if time.monotonic() - opts.get("started", time.monotonic()) > opts.get("compile_budget_s", float("inf")):
+        raise Unavailable(f"compile budget ({opts['compile_budget_s']} s) spent")
+    _flinear(ctx, arg)  # the same shapes as F.linear, or Unavailable
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, b: F.linear(x, w, b), mode="max-autotune-no-cudagraphs", dynamic=False)
+    sets = ctx.sets
+    return lambda i: compiled(sets[i][0], sets[i][1], sets[i][2])
+
+
+# ---- gemm_a8w8_blockscale --------------------------------------------------------------------------------------------
+def _torch_blockscale(ctx: Context, arg: str) -> Call:
+    """torch's block-scaled matmul as a user calls it: ``F.scaled_mm`` per call, layouts made per call."""
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_bs
+
+    p = ctx.problem
+    why = torch_bs.unavailable_reason(ctx.device) or torch_bs.shape_error(p.M, p.N, p.K, p.otype)
+    if why is not None:
+        raise Unavailable(why)
+    sets = ctx.sets
+    return lambda i: torch_bs.gemm_a8w8_blockscale_torch(*sets[i], p.otype)
+
+
+for _op in (A16W16, BLOCKSCALE):
+    register_provider(Provider("flinear", _op, "bf16 F.linear (block-scale op: of the dequantized operands)", _flinear))
+    register_provider(Provider("dispatch", _op, f"aiter_gemm.{_op}: the whole dispatch path", _dispatch))
+    register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default))
+register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no-cudagraphs of F.linear (GPU)",
+                           _maxautotune))
+register_provider(Provider("torch_blockscale", BLOCKSCALE, "plain per-call F.scaled_mm with block scales",
+                           _torch_blockscale))

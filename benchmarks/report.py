@@ -1,0 +1,225 @@
+"""BENCHMARKS.md's tables, rendered as markdown from committed raw files (``python -m benchmarks.run report``).
+
+Inputs: the harness's CSVs (:data:`benchmarks.measure.COLUMNS`), the raw files of the scripts it replaced (converted
+by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json``. Tables (``--table``):
+
+* ``summary``: per (set, baseline, mode) the shapes, geomean ratio, worst shape and how many fall below the bar
+  (``--bars``, default issue 13's: graph 0.98, eager 0.97); ``identical`` adds the spread of shapes whose dispatch
+  runs plain F.linear in both modes (the method's own noise).
+* ``mclass``: geomean and minimum per M class (<= 16, 17-256, > 256, all); ``bym`` the same per M.
+* ``matrix``: one row per (label, N, K), one column per M; the cell is the ratio (``--cell ratio``), the ratio with
+  the dispatch's libtype (``ratio+lib``), the time (``us``) or the roofline fraction (``roof``).
+* ``overhead``, ``layer``, ``host``: the dispatch-overhead and decoder-layer benchmarks, and host / GPU time per
+  eager call, as they are.
+* ``hf``: ``hf_decode`` runs (``results.json``): graph and eager speedup with the A/A control, per batch and phase.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from aiter_gemm.fileio import read_csv_rows
+from benchmarks import legacy
+
+LIB = {"cublaslt": "c", "skinny": "s", "triton": "t", "torch": "f"}
+DEFAULT_BARS = {"graph": 0.98, "eager": 0.97}
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Rows of a harness CSV, or of a raw file the harness replaced (converted); ValueError if neither."""
+    path = Path(path)
+    header, rows = read_csv_rows(path)
+    if {"bench", "provider", "mode"} <= set(header):
+        return rows
+    conv = legacy.convert(path)
+    if conv is None:
+        raise ValueError(f"{path}: neither a harness CSV nor a raw file the report knows (header {header[:6]}...)")
+    return conv
+
+
+def _num(x: object) -> float:
+    try:
+        return float(x) if x not in (None, "") else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def geomean(xs: Iterable[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+
+
+def select(rows: Sequence[dict], provider: str | None = None, vs: str | None = None, mode: str | None = None,
+           sets: Sequence[str] | None = None) -> list[dict]:
+    """Rows with a ratio for ``provider`` against ``vs`` in ``mode`` (None: any), in ``sets`` if given."""
+    return [r for r in rows if (provider is None or r["provider"] == provider) and (vs is None or r.get("vs") == vs)
+            and (mode is None or r["mode"] == mode) and (not sets or r["set"] in sets)
+            and not math.isnan(_num(r.get("ratio")))]
+
+
+def _shape(r: dict) -> str:
+    return f"({r['M']}, {r['N']}, {r['K']})"
+
+
+def _table(header: Sequence[str], align: str, body: Iterable[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def summary(rows: Sequence[dict], provider: str = "dispatch", bars: dict[str, float] | None = None,
+            identical: bool = False) -> str:
+    """Per (benchmark, set, baseline, mode): shapes, geomean, worst shape, shapes below the bar."""
+    bars = bars or DEFAULT_BARS
+    groups: dict[tuple, list[dict]] = {}
+    for r in select(rows, provider):
+        groups.setdefault((r["bench"], r["set"], r["vs"], r["mode"]), []).append(r)
+    body = []
+    for (bench, s, vs, mode), rs in groups.items():
+        ratios = [_num(r["ratio"]) for r in rs]
+        worst = min(rs, key=lambda r: _num(r["ratio"]))
+        bar = bars.get(mode, math.nan)
+        below = sum(x < bar for x in ratios)
+        body.append((bench, s, vs, mode, len(rs), f"{geomean(ratios):.3f}",
+                     f"{_num(worst['ratio']):.3f} {_shape(worst)}", f"{below} < {bar}"))
+    out = _table(("bench", "set", "vs", "mode", "shapes", "geomean", "min (M, N, K)", "below bar"),
+                 ("---", "---", "---", "---", "---:", "---:", "---", "---:"), body)
+    if identical:
+        out += "\n\n" + identical_calls(rows)
+    return out
+
+
+def identical_calls(rows: Sequence[dict]) -> str:
+    """The spread of dispatch / F.linear where the dispatch runs plain F.linear in both modes: identical work, so
+    whatever the ratios show is the method's resolution."""
+    body = []
+    for mode in ("graph", "eager"):
+        aa = sorted(_num(r["ratio"]) for r in select(rows, "dispatch", "flinear", mode)
+                    if r.get("bench") == "bf16" and r.get("libtype") == r.get("eager_libtype") == "torch")
+        if len(aa) >= 2:
+            q = statistics.quantiles(aa, n=20, method="inclusive")
+            lo, hi = q[0], q[-1]
+            body.append((mode, len(aa), f"{geomean(aa):.3f}", f"{lo:.3f}", f"{hi:.3f}", f"{aa[0]:.3f}",
+                         f"{aa[-1]:.3f}"))
+    return _table(("identical calls (plain F.linear decisions)", "shapes", "geomean", "5%", "95%", "min", "max"),
+                  ("---", "---:", "---:", "---:", "---:", "---:", "---:"), body)
+
+
+M_CLASSES = (("M <= 16", 1, 16), ("M 17-256", 17, 256), ("M > 256", 257, 1 << 40), ("all", 1, 1 << 40))
+
+
+def mclass(rows: Sequence[dict], provider: str, vs: str, mode: str) -> str:
+    """Geomean and minimum of ``provider`` / ``vs`` per M class."""
+    rs = select(rows, provider, vs, mode)
+    body = []
+    for name, lo, hi in M_CLASSES:
+        part = [r for r in rs if lo <= int(r["M"]) <= hi]
+        if part:
+            worst = min(part, key=lambda r: _num(r["ratio"]))
+            body.append((name, len(part), f"{geomean(_num(r['ratio']) for r in part):.3f}",
+                         f"{_num(worst['ratio']):.3f} {_shape(worst)}"))
+    return _table(("shapes", "count", f"{provider} / {vs} (geomean)", "min (M, N, K)"),
+                  ("---", "---:", "---:", "---"), body)
+
+
+def by_m(rows: Sequence[dict], provider: str, vs: str, mode: str) -> str:
+    """Per M: how many shapes, the geomean, the worst and the best shape of ``provider`` / ``vs``."""
+    groups: dict[int, list[dict]] = {}
+    for r in select(rows, provider, vs, mode):
+        groups.setdefault(int(r["M"]), []).append(r)
+    body = []
+    for m, part in sorted(groups.items()):
+        lo = min(part, key=lambda r: _num(r["ratio"]))
+        hi = max(part, key=lambda r: _num(r["ratio"]))
+        body.append((m, len(part), f"{geomean(_num(r['ratio']) for r in part):.3f}",
+                     f"{_num(lo['ratio']):.3f} ({lo['N']}, {lo['K']})",
+                     f"{_num(hi['ratio']):.3f} ({hi['N']}, {hi['K']})"))
+    return _table(("M", "shapes", f"{provider} / {vs} (geomean)", "min (N, K)", "max (N, K)"),
+                  ("---:", "---:", "---:", "---", "---"), body)
+
+
+def _cell(r: dict, cell: str) -> str:
+    if cell == "us":
+        return f"{_num(r['us']):.2f}"
+    if cell == "roof":
+        return f"{_num(r.get('roof')):.2f}"
+    text = f"{_num(r['ratio']):.3f}"
+    if cell == "ratio+lib" and r.get("libtype"):
+        text += f" {LIB.get(r['libtype'], r['libtype'][:1])}"
+    return text
+
+
+def matrix(rows: Sequence[dict], provider: str, vs: str, mode: str, cell: str = "ratio") -> str:
+    """Rows (label, N, K), columns M, cells per ``cell``; an empty cell: not measured."""
+    rs = select(rows, provider, vs, mode)
+    ms = sorted({int(r["M"]) for r in rs})
+    grid: dict[tuple, dict[int, str]] = {}
+    for r in rs:
+        grid.setdefault((r["label"], int(r["N"]), int(r["K"])), {})[int(r["M"])] = _cell(r, cell)
+    body = [(label, n, k, *(cells.get(m, "") for m in ms)) for (label, n, k), cells in grid.items()]
+    out = _table(("label", "N", "K", *(f"M={m}" for m in ms)), ("---", "---:", "---:", *("---:",) * len(ms)), body)
+    if cell == "ratio+lib":
+        out += ("\n\nc = cublaslt, s = skinny, t = triton, f = torch (F.linear itself; for the block-scale op, torch's "
+                "block-scaled matmul)")
+    return out
+
+
+def overhead(rows: Sequence[dict]) -> str:
+    body = [(r["label"], r["provider"], r["vs"], f"{_num(r['vs_us']):.3f}", f"{_num(r['us']):.3f}",
+             f"{_num(r['added_us']):+.3f}") for r in rows if r["bench"] == "overhead"]
+    return _table(("case", "ours", "vs", "vs us", "ours us", "added us"),
+                  ("---", "---", "---", "---:", "---:", "---:"), body)
+
+
+def layer(rows: Sequence[dict]) -> str:
+    by: dict[tuple, dict] = {}
+    for r in select(rows, "dispatch", "flinear"):
+        by[(int(r["M"]), r["mode"])] = r
+    body = [(m, mode, f"{_num(r['vs_us']):.1f}", f"{_num(r['us']):.1f}", f"{_num(r['ratio']):.3f}")
+            for (m, mode), r in sorted(by.items())]
+    return _table(("M", "mode", "F.linear layer us", "gemm_a16w16 layer us", "speedup"),
+                  ("---:", "---", "---:", "---:", "---:"), body)
+
+
+def host(rows: Sequence[dict]) -> str:
+    """Per shape: what the dispatch decided (graph / eager), host us to submit one call and GPU us per call, F.linear
+    against the dispatch."""
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r["mode"] == "host" and r["provider"] in ("flinear", "dispatch") and r.get("us"):
+            by.setdefault((int(r["M"]), int(r["N"]), int(r["K"])), {})[r["provider"]] = r
+    body = [(f"{m}, {n}, {k}", f"{d.get('libtype', '')}/{d.get('eager_libtype', '')}", f"{_num(f['us']):.1f}",
+             f"{_num(d['us']):.1f}", f"{_num(f['gpu_us']):.1f}", f"{_num(d['gpu_us']):.1f}")
+            for (m, n, k), pair in by.items() if len(pair) == 2 for f, d in [(pair["flinear"], pair["dispatch"])]]
+    return _table(("M, N, K", "decision (graph/eager)", "host us F.linear", "host us ours", "GPU us F.linear",
+                   "GPU us ours"), ("---", "---", "---:", "---:", "---:", "---:"), body)
+
+
+def hf(paths: Sequence[str | Path]) -> str:
+    """One row per (batch, phase): graph and eager speedup (median of per-round without / with) and A/A, each run
+    of ``paths`` a column pair."""
+    runs = [json.loads(Path(p).read_text())["summary"] for p in paths]
+    keys = list(dict.fromkeys((s["batch"], s["phase"]) for s in runs[0]))
+    header = ["batch", "phase"]
+    for i in range(len(runs)):
+        tag = f" ({i + 1})" if len(runs) > 1 else ""
+        header += [f"graph{tag}", f"graph A/A{tag}", f"eager{tag}", f"eager A/A{tag}"]
+    body = []
+    for batch, phase in keys:
+        row: list[object] = [batch, phase]
+        for run in runs:
+            for mode in ("graph", "eager"):
+                s = next((s for s in run if (s["batch"], s["phase"], s["mode"]) == (batch, phase, mode)), None)
+                row += ["", ""] if s is None else [f"{s['speedup']:.3f} [{s['round_ratio_min']:.3f}-"
+                                                   f"{s['round_ratio_max']:.3f}]", _aa(s)]
+        body.append(row)
+    return _table(header, ("---:", "---", *("---:",) * (len(header) - 2)), body)
+
+
+def _aa(s: dict) -> str:
+    v = s.get("aa_ratio")
+    return "" if v is None else f"{v:.3f}"

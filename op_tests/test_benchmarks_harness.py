@@ -1,0 +1,272 @@
+"""The benchmark harness (``python -m benchmarks.run``) on CPU: tiny shapes, a timer that returns set times (no test
+depends on how fast anything runs), the report's tables from raw files, and BENCHMARKS.md's tables against the
+committed raw files they quote."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiter_gemm.device import DeviceIdentity
+from benchmarks import legacy, providers, report
+from benchmarks.providers import A16W16, BLOCKSCALE, Provider
+from benchmarks.run import main
+from benchmarks.shapes import build_sets
+
+REPO = Path(__file__).resolve().parents[1]
+H100 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H100 80GB HBM3")
+TINY_MODEL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 1000, "head_dim": 16}
+
+
+class FakeTimer:
+    """Per provider (by its name before ``:``) a base time, three rounds at 1.0 / 1.1 / 0.9 of it: paired ratios are
+    exact. Records what it was asked to time."""
+
+    def __init__(self, base: dict[str, float]) -> None:
+        self.base, self.seen = base, []
+
+    def paired(self, calls, n_sets, mode):
+        self.seen.append((mode, tuple(calls)))
+        return {k: [self.base.get(k.partition(":")[0], 10.0) * f for f in (1.0, 1.1, 0.9)] for k in calls}
+
+    def host(self, call, n_sets):
+        call(0)
+        self.seen.append(("host", call))
+        return 7.0, 3.0
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_bf16_bench_pairs_each_provider_with_the_baseline(tmp_path, clean_runtime):
+    """Every provider that runs correctly is timed and paired with the baseline; one giving wrong numbers is not
+    timed, one that cannot run says why; the CSV and the environment are written."""
+    clean_runtime.setitem(providers._REGISTRY, (A16W16, "broken"), Provider(
+        "broken", A16W16, "zeros", lambda ctx, arg: (lambda i: torch.zeros(ctx.problem.M, ctx.problem.N))))
+    timer = FakeTimer({"flinear": 10.0, "dispatch": 5.0, "torch": 8.0})
+    assert main(["--bench", "bf16", "--set", "tiny", "--providers", "flinear,dispatch,torch,broken,maxautotune",
+                 "--timing", "graph,eager", "--device", "cpu", "--out", str(tmp_path)], timer) == 0
+    rows = _rows(tmp_path / "bf16_cpu.csv")
+    env = json.loads((tmp_path / "bf16_cpu_env.json").read_text())
+    assert env["bench"] == "bf16" and env["modes"] == ["graph", "eager"] and env["torch"] == torch.__version__
+    assert "--providers flinear,dispatch,torch,broken,maxautotune" in env["command"] and env["shapes"] == 3
+    assert {(m, names) for m, names in timer.seen} == {(m, ("flinear", "dispatch", "torch")) for m in
+                                                        ("graph", "eager")}
+    disp = [r for r in rows if r["provider"] == "dispatch"]
+    assert len(disp) == 6 and {r["ratio"] for r in disp} == {"2.0000"} and {r["vs"] for r in disp} == {"flinear"}
+    assert {r["matched"] for r in disp} == {"default"} and all(float(r["rel_err"]) < 1e-2 for r in disp)
+    assert {r["ratio"] for r in rows if r["provider"] == "torch"} == {"1.2500"}
+    assert all(r["vs"] == "" and r["us"] == "10.0000" for r in rows if r["provider"] == "flinear")
+    broken = [r for r in rows if r["provider"] == "broken"]
+    assert len(broken) == 6 and all(r["note"] == "wrong result: not timed" and r["us"] == "" for r in broken)
+    assert all(r["note"].startswith("unavailable: max-autotune is timed on a GPU") for r in rows
+               if r["provider"] == "maxautotune")
+
+
+def test_a_failing_provider_or_timing_ends_only_its_rows(tmp_path, clean_runtime):
+    """A provider that raises while building, or a timing that raises, is written as a row saying so; the run goes
+    on with the other providers, modes and shapes."""
+    def explode(ctx, arg):
+        raise RuntimeError("no kernel for this shape")
+
+    clean_runtime.setitem(providers._REGISTRY, (A16W16, "explodes"), Provider("explodes", A16W16, "raises", explode))
+
+    class FlakyTimer(FakeTimer):
+        def paired(self, calls, n_sets, mode):
+            if mode == "eager":
+                raise RuntimeError("capture failed")
+            return super().paired(calls, n_sets, mode)
+
+    assert main(["--bench", "bf16", "--set", "tiny", "--m", "1,17", "--providers", "flinear,explodes,dispatch",
+                 "--timing", "graph,eager", "--device", "cpu", "--out", str(tmp_path)], FlakyTimer({})) == 0
+    rows = _rows(tmp_path / "bf16_cpu.csv")
+    assert {r["note"] for r in rows if r["provider"] == "explodes"} == {"error: RuntimeError: no kernel for this shape"}
+    eager = [r for r in rows if r["mode"] == "eager" and r["provider"] != "explodes"]
+    assert len(eager) == 4 and {r["note"] for r in eager} == {"timing failed: RuntimeError: capture failed"}
+    assert len([r for r in rows if r["mode"] == "graph" and r["us"]]) == 4
+
+
+def test_host_mode_and_a_deadline(tmp_path, clean_runtime):
+    """``--timing host`` reports host and GPU us per call; past ``--deadline_s`` no shape starts, and the CSV left
+    behind is valid (header only) with the skipped shapes named in the environment."""
+    assert main(["--bench", "bf16", "--set", "tiny", "--m", "1", "--timing", "host", "--device", "cpu",
+                 "--out", str(tmp_path)], FakeTimer({})) == 0
+    rows = _rows(tmp_path / "bf16_cpu.csv")
+    assert [(r["provider"], r["us"], r["gpu_us"]) for r in rows] == [
+        ("flinear", "7.0000", "3.0000"), ("dispatch", "7.0000", "3.0000")]
+    assert main(["--bench", "bf16", "--set", "tiny", "--deadline_s", "0", "--device", "cpu", "--out",
+                 str(tmp_path / "late")], FakeTimer({})) == 0
+    assert _rows(tmp_path / "late" / "bf16_cpu.csv") == []
+    assert len(json.loads((tmp_path / "late" / "bf16_cpu_env.json").read_text())["skipped"]) == 3
+
+
+def test_fp8_bench_against_two_baselines(tmp_path, clean_runtime):
+    """The block-scale op against torch's block-scaled matmul (not on CPU: said so) and bf16 F.linear."""
+    timer = FakeTimer({"torch_blockscale": 12.0, "flinear": 9.0, "dispatch": 6.0})
+    assert main(["--bench", "fp8", "--set", "tiny", "--m", "16", "--baselines", "torch_blockscale,flinear",
+                 "--timing", "graph", "--device", "cpu", "--out", str(tmp_path)], timer) == 0
+    rows = _rows(tmp_path / "fp8_cpu.csv")
+    assert rows[0]["provider"] == "torch_blockscale" and rows[0]["note"].startswith("unavailable:")
+    disp = [r for r in rows if r["provider"] == "dispatch"]
+    assert [(r["vs"], r["ratio"]) for r in disp] == [("flinear", "1.5000")]
+    assert float(disp[0]["rel_err"]) < 1e-2 and disp[0]["libtype"] == "triton"
+
+
+def test_bad_arguments_exit_2_naming_the_problem(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--bench", "bf16", "--providers", "flinear,nosuch", "--device", "cpu", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "no provider 'nosuch'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--bench", "bf16", "--timing", "graph", "--device", "cpu", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "need a CUDA device" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--bench", "bf16", "--baselines", "torch", "--set", "tiny", "--device", "cpu", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "not among --providers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--bench", "bf16", "--set", "nosuchset", "--device", "cpu", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "not a registered set" in capsys.readouterr().err
+
+
+def test_shape_sets(tmp_path):
+    """The sets of record have the shapes BENCHMARKS.md counts (on the H100's identity)."""
+    counts = {(op, s): len(build_sets(op, s, None, H100)) for op, s in
+              ((A16W16, "shipped"), (A16W16, "offgrid"), (A16W16, "heldout"), (BLOCKSCALE, "shipped"),
+               (BLOCKSCALE, "offgrid"), (BLOCKSCALE, "dsv3"), (BLOCKSCALE, "llama3_70b_fp8"))}
+    assert counts == {(A16W16, "shipped"): 112, (A16W16, "offgrid"): 56, (A16W16, "heldout"): 169,
+                      (BLOCKSCALE, "shipped"): 70, (BLOCKSCALE, "offgrid"): 84, (BLOCKSCALE, "dsv3"): 42,
+                      (BLOCKSCALE, "llama3_70b_fp8"): 28}
+    model = build_sets(A16W16, "llama3_8b", [1, 16], H100)
+    assert [(s, lab, p.M, p.N, p.K) for s, (lab, p) in model][:2] == [
+        ("llama3_8b", "llama3_8b_tp1", 1, 6144, 4096), ("llama3_8b", "llama3_8b_tp1", 1, 4096, 4096)]
+    assert len(model) == 8 and len(build_sets(A16W16, "llama3_70b:tp8+lm_head", [1], H100)) == 5
+    (tmp_path / "mine.csv").write_text("M,N,K\n5,64,96\n5,64,96\n7,32,32\n")
+    assert [(s, p.M) for s, (_, p) in build_sets(A16W16, str(tmp_path / "mine.csv"), None, H100)] == [
+        ("mine", 5), ("mine", 7)]
+    labels = {lab for _, (lab, _) in build_sets(A16W16, "shipped", None, H100)}
+    assert labels == {"llama3_8b", "llama3_70b_tp8"}
+
+
+def test_overhead_bench_cpu_restores_the_environment(tmp_path, clean_runtime):
+    assert main(["--bench", "overhead", "--calls", "200", "--repeats", "3", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path / "overhead_cpu.csv")
+    assert [(r["label"], r["provider"], r["vs"]) for r in rows] == [
+        ("exact", "dispatch", "flinear"), ("padded_gl0", "dispatch", "flinear"), ("default", "dispatch", "flinear"),
+        ("exact_3d", "dispatch", "flinear"), ("exact_3d", "TunedLinear", "nn.Linear"),
+        ("exact", "custom_op", "flinear")]
+    assert "AITER_CONFIG_GEMM_BF16" not in os.environ
+
+
+def test_layer_bench(tmp_path, clean_runtime):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(TINY_MODEL))
+    timer = FakeTimer({"flinear": 100.0, "dispatch": 80.0})
+    assert main(["--bench", "layer", "--set", str(tmp_path / "m"), "--m", "1,5", "--timing", "graph,eager",
+                 "--device", "cpu", "--out", str(tmp_path / "o")], timer) == 0
+    rows = _rows(tmp_path / "o" / "layer_cpu.csv")
+    assert [(r["M"], r["mode"], r["provider"], r["ratio"]) for r in rows] == [
+        (m, mode, p, ratio) for m in ("1", "5") for mode in ("graph", "eager")
+        for p, ratio in (("flinear", ""), ("dispatch", "1.2500"))]
+    assert report.layer(rows).splitlines()[2] == "| 1 | eager | 100.0 | 80.0 | 1.250 |"
+
+
+ROWS = [  # two shapes, graph and eager, the dispatch against F.linear
+    {"bench": "bf16", "set": "heldout", "label": "m", "M": "1", "N": "64", "K": "32", "provider": "dispatch",
+     "mode": "graph", "us": "5", "vs": "flinear", "vs_us": "6", "ratio": "1.2", "libtype": "skinny",
+     "eager_libtype": "torch", "roof": "0.5"},
+    {"bench": "bf16", "set": "heldout", "label": "m", "M": "300", "N": "64", "K": "32", "provider": "dispatch",
+     "mode": "graph", "us": "5", "vs": "flinear", "vs_us": "4.85", "ratio": "0.97", "libtype": "torch",
+     "eager_libtype": "torch", "roof": "0.8"},
+    {"bench": "bf16", "set": "heldout", "label": "m", "M": "1", "N": "64", "K": "32", "provider": "dispatch",
+     "mode": "eager", "us": "5", "vs": "flinear", "vs_us": "5", "ratio": "0.99", "libtype": "skinny",
+     "eager_libtype": "torch"},
+]
+
+
+def test_report_tables():
+    assert report.summary(ROWS).splitlines() == [
+        "| bench | set | vs | mode | shapes | geomean | min (M, N, K) | below bar |",
+        "|---|---|---|---|---:|---:|---|---:|",
+        "| bf16 | heldout | flinear | graph | 2 | 1.079 | 0.970 (300, 64, 32) | 1 < 0.98 |",
+        "| bf16 | heldout | flinear | eager | 1 | 0.990 | 0.990 (1, 64, 32) | 0 < 0.97 |"]
+    assert report.mclass(ROWS, "dispatch", "flinear", "graph").splitlines()[2:] == [
+        "| M <= 16 | 1 | 1.200 | 1.200 (1, 64, 32) |", "| M > 256 | 1 | 0.970 | 0.970 (300, 64, 32) |",
+        "| all | 2 | 1.079 | 0.970 (300, 64, 32) |"]
+    assert report.matrix(ROWS, "dispatch", "flinear", "graph", "ratio+lib").splitlines()[:3] == [
+        "| label | N | K | M=1 | M=300 |", "|---|---:|---:|---:|---:|", "| m | 64 | 32 | 1.200 s | 0.970 f |"]
+    assert report.identical_calls(ROWS + [{**ROWS[1], "M": "400", "ratio": "1.01"}]).splitlines()[2] == (
+        "| graph | 2 | 0.990 | 0.972 | 1.008 | 0.970 | 1.010 |")
+
+
+LEGACY = {  # header + one line of each raw format the harness replaced
+    "heldout.csv": "set,model,M,N,K,method,mode,us,ref_us,ratio,ratio_q1,ratio_q3,libtype,eager_libtype,matched,"
+                   "rel_err,rounds\nfp8,torch_blockwise,3,2112,7168,op,graph,10.0,11.0,1.1000,1.0,1.2,torch,torch,"
+                   "json,1e-3,41\n",
+    "tuned_gemm.csv": "model,M,N,K,bias,flinear_us,tuned_us,tuned_libtype,tuned_matched,compile_us,flinear_eager_us,"
+                      "tuned_eager_us,roofline_us,flinear_roof,tuned_roof,compile_roof,speedup_tuned,speedup_compile,"
+                      "best_by_backend\nllama3_8b_tp1,1,4096,4096,False,16,12,skinny,exact,14,20,21,11,0.69,0.92,"
+                      "0.79,1.333,1.143,{}\n",
+    "summary.csv": "M,N,K,best_config,us,bf16_linear_us,torch_blockscale_us,op_choice,op_matched,op_us\n"
+                   "1,256,7168,base-BM16,7.5,6.0,15.0,triton:splitK-BM16,exact,7.5\n",
+    "overhead.csv": "device,path,case,M,N,K,torch_us,call_us,added_us\nH100,TunedLinear module,exact_3d,8,64,64,"
+                    "19.6,17.1,-2.269\n",
+}
+
+
+def test_legacy_raw_files_convert(tmp_path):
+    out = {}
+    for name, text in LEGACY.items():
+        (tmp_path / name).write_text(text)
+        out[name] = report.load_rows(tmp_path / name)
+    assert [(r["set"], r["provider"], r["vs"], r["ratio"]) for r in out["heldout.csv"]] == [
+        ("fp8", "dispatch", "torch_blockscale", "1.1000")]
+    tuned = {(r["provider"], r.get("vs", ""), r["mode"]): r.get("ratio", "") for r in out["tuned_gemm.csv"]}
+    assert tuned == {("flinear", "", "graph"): "", ("dispatch", "flinear", "graph"): "1.3333",
+                     ("maxautotune", "flinear", "graph"): "1.1429", ("dispatch", "maxautotune", "graph"): "1.1667",
+                     ("flinear", "", "eager"): "", ("dispatch", "flinear", "eager"): "0.9524"}
+    bs = {(r["provider"], r.get("vs", "")): r.get("ratio", "") for r in out["summary.csv"]}
+    assert bs[("dispatch", "flinear")] == "0.8000" and bs[("dispatch", "torch_prepared")] == "2.0000"
+    assert [(r["label"], r["provider"], r["vs"], r["added_us"]) for r in out["overhead.csv"]] == [
+        ("exact_3d", "TunedLinear", "nn.Linear", "-2.269")]
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="neither a harness CSV nor a raw file"):
+        report.load_rows(tmp_path / "x.csv")
+    assert legacy.convert(tmp_path / "x.csv") is None
+
+
+def test_plot_writes_pngs(tmp_path):
+    from benchmarks.plot import plot
+
+    paths = plot(ROWS, tmp_path, "dispatch", "flinear", "graph", "t")
+    assert [p.name for p in paths] == ["t_speedup.png", "t_roofline.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_tables_check_and_rewrite(tmp_path, capsys):
+    """``tables`` regenerates each ``<!-- report: ... -->`` block from its raw file: a table edited by hand is found
+    (exit 1), ``--write`` puts the generated one back."""
+    (tmp_path / "r.csv").write_text(",".join(ROWS[0]) + "\n" + "\n".join(",".join(r.get(k, "") for k in ROWS[0])
+                                                                        for r in ROWS) + "\n")
+    table = report.summary(ROWS)
+    md = tmp_path / "B.md"
+    md.write_text(f"# B\n<!-- report: r.csv --table summary -->\n{table.replace('1.079', '1.080')}\n"
+                  "<!-- /report -->\ntext\n")
+    assert main(["tables", str(md)]) == 1
+    assert main(["tables", str(md), "--write"]) == 0
+    assert md.read_text() == f"# B\n<!-- report: r.csv --table summary -->\n{table}\n<!-- /report -->\ntext\n"
+    assert main(["tables", str(md)]) == 0
+
+
+def test_benchmarks_md_tables_come_from_the_committed_raw_files():
+    """Every table BENCHMARKS.md quotes is what ``report`` renders from the committed raw file it names."""
+    text = (REPO / "BENCHMARKS.md").read_text()
+    assert text.count("<!-- report: ") >= 10
+    assert main(["tables", str(REPO / "BENCHMARKS.md")]) == 0
