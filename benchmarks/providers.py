@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,8 @@ BLOCKSCALE = "gemm_a8w8_blockscale"
 BENCH_OPS = {"bf16": A16W16, "fp8": BLOCKSCALE}
 
 Call = Callable[[int], object]
+#: The shipped tuned CSV of each op, by file name (``baseline:<DIR>`` reads it from DIR).
+SHIPPED_FILE_NAMES = {A16W16: "bf16_tuned_gemm.csv", BLOCKSCALE: "a8w8_blockscale_tuned_gemm.csv"}
 
 
 class Unavailable(Exception):
@@ -107,6 +110,35 @@ def _default(ctx: Context, arg: str) -> Call:
         raise Unavailable(f"default takes no argument (got {arg!r})")
     dec = aiter_gemm.get_dispatcher(ctx.op)._default(ctx.problem, ctx.ident, eager=ctx.mode != "graph")
     return _runner_call(ctx, dec.runner)
+
+
+def _baseline(ctx: Context, arg: str) -> Call:
+    """``baseline:<DIR>``: the op as an earlier commit shipped it, before the TileLang backend: decisions from the
+    tuned CSV and ``triton/`` JSON files in DIR (a copy of that commit's ``configs/``), by a dispatcher of its own
+    on which the ``tilelang`` backend is unavailable. Graph timing runs the decision's runner, as ``dispatch`` does
+    inside a captured graph."""
+    from aiter_gemm.backends import UnavailableBackend
+    from aiter_gemm.dispatch import Dispatcher
+    from aiter_gemm.settings import CONFIG_KINDS, load_settings
+
+    if not arg:
+        raise Unavailable("baseline needs the folder of an earlier configs/ (baseline:<DIR>)")
+    folder = Path(arg)
+    spec = op_spec(ctx.op)
+    shipped = folder / SHIPPED_FILE_NAMES[ctx.op]
+    if not shipped.is_file():
+        raise Unavailable(f"baseline: {shipped} not found")
+    env = {CONFIG_KINDS[spec.kind][0]: str(shipped), "AITER_GEMM_TRITON_CONFIGS": str(folder / "triton")}
+
+    class Before(Dispatcher):
+        def backend(self, libtype: str):
+            if libtype == "tilelang":
+                return UnavailableBackend(libtype, "not in the baseline")
+            return super().backend(libtype)
+
+    dec = Before(spec, load_settings(env)).decide(ctx.problem, ctx.device.type == "cuda")
+    runner = dec.call_runner if ctx.mode != "graph" else dec.runner
+    return _runner_call(ctx, runner)
 
 
 def _runner_call(ctx: Context, runner: Callable) -> Call:
@@ -208,6 +240,8 @@ for _op in (A16W16, BLOCKSCALE):
     register_provider(Provider("flinear", _op, "bf16 F.linear (block-scale op: of the dequantized operands)", _flinear))
     register_provider(Provider("dispatch", _op, f"aiter_gemm.{_op}: the whole dispatch path", _dispatch))
     register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default))
+    register_provider(Provider("baseline", _op, "the op as an earlier configs/ copy decides it, without TileLang "
+                               "(baseline:<DIR>)", _baseline))
 register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no-cudagraphs of F.linear (GPU)",
                            _maxautotune))
 register_provider(Provider("torch_blockscale", BLOCKSCALE, "plain per-call F.scaled_mm with block scales",

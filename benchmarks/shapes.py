@@ -46,6 +46,15 @@ LLAMA70B_FP8_NK = ((10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))
 FP8_OFFGRID_NK = ((2112, 7168), (3072, 1536), (4096, 512), (7168, 2048), (4608, 7168), (7168, 2304), (512, 7168),
                   (7168, 256), (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))
 FP8_MS = (1, 16, 64, 256, 1024, 4096, 8192)
+#: FP8 checkpoints whose linears no shipped table holds (vLLM layout, TP 1): Qwen3-8B-FP8 and Qwen3-32B-FP8
+#: (qkv, o, gate_up, down), at M on and off the tuned grid, 1 to 8192.
+HELDOUT_FP8_MODELS: dict[str, list[tuple[int, int]]] = {
+    "qwen3_8b_fp8": [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)],
+    "qwen3_32b_fp8": [(10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600)],
+}
+HELDOUT_FP8_MS = (1, 3, 5, 16, 40, 64, 100, 136, 256, 1000, 2500, 4096, 8192)
+#: DeepGEMM's published dense-GEMM shapes (N, K) (its README, H800), at M 64, 128 and 4096.
+DEEPGEMM_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 TINY = {A16W16: ((1, 96, 80), (17, 64, 200), (3, 128, 256)), BLOCKSCALE: ((16, 128, 256), (3, 256, 512))}
 SHIPPED_FILE = {A16W16: ("GEMM_BF16", "bf16_tuned_gemm.csv"),
                 BLOCKSCALE: ("GEMM_A8W8_BLOCKSCALE", "a8w8_blockscale_tuned_gemm.csv")}
@@ -130,6 +139,12 @@ register_set(ShapeSet("offgrid", (A16W16, BLOCKSCALE), "the shipped (N, K) at M 
 register_set(ShapeSet("heldout", (A16W16,), "Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Llama-3.2-3B linears (none "
                       "shipped) at off-grid M", _heldout))
 register_set(ShapeSet("tiny", (A16W16, BLOCKSCALE), "three tiny shapes: CPU smoke runs", _tiny))
+register_set(ShapeSet("heldout_fp8", (BLOCKSCALE,), "Qwen3-8B-FP8 and Qwen3-32B-FP8 linears (none shipped), M 1..8192 "
+                      "on and off the grid", lambda op, ms, ident: [
+                          s for model, nks in HELDOUT_FP8_MODELS.items()
+                          for s in _grid(op, model, nks, ms or HELDOUT_FP8_MS)]))
+register_set(ShapeSet("deepgemm", (BLOCKSCALE,), "DeepGEMM's published dense shapes at M 64, 128, 4096",
+                      lambda op, ms, ident: _grid(op, "deepgemm", DEEPGEMM_NK, ms or (64, 128, 4096))))
 register_set(ShapeSet("dsv3", (BLOCKSCALE,), "DeepSeek-V3 dense linears, M 1..8192",
                       lambda op, ms, ident: _grid(op, "dsv3", DSV3_NK, ms or FP8_MS)))
 register_set(ShapeSet("llama3_70b_fp8", (BLOCKSCALE,), "Llama-3-70B (TP1) FP8 linears, M 1..8192",

@@ -12,12 +12,21 @@ need_wheels() {
   fi
 }
 
+# need_tilelang PACK: unpack the TileLang pack (tools/pack_tilelang.sh) to /tmp/tl unless tilelang imports.
+need_tilelang() {
+  if ! python -c "import tilelang" 2>/dev/null && [ -f "$1" ]; then
+    mkdir -p /tmp/tl && tar -xJf "$1" -C /tmp/tl && \
+      export PYTHONPATH="$PYTHONPATH:/tmp/tl" LD_LIBRARY_PATH="/tmp/tl/z3/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+}
+
 env_header() {
   {
     date -u +%Y-%m-%dT%H:%M:%SZ
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
     python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
     python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1 | tail -n 1
+    python -c "import tilelang; print('tilelang', tilelang.__version__)" 2>&1 | tail -n 1
     python -c "from aiter_gemm import ops, eager_ext; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1 | tail -n 1
     echo "commit ${COMMIT:-unknown}"
   } >> "$1"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The FP8 block-scale op with its TileLang backend, on one H100, in one call: the GPU tests of the backend, the shipped
+# decode rows retuned with TileLang candidates (kept only where >= 3% faster than what ran before: --compare
+# --update_improved), then the benchmark of record: the op as shipped after the retune (dispatch) against torch's
+# block-scaled matmul per call (torch_blockscale), the op before TileLang (baseline: the configs of commit 0e4b641,
+# TileLang off) and bf16 F.linear, on held-out FP8 models (Qwen3-8B/32B-FP8), DeepGEMM's published shapes and the
+# shipped shapes; CUDA graphs, paired rounds; eager timing at decode M. Run from the repository root:
+#
+#   OUT=/tmp/fp8 TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_tilelang_h100.sh
+#
+# Writes under $OUT: tests.log, retune.log, configs.tar (the retuned CSV and per-(N, K) JSON files, to copy over
+# configs/), fp8_tilelang_<GPU>.csv (+ _env.json), fp8_tilelang_eager_<GPU>.csv, record.log. STEPS picks steps.
+set -u
+OUT=${OUT:?set OUT to an output folder}
+mkdir -p "$OUT"
+LOG="$OUT/record.log"
+export COMMIT=${COMMIT:-unknown} TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
+. benchmarks/device/common.sh
+need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
+: > "$LOG"
+env_header "$LOG"
+BEFORE=benchmarks/results/fp8/configs_before_tilelang
+step() {
+  local name=$1 limit=$2; shift 2
+  case " ${STEPS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
+  local s; s=$(date +%s)
+  echo "== $name: $*" >> "$LOG"
+  timeout -s TERM "$limit" "$@" >> "$OUT/$name.log" 2>&1
+  echo "== $name rc=$? $(( $(date +%s) - s )) s" >> "$LOG"
+}
+step tests 150 python -m pytest -q -m gpu op_tests/test_blockscale_tilelang.py op_tests/test_a8w8_blockscale.py
+python - > /tmp/decode_shapes.csv <<'PY'
+import csv
+rows = list(csv.DictReader(open("configs/a8w8_blockscale_tuned_gemm.csv")))
+print("M,N,K")
+for r in rows:
+    if int(r["M"]) <= 256:
+        print(f"{r['M']},{r['N']},{r['K']}")
+PY
+step retune 200 python -m gradlib.tune_a8w8_blockscale -i /tmp/decode_shapes.csv -o configs/a8w8_blockscale_tuned_gemm.csv \
+  --all --compare --update_improved --libtype tilelang --json_dir configs/triton
+tar -cf "$OUT/configs.tar" configs/a8w8_blockscale_tuned_gemm.csv configs/triton/*A8W8_BLOCKSCALE*.json
+R="python -m benchmarks.run --bench fp8 --out $OUT"
+step bench 190 $R --name fp8_tilelang --set heldout_fp8,deepgemm,shipped \
+  --providers torch_blockscale,dispatch,baseline:$BEFORE,flinear --baselines torch_blockscale,baseline --pairs 11 \
+  --deadline_s 175
+step bench_eager 60 $R --name fp8_tilelang_eager --set heldout_fp8 --m 1,5,16,40,64 \
+  --providers torch_blockscale,dispatch,baseline:$BEFORE --baselines torch_blockscale --timing eager --deadline_s 50
+grep "^== " "$LOG"
+ls -la "$OUT"
