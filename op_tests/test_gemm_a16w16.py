@@ -164,3 +164,44 @@ def test_op_gradients_match_linear():
     b = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(8, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(lambda *t: torch.ops.aiter_gemm.gemm_a16w16(*t), (a, b, bias))
+
+
+def _expanded(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s first row repeated by a stride-0 ``expand`` (one row of storage read M times)."""
+    return t[:1].expand(t.shape)
+
+
+# Tuned rows on this machine's CPU identity for every backend that runs here (the Triton ones under the interpreter):
+# torch, the classic and split-K Triton kernels, and skinny's one-pass, atomic, two-pass and gemv variants.
+STRIDE_ROWS = [(3, "torch", 0, "F.linear"), (5, "triton", 0, "BM16_BN32_BK32_GM1_SK1_W4_S2"),
+               (6, "triton", 0, "BM16_BN32_BK32_GM1_SK2_W4_S2"), (1, "skinny", 6, "gemv_BN4_BK64_SK1_W4_S1"),
+               (2, "skinny", 2, "fma_atomic_BN8_BK32_SK2_W4_S1"), (4, "skinny", 4, "dot_2pass_BN16_BK32_SK2_W4_S2")]
+
+
+@pytest.mark.parametrize("layout", ["strided", "column", "expand0"])
+@pytest.mark.parametrize("operands", ["contiguous", "strided", "expanded"])
+def test_every_backend_reads_bias_and_operands_by_stride(clean_runtime, tmp_path, operands, layout):
+    """Issue 31: tuned rows of every backend that runs on CPU give F.linear's result for any bias layout (strided,
+    a column of a 2-D tensor, stride 0) and A / B that are transposed views, column slices or stride-0 expands."""
+    from op_tests.runtime_helpers import BF16_HEADER, bf16_row, strided_bias
+
+    n, k = 40, 64
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER + "".join(bf16_row(m, n, k, lib, bias=True, dtype="torch.bfloat16",
+                                                    outdtype="torch.float32", solidx=idx, kernel=name)
+                                           for m, lib, idx, name in STRIDE_ROWS))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(tuned))
+    aiter_gemm.reload_configs()
+    torch.manual_seed(0)
+    for m, lib, _, name in STRIDE_ROWS:
+        assert aiter_gemm.get_GEMM_A16W16_config(m, n, k, True, torch.bfloat16, torch.float32)["kernelName"] == name
+        a = torch.randn(k, m, dtype=torch.bfloat16).t() if operands == "strided" else \
+            torch.randn(m, k, dtype=torch.bfloat16)
+        b = torch.randn(n, 2 * k, dtype=torch.bfloat16)[:, ::2] if operands == "strided" else \
+            torch.randn(n, k, dtype=torch.bfloat16)
+        if operands == "expanded":
+            a, b = _expanded(a), _expanded(b)
+        bias = strided_bias(layout, n, torch.float32, "cpu")
+        out = aiter_gemm.gemm_a16w16(a, b, bias, otype=torch.float32)
+        torch.testing.assert_close(out, reference(a, b, bias, torch.float32),
+                                   **tolerance(torch.bfloat16, torch.float32, k), msg=lambda s, r=lib: f"{r}: {s}")
