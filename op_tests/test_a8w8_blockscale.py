@@ -187,6 +187,23 @@ def test_validation_names_tensor(case, device):
         gemm_a8w8_blockscale(*args)
 
 
+@pytest.mark.parametrize("case", list(_bad("cpu")) + ["w_scale on meta", "WQ on meta"])
+def test_validation_after_a_valid_call_of_the_same_shapes(case, device):
+    """The cached entry of a valid call never serves bad operands (issue 31 asked for the block-scale op too): the
+    key holds every property the checks look at, devices included."""
+    XQ, WQ, xs, ws = _inputs(4, 256, 256, device)
+    gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+    gemm_a8w8_blockscale(XQ, WQ, xs, ws)  # the cached entry (the C++ one where built)
+    if case == "w_scale on meta":
+        args, exc, text = (XQ, WQ, xs, ws.to("meta")), ValueError, "w_scale (shape (2, 2), dtype torch.float32) is on"
+    elif case == "WQ on meta":
+        args, exc, text = (XQ, WQ.to("meta"), xs, ws), ValueError, "is on meta"
+    else:
+        args, exc, text = _bad(device)[case]
+    with pytest.raises(exc, match=re.escape(text)):
+        gemm_a8w8_blockscale(*args)
+
+
 def test_bad_output_dtype(device):
     XQ, WQ, xs, ws = _inputs(2, 128, 128, device)
     with pytest.raises(TypeError, match="output dtype"):

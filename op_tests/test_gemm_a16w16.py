@@ -116,6 +116,34 @@ def test_bias_checked_on_every_call_not_only_the_first():
         assert out.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", ["A", "B", "bias"])
+def test_operand_devices_checked_on_every_call(name):
+    """Issue 31: after a CPU call, the same shapes with a ``meta`` weight (or A, or bias) returned a CPU tensor of
+    uninitialised values from the cached entry (the C++ one included): every call's devices are checked."""
+    args = {"A": torch.randn(4, 64), "B": torch.randn(32, 64), "bias": torch.randn(32)}
+    aiter_gemm.gemm_a16w16(args["A"], args["B"], args["bias"])  # caches this shape's decision
+    aiter_gemm.gemm_a16w16(args["A"], args["B"], args["bias"])  # and its plain entry (the C++ one where built)
+    args[name] = args[name].to("meta")
+    with pytest.raises(ValueError, match=r"is on meta|on meta"):
+        aiter_gemm.gemm_a16w16(args["A"], args["B"], args["bias"])
+
+
+@pytest.mark.parametrize("bad,match", [
+    (torch.tensor([0.5, 0.5]), r"scale_a \(shape \(2,\), dtype torch.float32, on cpu\) must be a per-tensor scale"),
+    (torch.tensor(0.5, dtype=torch.float64), r"scale_a \(shape \(\), dtype torch.float64, on cpu\)"),
+    (torch.tensor(0.5, device="meta"), r"scale_a \(shape \(\), dtype torch.float32, on meta\)"),
+])
+def test_fp8_scales_checked_naming_the_scale(bad, match):
+    """Issue 31: a per-tensor fp8 scale of the wrong shape gave torch's broadcasting error; wrong dtype or device
+    went to the kernels. Checked on every call, after a valid one of the same shapes too."""
+    fp8 = torch.float8_e4m3fn
+    a, b = torch.randn(5, 64).to(fp8), torch.randn(32, 64).to(fp8)
+    good = torch.tensor(0.5)
+    aiter_gemm.gemm_a16w16(a, b, otype=torch.bfloat16, scale_a=good, scale_b=good)
+    with pytest.raises(ValueError, match=match):
+        aiter_gemm.gemm_a16w16(a, b, otype=torch.bfloat16, scale_a=bad, scale_b=good)
+
+
 @pytest.mark.parametrize("name", ["A", "B", "bias", "scale_a"])
 def test_non_tensor_arguments_are_type_errors_naming_them(name):
     args = {"A": torch.randn(4, 64), "B": torch.randn(32, 64), "bias": None, "scale_a": None}
