@@ -11,8 +11,10 @@ from __future__ import annotations
 import codecs
 import contextlib
 import csv
+import errno
 import io
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -53,6 +55,28 @@ def locked(path: str | os.PathLike, timeout: float = 120.0) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock", timeout=timeout):
         yield
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """None when ``path`` is a regular file (symlinks followed); else what it is instead, for messages: "not found",
+    "a dangling symlink to ...", "a directory", "a symlink loop", "not a regular file" or "not readable (...)".
+    Issue 31: a directory or a symlink loop given as a config path was reported as "not found"."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        try:
+            return f"a dangling symlink to {os.readlink(path)!r}"
+        except OSError:
+            return "not found"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        if exc.errno == errno.ENOTDIR:
+            return "not found (a folder on its path is a file)"
+        return f"not readable ({exc.strerror})"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return None if stat.S_ISREG(mode) else "not a regular file"
 
 
 def read_text(path: str | os.PathLike) -> tuple[str, bool]:
