@@ -13,10 +13,12 @@ import contextlib
 import csv
 import errno
 import io
+import itertools
 import os
 import stat
 import tempfile
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -50,10 +52,17 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, timeout: float = 120.0) -> Iterator[None]:
-    """Hold the inter-process lock guarding ``path`` (a ``<path>.lock`` file beside it)."""
+    """Hold the inter-process lock guarding ``path`` (a ``<path>.lock`` file beside it). A lock file that cannot be
+    created (a read-only folder, ``/proc``, a directory in its place) is an OSError naming it at once: filelock
+    would retry until ``timeout``, and at exit that held the process for 66 s (issue 31)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock", timeout=timeout):
+    lock = str(path) + ".lock"
+    try:
+        os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot create the lock file {lock} guarding {path}: {exc.strerror}") from None
+    with FileLock(lock, timeout=timeout):
         yield
 
 
@@ -94,29 +103,70 @@ def read_text(path: str | os.PathLike) -> tuple[str, bool]:
                           ) from None
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
+@dataclass(frozen=True)
+class _Ragged:
+    """A row whose cell count differs from the header's, as the file has it: rewritten verbatim, never padded or cut
+    (issue 31: a merge dropped the extra cells or padded missing ones)."""
+
+    text: str  # the record's lines, line endings included
+    line: int  # its first line
+    cells: int
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[Row], list[_Ragged | None], bool]:
+    """Header, rows as ``csv.DictReader`` gives them (extra cells under the key None, missing ones None; blank lines
+    skipped), each row's :class:`_Ragged` text or None, and whether the file has a BOM."""
     if not path.exists():
-        return [], [], False
+        return [], [], [], False
     text, bom = read_text(path)
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    rows = [dict(r) for r in reader]
-    return list(reader.fieldnames or []), rows, bom
+    lines = io.StringIO(text, newline="").readlines()
+    reader = csv.reader(lines)
+    header: list[str] | None = None
+    rows: list[Row] = []
+    ragged: list[_Ragged | None] = []
+    start = 0
+    for cells in reader:
+        first, start = start + 1, reader.line_num
+        if header is None:
+            header = cells
+            continue
+        if not cells:
+            continue
+        row = dict(zip(header, cells))
+        if len(cells) > len(header):
+            row[None] = cells[len(header):]
+        else:
+            row.update((name, None) for name in header[len(cells):])
+        rows.append(row)
+        ragged.append(None if len(cells) == len(header) else
+                      _Ragged("".join(lines[first - 1:reader.line_num]), first, len(cells)))
+    return header or [], rows, ragged, bom
+
+
+def _render(header: Sequence[str], rows: Iterable[Mapping[str, object]],
+            ragged: Iterable[_Ragged | None] = ()) -> str:
+    """:func:`render_csv`, but a row with a :class:`_Ragged` beside it is written as the file had it."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(header), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for r, rag in itertools.zip_longest(rows, ragged):
+        if rag is not None:
+            buf.write(rag.text if rag.text.endswith(("\n", "\r")) else rag.text + "\n")
+        else:
+            writer.writerow({k: ("" if v is None else v) for k, v in r.items() if k is not None})
+    return buf.getvalue()
 
 
 def read_csv_rows(path: str | os.PathLike) -> tuple[list[str], list[Row]]:
     """Header and rows of a CSV (empty lists for a missing or empty file). Values are kept as written; a BOM is
     not part of the first column's name."""
-    header, rows, _ = _read_csv(Path(path))
+    header, rows, _, _ = _read_csv(Path(path))
     return header, rows
 
 
 def render_csv(header: Sequence[str], rows: Iterable[Mapping[str, object]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(header), lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
-    return buf.getvalue()
+    """``header`` and ``rows`` as CSV text (cells a row lacks are empty, keys the header lacks are left out)."""
+    return _render(header, rows)
 
 
 def merge_csv_rows(
@@ -145,7 +195,7 @@ def merge_csv_rows(
         return tuple(str(r.get(c, "")).strip() for c in key_cols)
 
     with locked(path, timeout):
-        old_header, old_rows, bom = _read_csv(Path(path))
+        old_header, old_rows, ragged, bom = _read_csv(Path(path))
         if check_header is not None:
             check_header(old_header)
         out_header = list(old_header) + [c for c in header if c not in old_header]
@@ -156,22 +206,35 @@ def merge_csv_rows(
             if k not in index:
                 index[k] = len(old_rows)
                 old_rows.append(r)
+                ragged.append(None)
                 appended += 1
             elif replace is not None and replace(old_rows[index[k]], r):
                 old_rows[index[k]] = r
+                ragged[index[k]] = None
                 replaced += 1
         if appended or replaced or not Path(path).exists():
-            atomic_write_text(path, (BOM if bom else "") + render_csv(out_header, old_rows))
+            _check_ragged(str(path), len(old_header), len(out_header), ragged)
+            atomic_write_text(path, (BOM if bom else "") + _render(out_header, old_rows, ragged))
         return appended, replaced
+
+
+def _check_ragged(path: str, old_columns: int, new_columns: int, ragged: Iterable[_Ragged | None]) -> None:
+    """ConfigError (file, line) when a row kept verbatim has cells where columns are being added: written back, those
+    cells would read as the new columns' values."""
+    for rag in ragged:
+        if rag is not None and new_columns > old_columns and rag.cells > old_columns:
+            raise ConfigError(path, rag.line, None, f"{rag.cells} cells for the {old_columns} columns of the header; "
+                              f"new columns cannot be added while this row has extra cells: fix the row")
 
 
 def sort_csv_rows(path: str | os.PathLike, key: Callable[[Row], object]) -> None:
     """Reorder the rows of the CSV at ``path`` by ``key`` (stable) under its lock and write it back atomically; the
     header and every row's text are kept. A missing file is left missing."""
     with locked(path):
-        header, rows = read_csv_rows(path)
+        header, rows, ragged, bom = _read_csv(Path(path))
         if not header:
             return
-        ordered = sorted(rows, key=key)
-        if ordered != rows:
-            atomic_write_text(path, render_csv(header, ordered))
+        order = sorted(range(len(rows)), key=lambda i: key(rows[i]))
+        if order != list(range(len(rows))):
+            atomic_write_text(path, (BOM if bom else "") + _render(header, [rows[i] for i in order],
+                                                                  [ragged[i] for i in order]))
