@@ -13,12 +13,10 @@ import contextlib
 import csv
 import errno
 import io
-import itertools
 import os
 import stat
 import tempfile
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -103,27 +101,28 @@ def read_text(path: str | os.PathLike) -> tuple[str, bool]:
                           ) from None
 
 
-@dataclass(frozen=True)
-class _Ragged:
-    """A row whose cell count differs from the header's, as the file has it: rewritten verbatim, never padded or cut
-    (issue 31: a merge dropped the extra cells or padded missing ones)."""
+class _RaggedRow(dict):
+    """A row read with fewer or more cells than the header (as ``csv.DictReader`` gives it: extra cells under the
+    key None, missing ones None) that :func:`render_csv` writes back as the file had it, never padded or cut
+    (issue 31: a merge dropped the extra cells or padded missing ones). Only merges and sorts see these."""
 
-    text: str  # the record's lines, line endings included
-    line: int  # its first line
-    cells: int
+    __slots__ = ("text", "line", "cells")
+
+    def __init__(self, row: Row, text: str, line: int, cells: int) -> None:
+        super().__init__(row)
+        self.text, self.line, self.cells = text, line, cells  # the record's lines (endings kept), first line
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[Row], list[_Ragged | None], bool]:
-    """Header, rows as ``csv.DictReader`` gives them (extra cells under the key None, missing ones None; blank lines
-    skipped), each row's :class:`_Ragged` text or None, and whether the file has a BOM."""
+def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
+    """Header, rows as ``csv.DictReader`` gives them (blank lines skipped; a row of the wrong length a
+    :class:`_RaggedRow`), and whether the file has a BOM."""
     if not path.exists():
-        return [], [], [], False
+        return [], [], False
     text, bom = read_text(path)
     lines = io.StringIO(text, newline="").readlines()
     reader = csv.reader(lines)
     header: list[str] | None = None
     rows: list[Row] = []
-    ragged: list[_Ragged | None] = []
     start = 0
     for cells in reader:
         first, start = start + 1, reader.line_num
@@ -133,40 +132,36 @@ def _read_csv(path: Path) -> tuple[list[str], list[Row], list[_Ragged | None], b
         if not cells:
             continue
         row = dict(zip(header, cells))
+        if len(cells) == len(header):
+            rows.append(row)
+            continue
         if len(cells) > len(header):
             row[None] = cells[len(header):]
         else:
             row.update((name, None) for name in header[len(cells):])
-        rows.append(row)
-        ragged.append(None if len(cells) == len(header) else
-                      _Ragged("".join(lines[first - 1:reader.line_num]), first, len(cells)))
-    return header or [], rows, ragged, bom
-
-
-def _render(header: Sequence[str], rows: Iterable[Mapping[str, object]],
-            ragged: Iterable[_Ragged | None] = ()) -> str:
-    """:func:`render_csv`, but a row with a :class:`_Ragged` beside it is written as the file had it."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(header), lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    for r, rag in itertools.zip_longest(rows, ragged):
-        if rag is not None:
-            buf.write(rag.text if rag.text.endswith(("\n", "\r")) else rag.text + "\n")
-        else:
-            writer.writerow({k: ("" if v is None else v) for k, v in r.items() if k is not None})
-    return buf.getvalue()
+        rows.append(_RaggedRow(row, "".join(lines[first - 1:reader.line_num]), first, len(cells)))
+    return header or [], rows, bom
 
 
 def read_csv_rows(path: str | os.PathLike) -> tuple[list[str], list[Row]]:
     """Header and rows of a CSV (empty lists for a missing or empty file). Values are kept as written; a BOM is
     not part of the first column's name."""
-    header, rows, _, _ = _read_csv(Path(path))
-    return header, rows
+    header, rows, _ = _read_csv(Path(path))
+    return header, [dict(r) if type(r) is _RaggedRow else r for r in rows]
 
 
 def render_csv(header: Sequence[str], rows: Iterable[Mapping[str, object]]) -> str:
-    """``header`` and ``rows`` as CSV text (cells a row lacks are empty, keys the header lacks are left out)."""
-    return _render(header, rows)
+    """``header`` and ``rows`` as CSV text (cells a row lacks are empty, keys the header lacks left out); a row read
+    with the wrong number of cells (:class:`_RaggedRow`) as the file had it."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(header), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        if type(r) is _RaggedRow:
+            buf.write(r.text if r.text.endswith(("\n", "\r")) else r.text + "\n")
+        else:
+            writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return buf.getvalue()
 
 
 def merge_csv_rows(
@@ -195,7 +190,7 @@ def merge_csv_rows(
         return tuple(str(r.get(c, "")).strip() for c in key_cols)
 
     with locked(path, timeout):
-        old_header, old_rows, ragged, bom = _read_csv(Path(path))
+        old_header, old_rows, bom = _read_csv(Path(path))
         if check_header is not None:
             check_header(old_header)
         out_header = list(old_header) + [c for c in header if c not in old_header]
@@ -206,35 +201,32 @@ def merge_csv_rows(
             if k not in index:
                 index[k] = len(old_rows)
                 old_rows.append(r)
-                ragged.append(None)
                 appended += 1
             elif replace is not None and replace(old_rows[index[k]], r):
                 old_rows[index[k]] = r
-                ragged[index[k]] = None
                 replaced += 1
         if appended or replaced or not Path(path).exists():
-            _check_ragged(str(path), len(old_header), len(out_header), ragged)
-            atomic_write_text(path, (BOM if bom else "") + _render(out_header, old_rows, ragged))
+            _check_ragged(str(path), len(old_header), len(out_header), old_rows)
+            atomic_write_text(path, (BOM if bom else "") + render_csv(out_header, old_rows))
         return appended, replaced
 
 
-def _check_ragged(path: str, old_columns: int, new_columns: int, ragged: Iterable[_Ragged | None]) -> None:
-    """ConfigError (file, line) when a row kept verbatim has cells where columns are being added: written back, those
-    cells would read as the new columns' values."""
-    for rag in ragged:
-        if rag is not None and new_columns > old_columns and rag.cells > old_columns:
-            raise ConfigError(path, rag.line, None, f"{rag.cells} cells for the {old_columns} columns of the header; "
-                              f"new columns cannot be added while this row has extra cells: fix the row")
+def _check_ragged(path: str, old_columns: int, new_columns: int, rows: Iterable[Row]) -> None:
+    """ConfigError (file, line) when a row kept as written has cells where columns are being added: written back,
+    those cells would read as the new columns' values."""
+    for r in rows:
+        if new_columns > old_columns and type(r) is _RaggedRow and r.cells > old_columns:
+            raise ConfigError(path, r.line, None, f"{r.cells} cells for the {old_columns} columns of the header; new "
+                              "columns cannot be added while this row has extra cells: fix the row")
 
 
 def sort_csv_rows(path: str | os.PathLike, key: Callable[[Row], object]) -> None:
     """Reorder the rows of the CSV at ``path`` by ``key`` (stable) under its lock and write it back atomically; the
     header and every row's text are kept. A missing file is left missing."""
     with locked(path):
-        header, rows, ragged, bom = _read_csv(Path(path))
+        header, rows, bom = _read_csv(Path(path))
         if not header:
             return
-        order = sorted(range(len(rows)), key=lambda i: key(rows[i]))
-        if order != list(range(len(rows))):
-            atomic_write_text(path, (BOM if bom else "") + _render(header, [rows[i] for i in order],
-                                                                  [ragged[i] for i in order]))
+        ordered = sorted(rows, key=key)
+        if ordered != rows:
+            atomic_write_text(path, (BOM if bom else "") + render_csv(header, ordered))

@@ -283,17 +283,21 @@ def test_capture_path_that_is_no_file_is_refused_naming_it(clean_runtime, tmp_pa
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
 def test_lock_file_that_cannot_be_created_fails_at_once(tmp_path, monkeypatch, caplog):
     """Issue 31: a capture file whose lock cannot be created (``/proc/version``) held process exit for the whole exit
-    wait and the wait for a lock beside it (66 s) before saving the shapes in the temp folder. Now each flush says
-    why at once (the exit wait here is 2 s, so retrying until it ends fails the test by its message rather than
-    holding it)."""
+    wait and the wait for a lock beside it (66 s), retrying, before saving the shapes in the temp folder. Now taking
+    the lock fails at once with an OSError naming the lock file, not a timeout (the waits here are 2 s, so retrying
+    until they end fails the test rather than holding it)."""
     import logging
 
     from aiter_gemm.backends.base import GemmProblem
+    from aiter_gemm.fileio import locked
 
+    with pytest.raises(OSError) as info, locked("/proc/version", timeout=2.0):
+        pass
+    assert not isinstance(info.value, TimeoutError) and "/proc/version.lock" in str(info.value)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     rec = _recorder("/proc/version", exit_wait_s=2.0)
     rec.record(GemmProblem(3, 96, 80))
     with caplog.at_level(logging.ERROR):
         assert rec.flush(final=True) == 0
-    assert "cannot create the lock file /proc/version.lock guarding /proc/version" in caplog.text
+    assert "/proc/version.lock" in caplog.text and "could not be acquired" not in caplog.text
     assert [r["M"] for r in rows(next(tmp_path.glob("version.*.pending.csv")))] == ["3"]
