@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiter_gemm.fileio import file_problem
+
 # Config kind -> (environment variable, shipped default file name), as in AITER (docs/design.md, "Config files").
 CONFIG_KINDS: dict[str, tuple[str, str]] = {
     "GEMM_BF16": ("AITER_CONFIG_GEMM_BF16", "bf16_tuned_gemm.csv"),
@@ -128,8 +130,19 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_tuned_config=_flag(env, "AITER_LOG_TUNED_CONFIG"),
         arch=arch_override(env),
         cu_num=cu_num_override(env),
-        triton_config_dirs=_paths(env.get("AITER_GEMM_TRITON_CONFIGS", "")) + (str(default_config_dir() / "triton"),),
+        triton_config_dirs=_folders(env, "AITER_GEMM_TRITON_CONFIGS") + (str(default_config_dir() / "triton"),),
     )
+
+
+def _folders(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A colon-separated list of folders, each one that is not a folder warned about saying what it is instead (a
+    file, not found, a symlink loop): read as folders, they would hold nothing, without a word."""
+    folders = _paths(env.get(name, ""))
+    for folder in folders:
+        if not os.path.isdir(folder):
+            log.warning("aiter_gemm: %s entry %s is no folder (%s): nothing is read from it", name, folder,
+                        file_problem(folder) or "a file")
+    return folders
 
 
 def arch_override(env: Mapping[str, str]) -> str | None:

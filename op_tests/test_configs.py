@@ -222,6 +222,21 @@ def test_config_path_that_is_no_file_says_what_it_is(tmp_path, caplog, what):
     assert f"{bad}: {said}; skipped" in caplog.text
 
 
+def test_json_config_folder_that_is_no_folder_says_what_it_is(tmp_path, caplog):
+    """The folders of AITER_GEMM_TRITON_CONFIGS: one that is a file, missing or a symlink loop held no config
+    without a word."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with caplog.at_level(logging.WARNING):
+        s = load_settings({"AITER_GEMM_TRITON_CONFIGS": f"{tmp_path}:{tmp_path / 'file'}:{tmp_path / 'gone'}:"
+                                                        f"{tmp_path / 'loop'}"})
+    assert s.triton_config_dirs[:4] == (str(tmp_path), str(tmp_path / "file"), str(tmp_path / "gone"),
+                                        str(tmp_path / "loop"))
+    for name, what in (("file", "a file"), ("gone", "not found"), ("loop", "a symlink loop")):
+        assert f"entry {tmp_path / name} is no folder ({what})" in caplog.text
+    assert f"entry {tmp_path} is" not in caplog.text
+
+
 def test_every_shipped_default_config_loads():
     s = load_settings({})
     for kind in CONFIG_KINDS:
