@@ -208,9 +208,10 @@ STRIDE_ROWS = [(3, "torch", 0, "F.linear"), (5, "triton", 0, "BM16_BN32_BK32_GM1
 
 @pytest.mark.parametrize("layout", ["strided", "column", "expand0"])
 @pytest.mark.parametrize("operands", ["contiguous", "strided", "expanded"])
-def test_every_backend_reads_bias_and_operands_by_stride(clean_runtime, tmp_path, operands, layout):
+def test_every_backend_reads_bias_and_operands_by_stride(clean_runtime, tmp_path, device, operands, layout):
     """Issue 31: tuned rows of every backend that runs on CPU give F.linear's result for any bias layout (strided,
-    a column of a 2-D tensor, stride 0) and A / B that are transposed views, column slices or stride-0 expands."""
+    a column of a 2-D tensor, stride 0) and A / B that are transposed views, column slices or stride-0 expands. (On
+    a GPU the Triton rows, graph-timed, run the eager default here: test_graph_capture covers them there.)"""
     from op_tests.runtime_helpers import BF16_HEADER, bf16_row, strided_bias
 
     n, k = 40, 64
@@ -223,13 +224,13 @@ def test_every_backend_reads_bias_and_operands_by_stride(clean_runtime, tmp_path
     torch.manual_seed(0)
     for m, lib, _, name in STRIDE_ROWS:
         assert aiter_gemm.get_GEMM_A16W16_config(m, n, k, True, torch.bfloat16, torch.float32)["kernelName"] == name
-        a = torch.randn(k, m, dtype=torch.bfloat16).t() if operands == "strided" else \
-            torch.randn(m, k, dtype=torch.bfloat16)
-        b = torch.randn(n, 2 * k, dtype=torch.bfloat16)[:, ::2] if operands == "strided" else \
-            torch.randn(n, k, dtype=torch.bfloat16)
+        a = torch.randn(k, m, dtype=torch.bfloat16, device=device).t() if operands == "strided" else \
+            torch.randn(m, k, dtype=torch.bfloat16, device=device)
+        b = torch.randn(n, 2 * k, dtype=torch.bfloat16, device=device)[:, ::2] if operands == "strided" else \
+            torch.randn(n, k, dtype=torch.bfloat16, device=device)
         if operands == "expanded":
             a, b = _expanded(a), _expanded(b)
-        bias = strided_bias(layout, n, torch.float32, "cpu")
+        bias = strided_bias(layout, n, torch.float32, device)
         out = aiter_gemm.gemm_a16w16(a, b, bias, otype=torch.float32)
         torch.testing.assert_close(out, reference(a, b, bias, torch.float32),
                                    **tolerance(torch.bfloat16, torch.float32, k), msg=lambda s, r=lib: f"{r}: {s}")
