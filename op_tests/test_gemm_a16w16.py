@@ -199,7 +199,7 @@ def _expanded(t: torch.Tensor) -> torch.Tensor:
     return t[:1].expand(t.shape)
 
 
-# Tuned rows on this machine's CPU identity for every backend that runs here (the Triton ones under the interpreter):
+# Tuned rows on this machine's identity for every backend (on CPU, the Triton ones run under the interpreter):
 # torch, the classic and split-K Triton kernels, and skinny's one-pass, atomic, two-pass and gemv variants.
 STRIDE_ROWS = [(3, "torch", 0, "F.linear"), (5, "triton", 0, "BM16_BN32_BK32_GM1_SK1_W4_S2"),
                (6, "triton", 0, "BM16_BN32_BK32_GM1_SK2_W4_S2"), (1, "skinny", 6, "gemv_BN4_BK64_SK1_W4_S1"),
