@@ -27,7 +27,7 @@ from pathlib import Path
 
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import ConfigError, TableSpec, typed_key
-from aiter_gemm.fileio import merge_csv_rows, read_csv_rows, render_csv
+from aiter_gemm.fileio import file_problem, merge_csv_rows, read_csv_rows, render_csv
 from aiter_gemm.logs import WarnOnce
 from aiter_gemm.settings import package_dirs
 
@@ -69,6 +69,12 @@ class ShapeRecorder:
     def __init__(self, path: str, columns: Sequence[str], row_of: Callable[[GemmProblem], dict[str, str]],
                  key_of: Callable[[dict[str, str]], Hashable], flush_s: float = 30.0,
                  tuned_columns: Collection[str] = (), exit_wait_s: float = EXIT_WAIT_S) -> None:
+        problem = file_problem(path)
+        if problem is not None and not problem.startswith(("not found", "a dangling symlink")):
+            # Created on the first flush: a missing file or folder, or a link's missing target, is fine; a directory
+            # or a symlink loop killed the import with a raw IsADirectoryError / RuntimeError (issue 31).
+            raise ValueError(f"aiter_gemm: capture file {path} is {problem}: captured shapes go to a CSV file; "
+                             "point AITER_UNTUNED_GEMM_FILE at one")
         resolved = Path(path).resolve()
         for pkg in package_dirs():
             if resolved == pkg or pkg in resolved.parents:

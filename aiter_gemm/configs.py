@@ -24,7 +24,7 @@ import torch
 
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.errors import ConfigError
-from aiter_gemm.fileio import read_text
+from aiter_gemm.fileio import file_problem, read_text
 
 log = logging.getLogger(__name__)
 
@@ -319,8 +319,9 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = Tru
     merged: dict[tuple, TunedRow] = {}
     found: list[str] = []
     for p in map(str, paths):
-        if not os.path.isfile(p):
-            log.warning("aiter_gemm: %s config %s not found; skipped", kind, p)
+        problem = file_problem(p)
+        if problem is not None:
+            log.warning("aiter_gemm: %s config %s: %s; skipped", kind, p, problem)
             continue
         try:
             rows = list(_parse_tuned_file(spec, p))

@@ -342,7 +342,7 @@ class Dispatcher:
         op = self.op
         name = f"{device.gfx}-{op.json_family}-N={problem.N}-K={problem.K}.json"
         for folder in self._json_dirs:
-            buckets = jsonconfigs.cached_buckets(folder / name, op.json_solution, op.json_buckets or {})
+            buckets = jsonconfigs.cached_buckets(folder / name, op.json_solution, op.json_buckets or {}, strict=False)
             if buckets is None:
                 continue
             hit = jsonconfigs.select_bucket(buckets, problem.M)

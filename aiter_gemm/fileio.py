@@ -25,6 +25,7 @@ import io
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -209,6 +210,28 @@ def write_error(path: str | os.PathLike, folder: bool = False) -> str | None:
     return None
 
 
+def file_problem(path: str | os.PathLike) -> str | None:
+    """None when ``path`` is a regular file (symlinks followed); else what it is instead, for messages: "not found",
+    "a dangling symlink to ...", "a directory", "a symlink loop", "not a regular file" or "not readable (...)".
+    Issue 31: a directory or a symlink loop given as a config path was reported as "not found"."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        try:
+            return f"a dangling symlink to {os.readlink(path)!r}"
+        except OSError:
+            return "not found"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        if exc.errno == errno.ENOTDIR:
+            return "not found (a folder on its path is a file)"
+        return f"not readable ({exc.strerror})"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
 def read_text(path: str | os.PathLike) -> tuple[str, bool]:
     """The text of a UTF-8 file without its BOM, and whether it had one. Bytes that are not UTF-8 raise
     :class:`ConfigError` naming the file, the line and the byte (a file saved as Latin-1 or UTF-16, say)."""
@@ -224,28 +247,66 @@ def read_text(path: str | os.PathLike) -> tuple[str, bool]:
                           ) from None
 
 
+class _RaggedRow(dict):
+    """A row read with fewer or more cells than the header (as ``csv.DictReader`` gives it: extra cells under the
+    key None, missing ones None) that :func:`render_csv` writes back as the file had it, never padded or cut
+    (issue 31: a merge dropped the extra cells or padded missing ones). Only merges and sorts see these."""
+
+    __slots__ = ("text", "line", "cells")
+
+    def __init__(self, row: Row, text: str, line: int, cells: int) -> None:
+        super().__init__(row)
+        self.text, self.line, self.cells = text, line, cells  # the record's lines (endings kept), first line
+
+
 def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
+    """Header, rows as ``csv.DictReader`` gives them (blank lines skipped; a row of the wrong length a
+    :class:`_RaggedRow`), and whether the file has a BOM."""
     if not path.exists():
         return [], [], False
     text, bom = read_text(path)
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    rows = [dict(r) for r in reader]
-    return list(reader.fieldnames or []), rows, bom
+    lines = io.StringIO(text, newline="").readlines()
+    reader = csv.reader(lines)
+    header: list[str] | None = None
+    rows: list[Row] = []
+    start = 0
+    for cells in reader:
+        first, start = start + 1, reader.line_num
+        if header is None:
+            header = cells
+            continue
+        if not cells:
+            continue
+        row = dict(zip(header, cells))
+        if len(cells) == len(header):
+            rows.append(row)
+            continue
+        if len(cells) > len(header):
+            row[None] = cells[len(header):]
+        else:
+            row.update((name, None) for name in header[len(cells):])
+        rows.append(_RaggedRow(row, "".join(lines[first - 1:reader.line_num]), first, len(cells)))
+    return header or [], rows, bom
 
 
 def read_csv_rows(path: str | os.PathLike) -> tuple[list[str], list[Row]]:
     """Header and rows of a CSV (empty lists for a missing or empty file). Values are kept as written; a BOM is
     not part of the first column's name."""
     header, rows, _ = _read_csv(Path(path))
-    return header, rows
+    return header, [dict(r) if type(r) is _RaggedRow else r for r in rows]
 
 
 def render_csv(header: Sequence[str], rows: Iterable[Mapping[str, object]]) -> str:
+    """``header`` and ``rows`` as CSV text (cells a row lacks are empty, keys the header lacks left out); a row read
+    with the wrong number of cells (:class:`_RaggedRow`) as the file had it."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(header), lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        if type(r) is _RaggedRow:
+            buf.write(r.text if r.text.endswith(("\n", "\r")) else r.text + "\n")
+        else:
+            writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
     return buf.getvalue()
 
 
@@ -302,8 +363,18 @@ def merge_csv_rows(
                 at[k] = [i for i in at[k] if i not in gone[1:]]
                 replaced += 1
         if appended or replaced or not target.exists():
+            _check_ragged(str(target), len(old_header), len(out_header), [r for r in out if r is not None])
             _replace_file(target, (BOM if bom else "") + render_csv(out_header, [r for r in out if r is not None]))
         return appended, replaced
+
+
+def _check_ragged(path: str, old_columns: int, new_columns: int, rows: Iterable[Row]) -> None:
+    """ConfigError (file, line) when a row kept as written has cells where columns are being added: written back,
+    those cells would read as the new columns' values."""
+    for r in rows:
+        if new_columns > old_columns and type(r) is _RaggedRow and r.cells > old_columns:
+            raise ConfigError(path, r.line, None, f"{r.cells} cells for the {old_columns} columns of the header; new "
+                              "columns cannot be added while this row has extra cells: fix the row")
 
 
 def sort_csv_rows(path: str | os.PathLike, key: Callable[[Row], object]) -> None:

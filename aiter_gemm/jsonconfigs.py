@@ -13,6 +13,7 @@ error (bad JSON, unknown key, two keys covering the same range, an entry its par
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -20,9 +21,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from aiter_gemm.errors import ConfigError
-from aiter_gemm.fileio import atomic_write_text, read_text
+from aiter_gemm.fileio import atomic_write_text, file_problem, read_text
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 #: Only ``M_LEQ_<n>`` and ``any``: AITER's Triton JSON files.
 AITER_BUCKETS: dict[str, int | None] = {"any": None}
@@ -53,12 +55,23 @@ def bucket_bound(path: str | os.PathLike, key: str, named: Mapping[str, int | No
     return int(m.group(1))
 
 
+def _no_duplicates(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict; JSONConfigError naming the key when one is written twice (json.loads would keep the
+    last silently, issue 31), in a bucket entry as at the top level."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JSONConfigError(path, key, "written twice in one object; keep one")
+        out[key] = value
+    return out
+
+
 def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
                  named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T | None]]:
     """Every bucket of ``path`` as (bound, key, parsed entry or None for :data:`DEFAULT_ENTRY`), smallest bound
     first (``any``-like last)."""
     try:
-        data = json.loads(read_text(path)[0])
+        data = json.loads(read_text(path)[0], object_pairs_hook=lambda pairs: _no_duplicates(path, pairs))
     except json.JSONDecodeError as exc:
         raise JSONConfigError(path, None, f"not valid JSON: {exc}") from None
     except ConfigError as exc:  # bytes that are not UTF-8
@@ -113,14 +126,31 @@ _cache_lock = threading.Lock()
 
 
 def cached_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
-                   named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T]] | None:
+                   named: Mapping[str, int | None] = NAMED_BUCKETS, strict: bool = True
+                   ) -> list[tuple[int | None, str, T]] | None:
     """:func:`read_buckets` of ``path`` read once until :func:`clear_cache` (None when the file does not exist):
-    decisions look files up at most once per (file, parser) between reloads."""
+    decisions look files up at most once per (file, parser) between reloads. Not ``strict`` (the dispatcher), a
+    file that cannot be used is skipped as absent with one warning saying why, as a broken tuned CSV is (issue 31:
+    one bad file raised on every call of its (N, K)); strict, JSONConfigError naming the file and key. A path that
+    exists but is no file (a directory, a symlink loop) is said to be one, strict or not."""
     key = (str(path), parse_entry, tuple(named.items()))
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-    found = read_buckets(path, parse_entry, named) if os.path.isfile(path) else None
+    problem = file_problem(path)
+    found = None
+    if problem is None:
+        try:
+            found = read_buckets(path, parse_entry, named)
+        except (JSONConfigError, OSError) as exc:
+            if strict:
+                raise
+            log.warning("aiter_gemm: JSON config %s cannot be used, skipped (its shapes fall back to the next "
+                        "folder's file or the default): %s", path, exc)
+    elif problem != "not found":  # a directory, a symlink loop: say so rather than treat it as absent
+        if strict:
+            raise JSONConfigError(path, None, f"is {problem}, not a JSON file")
+        log.warning("aiter_gemm: JSON config %s: %s; skipped", path, problem)
     with _cache_lock:
         _cache[key] = found
     return found

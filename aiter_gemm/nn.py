@@ -129,11 +129,15 @@ class TunedLinear(nn.Linear):
         # A call like an earlier one of this module (same input shape, same parameter objects, dtype and device,
         # no autocast, no gradient wanted, no reload since) reuses that call's dispatch entry: the checks below and
         # gemm_a16w16's key cost ~1 us on CPU, about what nn.Linear's own attribute reads do (H100 host: ~2x).
+        # Devices are compared whole, bias's too: the same Parameter object moves with ``.data =`` (issue 31: a
+        # ``meta`` weight after a CPU one returned a CPU tensor of uninitialised values), and get_device() is -1
+        # for CPU and meta alike.
         compiling = _is_compiling()  # first: dynamo folds it, and traces none of the eager-only lookup
         hit = None if compiling else self.__dict__.get("_aiter_entries", _NO_ENTRIES).get(input.shape)
         if (hit is not None and hit[0] is _entries_token() and hit[1] is weight and hit[2] is bias
                 and type(input) is _Tensor and input.dtype is hit[3] and weight.dtype is hit[3]
-                and input.get_device() == hit[4] and weight.get_device() == hit[4] and not _any_autocast()
+                and input.device == hit[4] and weight.device == hit[4]
+                and (bias is None or (bias.device == hit[4] and bias.dtype is hit[3])) and not _any_autocast()
                 and not (_grad_enabled() and (input.requires_grad or weight.requires_grad
                                               or (bias is not None and bias.requires_grad)))):
             return _run_linear_entry(hit[5], input, weight, bias)
@@ -154,7 +158,7 @@ class TunedLinear(nn.Linear):
                 return gemm_a16w16(input, weight, bias)
             entry = _linear_entry(input, weight, bias)
             self.__dict__.setdefault("_aiter_entries", {})[input.shape] = (
-                _entries_token(), weight, bias, input.dtype, input.get_device(), entry)
+                _entries_token(), weight, bias, input.dtype, input.device, entry)
             return _run_linear_entry(entry, input, weight, bias)
         if not compiling:  # logging inside a traced region would break fullgraph=True
             self._warn_fallback(reason)

@@ -57,8 +57,8 @@ def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tupl
     extra frame). ``capturing`` (a :func:`aiter_gemm.cudagraph.probe`) is set where eager calls run plain
     ``F.linear`` instead of a launch-heavy graph-time choice: outside capture they then skip the switch and the
     reshapes too (3-D decode activations: ~1 us each way on CPU)."""
-    problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[8])
-    dec = _DISPATCHER.decide(problem, key[7])
+    problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[9])
+    dec = _DISPATCHER.decide(problem, A.is_cuda)
     flat = A.dim() == 2
     shape2d = None if flat else (problem.M, problem.K)
     runner, capturing = dec.call_runner, None
@@ -69,17 +69,23 @@ def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tupl
     fast = (None if runner is run_plain else runner, problem.otype, shape2d,
             None if flat else (*A.shape[:-1], problem.N), capturing)
     _DISPATCHER._fast[key] = fast
-    if _c_remember is not None and key[4] is None and key[6] is None and not key[8] and (
+    if _c_remember is not None and key[4] is None and key[6] is None and not key[9] and (
             runner is run_plain or capturing is not None):  # a plain eager decision: the C++ entry serves it
         _c_remember(A, B, bias, None if runner is run_plain else capturing)
     return fast
 
 
+def _scale_key(scale: torch.Tensor | None) -> tuple | None:
+    """What the cache key holds of a scale: everything :func:`problem_of` checks of it (AttributeError if it is not
+    a tensor: the checks then say which argument)."""
+    return None if scale is None else (scale.shape, scale.dtype, scale.device)
+
+
 def linear_entry(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     """The cached entry (as :func:`_fast_miss` makes it) of ``gemm_a16w16(A, B, bias)``, deciding on a new key: what
     :class:`aiter_gemm.nn.TunedLinear` keeps per input shape, so its calls skip building the key."""
-    key = (A.shape, B.shape, A.dtype, B.dtype, None, None if bias is None else (bias.shape, bias.dtype), None,
-           A.is_cuda, getattr(B, "is_shuffled", False) is True)
+    key = (A.shape, B.shape, A.dtype, B.dtype, None, None if bias is None else (bias.shape, bias.dtype, bias.device),
+           None, A.device, B.device, getattr(B, "is_shuffled", False) is True)
     fast = _DISPATCHER._fast.get(key)
     return fast if fast is not None else _fast_miss(key, A, B, bias, None, None, None, None)
 
@@ -117,7 +123,7 @@ def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otyp
                scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, scale_c: torch.Tensor | None = None,
                bpreshuffle: bool = False) -> GemmProblem:
     """Validate the operands of ``gemm_a16w16`` and return their :class:`GemmProblem` (errors name the argument,
-    with the tensor's shape and dtype)."""
+    with the tensor's shape, dtype and device). Every property checked here is part of the eager cache key."""
     for name, t in (("A", A), ("B", B), ("bias", bias), ("scale_a", scale_a), ("scale_b", scale_b),
                     ("scale_c", scale_c)):
         required = name in ("A", "B")
@@ -152,6 +158,11 @@ def problem_of(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otyp
                              f"{' or '.join(map(str, allowed))} (A is {A.dtype}, the output {out})")
         if bias.device != A.device:
             raise ValueError(f"gemm_a16w16: bias {tuple(bias.shape)} {bias.dtype} is on {bias.device} but A is on "
+                             f"{A.device}")
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b), ("scale_c", scale_c)):
+        if scale is not None and (scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != A.device):
+            raise ValueError(f"gemm_a16w16: {name} (shape {tuple(scale.shape)}, dtype {scale.dtype}, on "
+                             f"{scale.device}) must be a per-tensor scale: one torch.float32 element on A's device "
                              f"{A.device}")
     return GemmProblem(M=math.prod(A.shape[:-1]), N=N, K=K, bias=bias is not None, dtype=A.dtype,
                        otype=out,
@@ -204,17 +215,20 @@ def gemm_a16w16(
     (default A.dtype). fp8 inputs take per-tensor ``scale_a``/``scale_b``; ``scale_c`` multiplies the output.
 
     Eager calls cost one dict lookup after a shape's first call: the key holds everything :func:`problem_of`
-    validates (shapes and dtypes of every tensor, otype, which scales are given), so a call hits a cached entry only
-    if that entry's first call had operands passing the same checks. Measured on CPU (--bench overhead):
-    building and hashing the key ~0.4 us; a plain-torch decision then calls ``F.linear`` on A as given, since
-    reshaping a 3-D activation in Python costs ~1 us each way."""
+    validates (shapes, dtypes and devices of every tensor, weight, bias and scales included, and otype), so a call
+    hits a cached entry only if that entry's first call had operands passing the same checks (issue 31: a ``meta``
+    weight hit the entry of a CPU one). Measured on CPU: building the key and looking it up 0.66 us (timeit; 0.53 us
+    before the devices were in it, +0.15 us median over 12 runs of --bench overhead with the C++ entry off;
+    with it, whose key is a struct of integers, no change); a plain-torch decision then calls ``F.linear`` on A as
+    given, since reshaping a 3-D activation in Python costs ~1 us each way."""
     if _is_compiling():
         return torch.ops.aiter_gemm.gemm_a16w16(A, B, bias, otype, scale_a, scale_b, scale_c)
     try:
-        key = (A.shape, B.shape, A.dtype, B.dtype, otype, None if bias is None else (bias.shape, bias.dtype),
+        key = (A.shape, B.shape, A.dtype, B.dtype, otype,
+               None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if scale_a is None and scale_b is None and scale_c is None
-               else (type(scale_a), type(scale_b), type(scale_c)),
-               A.is_cuda, getattr(B, "is_shuffled", False) is True)
+               else (_scale_key(scale_a), _scale_key(scale_b), _scale_key(scale_c)),
+               A.device, B.device, getattr(B, "is_shuffled", False) is True)
     except AttributeError:  # not a tensor: the checks say which argument
         problem_of(A, B, bias, otype, scale_a, scale_b, scale_c)
         raise

@@ -6,10 +6,14 @@ Nothing on the per-GEMM path reads the environment: the dispatcher holds one fro
 from __future__ import annotations
 
 import logging
+import math
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aiter_gemm.fileio import file_problem
 
 # Config kind -> (environment variable, shipped default file name), as in AITER (docs/design.md, "Config files").
 CONFIG_KINDS: dict[str, tuple[str, str]] = {
@@ -57,8 +61,44 @@ def default_config_paths(kind: str, config_dir: Path | None = None) -> tuple[str
     return (str(folder / fname), *map(str, models))
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
 def _flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case; unset or empty: off). Any other value is a
+    ValueError naming the variable and the value: ``AITER_TUNE_GEMM=2`` was silently off (issue 31)."""
+    raw = env.get(name, "")
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"aiter_gemm: {name} must be 1/true/yes/on or 0/false/no/off, got {raw!r}")
+
+
+def _path(raw: str) -> str:
+    """A path setting as a path: surrounding blanks dropped, ``~`` expanded (the shell leaves ``~`` alone inside
+    quotes or after ``=``; issue 31 found it taken literally)."""
+    return os.path.expanduser(raw.strip())
+
+
+def _paths(raw: str) -> tuple[str, ...]:
+    """A colon-separated list of paths (empty entries dropped), each as :func:`_path` reads it."""
+    return tuple(_path(p) for p in raw.split(":") if p.strip())
+
+
+def _flush_seconds(env: Mapping[str, str]) -> float:
+    """``AITER_TUNE_GEMM_FLUSH_S``: seconds from 0 to ``threading.TIMEOUT_MAX`` (what a timer can wait; ``inf``
+    killed the timer thread, ``nan`` and negative values were taken). ValueError naming the variable."""
+    raw = env.get("AITER_TUNE_GEMM_FLUSH_S", "").strip() or "30"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= threading.TIMEOUT_MAX:  # false for NaN too
+        raise ValueError(f"aiter_gemm: AITER_TUNE_GEMM_FLUSH_S must be a number of seconds from 0 to "
+                         f"{threading.TIMEOUT_MAX:g}, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -81,26 +121,28 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     paths: dict[str, tuple[str, ...]] = {}
     for kind, (var, _) in CONFIG_KINDS.items():
-        raw = env.get(var, "").strip()
-        if raw:
-            paths[kind] = tuple(p for p in raw.split(":") if p.strip())
-        else:
-            paths[kind] = default_config_paths(kind)
-    try:
-        flush_s = float(env.get("AITER_TUNE_GEMM_FLUSH_S", "30"))
-    except ValueError as exc:
-        raise ValueError(f"aiter_gemm: bad AITER_TUNE_GEMM_FLUSH_S value: {exc}") from None
+        paths[kind] = _paths(env.get(var, "")) or default_config_paths(kind)
     return Settings(
         config_paths=paths,
         tune_gemm=_flag(env, "AITER_TUNE_GEMM"),
-        untuned_file=env.get("AITER_UNTUNED_GEMM_FILE", "").strip() or "bf16_untuned_gemm.csv",
-        capture_flush_s=flush_s,
+        untuned_file=_path(env.get("AITER_UNTUNED_GEMM_FILE", "")) or "bf16_untuned_gemm.csv",
+        capture_flush_s=_flush_seconds(env),
         log_tuned_config=_flag(env, "AITER_LOG_TUNED_CONFIG"),
         arch=arch_override(env),
         cu_num=cu_num_override(env),
-        triton_config_dirs=tuple(p for p in env.get("AITER_GEMM_TRITON_CONFIGS", "").split(":") if p.strip())
-        + (str(default_config_dir() / "triton"),),
+        triton_config_dirs=_folders(env, "AITER_GEMM_TRITON_CONFIGS") + (str(default_config_dir() / "triton"),),
     )
+
+
+def _folders(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A colon-separated list of folders, each one that is not a folder warned about saying what it is instead (a
+    file, not found, a symlink loop): read as folders, they would hold nothing, without a word."""
+    folders = _paths(env.get(name, ""))
+    for folder in folders:
+        if not os.path.isdir(folder):
+            log.warning("aiter_gemm: %s entry %s is no folder (%s): nothing is read from it", name, folder,
+                        file_problem(folder) or "a file")
+    return folders
 
 
 def arch_override(env: Mapping[str, str]) -> str | None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 
 from aiter_gemm.backends import Backend
@@ -48,6 +49,23 @@ class FakeBackend(Backend):
         if problem.M <= self.default_max_m or (self.is_blaslt and problem.bpreshuffle):
             return Solution(self.name, -1, 0, "fake-default")
         return None
+
+
+#: The (N,) bias layouts a kernel must read by stride: every other element of a longer vector, a column of a 2-D
+#: tensor, and a stride-0 ``expand`` of one element. Each lies in a storage of >= 2N elements, so a kernel that
+#: ignores the stride reads in bounds and gets wrong values (a test failure, not a crash).
+BIAS_LAYOUTS = ("strided", "column", "expand0")
+
+
+def strided_bias(layout: str, N: int, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """An (N,) bias laid out as ``layout`` (one of :data:`BIAS_LAYOUTS`), not contiguous when N > 1."""
+    if layout == "strided":
+        return torch.randn(2 * N, dtype=dtype, device=device)[::2]
+    if layout == "column":
+        return torch.randn(N, 3, dtype=dtype, device=device)[:, 1]
+    if layout == "expand0":
+        return torch.randn(2 * N, dtype=dtype, device=device)[N // 2:N // 2 + 1].expand(N)
+    raise ValueError(f"unknown bias layout {layout!r}; one of {BIAS_LAYOUTS}")
 
 
 def bf16_row(M, N, K, libtype="torch", us=1.0, *, gfx=None, cu_num=None, bias=False, dtype="torch.float32",

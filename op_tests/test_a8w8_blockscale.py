@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -187,6 +188,23 @@ def test_validation_names_tensor(case, device):
         gemm_a8w8_blockscale(*args)
 
 
+@pytest.mark.parametrize("case", list(_bad("cpu")) + ["w_scale on meta", "WQ on meta"])
+def test_validation_after_a_valid_call_of_the_same_shapes(case, device):
+    """The cached entry of a valid call never serves bad operands (issue 31 asked for the block-scale op too): the
+    key holds every property the checks look at, devices included."""
+    XQ, WQ, xs, ws = _inputs(4, 256, 256, device)
+    gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+    gemm_a8w8_blockscale(XQ, WQ, xs, ws)  # the cached entry (the C++ one where built)
+    if case == "w_scale on meta":
+        args, exc, text = (XQ, WQ, xs, ws.to("meta")), ValueError, "w_scale (shape (2, 2), dtype torch.float32) is on"
+    elif case == "WQ on meta":
+        args, exc, text = (XQ, WQ.to("meta"), xs, ws), ValueError, "is on meta"
+    else:
+        args, exc, text = _bad(device)[case]
+    with pytest.raises(exc, match=re.escape(text)):
+        gemm_a8w8_blockscale(*args)
+
+
 def test_bad_output_dtype(device):
     XQ, WQ, xs, ws = _inputs(2, 128, 128, device)
     with pytest.raises(TypeError, match="output dtype"):
@@ -330,6 +348,48 @@ def test_dispatch_json_buckets(test_device, device):
     _write_rows(csv_path, [csv_row(IDENT, 17, 128, 384, SMALL["splitK"], 2.0)])
     aiter_gemm.reload_configs()
     assert get_GEMM_A8W8_BLOCKSCALE_config(17, 128, 384, on_gpu=False)["kernelName"] == SMALL["splitK"].name
+
+
+@pytest.mark.parametrize("broken", ["bad json", "bad entry", "duplicate key", "directory"])
+def test_unusable_json_file_is_skipped_with_one_warning(test_device, device, tmp_path, caplog, broken):
+    """Issue 31: one bad per-(N, K) file raised on every gemm_a8w8_blockscale call of its (N, K). As a broken tuned
+    CSV is, it is skipped with a warning naming it and why (once until reload), and the next folder's file serves."""
+    mp, _, json_dir = test_device
+    second = tmp_path / "second"
+    second.mkdir()
+    write_json_configs(json_config_path(second, IDENT.gfx, 128, 384), {"any": SMALL["swapAB"]})
+    mp.setenv("AITER_GEMM_TRITON_CONFIGS", f"{json_dir}:{second}")
+    bad = json_config_path(json_dir, IDENT.gfx, 128, 384)
+    good = json.dumps(SMALL["base"].to_json())
+    if broken == "directory":
+        bad.mkdir()
+    else:
+        bad.write_text({"bad json": "{not json", "bad entry": '{"any": {"variant": "base"}}',
+                        "duplicate key": '{"M_LEQ_16": ' + good + ', "M_LEQ_16": ' + good + "}"}[broken])
+    aiter_gemm.reload_configs()
+    XQ, WQ, xs, ws = _inputs(5, 128, 384, device)
+    with caplog.at_level(logging.WARNING):
+        for M in (5, 5, 40):
+            got = get_GEMM_A8W8_BLOCKSCALE_config(M, 128, 384, on_gpu=False)
+            assert (got["matched"], got["kernelName"]) == ("json", SMALL["swapAB"].name), got
+        out = gemm_a8w8_blockscale(XQ, WQ, xs, ws)
+    assert _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < TOLERANCE[torch.bfloat16]
+    warned = [r.getMessage() for r in caplog.records if str(bad) in r.getMessage()]
+    assert len(warned) == 1 and "skipped" in warned[0], warned
+    if broken == "duplicate key":
+        assert "'M_LEQ_16': written twice" in warned[0]
+    if broken == "directory":
+        assert "a directory" in warned[0]
+
+
+@pytest.mark.parametrize("body", ['{"M_LEQ_16": {}, "M_LEQ_16": {}}', '{"any": {"variant": "base", "variant": "x"}}'])
+def test_json_duplicate_keys_are_errors(tmp_path, body):
+    """json.loads keeps the last of two equal keys silently (issue 31); a bucket or an entry's field written twice
+    is an error naming the file and the key."""
+    path = tmp_path / "dup.json"
+    path.write_text(body)
+    with pytest.raises(JSONConfigError, match=r"dup\.json, key '(M_LEQ_16|variant)': written twice"):
+        read_json_configs(path)
 
 
 @pytest.mark.parametrize("pads,expect", [

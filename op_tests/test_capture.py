@@ -219,3 +219,85 @@ def test_empty_gemms_are_not_captured(clean_runtime, tmp_path):
     aiter_gemm.get_dispatcher().flush_capture()
     assert [r["M"] for r in rows(out)] == ["2"]
     assert load_untuned(out)  # the captured file stays loadable (M must be positive)
+
+
+RAGGED = ("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,note\n"
+          "7,7,7\n"  # short: three cells
+          '8,8,8,False,torch.float32,torch.float32,False,False,mine,"extra, cells",more\n'  # long
+          "9,9,9,False,torch.float32,torch.float32,False,False,plain\n")
+
+
+def test_ragged_rows_are_kept_as_written(tmp_path):
+    """Issue 31: rows with fewer or more cells than the header were rewritten padded or cut; rows the recorder did
+    not write stay byte for byte, its own are appended."""
+    from aiter_gemm.backends.base import GemmProblem
+
+    out = tmp_path / "u.csv"
+    out.write_text(RAGGED)
+    rec = _recorder(out)
+    rec.record(GemmProblem(3, 96, 80))
+    assert rec.flush() == 1
+    assert out.read_text() == RAGGED + "3,96,80,False,torch.bfloat16,torch.bfloat16,False,False,\n"
+
+
+def test_ragged_row_with_extra_cells_blocks_new_columns_naming_its_line(tmp_path, caplog):
+    """A long row kept as written would read as the values of columns the merge adds: the file is left alone, the
+    error names the line, the shapes are saved beside it; a short row does not get in the way."""
+    import logging
+
+    from aiter_gemm.backends.base import GemmProblem
+
+    out = tmp_path / "u.csv"
+    out.write_text("M,N,K\n1,2\n")
+    rec = _recorder(out)
+    rec.record(GemmProblem(3, 96, 80))
+    assert rec.flush() == 1
+    assert out.read_text().startswith("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle\n1,2\n3,96,80,False,")
+    text = "M,N,K\n1,2,3,4\n"
+    out.write_text(text)
+    rec = _recorder(out, exit_wait_s=1.0)
+    rec.record(GemmProblem(5, 96, 80))
+    with caplog.at_level(logging.ERROR):
+        assert rec.flush(final=True) == 0
+    assert out.read_text() == text
+    assert f"{out}:2: 4 cells for the 3 columns of the header" in caplog.text
+    assert [r["M"] for r in rows(next(tmp_path.glob("u.csv.*.pending.csv")))] == ["5"]
+
+
+@pytest.mark.parametrize("what", ["directory", "symlink loop"])
+def test_capture_path_that_is_no_file_is_refused_naming_it(clean_runtime, tmp_path, what):
+    """Issue 31: a directory or a symlink loop as AITER_UNTUNED_GEMM_FILE killed `import aiter_gemm` with a raw
+    IsADirectoryError / RuntimeError; the error now says what the path is and which variable to change."""
+    path = tmp_path / "u.csv"
+    if what == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to(tmp_path / "v.csv")
+        (tmp_path / "v.csv").symlink_to(path)
+    clean_runtime.setenv("AITER_TUNE_GEMM", "1")
+    clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(path))
+    with pytest.raises(ValueError, match=f"capture file {path} is a {what}: .*AITER_UNTUNED_GEMM_FILE"):
+        aiter_gemm.reload_configs()
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
+def test_lock_file_that_cannot_be_created_fails_at_once(tmp_path, monkeypatch, caplog):
+    """Issue 31: a capture file whose lock cannot be created (``/proc/version``) held process exit for the whole exit
+    wait and the wait for a lock beside it (66 s), retrying, before saving the shapes in the temp folder. Now taking
+    the lock fails at once with an OSError naming the lock file, not a timeout (the waits here are 2 s, so retrying
+    until they end fails the test rather than holding it)."""
+    import logging
+
+    from aiter_gemm.backends.base import GemmProblem
+    from aiter_gemm.fileio import locked
+
+    with pytest.raises(OSError) as info, locked("/proc/version", timeout=2.0):
+        pass
+    assert not isinstance(info.value, TimeoutError) and "/proc/version.lock" in str(info.value)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    rec = _recorder("/proc/version", exit_wait_s=2.0)
+    rec.record(GemmProblem(3, 96, 80))
+    with caplog.at_level(logging.ERROR):
+        assert rec.flush(final=True) == 0
+    assert "/proc/version.lock" in caplog.text and "could not be acquired" not in caplog.text
+    assert [r["M"] for r in rows(next(tmp_path.glob("version.*.pending.csv")))] == ["3"]

@@ -170,6 +170,73 @@ def test_settings_paths_colon_separated_and_defaults(tmp_path):
         load_settings({"CU_NUM": "-3"})
 
 
+@pytest.mark.parametrize("name", ["AITER_TUNE_GEMM", "AITER_LOG_TUNED_CONFIG"])
+def test_boolean_settings_refuse_other_values_naming_them(name):
+    """Issue 31: AITER_TUNE_GEMM=2 or =maybe and AITER_LOG_TUNED_CONFIG=2 were silently off."""
+    attr = {"AITER_TUNE_GEMM": "tune_gemm", "AITER_LOG_TUNED_CONFIG": "log_tuned_config"}[name]
+    for raw, on in (("1", True), (" TRUE ", True), ("yes", True), ("On", True), ("0", False), ("false", False),
+                    ("no", False), ("OFF", False), ("", False)):
+        assert getattr(load_settings({name: raw}), attr) is on, raw
+    assert getattr(load_settings({}), attr) is False
+    for raw in ("2", "maybe", "-1"):
+        with pytest.raises(ValueError, match=f"{name} must be 1/true/yes/on or 0/false/no/off, got '{raw}'"):
+            load_settings({name: raw})
+
+
+@pytest.mark.parametrize("raw", ["inf", "nan", "-1", "1e300", "soon"])
+def test_flush_interval_must_be_a_usable_number_of_seconds(raw):
+    """Issue 31: AITER_TUNE_GEMM_FLUSH_S=inf killed the timer thread with a traceback; nan and -1 were taken."""
+    with pytest.raises(ValueError, match=f"AITER_TUNE_GEMM_FLUSH_S must be a number of seconds .*got '{raw}'"):
+        load_settings({"AITER_TUNE_GEMM_FLUSH_S": raw})
+    assert load_settings({"AITER_TUNE_GEMM_FLUSH_S": "0"}).capture_flush_s == 0
+    assert load_settings({"AITER_TUNE_GEMM_FLUSH_S": " 2.5 "}).capture_flush_s == 2.5
+    assert load_settings({}).capture_flush_s == 30
+
+
+def test_home_expanded_in_every_path_setting(monkeypatch, tmp_path):
+    """Issue 31: ``~`` in a path setting was taken literally (a folder named ``~`` in the working directory)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = load_settings({"AITER_CONFIG_GEMM_BF16": "~/a.csv: ~/b.csv", "AITER_UNTUNED_GEMM_FILE": "~/u.csv",
+                       "AITER_GEMM_TRITON_CONFIGS": "~/triton:/abs"})
+    assert s.config_paths["GEMM_BF16"] == (str(tmp_path / "a.csv"), str(tmp_path / "b.csv"))
+    assert s.untuned_file == str(tmp_path / "u.csv")
+    assert s.triton_config_dirs[:2] == (str(tmp_path / "triton"), "/abs")
+
+
+@pytest.mark.parametrize("what", ["directory", "symlink loop", "dangling symlink", "missing"])
+def test_config_path_that_is_no_file_says_what_it_is(tmp_path, caplog, what):
+    """Issue 31: a directory or a symlink loop given as a config path was reported as "not found"."""
+    good = write(tmp_path, "good.csv", BF16_HEADER + bf16_row(64, 96, 80))
+    bad = tmp_path / "bad.csv"
+    if what == "directory":
+        bad.mkdir()
+    elif what == "symlink loop":
+        bad.symlink_to(tmp_path / "loop.csv")
+        (tmp_path / "loop.csv").symlink_to(bad)
+    elif what == "dangling symlink":
+        bad.symlink_to(tmp_path / "gone.csv")
+    with caplog.at_level(logging.WARNING):
+        assert len(load_table("GEMM_BF16", [str(bad), good])) == 1
+    said = {"directory": "a directory", "symlink loop": "a symlink loop",
+            "dangling symlink": f"a dangling symlink to '{tmp_path / 'gone.csv'}'", "missing": "not found"}[what]
+    assert f"{bad}: {said}; skipped" in caplog.text
+
+
+def test_json_config_folder_that_is_no_folder_says_what_it_is(tmp_path, caplog):
+    """The folders of AITER_GEMM_TRITON_CONFIGS: one that is a file, missing or a symlink loop held no config
+    without a word."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with caplog.at_level(logging.WARNING):
+        s = load_settings({"AITER_GEMM_TRITON_CONFIGS": f"{tmp_path}:{tmp_path / 'file'}:{tmp_path / 'gone'}:"
+                                                        f"{tmp_path / 'loop'}"})
+    assert s.triton_config_dirs[:4] == (str(tmp_path), str(tmp_path / "file"), str(tmp_path / "gone"),
+                                        str(tmp_path / "loop"))
+    for name, what in (("file", "a file"), ("gone", "not found"), ("loop", "a symlink loop")):
+        assert f"entry {tmp_path / name} is no folder ({what})" in caplog.text
+    assert f"entry {tmp_path} is" not in caplog.text
+
+
 def test_every_shipped_default_config_loads():
     s = load_settings({})
     for kind in CONFIG_KINDS:

@@ -172,6 +172,17 @@ def test_what_goes_to_the_python_path(built):
             assert "pre-shuffled" in str(exc)
         assert len(calls) == 1
 
+    # Another device for any operand (issue 31: a meta weight hit the CPU entry): the Python path, which refuses it.
+    for bad in (lambda: gemm_a16w16(a.to("meta"), w, b), lambda: gemm_a16w16(a, w.to("meta"), b),
+                lambda: gemm_a16w16(a, w, b.to("meta"))):
+        calls.clear()
+        try:
+            bad()
+        except ValueError as exc:
+            assert "on meta" in str(exc) and len(calls) == 1
+        else:
+            raise AssertionError("operands on two devices accepted")
+
     for bad in (lambda: gemm_a16w16([1.0], w), lambda: gemm_a16w16(torch.randn(3, 9), w)):
         try:
             bad()

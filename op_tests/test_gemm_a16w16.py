@@ -116,6 +116,34 @@ def test_bias_checked_on_every_call_not_only_the_first():
         assert out.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", ["A", "B", "bias"])
+def test_operand_devices_checked_on_every_call(name):
+    """Issue 31: after a CPU call, the same shapes with a ``meta`` weight (or A, or bias) returned a CPU tensor of
+    uninitialised values from the cached entry (the C++ one included): every call's devices are checked."""
+    args = {"A": torch.randn(4, 64), "B": torch.randn(32, 64), "bias": torch.randn(32)}
+    aiter_gemm.gemm_a16w16(args["A"], args["B"], args["bias"])  # caches this shape's decision
+    aiter_gemm.gemm_a16w16(args["A"], args["B"], args["bias"])  # and its plain entry (the C++ one where built)
+    args[name] = args[name].to("meta")
+    with pytest.raises(ValueError, match=r"is on meta|on meta"):
+        aiter_gemm.gemm_a16w16(args["A"], args["B"], args["bias"])
+
+
+@pytest.mark.parametrize("bad,match", [
+    (torch.tensor([0.5, 0.5]), r"scale_a \(shape \(2,\), dtype torch.float32, on cpu\) must be a per-tensor scale"),
+    (torch.tensor(0.5, dtype=torch.float64), r"scale_a \(shape \(\), dtype torch.float64, on cpu\)"),
+    (torch.tensor(0.5, device="meta"), r"scale_a \(shape \(\), dtype torch.float32, on meta\)"),
+])
+def test_fp8_scales_checked_naming_the_scale(bad, match):
+    """Issue 31: a per-tensor fp8 scale of the wrong shape gave torch's broadcasting error; wrong dtype or device
+    went to the kernels. Checked on every call, after a valid one of the same shapes too."""
+    fp8 = torch.float8_e4m3fn
+    a, b = torch.randn(5, 64).to(fp8), torch.randn(32, 64).to(fp8)
+    good = torch.tensor(0.5)
+    aiter_gemm.gemm_a16w16(a, b, otype=torch.bfloat16, scale_a=good, scale_b=good)
+    with pytest.raises(ValueError, match=match):
+        aiter_gemm.gemm_a16w16(a, b, otype=torch.bfloat16, scale_a=bad, scale_b=good)
+
+
 @pytest.mark.parametrize("name", ["A", "B", "bias", "scale_a"])
 def test_non_tensor_arguments_are_type_errors_naming_them(name):
     args = {"A": torch.randn(4, 64), "B": torch.randn(32, 64), "bias": None, "scale_a": None}
@@ -164,3 +192,45 @@ def test_op_gradients_match_linear():
     b = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(8, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(lambda *t: torch.ops.aiter_gemm.gemm_a16w16(*t), (a, b, bias))
+
+
+def _expanded(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s first row repeated by a stride-0 ``expand`` (one row of storage read M times)."""
+    return t[:1].expand(t.shape)
+
+
+# Tuned rows on this machine's identity for every backend (on CPU, the Triton ones run under the interpreter):
+# torch, the classic and split-K Triton kernels, and skinny's one-pass, atomic, two-pass and gemv variants.
+STRIDE_ROWS = [(3, "torch", 0, "F.linear"), (5, "triton", 0, "BM16_BN32_BK32_GM1_SK1_W4_S2"),
+               (6, "triton", 0, "BM16_BN32_BK32_GM1_SK2_W4_S2"), (1, "skinny", 6, "gemv_BN4_BK64_SK1_W4_S1"),
+               (2, "skinny", 2, "fma_atomic_BN8_BK32_SK2_W4_S1"), (4, "skinny", 4, "dot_2pass_BN16_BK32_SK2_W4_S2")]
+
+
+@pytest.mark.parametrize("layout", ["strided", "column", "expand0"])
+@pytest.mark.parametrize("operands", ["contiguous", "strided", "expanded"])
+def test_every_backend_reads_bias_and_operands_by_stride(clean_runtime, tmp_path, device, operands, layout):
+    """Issue 31: tuned rows of every backend that runs on CPU give F.linear's result for any bias layout (strided,
+    a column of a 2-D tensor, stride 0) and A / B that are transposed views, column slices or stride-0 expands. (On
+    a GPU the Triton rows, graph-timed, run the eager default here: test_graph_capture covers them there.)"""
+    from op_tests.runtime_helpers import BF16_HEADER, bf16_row, strided_bias
+
+    n, k = 40, 64
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER + "".join(bf16_row(m, n, k, lib, bias=True, dtype="torch.bfloat16",
+                                                    outdtype="torch.float32", solidx=idx, kernel=name)
+                                           for m, lib, idx, name in STRIDE_ROWS))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(tuned))
+    aiter_gemm.reload_configs()
+    torch.manual_seed(0)
+    for m, lib, _, name in STRIDE_ROWS:
+        assert aiter_gemm.get_GEMM_A16W16_config(m, n, k, True, torch.bfloat16, torch.float32)["kernelName"] == name
+        a = torch.randn(k, m, dtype=torch.bfloat16, device=device).t() if operands == "strided" else \
+            torch.randn(m, k, dtype=torch.bfloat16, device=device)
+        b = torch.randn(n, 2 * k, dtype=torch.bfloat16, device=device)[:, ::2] if operands == "strided" else \
+            torch.randn(n, k, dtype=torch.bfloat16, device=device)
+        if operands == "expanded":
+            a, b = _expanded(a), _expanded(b)
+        bias = strided_bias(layout, n, torch.float32, device)
+        out = aiter_gemm.gemm_a16w16(a, b, bias, otype=torch.float32)
+        torch.testing.assert_close(out, reference(a, b, bias, torch.float32),
+                                   **tolerance(torch.bfloat16, torch.float32, k), msg=lambda s, r=lib: f"{r}: {s}")

@@ -337,6 +337,34 @@ def test_kept_dispatch_entry_is_dropped_when_anything_it_assumed_changes(clean_r
     assert xg.grad is not None and xg.grad.shape == xg.shape
 
 
+@pytest.mark.parametrize("change", ["meta input", "bias dtype"])
+def test_kept_entry_not_reused_for_another_input_device_or_bias_dtype(clean_runtime, monkeypatch, caplog, change):
+    """Issue 31: the per-shape entry was reused for a ``meta`` input after a CPU one (get_device() is -1 for both)
+    and for a bias whose dtype changed in place (``bias.data = ...``: the same Parameter object). Such calls now
+    take the checks, fall back to F.linear as nn.Linear would and say why."""
+    used = []
+    real = agnn._run_linear_entry
+    monkeypatch.setattr(agnn, "_run_linear_entry",
+                        lambda entry, x, w, b: used.append((x.device.type, b.dtype)) or real(entry, x, w, b))
+    tl = TunedLinear.from_linear(nn.Linear(32, 16), "proj")
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        tl(x)
+        tl(x)
+        if change == "meta input":
+            x = x.to("meta")
+        else:
+            tl.bias.data = tl.bias.data.double()
+        with caplog.at_level(logging.WARNING, logger="aiter_gemm"):
+            try:
+                tl(x)
+            except RuntimeError:  # F.linear's own refusal of the mixed devices or dtypes, as nn.Linear gives it
+                pass
+    assert used and all(call == ("cpu", torch.float32) for call in used), used
+    assert "proj runs F.linear instead" in caplog.text and ("meta" if change == "meta input" else "float64") in \
+        caplog.text
+
+
 def test_module_call_keeps_hooks_forward_overrides_and_tracing(clean_runtime):
     """TunedLinear.__call__ skips nn.Module.__call__ only where that would go straight to forward: module and global
     hooks (pre, forward, backward), a forward replaced on the instance, Module.compile() and torch.fx still apply."""

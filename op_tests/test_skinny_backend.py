@@ -21,6 +21,7 @@ from aiter_gemm.kernels.skinny import (
     skinny_gemm,
     skinny_gemm_ref,
 )
+from op_tests.runtime_helpers import BIAS_LAYOUTS, strided_bias
 
 HAS_GPU = torch.cuda.is_available()
 DEV = "cuda" if HAS_GPU else "cpu"
@@ -64,6 +65,19 @@ def test_every_variant_matches_reference(M, N, K, solidx, dtype, otype, bias):
     out = launch_skinny(a, b, bvec, otype, _config(solidx, 3, K))
     assert out.shape == (M, N) and out.dtype == otype
     assert _rel_err(out, skinny_gemm_ref(a, b, bvec, torch.float32)) < TOL[otype]
+
+
+@pytest.mark.parametrize("layout", BIAS_LAYOUTS)
+@pytest.mark.parametrize("solidx", sorted(VARIANTS))
+def test_bias_read_by_its_stride(solidx, layout):
+    """Every variant's bias read (one-pass store, atomic split 0, gemv, and the two-pass reduce) follows the bias's
+    stride: a strided, column-of-2-D or stride-0 bias (issue 31: off by 5.9 at M = 4 on the H100)."""
+    torch.manual_seed(solidx)
+    a = torch.randn(4, 200, dtype=torch.bfloat16, device=DEV)
+    b = torch.randn(40, 200, dtype=torch.bfloat16, device=DEV)
+    bias = strided_bias(layout, 40, torch.bfloat16, DEV)
+    out = launch_skinny(a, b, bias, torch.float32, _config(solidx, 3, 200))
+    assert _rel_err(out, skinny_gemm_ref(a, b, bias.contiguous(), torch.float32)) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("M", [1, 16])

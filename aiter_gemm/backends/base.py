@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from aiter_gemm.settings import Settings
 
 # gemm_a16w16's runner: run(a, b, bias, otype, scale_a, scale_b, scale_c) -> out
-#   a: (M, K), b: (N, K) (nn.Linear layout), any strides; bias: (N,) or None; out: (M, N) of dtype otype.
+#   a: (M, K), b: (N, K) (nn.Linear layout), any strides; bias: (N,) of any stride (a slice, a column of a 2-D
+#   tensor, a stride-0 expand: kernels read it by its stride) or None; out: (M, N) of dtype otype.
 #   scale_*: per-tensor float32 scalars or None (scale_c multiplies the output, as cuBLASLt's D scale does).
 Runner = Callable[
     [torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.dtype,

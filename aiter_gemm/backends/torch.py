@@ -78,9 +78,9 @@ def _scaled_mm_runner() -> Runner:
                     scale_a = ones if scale_a is None else scale_a
                     scale_b = ones if scale_b is None else scale_b
                 fused_bias = bias is not None and bias.dtype == otype and otype in (torch.bfloat16, torch.float16)
-                out = torch._scaled_mm(
+                out = torch._scaled_mm(  # cuBLASLt's bias epilogue reads N contiguous values: strided ones copied
                     a.contiguous(), b.contiguous().t(), scale_a=scale_a, scale_b=scale_b,
-                    bias=bias if fused_bias else None, out_dtype=otype, scale_result=scale_c,
+                    bias=bias.contiguous() if fused_bias else None, out_dtype=otype, scale_result=scale_c,
                 )
                 if bias is not None and not fused_bias:
                     out = (out.float() + bias.float()).to(otype)

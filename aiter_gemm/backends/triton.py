@@ -176,13 +176,15 @@ _TMA_FALLBACK = WarnOnce(log)
 def make_runner(cfg: GemmConfig, num_sms: int) -> Runner:
     """A runner launching ``cfg``; per-tensor scales, if a caller passes them, are applied in float32 afterwards. A
     TMA config whose operands TMA cannot read on a call (a misaligned or strided slice) runs the same tile on the
-    classic kernel: said once per config, as the row's kernelName names the TMA kernel."""
+    classic kernel: said once per config, as the row's kernelName names the TMA kernel. A bias of any stride is read
+    by its stride."""
     tma_sms = num_sms if cfg.TMA_PERSISTENT and tma_available() else 0
 
     def run(a, b, bias, otype, scale_a=None, scale_b=None, scale_c=None):
         if tma_sms and not (tma_usable(a) and tma_usable(b)):
-            _TMA_FALLBACK(cfg.name, "aiter_gemm: triton %s: operands of M=%d N=%d K=%d are not 16-byte aligned with a "
-                          "unit K stride (a strides %s, b strides %s): running the classic kernel with this tile",
+            _TMA_FALLBACK(cfg.name, "aiter_gemm: triton %s: operands of M=%d N=%d K=%d are not 16-byte aligned rows "
+                          "with a unit K stride that do not overlap (a strides %s, b strides %s): running the classic "
+                          "kernel with this tile",
                           cfg.name, a.shape[0], b.shape[0], a.shape[1], tuple(a.stride()), tuple(b.stride()))
         if scale_a is None and scale_b is None and scale_c is None:
             out = torch.empty((a.shape[0], b.shape[0]), dtype=otype, device=a.device)

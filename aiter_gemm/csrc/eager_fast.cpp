@@ -34,16 +34,25 @@ namespace {
 
 constexpr int kMaxDims = 8;
 
-// What gemm_a16w16's Python key holds for a call without otype and scales: shapes, dtypes, bias, device type.
+// (type << 8) | (index + 1) of a tensor's device: CPU, meta and each GPU apart.
+inline int16_t device_code(const at::Tensor& t) {
+  const c10::Device dev = t.device();
+  return static_cast<int16_t>((static_cast<int>(dev.type()) << 8) | (dev.index() + 1));
+}
+
+// What gemm_a16w16's Python key holds for a call without otype and scales: shapes, dtypes and devices of A, the
+// weight and the bias (a call whose operands would fail the Python checks, a meta weight after a CPU one say, must
+// not find a cached entry).
 struct Key {
   std::array<int64_t, kMaxDims> a{};
   int64_t n = 0, k = 0, bias_n = -1;
   int16_t a_dtype = 0, w_dtype = 0, bias_dtype = -1;
+  int16_t a_dev = 0, w_dev = 0, bias_dev = -1;
   int8_t ndim = 0;
-  bool cuda = false;
   bool operator==(const Key& o) const {
     return a == o.a && n == o.n && k == o.k && bias_n == o.bias_n && a_dtype == o.a_dtype && w_dtype == o.w_dtype &&
-           bias_dtype == o.bias_dtype && ndim == o.ndim && cuda == o.cuda;
+           bias_dtype == o.bias_dtype && a_dev == o.a_dev && w_dev == o.w_dev && bias_dev == o.bias_dev &&
+           ndim == o.ndim;
   }
 };
 
@@ -58,8 +67,10 @@ struct KeyHash {
     mix(static_cast<uint64_t>(key.k));
     mix(static_cast<uint64_t>(key.bias_n));
     mix((static_cast<uint64_t>(key.a_dtype) << 32) ^ (static_cast<uint64_t>(key.w_dtype) << 16) ^
-        static_cast<uint64_t>(static_cast<uint16_t>(key.bias_dtype)) ^ (static_cast<uint64_t>(key.ndim) << 48) ^
-        (static_cast<uint64_t>(key.cuda) << 56));
+        static_cast<uint64_t>(static_cast<uint16_t>(key.bias_dtype)) ^ (static_cast<uint64_t>(key.ndim) << 48));
+    mix((static_cast<uint64_t>(static_cast<uint16_t>(key.a_dev)) << 32) ^
+        (static_cast<uint64_t>(static_cast<uint16_t>(key.w_dev)) << 16) ^
+        static_cast<uint64_t>(static_cast<uint16_t>(key.bias_dev)));
     return static_cast<size_t>(h);
   }
 };
@@ -217,11 +228,13 @@ std::optional<Key> make_key(const at::Tensor& a, const at::Tensor& w, const at::
   key.k = w.size(1);
   key.a_dtype = static_cast<int16_t>(a.scalar_type());
   key.w_dtype = static_cast<int16_t>(w.scalar_type());
+  key.a_dev = device_code(a);
+  key.w_dev = device_code(w);
   if (bias != nullptr) {
     key.bias_n = bias->size(0);
     key.bias_dtype = static_cast<int16_t>(bias->scalar_type());
+    key.bias_dev = device_code(*bias);
   }
-  key.cuda = a.is_cuda();
   return key;
 }
 
@@ -465,8 +478,7 @@ bool make_block_key(PyObject* const* ops, at::ScalarType out, BlockKey& key) {
     key.sizes[2 * i] = t.size(0);
     key.sizes[2 * i + 1] = t.size(1);
     key.dtypes[i] = static_cast<int16_t>(t.scalar_type());
-    const c10::Device dev = t.device();
-    key.devices[i] = static_cast<int16_t>((static_cast<int>(dev.type()) << 8) | (dev.index() + 1));
+    key.devices[i] = device_code(t);
   }
   key.dtypes[4] = static_cast<int16_t>(out);
   return true;

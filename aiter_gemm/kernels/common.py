@@ -30,7 +30,7 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 @triton.jit(do_not_specialize=["M", "N", "stride_ws"])
 def _splitk_reduce_kernel(
     ws_ptr, bias_ptr, c_ptr, M, N,
-    stride_ws, stride_wm, stride_wn, stride_cm, stride_cn,
+    stride_ws, stride_wm, stride_wn, stride_cm, stride_cn, stride_bias,
     NUM_KSPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
 ):
     """c = sum over splits of the float32 workspace in split order (deterministic), plus bias, cast to c's dtype."""
@@ -42,7 +42,7 @@ def _splitk_reduce_kernel(
     for s in tl.static_range(NUM_KSPLIT):
         acc += tl.load(ws_ptrs + s * stride_ws, mask=mask, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
@@ -54,20 +54,29 @@ _REDUCE_ELEMS = 1024
 
 def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
     """Sum float32 partials ``ws`` (S, M, N) (any strides) into ``out`` (M, N) (any strides) in split order, adding
-    ``bias`` (N,); returns ``out``."""
+    ``bias`` (N,) (any stride); returns ``out``."""
     num_splits, m, n = ws.shape
     bm = min(16, triton.next_power_of_2(max(m, 1)))
     bn = max(64, _REDUCE_ELEMS // bm)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _splitk_reduce_kernel[grid](
         ws, bias if bias is not None else ws, out, m, n,
-        ws.stride(0), ws.stride(1), ws.stride(2), out.stride(0), out.stride(1),
+        ws.stride(0), ws.stride(1), ws.stride(2), out.stride(0), out.stride(1), bias_stride_of(bias),
         NUM_KSPLIT=num_splits, HAS_BIAS=bias is not None, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=4,
     )
     return out
 
 
+def bias_stride_of(bias: torch.Tensor | None) -> int:
+    """The element stride kernels step a (N,) bias by: its own (a slice ``b[::2]``, a column of a 2-D tensor, a
+    stride-0 ``expand``), 1 without a bias. Triton specializes an integer argument equal to 1, so a contiguous bias
+    compiles to the same unit-stride loads as before the stride was an argument."""
+    return 1 if bias is None else bias.stride(0)
+
+
 def tma_usable(t: torch.Tensor) -> bool:
     """A 2-D TMA descriptor needs a unit stride along K and a 16-byte aligned base and row stride
-    (cuTensorMapEncodeTiled's rules; the interpreter emulates descriptors on CPU tensors under the same rules)."""
-    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+    (cuTensorMapEncodeTiled's rules; the interpreter emulates descriptors on CPU tensors under the same rules), and
+    here rows that do not overlap (a stride-0 ``expand`` or overlapping view runs the pointer kernels instead)."""
+    return (t.stride(1) == 1 and t.stride(0) >= t.shape[1] and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0)

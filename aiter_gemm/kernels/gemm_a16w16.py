@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.common import INTERPRET, splitk_reduce, tile_coords, tma_usable
+from aiter_gemm.kernels.common import INTERPRET, bias_stride_of, splitk_reduce, tile_coords, tma_usable
 
 __all__ = ["INTERPRET", "SUPPORTED_DTYPES", "SUPPORTED_OTYPES", "GemmConfig", "check_operands", "default_config",
            "gemm_a16w16", "gemm_a16w16_ref", "launch_gemm_a16w16", "splitk_reduce", "tma_available", "tma_usable"]
@@ -107,7 +107,7 @@ def _gemm_a16w16_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk,
-    stride_cs, stride_cm, stride_cn,
+    stride_cs, stride_cm, stride_cn, stride_bias,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, NUM_KSPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
@@ -158,7 +158,7 @@ def _gemm_a16w16_kernel(
     c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     if NUM_KSPLIT == 1:
         if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+            bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
             acc += bias.to(tl.float32)[None, :]
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
     else:
@@ -169,7 +169,7 @@ def _gemm_a16w16_kernel(
 def _gemm_a16w16_tma_persistent_kernel(
     a_desc, b_desc, bias_ptr, c_ptr,
     M, N, K,
-    stride_cm, stride_cn,
+    stride_cm, stride_cn, stride_bias,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr, HAS_BIAS: tl.constexpr, FLATTEN: tl.constexpr,
 ):
@@ -192,7 +192,7 @@ def _gemm_a16w16_tma_persistent_kernel(
         offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
         offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
         if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+            bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
             acc += bias.to(tl.float32)[None, :]
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
@@ -211,12 +211,14 @@ def launch_gemm_a16w16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
     M, K = a.shape
     N = b.shape[0]
     cfg = config
+    bias_stride = bias_stride_of(bias)
     if cfg.TMA_PERSISTENT and num_sms > 0 and not INTERPRET and tma_usable(a) and tma_usable(b):
         a_desc = TensorDescriptor.from_tensor(a, [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K])
         b_desc = TensorDescriptor.from_tensor(b, [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
         num_tiles = triton.cdiv(M, cfg.BLOCK_SIZE_M) * triton.cdiv(N, cfg.BLOCK_SIZE_N)
         _gemm_a16w16_tma_persistent_kernel[(min(num_sms, num_tiles),)](
             a_desc, b_desc, bias if bias is not None else out, out, M, N, K, out.stride(0), out.stride(1),
+            bias_stride,
             BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
             GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_SMS=min(num_sms, num_tiles), HAS_BIAS=bias is not None,
             FLATTEN=cfg.FLATTEN, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -233,7 +235,7 @@ def launch_gemm_a16w16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
         strides = (0, out.stride(0), out.stride(1))
     _gemm_a16w16_kernel[(num_tiles, split)](
         a, b, bias if bias is not None else a, target, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides, bias_stride,
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=split, HAS_BIAS=bias is not None and split == 1,
         EVEN_K=K % cfg.BLOCK_SIZE_K == 0, UPCAST_DOT=INTERPRET,

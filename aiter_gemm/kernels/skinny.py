@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.common import INTERPRET, splitk_reduce
+from aiter_gemm.kernels.common import INTERPRET, bias_stride_of, splitk_reduce
 from aiter_gemm.kernels.gemm_a16w16 import check_operands
 
 try:  # Hopper's grid dependency control (Triton >= 3.3); the interpreter has none
@@ -205,7 +205,7 @@ def _skinny_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk,
-    stride_cs, stride_cm, stride_cn,
+    stride_cs, stride_cm, stride_cn, stride_bias,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     NUM_KSPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     USE_DOT: tl.constexpr, REDUCTION: tl.constexpr,
@@ -263,13 +263,13 @@ def _skinny_kernel(
     c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     if REDUCTION == 0:  # whole K here: bias, cast, store
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
     elif REDUCTION == 1:  # float32 partials of split pid_k
         tl.store(c_ptrs, acc, mask=c_mask)
     else:  # float32 atomics into a zeroed buffer; split 0 contributes the bias
         if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+            bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)
             acc += tl.where(pid_k == 0, bias, 0.0)[None, :]
         tl.atomic_add(c_ptrs, acc, mask=c_mask, sem="relaxed")
 
@@ -341,7 +341,7 @@ def _gemv_fma(acc, a, b, FOLD: tl.constexpr):
 @triton.jit
 def _gemv_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
-    stride_am, stride_ak, stride_bn, stride_bk, stride_cs, stride_cm,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_cs, stride_cm, stride_bias,
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, NUM_KSPLIT: tl.constexpr,
     REDUCTION: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT_FIRST: tl.constexpr, FOLD: tl.constexpr = 1,
@@ -388,7 +388,7 @@ def _gemv_kernel(
     c_mask = (rows < M) & (offs_n < N)
     if REDUCTION == 0:
         if HAS_BIAS:
-            out += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+            out += tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)
         tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=c_mask)
     else:  # float32 partials of split pid_k (the two-pass reduction adds the bias)
         tl.store(c_ptrs, out, mask=c_mask)
@@ -419,8 +419,8 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
         rows = block_m(M, False)
         _gemv_kernel[grid](
             a, b, bias if bias is not None else a, target, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            strides[0], strides[1], M=M, N=N, K=K, BLOCK_SIZE_M=rows, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N,
-            BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, NUM_KSPLIT=split,
+            strides[0], strides[1], bias_stride_of(bias), M=M, N=N, K=K, BLOCK_SIZE_M=rows,
+            BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, NUM_KSPLIT=split,
             REDUCTION=var.reduction, HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
             EVICT_FIRST=cfg.evict_first, FOLD=gemv_fold(rows), PDL=cfg.pdl if PDL_AVAILABLE else 0,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_PDL_LAUNCH[cfg.pdl > 0],
@@ -428,7 +428,7 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, o
     else:
         _skinny_kernel[grid](
             a, b, bias if bias is not None else a, target, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), *strides, bias_stride_of(bias),
             BLOCK_SIZE_M=block_m(M, var.use_dot), BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
             NUM_KSPLIT=split, NUM_STAGES=cfg.num_stages, USE_DOT=var.use_dot, REDUCTION=var.reduction,
             HAS_BIAS=bias is not None and var.reduction != _PARTIALS,
