@@ -27,7 +27,7 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["M", "N", "stride_ws"])
+@triton.jit(do_not_specialize=["M", "N", "stride_ws", "stride_bias"])
 def _splitk_reduce_kernel(
     ws_ptr, bias_ptr, c_ptr, M, N,
     stride_ws, stride_wm, stride_wn, stride_cm, stride_cn, stride_bias,
@@ -69,8 +69,11 @@ def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
 
 def bias_stride_of(bias: torch.Tensor | None) -> int:
     """The element stride kernels step a (N,) bias by: its own (a slice ``b[::2]``, a column of a 2-D tensor, a
-    stride-0 ``expand``), 1 without a bias. Triton specializes an integer argument equal to 1, so a contiguous bias
-    compiles to the same unit-stride loads as before the stride was an argument."""
+    stride-0 ``expand``), 1 without a bias. Every kernel taking it marks it ``do_not_specialize``: one compiled
+    variant serves every stride, so a bias stride first seen inside CUDA-graph capture compiles nothing there (on the
+    H100 a stride-0 bias after a contiguous one did, and capture forbids the compiler's file I/O). The bias is read
+    once per output tile (N values, against the K-long operand streams), so its loads are not what the unit-stride
+    specialization sped up."""
     return 1 if bias is None else bias.stride(0)
 
 
