@@ -153,18 +153,11 @@ def test_config_space_holds_only_what_runs(M, N, K):
     assert ("swapAB" in kinds) == (M <= 256) and (any(c.threads == 256 for c in space) == (M >= 128))
 
 
-@pytest.mark.parametrize("M", [1, 3, 16, 17, 64, 65, 256])
-@pytest.mark.parametrize("N,K", [(4096, 4096), (24576, 4096), (7168, 2048), (5120, 25600), (1040, 4096)])
-def test_default_claims_decode_only_and_always_runs(M, N, K):
-    cfg = tl.default_config(M, N, K)
-    assert (cfg is None) == (M > tl.DEFAULT_MAX_M)
-    if cfg is not None:
-        assert cfg.swapped and shape_error(cfg, M, N, K) is None and cfg.block_N >= min(M, 32)
-        assert (K // 128) // cfg.split_k >= 12 or cfg.split_k == 1
-    problem = GemmProblem(M, N, K, False, torch.float8_e4m3fn, torch.bfloat16)
-    sol = get_backend("tilelang", PACKAGE).default_for(problem, IDENT)
-    assert (sol is None) == (cfg is None) and (sol is None or sol.kernelName == cfg.name)
-    assert get_backend("tilelang", PACKAGE).default_for(problem, DeviceIdentity("sm_100", 148, "cuda")) is None
+@pytest.mark.parametrize("M", [1, 16, 64, 4096])
+def test_tilelang_is_never_the_default(M):
+    """Untuned shapes keep the op's existing default (a TileLang pick measured slower: docs/exploration.md)."""
+    problem = GemmProblem(M, 4096, 7168, False, torch.float8_e4m3fn, torch.bfloat16)
+    assert get_backend("tilelang", PACKAGE).default_for(problem, IDENT) is None
 
 
 def test_reference_orders_sums_as_the_kernels_do():
@@ -341,7 +334,7 @@ def test_gpu_cuda_graph_replay(compiled_spread, cfg):
 @gpu
 @needs_hopper
 def test_gpu_restart_is_served_from_the_disk_cache(tmp_path):
-    """A second process compiles nothing: the kernels come from TileLang's disk cache in well under a second."""
+    """A second process compiles nothing: the kernels come from TileLang's disk cache."""
     code = textwrap.dedent("""
         import json, sys, time, torch
         import tilelang  # imported before the clock starts: ~3 s, once per process
@@ -357,7 +350,8 @@ def test_gpu_restart_is_served_from_the_disk_cache(tmp_path):
         res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
         times.append(json.loads(res.stdout.strip().splitlines()[-1])["s"])
-    assert times[1] < 1.0 < times[0], times
+    # cold: nvcc for both layouts (7-8 s on the H100); warm: the cache's load and the CUDA module's, no compiler
+    assert times[1] < 0.5 * times[0], times
 
 
 @gpu
@@ -377,17 +371,3 @@ def test_gpu_dispatch_runs_a_tuned_tilelang_row(clean_runtime, tmp_path):
         XQ, WQ, xs, ws = _inputs(16, 1040, 4096, "cuda", mmajor=mmajor)
         out = gemm_a8w8_blockscale(XQ, WQ, xs, ws)
         assert _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < TOLERANCE[torch.bfloat16]
-
-
-@gpu
-@needs_hopper
-def test_gpu_untuned_decode_shape_runs_the_tilelang_default(clean_runtime, tmp_path):
-    mp = clean_runtime
-    mp.setenv("AITER_CONFIG_GEMM_A8W8_BLOCKSCALE", str(tmp_path / "none.csv"))
-    mp.setenv("AITER_GEMM_TRITON_CONFIGS", str(tmp_path))
-    aiter_gemm.reload_configs()
-    got = get_GEMM_A8W8_BLOCKSCALE_config(5, 5120, 2560)
-    assert (got["libtype"], got["matched"], got["eager_libtype"]) == ("tilelang", "default", "tilelang")
-    XQ, WQ, xs, ws = _inputs(5, 5120, 2560, "cuda")
-    out = gemm_a8w8_blockscale(XQ, WQ, xs, ws)
-    assert _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < TOLERANCE[torch.bfloat16]

@@ -239,29 +239,6 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
     return out
 
 
-#: The default claims decode shapes up to this M: there its pick ran 1.1-1.6x torch's block-scaled matmul on the
-#: H100 (8 weights of 16-131 MB, M 1-64); from M = 128 the measured gains were mixed, and the tuner decides.
-DEFAULT_MAX_M = 64
-
-
-def default_config(M: int, N: int, K: int, num_sms: int = 132) -> TileLangConfig | None:
-    """The config that serves a decode shape no tuned row covers (None above :data:`DEFAULT_MAX_M` or where no
-    config runs): weight rows on wgmma's M side in 64-row tiles, tokens in 16/32-wide tiles, and the K range split
-    until the tiles fill about 1.5 waves of SMs, keeping at least 12 K blocks a split (H100 sweep: one of the two
-    best configs, within 10% of the best, on each of 8 weights at M = 1, 16 and 64)."""
-    if M > DEFAULT_MAX_M or K % SCALE_BLOCK or N % 16:
-        return None
-    bn = 16 if M <= 16 else 32
-    kb = K // SCALE_BLOCK
-    tiles = -(-N // 64) * -(-M // bn)
-    split = 1
-    while tiles * split < 1.5 * num_sms and split < 8 and kb % (2 * split) == 0 and kb // (2 * split) >= 12:
-        split *= 2
-    if split == 1:
-        return TileLangConfig("swapAB", 64, bn, num_stages=8)
-    return TileLangConfig("splitK_swapAB", 64, bn, num_stages=4, split_k=split)
-
-
 # ------------------------------------------------------------------------------------------------ the builders
 
 

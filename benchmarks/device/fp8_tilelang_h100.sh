@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The FP8 block-scale op with its TileLang backend, on one H100, in one call: the GPU tests of the backend, the shipped
-# decode rows retuned with TileLang candidates (kept only where >= 3% faster than what ran before: --compare
-# --update_improved), then the benchmark of record: the op as shipped after the retune (dispatch) against torch's
-# block-scaled matmul per call (torch_blockscale), the op before TileLang (baseline: the configs of commit 0e4b641,
-# TileLang off) and bf16 F.linear, on held-out FP8 models (Qwen3-8B/32B-FP8), DeepGEMM's published shapes and the
-# shipped shapes; CUDA graphs, paired rounds; eager timing at decode M. Run from the repository root:
+# decode rows retuned with TileLang candidates (STEPS=retune: kept only where >= 3% faster than what ran before,
+# --compare --update_improved), then the op (dispatch) against torch's block-scaled matmul per call
+# (torch_blockscale), the op before TileLang (baseline: the configs of commit 0e4b641, TileLang off) and bf16
+# F.linear, on held-out FP8 models (Qwen3-8B/32B-FP8) and DeepGEMM's published shapes; CUDA graphs, paired rounds;
+# eager timing at decode M. TileLang serves only tuned rows: add the retuned file's shapes (or a tuned CSV of the
+# held-out ones) for the comparison to show it. Run from the repository root:
 #
 #   OUT=/tmp/fp8 TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_tilelang_h100.sh
 #
@@ -44,8 +45,8 @@ step retune 200 python -m gradlib.tune_a8w8_blockscale -i /tmp/decode_shapes.csv
   --all --compare --update_improved --libtype tilelang --json_dir configs/triton
 tar -cf "$OUT/configs.tar" configs/a8w8_blockscale_tuned_gemm.csv configs/triton/*A8W8_BLOCKSCALE*.json
 R="python -m benchmarks.run --bench fp8 --out $OUT"
-# The TileLang default's kernels for every benchmarked (N, K) compiled in parallel first (aiter_gemm.warmup), as a
-# server would at start-up: the benchmark then loads them from TileLang's disk cache.
+# Every kernel the benchmarked shapes' decisions name compiled in parallel first (aiter_gemm.warmup), as a server
+# would at start-up: the benchmark then loads them from TileLang's disk cache.
 step warmup 120 python -c "
 import aiter_gemm, torch
 from benchmarks.shapes import build_sets

@@ -5,7 +5,10 @@ A solution's ``kernelName`` is a :class:`~aiter_gemm.kernels.a8w8_blockscale_til
 ``splitK_swapAB-BM64_BN16_BK128_S4_T128_SK4``); ``splitK`` mirrors its split count (0 when unsplit). One rule of
 what runs, for the tuner and the runtime: the config's own checks plus
 :func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.shape_error`. Optional: without ``tilelang`` installed, or off
-sm_90, the backend says why it is unavailable and its rows are misses. ``prepare`` compiles the shape's kernels
+sm_90, the backend says why it is unavailable and its rows are misses. It is never the default: a heuristic
+TileLang pick for untuned decode shapes ran at 0.94x the op's existing default (geomean, held-out Qwen3-FP8 shapes,
+M 1-256, H100; 0.75-0.87x at M 40-64: docs/exploration.md), so TileLang runs only where the tuner measured it
+faster. ``prepare`` compiles the shape's kernels
 (TileLang's disk cache makes that milliseconds after the first time; :func:`aiter_gemm.warmup` does it ahead of
 serving) and returns a runner that only launches; its host cost per eager call is below torch's block-scaled path,
 so eager calls keep its decisions (``cheap_launch``).
@@ -39,9 +42,6 @@ def config_why_not(cfg: TileLangConfig, problem: GemmProblem) -> str | None:
 
 class BlockscaleTileLangBackend(Backend):
     name = NAME
-    #: Above the torch backend's default (10) where :meth:`default_for` claims a shape: decode, M <= 64.
-    default_priority = 20
-
     def unavailable_reason(self) -> str | None:
         return tl_impl.unavailable_reason()
 
@@ -59,15 +59,6 @@ class BlockscaleTileLangBackend(Backend):
             return None
         cfg = TileLangConfig.from_name(solution.kernelName)
         return tl_impl.launcher(problem.N, problem.K, cfg, problem.otype)
-
-    def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
-        """Decode shapes (M <= 64) on sm_90 (:func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.default_config`).
-        Its kernels compile at the shape's first call (3-4 s each layout, once per machine: TileLang's disk cache
-        keeps them; :func:`aiter_gemm.warmup` with ``nk`` compiles them ahead)."""
-        if not device.is_gpu or device.gfx != "sm_90" or problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
-            return None
-        cfg = tl_impl.default_config(problem.M, problem.N, problem.K, device.heuristic_cu)
-        return None if cfg is None or tl_impl.shape_error(cfg, problem.M, problem.N, problem.K) else solution_of(cfg)
 
     def _space(self, problem: GemmProblem, quick: bool) -> list[Solution]:
         if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
