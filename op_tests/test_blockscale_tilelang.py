@@ -344,7 +344,8 @@ def test_gpu_restart_is_served_from_the_disk_cache(tmp_path):
         run = tl.launcher(2048, 1024, cfg, torch.bfloat16)
         print(json.dumps({"s": time.monotonic() - t}))
     """)
-    env = {**os.environ, "TILELANG_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TILELANG_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": path}
     times = []
     for _ in range(2):
         res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

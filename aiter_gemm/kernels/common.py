@@ -3,6 +3,7 @@ reduction, and the TMA alignment rule."""
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -27,7 +28,18 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["M", "N", "stride_ws", "stride_bias"])
+def bias_agnostic(*names: str) -> dict[str, list[str]]:
+    """``triton.jit`` arguments compiling one variant for every bias view (and ``names``, left unspecialized too):
+    neither ``stride_bias``'s value nor ``bias_ptr``'s 16-byte alignment is specialized (see
+    :func:`bias_stride_of`; a column of a 2-D tensor starts off alignment). Triton releases without
+    ``do_not_specialize_on_alignment`` keep the alignment specialization."""
+    out = {"do_not_specialize": [*names, "stride_bias"]}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        out["do_not_specialize_on_alignment"] = ["bias_ptr"]
+    return out
+
+
+@triton.jit(**bias_agnostic("M", "N", "stride_ws"))
 def _splitk_reduce_kernel(
     ws_ptr, bias_ptr, c_ptr, M, N,
     stride_ws, stride_wm, stride_wn, stride_cm, stride_cn, stride_bias,

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.common import INTERPRET, bias_stride_of, splitk_reduce, tile_coords, tma_usable
+from aiter_gemm.kernels.common import INTERPRET, bias_agnostic, bias_stride_of, splitk_reduce, tile_coords, tma_usable
 
 __all__ = ["INTERPRET", "SUPPORTED_DTYPES", "SUPPORTED_OTYPES", "GemmConfig", "check_operands", "default_config",
            "gemm_a16w16", "gemm_a16w16_ref", "launch_gemm_a16w16", "splitk_reduce", "tma_available", "tma_usable"]
@@ -102,7 +102,7 @@ class GemmConfig:
 _NAME_RE = re.compile(r"BM(\d+)_BN(\d+)_BK(\d+)_GM(\d+)_SK(\d+)_W(\d+)_S(\d+)(_TMAF|_TMA|_SP)?")
 
 
-@triton.jit(do_not_specialize=["stride_bias"])  # one variant for every bias stride (common.bias_stride_of)
+@triton.jit(**bias_agnostic())
 def _gemm_a16w16_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     M, N, K,
@@ -165,7 +165,7 @@ def _gemm_a16w16_kernel(
         tl.store(c_ptrs, acc, mask=c_mask)
 
 
-@triton.jit(do_not_specialize=["stride_bias"])  # one variant for every bias stride (common.bias_stride_of)
+@triton.jit(**bias_agnostic())
 def _gemm_a16w16_tma_persistent_kernel(
     a_desc, b_desc, bias_ptr, c_ptr,
     M, N, K,

@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.common import INTERPRET, bias_stride_of, splitk_reduce
+from aiter_gemm.kernels.common import INTERPRET, bias_agnostic, bias_stride_of, splitk_reduce
 from aiter_gemm.kernels.gemm_a16w16 import check_operands
 
 try:  # Hopper's grid dependency control (Triton >= 3.3); the interpreter has none
@@ -200,7 +200,7 @@ class SkinnyConfig:
 _NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)?(_SP)?(_PDLW|_PDL)?")
 
 
-@triton.jit(do_not_specialize=["stride_bias"])  # one variant for every bias stride (common.bias_stride_of)
+@triton.jit(**bias_agnostic())
 def _skinny_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     M, N, K,
@@ -338,7 +338,7 @@ def _gemv_fma(acc, a, b, FOLD: tl.constexpr):
     return acc
 
 
-@triton.jit(do_not_specialize=["stride_bias"])  # one variant for every bias stride (common.bias_stride_of)
+@triton.jit(**bias_agnostic())
 def _gemv_kernel(
     a_ptr, b_ptr, bias_ptr, c_ptr,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cs, stride_cm, stride_bias,
