@@ -43,6 +43,19 @@ def cpu_tuner_workers(request, monkeypatch):
 
 
 @pytest.fixture
+def virtual_clock(monkeypatch):
+    """Tuner CPU timings read ``op_tests.gradlib_fakes.CLOCK``, in this process and in the workers a test spawns
+    (they inherit the variable): a fake backend takes exactly the time it declares and any other runner one tick,
+    so which candidate wins never depends on the machine's load."""
+    from gradlib import timing
+    from op_tests import gradlib_fakes
+
+    monkeypatch.setattr(timing, "cpu_clock", gradlib_fakes.CLOCK)
+    monkeypatch.setenv(gradlib_fakes.VIRTUAL_CLOCK_ENV, "1")
+    return gradlib_fakes.CLOCK
+
+
+@pytest.fixture
 def device() -> str:
     """The device tests run on: the GPU when there is one, else the CPU."""
     return "cuda" if HAS_GPU else "cpu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,12 +76,21 @@ def test_cpu_cache_size_is_read():
     assert cache_bytes(torch.device("cpu")) >= 1 << 16
 
 
-def test_cpu_timing_median_of_sleeps():
+def test_cpu_timing_median_and_budget(virtual_clock):
+    """On the virtual clock (a call costs what it spends plus one 1-us tick): the median of the repetitions, buffer
+    sets in turn, and the budget cutting repetitions to no fewer than 3."""
     cfg = TimingConfig(warmup=1, reps=5, target_us=0, budget_s=1.0)
-    seen = []
-    t = time_runner(lambda i: (seen.append(i), time.sleep(0.002)), 3, torch.device("cpu"), cfg)
-    assert t.method == "cpu" and t.samples == 5 and set(seen) == {0, 1, 2}
-    assert 1900 < t.us < 20000
+    seen, costs = [], iter([0.001, 0.009, 0.003, 0.007, 0.005, 0.002])  # the warm-up call, then 5 repetitions
+
+    def call(i):
+        seen.append(i)
+        virtual_clock.spend(next(costs))
+
+    t = time_runner(call, 3, torch.device("cpu"), cfg)
+    assert (t.method, t.samples, seen) == ("cpu", 5, [0, 1, 2, 0, 1, 2])
+    assert t.us == pytest.approx(5000 + 1)  # median of 9, 3, 7, 5, 2 ms
+    slow = time_runner(lambda i: virtual_clock.spend(0.004), 3, torch.device("cpu"), replace(cfg, budget_s=0.01))
+    assert slow.samples == 3 and slow.us == pytest.approx(4000 + 1)  # 0.01 s / 4 ms: 2 repetitions, raised to 3
 
 
 # ---- model shapes -------------------------------------------------------------------------------------------

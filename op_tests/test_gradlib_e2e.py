@@ -28,8 +28,9 @@ QUICK = TimingConfig(warmup=1, reps=3, target_us=0, budget_s=0.2)
 UNTUNED = "M,N,K\n1,64,32\n17,96,64\n"
 
 
-# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones.
-pytestmark = pytest.mark.usefixtures("cpu_tuner_workers")
+# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones, timing on the virtual
+# clock (conftest.virtual_clock): the fakes' declared times, whatever the machine's load.
+pytestmark = pytest.mark.usefixtures("cpu_tuner_workers", "virtual_clock")
 
 
 def _untuned(tmp_path: Path, text: str = UNTUNED) -> Path:
@@ -66,7 +67,8 @@ def test_pool_isolates_sleep_raise_exit_kill_and_timeout():
         restarts = pool.restarts
     assert done and sorted(results) == list(range(len(sols)))
     by_name = {b: results[i] for i, b in enumerate(behaviours)}
-    assert by_name["good_fast"].ok and by_name["good_slow"].ok and by_name["good_slow"].us > 4000
+    assert by_name["good_fast"].ok and by_name["good_slow"].ok
+    assert by_name["good_slow"].us == pytest.approx(5000 + 1)  # its 5 ms and the tick, on the worker's virtual clock
     assert "fake kernel launch failure" in by_name["raises"].error
     assert "exit code 7" in by_name["exits"].error
     assert "timed out after 3 s" in by_name["hangs"].error
