@@ -24,6 +24,9 @@ CONFIG_KINDS: dict[str, tuple[str, str]] = {
 }
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+#: An entry of an ``AITER_CONFIG_*`` list that stands for what the kind reads when its variable is unset (the shipped
+#: file and its model configs): ``AITER_CONFIG_GEMM_BF16=my.csv:@shipped``. A file of that name is ``./@shipped``.
+SHIPPED = "@shipped"
 #: Model-specific tuned files merged with a kind's shipped file when its variable is unset (AITER's
 #: ``configs/model_configs/*<stem>*.csv``, untuned shape lists excluded).
 MODEL_CONFIGS = "model_configs"
@@ -57,6 +60,18 @@ def default_config_paths(kind: str, config_dir: Path | None = None) -> tuple[str
     return (str(folder / fname), *map(str, models))
 
 
+def config_list(kind: str, raw: str) -> tuple[str, ...]:
+    """The files of a colon-separated ``AITER_CONFIG_*`` value, in order, each :data:`SHIPPED` entry replaced by
+    :func:`default_config_paths` (so a user's table goes in front of the shipped one without knowing where it is)."""
+    out: list[str] = []
+    for entry in raw.split(":"):
+        if entry.strip() == SHIPPED:
+            out += default_config_paths(kind)
+        elif entry.strip():
+            out.append(entry)
+    return tuple(out)
+
+
 def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
@@ -82,10 +97,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     paths: dict[str, tuple[str, ...]] = {}
     for kind, (var, _) in CONFIG_KINDS.items():
         raw = env.get(var, "").strip()
-        if raw:
-            paths[kind] = tuple(p for p in raw.split(":") if p.strip())
-        else:
-            paths[kind] = default_config_paths(kind)
+        paths[kind] = config_list(kind, raw) if raw else default_config_paths(kind)
     try:
         flush_s = float(env.get("AITER_TUNE_GEMM_FLUSH_S", "30"))
     except ValueError as exc:
