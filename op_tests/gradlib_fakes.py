@@ -13,7 +13,8 @@ deliberately slow row, a shape that cannot be tuned).
 Times: under the :data:`CLOCK` virtual clock (fixture ``virtual_clock``; in workers ``GRADLIB_FAKES_VIRTUAL_CLOCK=1``
 installs it when they import this plugin) a fake takes exactly the time it declares and any other runner (torch's
 F.linear) one tick, so rankings never depend on the machine's load; on the real clock the fakes sleep instead.
-``fakeslow`` and ``hangs`` always sleep for real too: they keep a run busy for a kill or a timeout.
+``fakeslow`` and ``hangs`` always sleep for real too: they keep a run busy for a kill or a timeout; ``fakeslow`` (and
+any ``spend(..., real=True)``) also stops while the file ``GRADLIB_FAKES_HOLD`` names exists.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from aiter_gemm.device import DeviceIdentity
 from gradlib import timing
 
 VIRTUAL_CLOCK_ENV = "GRADLIB_FAKES_VIRTUAL_CLOCK"
+#: A file path: while that file exists, a fake that really sleeps waits after its sleep, so a test can hold a run
+#: still before killing it (op_tests.runtime_helpers.sigkill_after_rows) instead of racing it.
+HOLD_ENV = "GRADLIB_FAKES_HOLD"
 
 
 class VirtualClock:
@@ -54,12 +58,15 @@ CLOCK = VirtualClock()
 
 def spend(seconds: float, real: bool = False) -> None:
     """Take ``seconds``: on the virtual clock when the tuner's CPU timing reads it (and also really sleep if
-    ``real``), else by sleeping."""
+    ``real``), else by sleeping; a real sleep then waits while the :data:`HOLD_ENV` file exists."""
     if timing.cpu_clock is CLOCK:
         CLOCK.spend(seconds)
         if not real:
             return
     time.sleep(seconds)
+    hold = os.environ.get(HOLD_ENV)
+    while real and hold and os.path.exists(hold):
+        time.sleep(0.05)
 
 
 def exact(a, b, bias, otype, sa, sb, sc):

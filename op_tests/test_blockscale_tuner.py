@@ -11,7 +11,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -44,8 +43,9 @@ def _adapt(fn):
 
 
 def _slow_exact(XQ, WQ, xs, ws, out):
-    """Correct but slow (keeps a run busy long enough to kill it); not a config, so it is never written."""
-    time.sleep(0.2)
+    """Correct but slow (keeps a run busy long enough to kill it, held by GRADLIB_FAKES_HOLD); not a config, so it
+    is never written."""
+    fakes.spend(0.2, real=True)
     return out.copy_(gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, out.dtype))
 
 
@@ -158,8 +158,8 @@ def test_sigkill_then_resume_tunes_each_shape_once_and_completes_the_json(tmp_pa
     def no_json_yet():
         assert not jdir.exists()  # the (N, K) never finished: no JSON yet
 
-    kill_then_resume(cmd, repo_env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1"), tmp_path, tuned, ms,
-                     lambda r: int(r["M"]), 1, no_json_yet)
+    env = repo_env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", GRADLIB_FAKES_HOLD=str(tmp_path / "hold"))
+    kill_then_resume(cmd, env, tmp_path, tuned, ms, lambda r: int(r["M"]), 1, no_json_yet)
     body = json.loads((jdir / "cpu-GEMM-A8W8_BLOCKSCALE-N=128-K=128.json").read_text())
     assert list(body) == [f"M_LEQ_{m}" for m in ms] + ["any"]  # rows from both runs
 

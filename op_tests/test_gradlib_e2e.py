@@ -216,7 +216,8 @@ def test_sigkill_driver_then_resume_gives_each_shape_once(tmp_path):
     tuned = tmp_path / "tuned.csv"
     cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
            "fakeslow", "--batch", "1", "--plugin", PLUGIN]
-    kill_then_resume(cmd, repo_env(), tmp_path, tuned, shapes, lambda r: (int(r["M"]), int(r["N"]), int(r["K"])), 2)
+    kill_then_resume(cmd, repo_env(GRADLIB_FAKES_HOLD=str(tmp_path / "hold")), tmp_path, tuned, shapes,
+                     lambda r: (int(r["M"]), int(r["N"]), int(r["K"])), 2)
 
 
 @pytest.mark.parametrize("mp", [2])
@@ -359,19 +360,22 @@ def test_sigterm_checkpoints_like_ctrl_c_with_progress_lines(tmp_path):
     tuned = tmp_path / "tuned.csv"
     cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
            "fakeslow", "--batch", "100", "--plugin", PLUGIN]  # no checkpoint before the end
-    proc = subprocess.Popen(cmd, env=repo_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    hold = tmp_path / "hold"  # while it exists the run's fakeslow calls wait: it cannot finish before the signal
+    proc = subprocess.Popen(cmd, env=repo_env(GRADLIB_FAKES_HOLD=str(hold)), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     seen = []
     try:
         for line in proc.stderr:
             seen.append(line)
             if "[gradlib] shape 2/8 M=2 N=32 K=32:" in line:
+                hold.touch()
                 proc.send_signal(signal.SIGTERM)
                 break
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+        hold.unlink(missing_ok=True)
     err = "".join(seen) + err
     assert proc.returncode == 143, err
     assert "interrupted (SIGTERM)" in err and "rerun the same command" in err

@@ -40,7 +40,7 @@ TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(tmp_path_factory):
     """A local Ray cluster of 2 CPUs and no GPU for this module; yields its GCS address (for other drivers).
     The actors see no GPU (so fake backends' sleeps are what gets timed) and import this checkout first."""
     mp = pytest.MonkeyPatch()
@@ -50,6 +50,8 @@ def ray_cluster():
     # Ray's workers take their environment from the cluster, not from a test: the actors' CPU timings read the
     # fakes' virtual clock (conftest.virtual_clock) for every test of this module.
     mp.setenv(op_tests.gradlib_fakes.VIRTUAL_CLOCK_ENV, "1")
+    hold = tmp_path_factory.mktemp("ray_hold") / "hold"  # the actors' fakes stop while it exists (kill tests)
+    mp.setenv(op_tests.gradlib_fakes.HOLD_ENV, str(hold))
     # address="local": always a new cluster of our own, never one that happens to run on this machine
     ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.WARNING,
              log_to_driver=False)

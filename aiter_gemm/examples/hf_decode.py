@@ -22,9 +22,10 @@ ms ones; H100 host: one eager decode step 26-150 ms within a run), so an eager t
 right after the switch to its arm (the same module objects every time: nothing to warm up) and the arms alternate
 step by step, ``--eager-rounds`` times, Python's garbage collector paused: the two steps of a pair are tens of
 milliseconds apart, inside the same phase. The speedup is the median of the per-round ratios (adjacent timings of the
-two arms); the report also gives medians and min/max over rounds. ``--control`` adds a second unpatched arm to the
-same rounds: its ratio to "without" is what the method reads for identical work (A/A). ``generate()`` is used for
-capture only (its wall time varies ~10%).
+two arms); the report also gives medians and min/max over rounds, and the ratio of the medians, which pairs timings
+of different rounds and, within the rounds' spread, can even disagree with the speedup in direction. ``--control``
+adds a second unpatched arm to the same rounds: its ratio to "without" is what the method reads for identical work
+(A/A). ``generate()`` is used for capture only (its wall time varies ~10%).
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
 
 
 #: Under the table: the speedup and the medians are different statistics, and can disagree in direction when the
-#: arms differ by less than the round-to-round spread (seen on the H100: medians 1.265 vs 1.285 ms, speedup 1.025).
+#: arms differ by less than the round-to-round spread (one report: medians 1.265 vs 1.285 ms, speedup 1.025).
 TABLE_LEGEND = ("ms: median over the rounds of one arm [min-max]. speedup: median over the rounds of the ratio of the "
                 "two arms' adjacent timings (without / with, > 1: patched is faster) [min-max], the method's number; "
                 "ratio of medians: median ms without / median ms with, which pairs timings of different rounds.")
