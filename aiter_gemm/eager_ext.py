@@ -10,8 +10,9 @@ Python path runs as before. ``gemm_a8w8_blockscale`` has an entry too, which rem
 
 ``AITER_GEMM_EAGER_EXT`` (read once, at import): ``auto`` (default) loads a built copy and never compiles on a GEMM
 call; ``build`` also builds it at import when missing (once, ~30-60 s, g++ and ninja needed); ``0`` / ``off``: the
-Python path only. Build ahead of time with ``aiter-gemm-build-ext`` (prints where it went). The build
-folder is ``$TORCH_EXTENSIONS_DIR`` (else torch's ``~/.cache/torch_extensions``) / the versioned name.
+Python path only. Build ahead of time with ``aiter-gemm-build-ext`` (prints where it went, and "loaded" when a
+build for this source, torch and environment was there already). The build folder is ``$TORCH_EXTENSIONS_DIR``
+(else torch's ``~/.cache/torch_extensions``) / the versioned name (one per venv).
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ def mode(env: dict[str, str] | None = None) -> str:
 
 
 def ext_name() -> str:
-    """The module name: changes with the source, torch's version and build, and the Python ABI, so a stale build
-    is never loaded (it is rebuilt under a new name instead)."""
+    """The module name: changes with the source, torch's version and build, the Python ABI and the environment
+    (``sys.prefix``: a venv), so a stale build is never loaded (it is rebuilt under a new name instead) and two
+    venvs sharing the build root each keep their own folder: torch's builder keys a folder's build on the include
+    paths too, so one folder for two venvs was rebuilt by each in turn."""
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(f"{torch.__version__}|{torch.version.cuda}|{sys.implementation.cache_tag}|"
-             f"{sysconfig.get_config_var('EXT_SUFFIX')}".encode())
+             f"{sysconfig.get_config_var('EXT_SUFFIX')}|{os.path.realpath(sys.prefix)}".encode())
     return f"aiter_gemm_eager_{h.hexdigest()[:16]}"
 
 
@@ -193,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Build the C++ eager fast path of aiter_gemm and say where it is.")
     parser.add_argument("--verbose", action="store_true", help="show the compiler's commands")
     args = parser.parse_args(argv)
+    name = ext_name()
+    module = _import_built(name, build_dir(name))
+    if module is not None:
+        print(f"already built for this source, torch and environment; loaded {name}: {module.__file__}")
+        return 0
     module = build(verbose=args.verbose)
     print(f"built {module.__name__}: {module.__file__}")
     return 0

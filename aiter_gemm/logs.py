@@ -32,12 +32,24 @@ class WarnOnce:
             self._seen.clear()
 
 
+class PrefixFormatter(logging.Formatter):
+    """``[aiter_gemm] <message>``, as AITER prints ``[aiter] ...``. Messages that name the package themselves
+    (``aiter_gemm: ...``, so they read right where a bare handler prints the message alone, as Python's last-resort
+    handler does for warnings) lose that prefix here, instead of printing ``[aiter_gemm] aiter_gemm: ...``."""
+
+    PREFIX = "aiter_gemm: "
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return "[aiter_gemm] " + (text[len(self.PREFIX):] if text.startswith(self.PREFIX) else text)
+
+
 def ensure_info_handler() -> None:
     """Make INFO lines of ``aiter_gemm`` visible when the application configured no logging at all (the
     ``AITER_LOG_TUNED_CONFIG=1`` promise: the lines show up without the user setting logging up)."""
     if log.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("[aiter_gemm] %(message)s"))
+    handler.setFormatter(PrefixFormatter())
     log.addHandler(handler)
     log.setLevel(logging.INFO)

@@ -28,6 +28,9 @@ CONFIG_KINDS: dict[str, tuple[str, str]] = {
 }
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+#: An entry of an ``AITER_CONFIG_*`` list that stands for what the kind reads when its variable is unset (the shipped
+#: file and its model configs): ``AITER_CONFIG_GEMM_BF16=my.csv:@shipped``. A file of that name is ``./@shipped``.
+SHIPPED = "@shipped"
 #: Model-specific tuned files merged with a kind's shipped file when its variable is unset (AITER's
 #: ``configs/model_configs/*<stem>*.csv``, untuned shape lists excluded).
 MODEL_CONFIGS = "model_configs"
@@ -62,6 +65,19 @@ def default_config_paths(kind: str, config_dir: Path | None = None) -> tuple[str
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def config_list(kind: str, raw: str) -> tuple[str, ...]:
+    """The files of a colon-separated ``AITER_CONFIG_*`` value, in order, each read as :func:`_path` reads it (``~``
+    expanded), each :data:`SHIPPED` entry replaced by :func:`default_config_paths` (so a user's table goes in front
+    of the shipped one without knowing where it is)."""
+    out: list[str] = []
+    for entry in raw.split(":"):
+        if entry.strip() == SHIPPED:
+            out += default_config_paths(kind)
+        elif entry.strip():
+            out.append(_path(entry))
+    return tuple(out)
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -121,7 +137,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     paths: dict[str, tuple[str, ...]] = {}
     for kind, (var, _) in CONFIG_KINDS.items():
-        paths[kind] = _paths(env.get(var, "")) or default_config_paths(kind)
+        paths[kind] = config_list(kind, env.get(var, "")) or default_config_paths(kind)
     return Settings(
         config_paths=paths,
         tune_gemm=_flag(env, "AITER_TUNE_GEMM"),

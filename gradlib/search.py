@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.dispatch import get_padded_m
 from gradlib.pool import Executor, ItemDone, TaskDone
-from gradlib.tasks import A16W16, DEFAULT, ENUMERATE, TIME, ItemResult, Task
+from gradlib.tasks import A16W16, DEFAULT, DEFAULTS, ENUMERATE, TIME, ItemResult, Task
 from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,7 @@ class ShapeSearch:
         self._inflight: dict[int, int] = {}  # task id -> job index
         self._pick: Candidate | None = None  # the full phase's winner, being confirmed
         self._confirmed_base: Candidate | None = None  # the baseline as the confirmation timed it
+        self._default_at: dict[int, Solution] = {}  # M -> what the runtime's default runs there (resolved)
         self.incumbent = incumbent
         self._incumbent_timed: Candidate | None = None
         if candidates is None:
@@ -257,7 +258,7 @@ class ShapeSearch:
         if self._inflight or self._handed < len(self._jobs):
             return  # more of this phase to come
         {ENUMERATE: self._after_enumerate, "screen": self._after_screen, "full": self._after_full,
-         "confirm": self._after_confirm}[self.phase]()
+         DEFAULTS: self._after_defaults, "confirm": self._after_confirm}[self.phase]()
 
     def _enter(self, phase: str) -> None:
         """Start ``phase``: list its jobs (an empty phase still goes out once, as an empty task)."""
@@ -271,8 +272,10 @@ class ShapeSearch:
             kw = {"timing": o.full, "check": True, "max_err": o.err_ratio}
             self._jobs = [_Job(self.problem, tuple(items[i:i + size]), kw=kw, first=i)
                           for i in range(0, len(items), size)] or [_Job(self.problem, (), kw=kw)]
+        elif phase == DEFAULTS:
+            self._jobs = [_Job(self.problem, tuple(self._confirm_ms()), DEFAULTS, {"timing": o.confirm})]
         else:
-            self._jobs = self._confirm_jobs()
+            self._jobs = self._confirm_jobs() or [_Job(self.problem, (), kw={"timing": o.confirm})]
 
     # ---- phases ------------------------------------------------------------------------------------------
     def _after_enumerate(self) -> None:
@@ -355,7 +358,7 @@ class ShapeSearch:
         winner = min(valid, key=lambda c: c.us) if valid else None
         if o.confirm_rounds > 0 and winner is not None:
             self._pick = winner
-            self._enter("confirm")
+            self._enter(DEFAULTS)
             return
         if winner is not None and base is not None and base in valid and winner is not base \
                 and base.us < winner.us * o.min_gain:
@@ -370,45 +373,76 @@ class ShapeSearch:
         return next((c for c in self.candidates if c.phase == "full" and c.solution == self._baseline), None)
 
     # ---- confirmation ------------------------------------------------------------------------------------
-    def _confirm_jobs(self) -> list[_Job]:
-        """One job per M to confirm: alternating rounds of winner, default and baseline (forward, then reversed)."""
-        o, p = self.opts, self.problem
-        order = [self._pick.solution, DEFAULT]
-        if self._baseline is not None and self._baseline != self._pick.solution:
-            order.append(self._baseline)
-        if self.incumbent is not None and self.incumbent not in order:
-            order.append(self.incumbent)
-        items = tuple(sol for r in range(o.confirm_rounds) for sol in (order if r % 2 == 0 else order[::-1]))
-        kw = {"timing": o.confirm, "check": True, "max_err": o.err_ratio}
-        ms = [p.M] + (pad_probes(p.M, p.N, p.K) if o.pad_check else [])
-        return [_Job(p.with_m(m), items, kw=kw) for m in ms]
+    def _confirm_ms(self) -> list[int]:
+        p = self.problem
+        return [p.M] + (pad_probes(p.M, p.N, p.K) if self.opts.pad_check else [])
 
-    def _probe(self, job: _Job) -> Probe:
-        """Median times at the job's M; the winner passes if it beats the best of default and baseline by
-        ``min_gain`` at the tuned M, or is no slower than them within ``pad_tolerance`` at a padded M."""
-        times: dict[int, list[float]] = {}  # 0 winner, 1 default, 2 baseline, 3 incumbent
-        default = None
-        for i, sol in enumerate(job.items):
+    def _after_defaults(self) -> None:
+        (job,) = self._jobs
+        self._default_at = {m: job.results[i].solutions[0] for i, m in enumerate(job.items)
+                            if job.results[i].ok and job.results[i].solutions}
+        self._enter("confirm")
+
+    def _runs(self, sol: Solution | None, m: int) -> Solution | None:
+        """What ``sol`` runs at M: DEFAULT is the solution it resolved to there (itself while unresolved)."""
+        return self._default_at.get(m, DEFAULT) if sol == DEFAULT else sol
+
+    def _confirm_order(self, m: int) -> list[Solution]:
+        """Winner, default, baseline and incumbent, each solution once: one that another already runs at M (the
+        default resolving to the winner or F.linear) is not timed against itself. On CPU winner, default and
+        baseline are all F.linear: 13 of 15 timings of a quick-start shape compared it with itself (145 of 175 s)."""
+        order: list[Solution] = []
+        for sol in (self._pick.solution, DEFAULT, self._baseline, self.incumbent):
+            if sol is not None and self._runs(sol, m) not in {self._runs(x, m) for x in order}:
+                order.append(sol)
+        return order
+
+    def _confirm_jobs(self) -> list[_Job]:
+        """One job per M with something to compare: alternating rounds of winner, default and baseline (forward,
+        then reversed)."""
+        o, p = self.opts, self.problem
+        kw = {"timing": o.confirm, "check": True, "max_err": o.err_ratio}
+        jobs = []
+        for m in self._confirm_ms():
+            order = self._confirm_order(m)
+            if len(order) > 1:
+                items = tuple(sol for r in range(o.confirm_rounds) for sol in (order if r % 2 == 0 else order[::-1]))
+                jobs.append(_Job(p.with_m(m), items, kw=kw))
+        return jobs
+
+    def _probe(self, m: int, job: _Job | None) -> Probe:
+        """Median times at M; the winner passes if it beats the best of default and baseline by ``min_gain`` at
+        the tuned M, or is no slower than them within ``pad_tolerance`` at a padded M. Without a job (all of them
+        run one solution at M) it passes: at the tuned M with the full phase's time, elsewhere untimed (NaN)."""
+        times: dict[Solution | None, list[float]] = {}
+        default = self._default_at.get(m)
+        for i, sol in enumerate(job.items if job is not None else ()):
             res = job.results[i]
-            slot = 0 if sol == self._pick.solution else 1 if sol == DEFAULT else 2 if sol == self._baseline else 3
-            times.setdefault(slot, []).append(res.us if res.ok else math.inf)
-            if slot == 1 and res.solutions:
+            times.setdefault(self._runs(sol, m), []).append(res.us if res.ok else math.inf)
+            if sol == DEFAULT and res.solutions:
                 default = res.solutions[0]
-        w, d, b = (statistics.median(times.get(k, [math.inf])) for k in (0, 1, 2))
-        inc = self.incumbent
-        slot = None if inc is None else 0 if inc == self._pick.solution else 1 if inc == DEFAULT else \
-            2 if inc == self._baseline else 3
-        inc_us = math.nan if slot is None else statistics.median(times.get(slot, [math.inf]))
+        if job is None:
+            t = self._pick.us if m == self.problem.M else math.nan
+            times = {self._pick.solution: [t]}
+
+        def median(sol: Solution | None) -> float:
+            return statistics.median(times.get(self._runs(sol, m), [math.inf]))
+
+        w, d = median(self._pick.solution), median(DEFAULT)
+        b = median(self._baseline) if self._baseline is not None else math.inf
+        inc_us = math.nan if self.incumbent is None else median(self.incumbent)
         best_other = min(d, b)
-        exact = job.problem.M == self.problem.M
-        if exact:
+        if job is None:
+            passed = True
+        elif m == self.problem.M:
             passed = math.isfinite(w) and w * self.opts.min_gain <= best_other
         else:
             passed = math.isfinite(w) and w <= best_other * self.opts.pad_tolerance
-        return Probe(job.problem.M, w, d, b, default, passed, inc_us)
+        return Probe(m, w, d, b, default, passed, inc_us)
 
     def _after_confirm(self) -> None:
-        probes = [self._probe(job) for job in self._jobs]
+        by_m = {job.problem.M: job for job in self._jobs if job.items}
+        probes = [self._probe(m, by_m.get(m)) for m in self._confirm_ms()]
         exact, padded = probes[0], probes[1:]
         for job in self._jobs:  # profile rows: one per timing, the default as what it ran
             for i, sol in enumerate(job.items):
@@ -495,7 +529,7 @@ def run_searches(executor: Executor, searches: list[ShapeSearch], on_outcome: Ca
             s = by_id[ev.task.shape_id]
             if isinstance(ev, ItemDone):
                 s.on_item(ev.result)
-                if on_item is not None:
+                if on_item is not None and ev.task.kind != DEFAULTS:  # resolving a default runs no candidate
                     on_item(s, ev.result)
             elif isinstance(ev, TaskDone):
                 s.on_task_done(ev.task)

@@ -16,7 +16,7 @@ import math
 import os
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 ENUMERATE = "enumerate"
 TIME = "time"
-KINDS = (ENUMERATE, TIME)
+DEFAULTS = "defaults"  # items are M values: what the runtime's default runs for the task's shape at each M
+KINDS = (ENUMERATE, TIME, DEFAULTS)
 A16W16 = "gemm_a16w16"
 #: A TIME item standing for whatever the runtime's heuristic default runs for the task's shape (resolved in the
 #: worker, reported in the result's ``solutions``): what the tuner confirms a winner against.
@@ -43,7 +44,7 @@ class Task:
 
     task_id: int
     shape_id: int
-    kind: str  # ENUMERATE: items are libtype names; TIME: items are Solutions
+    kind: str  # ENUMERATE: items are libtype names; TIME: items are Solutions; DEFAULTS: items are M values
     problem: GemmProblem
     items: tuple
     timing: TimingConfig | None = None
@@ -73,7 +74,8 @@ class ItemResult:
     err_ratio: float = math.nan  # NaN: not checked
     method: str = ""
     error: str = ""
-    solutions: tuple[Solution, ...] = ()  # ENUMERATE: the candidates; TIME of DEFAULT: the solution it resolved to
+    # ENUMERATE: the candidates; TIME of DEFAULT and DEFAULTS: the solution the default resolved to
+    solutions: tuple[Solution, ...] = ()
     rel_err: float = math.nan  # ||out - ref|| / ||ref|| (NaN: not checked)
     is_blaslt: bool = False  # ENUMERATE: the backend wants phase-1 screening
     restart: bool = False
@@ -136,6 +138,9 @@ class WorkerRuntime:
         try:
             if task.kind == ENUMERATE:
                 return self._enumerate(task, index)
+            if task.kind == DEFAULTS:
+                _, ran, _ = self._runner(replace(task, problem=task.problem.with_m(task.items[index])), DEFAULT)
+                return ItemResult(task.task_id, index, True, solutions=(ran,))
             return self._time(task, index)
         except Exception as exc:  # the candidate's fault, never the run's
             tb = traceback.extract_tb(exc.__traceback__)

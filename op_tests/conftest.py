@@ -43,13 +43,26 @@ def cpu_tuner_workers(request, monkeypatch):
 
 
 @pytest.fixture
-def inline(cpu_tuner_workers, monkeypatch):
+def inline(cpu_tuner_workers, virtual_clock, monkeypatch):
     """The tuners' executor is :class:`~op_tests.runtime_helpers.InlineExecutor`: the driver runs the candidates in
     this process (fakes that can neither hang nor crash; monkeypatches reach them)."""
     from gradlib import cli
     from op_tests.runtime_helpers import InlineExecutor
 
     monkeypatch.setattr(cli, "build_executor", lambda devices, plugins, timeout, ray, env: InlineExecutor(plugins))
+
+
+@pytest.fixture
+def virtual_clock(monkeypatch):
+    """Tuner CPU timings read ``op_tests.gradlib_fakes.CLOCK``, in this process and in the workers a test spawns
+    (they inherit the variable): a fake backend takes exactly the time it declares and any other runner one tick,
+    so which candidate wins never depends on the machine's load."""
+    from gradlib import timing
+    from op_tests import gradlib_fakes
+
+    monkeypatch.setattr(timing, "cpu_clock", gradlib_fakes.CLOCK)
+    monkeypatch.setenv(gradlib_fakes.VIRTUAL_CLOCK_ENV, "1")
+    return gradlib_fakes.CLOCK
 
 
 @pytest.fixture

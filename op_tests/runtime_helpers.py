@@ -81,9 +81,12 @@ def bf16_row(M, N, K, libtype="torch", us=1.0, *, gfx=None, cu_num=None, bias=Fa
 
 
 def sigkill_after_rows(cmd: list[str], env: dict, cwd, path, rows: int, timeout: float = 120.0) -> None:
-    """Start ``cmd`` and SIGKILL it once the CSV at ``path`` holds ``rows`` data rows (it must not finish first)."""
+    """Start ``cmd`` and SIGKILL it once the CSV at ``path`` holds ``rows`` data rows (it must not finish first).
+    With ``GRADLIB_FAKES_HOLD`` in ``env`` the run's slow fakes stop from then until the kill, so however late this
+    process looks (a loaded machine), the tuner cannot finish the remaining shapes first."""
     from aiter_gemm.fileio import read_csv_rows
 
+    hold = Path(env["GRADLIB_FAKES_HOLD"]) if env.get("GRADLIB_FAKES_HOLD") else None
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + timeout
@@ -92,11 +95,15 @@ def sigkill_after_rows(cmd: list[str], env: dict, cwd, path, rows: int, timeout:
                 break
             assert proc.poll() is None, "the tuner finished before it could be killed"
             time.sleep(0.05)
+        if hold is not None:
+            hold.touch()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
+        if hold is not None:
+            hold.unlink(missing_ok=True)  # the killed run's held workers go on, find no driver and exit
 
 
 def repo_env(**extra: str) -> dict[str, str]:

@@ -203,11 +203,13 @@ def test_bad_libtype_is_a_usage_error(tmp_path, capsys, cpu_tuner_workers):
     assert "--libtype torch: " in capsys.readouterr().err  # with the reason (no GPU; or no block-wise recipe)
 
 
-def test_tuner_writes_torch_winners_the_op_replays(tmp_path, clean_runtime, fake_torch, cpu_tuner_workers):
-    """The fake (a float32 matmul) beats the interpreted Triton kernel on CPU, so torch wins every shape: its rows
-    and JSON buckets say libtype torch and the op routes there."""
+def test_tuner_writes_torch_winners_the_op_replays(tmp_path, clean_runtime, fake_torch, cpu_tuner_workers,
+                                                   virtual_clock):
+    """On the virtual clock the fake (one tick) beats a 50-ms launcher, so torch wins every shape: its rows and JSON
+    buckets say libtype torch and the op routes there."""
     tuned, jdir = tmp_path / "tuned.csv", tmp_path / "json"
-    assert main(["--nk", "256,512", "--m", "1,6", "--candidates", f"{SWAP16},scaled_mm_blockwise", "-o", str(tuned),
+    assert main(["--nk", "256,512", "--m", "1,6", "--candidates", "fake_slow_blockscale,scaled_mm_blockwise",
+                 "-o", str(tuned),
                  "--json_dir", str(jdir), "--plugin", "op_tests.fake_scaled_mm_plugin"]) == 0
     rows = read_csv_rows(tuned)[1]
     assert [(r["M"], r["libtype"], r["kernelName"], r["splitK"]) for r in rows] == \

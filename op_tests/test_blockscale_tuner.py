@@ -11,7 +11,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -44,8 +43,9 @@ def _adapt(fn):
 
 
 def _slow_exact(XQ, WQ, xs, ws, out):
-    """Correct but slow (keeps a run busy long enough to kill it); not a config, so it is never written."""
-    time.sleep(0.2)
+    """Correct but slow (keeps a run busy long enough to kill it, held by GRADLIB_FAKES_HOLD); not a config, so it
+    is never written."""
+    fakes.spend(0.2, real=True)
     return out.copy_(gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, out.dtype))
 
 
@@ -110,13 +110,15 @@ def test_faulty_candidates_are_recorded_failed_and_a_valid_config_wins(tmp_path)
     tuned, prof = tmp_path / "tuned.csv", tmp_path / "profile.csv"
     # (a worker's os._exit is the same death as its SIGKILL for the pool: test_gradlib_e2e covers both)
     names = ["fake_raises", "fake_hangs", "fake_sigkill", "fake_zeros", "fake_nan", "fake_wrong_shape", SWAP16]
+    # --timeout: what fake_hangs costs; SWAP16, the first Triton launch of a restarted worker, took 0.23 s here and
+    # 1.05 s with two busy loops on this 2-core machine, so 3 s was a 3x margin against load: 10 s.
     assert _run("--nk", "128,128", "--m", "3", "--candidates", ",".join(names), "-o", tuned,
-                "--profile_file", prof, "--timeout", "3") == 0
+                "--profile_file", prof, "--timeout", "10") == 0
     (row,) = read_csv_rows(tuned)[1]
     assert row["kernelName"] == SWAP16 and row["kernelId"] == str(names.index(SWAP16))
     status = {p["kernelName"]: (p["status"], p["error"]) for p in read_csv_rows(prof)[1]}
     assert sorted(status) == sorted(names)
-    expected = {"fake_raises": "fake kernel launch failure", "fake_hangs": "timed out after 3 s",
+    expected = {"fake_raises": "fake kernel launch failure", "fake_hangs": "timed out after 10 s",
                 "fake_sigkill": "signal 9", "fake_wrong_shape": "returned (3, 127)"}
     for name, msg in expected.items():
         assert status[name][0] == "failed" and msg in status[name][1], (name, status[name])
@@ -156,8 +158,8 @@ def test_sigkill_then_resume_tunes_each_shape_once_and_completes_the_json(tmp_pa
     def no_json_yet():
         assert not jdir.exists()  # the (N, K) never finished: no JSON yet
 
-    kill_then_resume(cmd, repo_env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1"), tmp_path, tuned, ms,
-                     lambda r: int(r["M"]), 1, no_json_yet)
+    env = repo_env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", GRADLIB_FAKES_HOLD=str(tmp_path / "hold"))
+    kill_then_resume(cmd, env, tmp_path, tuned, ms, lambda r: int(r["M"]), 1, no_json_yet)
     body = json.loads((jdir / "cpu-GEMM-A8W8_BLOCKSCALE-N=128-K=128.json").read_text())
     assert list(body) == [f"M_LEQ_{m}" for m in ms] + ["any"]  # rows from both runs
 

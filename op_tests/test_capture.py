@@ -301,3 +301,18 @@ def test_lock_file_that_cannot_be_created_fails_at_once(tmp_path, monkeypatch, c
         assert rec.flush(final=True) == 0
     assert "/proc/version.lock" in caplog.text and "could not be acquired" not in caplog.text
     assert [r["M"] for r in rows(next(tmp_path.glob("version.*.pending.csv")))] == ["3"]
+
+
+def test_capture_message_has_one_prefix(tmp_path):
+    """With no logging set up, the runtime's own handler prints its INFO lines as ``[aiter_gemm] ...``: the capture
+    line (whose message names the package for bare handlers) used to read ``[aiter_gemm] aiter_gemm: captured``."""
+    out, tuned = tmp_path / "u.csv", tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER)
+    code = "import torch, aiter_gemm; aiter_gemm.gemm_a16w16(torch.randn(3, 16), torch.randn(8, 16))"
+    res = subprocess.run([sys.executable, "-c", code], env=_capture_env(out, tuned), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert f"[aiter_gemm] captured 1 new untuned shape(s) into {out}" in lines, res.stderr
+    assert "[aiter_gemm] shape is M:3, N:8, K:16" in res.stderr  # AITER's miss line, unchanged
+    assert "aiter_gemm: " not in res.stderr.replace("[aiter_gemm] ", "")

@@ -237,6 +237,27 @@ def test_json_config_folder_that_is_no_folder_says_what_it_is(tmp_path, caplog):
     assert f"entry {tmp_path} is" not in caplog.text
 
 
+def test_shipped_token_puts_the_shipped_files_where_it_stands(tmp_path, clean_runtime):
+    """``@shipped`` in an AITER_CONFIG_* list is what the kind reads with the variable unset (shipped file and model
+    configs), in the token's place; ``./@shipped`` is a file of that name."""
+    shipped = load_settings({}).config_paths
+    s = load_settings({"AITER_CONFIG_GEMM_BF16": "/mine.csv:@shipped:/last.csv", "AITER_CONFIG_FMOE": " @shipped "})
+    assert s.config_paths["GEMM_BF16"] == ("/mine.csv", *shipped["GEMM_BF16"], "/last.csv")
+    assert s.config_paths["FMOE"] == shipped["FMOE"]
+    assert load_settings({"AITER_CONFIG_GEMM_BF16": "./@shipped"}).config_paths["GEMM_BF16"] == ("./@shipped",)
+    # End to end: a user's row for one shape in front of the shipped H100 table; the shipped rows still serve.
+    mine = tmp_path / "mine.csv"
+    mine.write_text(BF16_HEADER + bf16_row(3, 96, 80, gfx="sm_90", cu_num=132, dtype="torch.bfloat16"))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", f"{mine}:@shipped")
+    clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
+    clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
+    aiter_gemm.reload_configs()
+    assert aiter_gemm.get_GEMM_A16W16_config(3, 96, 80, False, torch.bfloat16)["source"] == str(mine)
+    got = aiter_gemm.get_GEMM_A16W16_config(1, 4096, 4096, False, torch.bfloat16)
+    assert got["matched"] == "exact" and got["source"] == str(default_config_dir() / "bf16_tuned_gemm.csv")
+    assert aiter_gemm.tgemm.tune_path == f"{mine}:{default_config_dir() / 'bf16_tuned_gemm.csv'}"
+
+
 def test_every_shipped_default_config_loads():
     s = load_settings({})
     for kind in CONFIG_KINDS:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,30 @@ def test_name_follows_source_and_versions(tmp_path, monkeypatch):
     changed.write_bytes(eager_ext.SOURCE.read_bytes() + b"\n// changed\n")
     monkeypatch.setattr(eager_ext, "SOURCE", changed)
     assert eager_ext.ext_name() != name  # a stale build is never loaded under the new source
+
+
+def test_each_venv_gets_its_own_build_folder(tmp_path, monkeypatch):
+    """Two venvs with the same torch and Python shared one folder and rebuilt it in turn: the name follows
+    ``sys.prefix`` (stable within one environment)."""
+    name = eager_ext.ext_name()
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "other_venv"))
+    other = eager_ext.ext_name()
+    assert other != name and other == eager_ext.ext_name()
+    assert eager_ext.build_dir(other) != eager_ext.build_dir(name)
+
+
+def test_build_command_says_loaded_or_built(tmp_path, monkeypatch, capsys):
+    """``aiter-gemm-build-ext`` says "built" only when it compiled: a build already there is loaded, not rebuilt."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    fake = types.ModuleType(eager_ext.ext_name())
+    fake.__file__ = str(tmp_path / "fake.so")
+    builds = []
+    monkeypatch.setattr(eager_ext, "build", lambda verbose=False: builds.append(verbose) or fake)
+    assert eager_ext.main([]) == 0 and builds == [False]  # nothing in the folder: compiled
+    assert capsys.readouterr().out.startswith(f"built {fake.__name__}: ")
+    monkeypatch.setattr(eager_ext, "_import_built", lambda name, folder: fake if folder.parent == tmp_path else None)
+    assert eager_ext.main([]) == 0 and builds == [False]  # found in $TORCH_EXTENSIONS_DIR: loaded, not rebuilt
+    assert capsys.readouterr().out.startswith("already built for this source, torch and environment; loaded ")
 
 
 def test_off_and_bad_value_keep_the_python_path():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,12 +76,21 @@ def test_cpu_cache_size_is_read():
     assert cache_bytes(torch.device("cpu")) >= 1 << 16
 
 
-def test_cpu_timing_median_of_sleeps():
+def test_cpu_timing_median_and_budget(virtual_clock):
+    """On the virtual clock (a call costs what it spends plus one 1-us tick): the median of the repetitions, buffer
+    sets in turn, and the budget cutting repetitions to no fewer than 3."""
     cfg = TimingConfig(warmup=1, reps=5, target_us=0, budget_s=1.0)
-    seen = []
-    t = time_runner(lambda i: (seen.append(i), time.sleep(0.002)), 3, torch.device("cpu"), cfg)
-    assert t.method == "cpu" and t.samples == 5 and set(seen) == {0, 1, 2}
-    assert 1900 < t.us < 20000
+    seen, costs = [], iter([0.001, 0.009, 0.003, 0.007, 0.005, 0.002])  # the warm-up call, then 5 repetitions
+
+    def call(i):
+        seen.append(i)
+        virtual_clock.spend(next(costs))
+
+    t = time_runner(call, 3, torch.device("cpu"), cfg)
+    assert (t.method, t.samples, seen) == ("cpu", 5, [0, 1, 2, 0, 1, 2])
+    assert t.us == pytest.approx(5000 + 1)  # median of 9, 3, 7, 5, 2 ms
+    slow = time_runner(lambda i: virtual_clock.spend(0.004), 3, torch.device("cpu"), replace(cfg, budget_s=0.01))
+    assert slow.samples == 3 and slow.us == pytest.approx(4000 + 1)  # 0.01 s / 4 ms: 2 repetitions, raised to 3
 
 
 # ---- model shapes -------------------------------------------------------------------------------------------
@@ -349,10 +358,15 @@ def test_pad_probes_are_the_lowest_m_of_each_range_and_the_middle():
     assert pad_probes(1, 4096, 4096) == []
 
 
-def _confirm_drive(search: ShapeSearch, times: dict) -> list:
-    """Drive a search whose full phase makes "tri" solidx 0 the winner, then answer the confirmation with
-    ``times[(M, slot)]`` for slot in winner / default / torch."""
-    from gradlib.tasks import DEFAULT
+F_LINEAR = Solution("torch", 0, 0, "F.linear")
+HEURISTIC = Solution("heur", 0, 0, "a default heuristic")
+
+
+def _confirm_drive(search: ShapeSearch, times: dict, default: Solution = HEURISTIC) -> list:
+    """Drive a search whose full phase makes "tri" solidx 0 the winner (F.linear where only torch is asked for),
+    resolve the runtime's default to ``default`` at every M, then answer the confirmation with
+    ``times[(M, slot)]`` for slot in winner / default / torch (by what the item runs)."""
+    from gradlib.tasks import DEFAULT, DEFAULTS
 
     def full(task):
         return [ItemResult(task.task_id, i, True, us=5.0 if s.libtype == "tri" else 9.0, err_ratio=0.0)
@@ -361,9 +375,10 @@ def _confirm_drive(search: ShapeSearch, times: dict) -> list:
     def confirm(task):
         out = []
         for i, s in enumerate(task.items):
-            slot = "default" if s == DEFAULT else "winner" if s.libtype == "tri" else "torch"
+            runs = default if s == DEFAULT else s
+            slot = "default" if runs == HEURISTIC else "winner" if runs.libtype == "tri" else "torch"
             out.append(ItemResult(task.task_id, i, True, us=times[(task.problem.M, slot)], err_ratio=0.0,
-                                  solutions=(Solution("torch", 0, 0, "F.linear"),) if s == DEFAULT else ()))
+                                  solutions=(default,) if s == DEFAULT else ()))
         return out
 
     tasks = []
@@ -372,6 +387,8 @@ def _confirm_drive(search: ShapeSearch, times: dict) -> list:
         tasks.append(task)
         if task.kind == ENUMERATE:
             results = _enum(0, 1)(task)
+        elif task.kind == DEFAULTS:
+            results = [ItemResult(task.task_id, i, True, solutions=(default,)) for i in range(len(task.items))]
         elif task.problem.M == search.problem.M and search.phase == "full":
             results = full(task)
         else:
@@ -386,11 +403,16 @@ def _times(ms, winner, default, torch_us):
     return {(m, k): v for m in ms for k, v in (("winner", winner(m)), ("default", default), ("torch", torch_us))}
 
 
+PROBES_1024 = [1024, 513, 768, 993]  # M and its three padding probes
+
+
 def test_confirmation_keeps_a_winner_that_holds_and_records_its_padding_range():
     s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
-    tasks = _confirm_drive(s, _times([1024, 513, 768, 993], lambda m: 11.0 if m < 700 else 5.0, 10.0, 10.0))
+    tasks = _confirm_drive(s, _times(PROBES_1024, lambda m: 11.0 if m < 700 else 5.0, 10.0, 10.0))
+    (defaults,) = [t for t in tasks if t.kind == "defaults"]
+    assert defaults.items == (1024, 513, 768, 993)  # resolved once, before anything is timed
     confirm = [t for t in tasks if t.kind == TIME and len(t.items) == 6]
-    assert sorted(t.problem.M for t in confirm) == [513, 768, 993, 1024]  # M and its three padding probes
+    assert sorted(t.problem.M for t in confirm) == sorted(PROBES_1024)
     for t in confirm:  # 2 rounds of (winner, default, torch), the second in reverse order
         assert [s.libtype for s in t.items] == ["tri", "<default>", "torch", "torch", "<default>", "tri"]
     o = s.outcome
@@ -400,17 +422,37 @@ def test_confirmation_keeps_a_winner_that_holds_and_records_its_padding_range():
 
 def test_confirmation_pad_range_stops_at_the_first_probe_that_loses():
     s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
-    _confirm_drive(s, _times([1024, 513, 768, 993], lambda m: 12.0 if m == 768 else 5.0, 10.0, 10.0))
+    _confirm_drive(s, _times(PROBES_1024, lambda m: 12.0 if m == 768 else 5.0, 10.0, 10.0))
     assert s.outcome.winner.solution.libtype == "tri" and s.outcome.pad_m_min == 993  # 768 lost: 513 untrusted
 
 
 def test_confirmation_replaces_a_winner_that_does_not_hold_by_the_faster_of_default_and_baseline():
     s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
-    _confirm_drive(s, _times([1024, 513, 768, 993], lambda m: 9.9, 10.0, 10.0))  # 1% faster: noise, not a win
+    _confirm_drive(s, _times(PROBES_1024, lambda m: 9.9, 10.0, 10.0))  # 1% faster: noise, not a win
     o = s.outcome
-    assert o.winner.solution == Solution("torch", 0, 0, "F.linear")  # what the default ran
+    assert o.winner.solution == HEURISTIC  # what the default ran (F.linear was not 2% faster than it)
     assert o.pad_m_min == 1024 and o.searched.solution.libtype == "tri"  # exact use only; the search's pick kept
     assert o.probes[0].M == 1024 and not o.probes[0].passed
+
+
+def test_confirmation_never_times_a_solution_against_itself():
+    """A default that runs F.linear (every CPU shape) is timed as F.linear, once; a winner that is also the default
+    and the baseline (F.linear on CPU) has nothing to be confirmed against: no confirmation timing at all, and the
+    row serves every M its probes cover (before, F.linear had to beat itself by 2%: a coin flip, usually lost, and
+    13 of the 17 timings of a quick-start M = 16 shape)."""
+    s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
+    tasks = _confirm_drive(s, _times(PROBES_1024, lambda m: 5.0, 99.0, 10.0), default=F_LINEAR)
+    confirm = tasks[[t.kind for t in tasks].index("defaults") + 1:]
+    assert sorted(t.problem.M for t in confirm) == sorted(PROBES_1024)
+    assert all([x.libtype for x in t.items] == ["tri", "<default>", "<default>", "tri"] for t in confirm)
+    assert (s.outcome.winner.solution.libtype, s.outcome.pad_m_min) == ("tri", 513)
+    assert s.outcome.probes[0].default_us == s.outcome.probes[0].baseline_us == 10.0  # the default ran F.linear
+
+    s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("torch",), confirm_rounds=2, min_gain=1.02))
+    tasks = _confirm_drive(s, {}, default=F_LINEAR)  # a timing asked for would be a KeyError
+    assert [t.kind for t in tasks] == ["enumerate", "time", "defaults", "time"]  # the last one empty
+    assert tasks[-1].items == () and s.outcome.winner.solution == F_LINEAR and s.outcome.winner.us == 9.0
+    assert s.outcome.pad_m_min == 513 and all(p.passed for p in s.outcome.probes)
 
 
 def test_relative_error_twice_the_library_calls_rejects_a_candidate():
@@ -432,6 +474,25 @@ def test_worker_resolves_the_default_and_reports_what_it_ran():
     res = rt.run_item(task, 0)
     assert res.ok and res.solutions == (Solution("torch", 0, 0, "F.linear"),)
     assert 0 < res.rel_err < 1e-2  # bf16 output against the float32 reference
+
+
+def test_worker_resolves_the_default_at_each_m_without_timing(clean_runtime):
+    """A DEFAULTS task (items: M values) says what the runtime's default runs at each M of the task's shape."""
+    import aiter_gemm
+    from aiter_gemm import backends
+    from gradlib.tasks import DEFAULTS, Task, WorkerRuntime
+    from op_tests.runtime_helpers import FakeBackend
+
+    backends.register_backend(FakeBackend("smallm", default_max_m=4, priority=10_000))
+    try:
+        aiter_gemm.reload_configs()
+        rt = WorkerRuntime.create()
+        task = Task(0, 0, DEFAULTS, GemmProblem(16, 64, 32), (3, 16), TimingConfig(1, 3, 0.0, False, 0.05))
+        got = [rt.run_item(task, i) for i in range(2)]
+        assert [r.solutions for r in got] == [(Solution("smallm", -1, 0, "fake-default"),), (F_LINEAR,)]
+        assert all(r.ok and math.isinf(r.us) for r in got)  # nothing was timed
+    finally:
+        backends.unregister_backend("smallm")
 
 
 BAD_ROWS = "".join(f"cpu,2,{m},8,16,False,torch.bfloat16,torch.bfloat16,False,False,{lib},0,0,{us},k\n"

@@ -28,8 +28,9 @@ QUICK = TimingConfig(warmup=1, reps=3, target_us=0, budget_s=0.2)
 UNTUNED = "M,N,K\n1,64,32\n17,96,64\n"
 
 
-# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones.
-pytestmark = pytest.mark.usefixtures("cpu_tuner_workers")
+# CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones, timing on the virtual
+# clock (conftest.virtual_clock): the fakes' declared times, whatever the machine's load.
+pytestmark = pytest.mark.usefixtures("cpu_tuner_workers", "virtual_clock")
 
 
 def _untuned(tmp_path: Path, text: str = UNTUNED) -> Path:
@@ -66,7 +67,8 @@ def test_pool_isolates_sleep_raise_exit_kill_and_timeout():
         restarts = pool.restarts
     assert done and sorted(results) == list(range(len(sols)))
     by_name = {b: results[i] for i, b in enumerate(behaviours)}
-    assert by_name["good_fast"].ok and by_name["good_slow"].ok and by_name["good_slow"].us > 4000
+    assert by_name["good_fast"].ok and by_name["good_slow"].ok
+    assert by_name["good_slow"].us == pytest.approx(5000 + 1)  # its 5 ms and the tick, on the worker's virtual clock
     assert "fake kernel launch failure" in by_name["raises"].error
     assert "exit code 7" in by_name["exits"].error
     assert "timed out after 3 s" in by_name["hangs"].error
@@ -214,7 +216,8 @@ def test_sigkill_driver_then_resume_gives_each_shape_once(tmp_path):
     tuned = tmp_path / "tuned.csv"
     cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
            "fakeslow", "--batch", "1", "--plugin", PLUGIN]
-    kill_then_resume(cmd, repo_env(), tmp_path, tuned, shapes, lambda r: (int(r["M"]), int(r["N"]), int(r["K"])), 2)
+    kill_then_resume(cmd, repo_env(GRADLIB_FAKES_HOLD=str(tmp_path / "hold")), tmp_path, tuned, shapes,
+                     lambda r: (int(r["M"]), int(r["N"]), int(r["K"])), 2)
 
 
 @pytest.mark.parametrize("mp", [2])
@@ -357,19 +360,22 @@ def test_sigterm_checkpoints_like_ctrl_c_with_progress_lines(tmp_path):
     tuned = tmp_path / "tuned.csv"
     cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(untuned), "-o", str(tuned), "--libtype",
            "fakeslow", "--batch", "100", "--plugin", PLUGIN]  # no checkpoint before the end
-    proc = subprocess.Popen(cmd, env=repo_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    hold = tmp_path / "hold"  # while it exists the run's fakeslow calls wait: it cannot finish before the signal
+    proc = subprocess.Popen(cmd, env=repo_env(GRADLIB_FAKES_HOLD=str(hold)), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     seen = []
     try:
         for line in proc.stderr:
             seen.append(line)
             if "[gradlib] shape 2/8 M=2 N=32 K=32:" in line:
+                hold.touch()
                 proc.send_signal(signal.SIGTERM)
                 break
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+        hold.unlink(missing_ok=True)
     err = "".join(seen) + err
     assert proc.returncode == 143, err
     assert "interrupted (SIGTERM)" in err and "rerun the same command" in err

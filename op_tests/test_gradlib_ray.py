@@ -35,18 +35,23 @@ QUICK = TimingConfig(warmup=1, reps=3, target_us=0, budget_s=0.2)
 NAMES = list(op_tests.gradlib_fakes.FAKE_BEHAVIOURS)
 # Seconds one candidate may run in these tests: the "hangs" fake costs this much per run. The first candidate of a
 # fresh worker also pays for input set-up and torch's first matmul: it took over 2 s once on a 2-core machine busy
-# with a Ray cluster (then the --mp run recorded good_fast as timed out), so 5 s.
-TIMEOUT = 5
+# with a Ray cluster (then the --mp run recorded good_fast as timed out), so 10 s (5 s was a 2.5x margin).
+TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(tmp_path_factory):
     """A local Ray cluster of 2 CPUs and no GPU for this module; yields its GCS address (for other drivers).
     The actors see no GPU (so fake backends' sleeps are what gets timed) and import this checkout first."""
     mp = pytest.MonkeyPatch()
     mp.setenv("CUDA_VISIBLE_DEVICES", "")
     mp.setenv("PYTHONPATH", repo_env()["PYTHONPATH"])
     mp.setenv("RAY_DISABLE_USAGE_STATS", "1")
+    # Ray's workers take their environment from the cluster, not from a test: the actors' CPU timings read the
+    # fakes' virtual clock (conftest.virtual_clock) for every test of this module.
+    mp.setenv(op_tests.gradlib_fakes.VIRTUAL_CLOCK_ENV, "1")
+    hold = tmp_path_factory.mktemp("ray_hold") / "hold"  # the actors' fakes stop while it exists (kill tests)
+    mp.setenv(op_tests.gradlib_fakes.HOLD_ENV, str(hold))
     # address="local": always a new cluster of our own, never one that happens to run on this machine
     ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.WARNING,
              log_to_driver=False)
@@ -58,7 +63,7 @@ def ray_cluster():
 
 
 # CPU tuner workers (conftest.cpu_tuner_workers) for every test here but GPU-marked ones.
-pytestmark = pytest.mark.usefixtures("cpu_tuner_workers")
+pytestmark = pytest.mark.usefixtures("cpu_tuner_workers", "virtual_clock")
 
 
 def _untuned(tmp_path: Path, text: str, name: str = "untuned.csv") -> Path:
@@ -105,7 +110,7 @@ def _fake_task(behaviours: list[str], task_id: int = 0) -> Task:
 def test_ray_tunes_end_to_end_like_mp(tmp_path, ray_cluster, capsys):
     untuned = _untuned(tmp_path, "M,N,K\n1,64,32\n17,96,64\n97,40,24\n")
     mp_file, ray_file, summary = tmp_path / "mp.csv", tmp_path / "ray.csv", tmp_path / "summary.csv"
-    # torch (tens of us here) against fakeslow (20 ms a call): a 1000x gap, so the winners cannot depend on noise.
+    # torch (one tick of the virtual clock) against fakeslow (20 ms a call): the winners cannot depend on load.
     assert _run("-i", untuned, "-o", mp_file, "--libtype", "torch,fakeslow", "--mp", 1) == 0
     capsys.readouterr()
     assert _run("-i", untuned, "-o", ray_file, "--libtype", "torch,fakeslow", "--ray", "auto", "--mp", 2,

@@ -23,7 +23,7 @@ import torch
 import aiter_gemm
 
 if TYPE_CHECKING:
-    from aiter_gemm.examples.hf_decode import PatchState
+    from aiter_gemm.examples.hf_model import PatchState
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CAPTURE_FILE = "captured_gemm.csv"

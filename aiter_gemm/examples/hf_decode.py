@@ -22,9 +22,10 @@ ms ones; H100 host: one eager decode step 26-150 ms within a run), so an eager t
 right after the switch to its arm (the same module objects every time: nothing to warm up) and the arms alternate
 step by step, ``--eager-rounds`` times, Python's garbage collector paused: the two steps of a pair are tens of
 milliseconds apart, inside the same phase. The speedup is the median of the per-round ratios (adjacent timings of the
-two arms); the report also gives medians and min/max over rounds. ``--control`` adds a second unpatched arm to the
-same rounds: its ratio to "without" is what the method reads for identical work (A/A). ``generate()`` is used for
-capture only (its wall time varies ~10%).
+two arms); the report also gives medians and min/max over rounds, and the ratio of the medians, which pairs timings
+of different rounds and, within the rounds' spread, can even disagree with the speedup in direction. ``--control``
+adds a second unpatched arm to the same rounds: its ratio to "without" is what the method reads for identical work
+(A/A). ``generate()`` is used for capture only (its wall time varies ~10%).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
-import inspect
 import json
 import logging
 import os
@@ -58,166 +58,19 @@ from aiter_gemm.examples.hf_capture import (  # noqa: E402
     run_tuner,
     runtime_env,
 )
+from aiter_gemm.examples.hf_model import (  # noqa: E402  (also the names scripts import from here)
+    PatchState,
+    StaticSteps,
+    build_model,
+    capture_graph,
+    resolve_config,
+)
 from aiter_gemm.examples.hf_profile import ARMS, profile_decode  # noqa: E402
-from aiter_gemm.nn import TunedLinear, patch_linear  # noqa: E402
 
 CONTROL = "control"  # with --control: a second unpatched arm; without / control is the method's A/A noise floor
 
 # ---------------------------------------------------------------------------------------------------------------
-# model
-
-
-def resolve_config(spec: str) -> Path:
-    """The folder holding ``config.json``: ``spec`` itself, the folder of a ``config.json`` path, or a shipped model
-    config (``configs/model_configs/<spec>``)."""
-    path = Path(spec)
-    if path.is_file() and path.name == "config.json":
-        return path.parent
-    if (path / "config.json").is_file():
-        return path
-    from aiter_gemm.settings import default_config_dir
-
-    shipped = default_config_dir() / "model_configs" / spec
-    if (shipped / "config.json").is_file():
-        return shipped
-    names = sorted(p.parent.name for p in (default_config_dir() / "model_configs").glob("*/config.json"))
-    raise SystemExit(f"--config {spec}: no config.json there and no shipped model of that name ({', '.join(names)})")
-
-
-def build_model(config_dir: Path, layers: int | None, dtype: torch.dtype, device: torch.device,
-                attn: str) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_config`` with random weights created on ``device`` (no download, no copy)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(str(config_dir))
-    if layers:
-        cfg.num_hidden_layers = layers
-    kwargs: dict[str, Any] = {"attn_implementation": attn}
-    kwargs["dtype" if _from_config_takes_dtype() else "torch_dtype"] = dtype
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, **kwargs)
-    model.eval().requires_grad_(False)
-    return model
-
-
-def _from_config_takes_dtype() -> bool:
-    import transformers
-
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    return (major, minor) >= (4, 56)  # `torch_dtype` became `dtype` (the old name warns from 5.0 on)
-
-
-class PatchState:
-    """Which arm the model is in: patched (TunedLinear) or not. The first patch is :func:`patch_linear`; later
-    switches put the same module objects back in their slots (no copy, and the patched modules keep their dispatch
-    entries), so switching costs ~225 dict stores and an arm's first step after a switch is like any other."""
-
-    def __init__(self, model: torch.nn.Module, include: list[str] | None, exclude: list[str] | None) -> None:
-        self.model, self.include, self.exclude = model, include, exclude
-        self.patched = False
-        self.names: list[str] = []
-        self._slots: list[tuple[dict, str, torch.nn.Module, torch.nn.Module]] = []  # (parent._modules, attr, new, old)
-
-    def set(self, patched: bool) -> None:
-        if patched == self.patched:
-            return
-        if self._slots:
-            for modules, attr, new, old in self._slots:
-                modules[attr] = new if patched else old
-        elif patched:
-            self.names = patch_linear(self.model, self.include, self.exclude)
-            if not self.names:
-                raise SystemExit("patch_linear swapped no module: check --include / --exclude")
-            self._slots = [(parent._modules, attr, child, child._aiter_original)
-                           for parent in self.model.modules() for attr, child in parent._modules.items()
-                           if isinstance(child, TunedLinear)]
-        self.patched = patched
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# replayable steps
-
-
-class StaticSteps:
-    """A static KV cache and the fixed inputs of one prefill and one decode step. Each step first puts the cache's
-    write position back (transformers >= 5 keeps it in per-layer device tensors that every update advances), so a
-    step can be repeated, or captured in a CUDA graph and replayed, any number of times with identical work."""
-
-    def __init__(self, model: torch.nn.Module, batch: int, prompt_len: int, device: torch.device) -> None:
-        from transformers import StaticCache
-
-        self.model, self.batch, self.prompt_len = model, batch, prompt_len
-        max_len = (prompt_len + 1 + 63) // 64 * 64
-        params = inspect.signature(StaticCache.__init__).parameters
-        kw: dict[str, Any] = {"config": model.config, "max_cache_len": max_len}
-        for name, val in (("max_batch_size", batch), ("device", device), ("dtype", model.dtype)):
-            if name in params:  # transformers 4.x sizes the cache up front
-                kw[name] = val
-        self.cache = StaticCache(**kw)
-        vocab = model.config.vocab_size
-        self.prompt = torch.randint(0, vocab, (batch, prompt_len), device=device)
-        self.next_ids = torch.randint(0, vocab, (batch, 1), device=device)
-        self.prefill_pos = torch.arange(prompt_len, device=device).unsqueeze(0).expand(batch, -1)
-        self.decode_pos = torch.full((batch, 1), prompt_len, device=device, dtype=torch.long)
-        fwd = inspect.signature(model.forward).parameters
-        self.extra = {"logits_to_keep": 1} if "logits_to_keep" in fwd else \
-            {"num_logits_to_keep": 1} if "num_logits_to_keep" in fwd else {}
-        self.cache_position = "cache_position" in fwd  # transformers 4.x: the static cache writes there
-        self.counter: torch.Tensor | None = None
-        self._forward(self.prompt, self.prefill_pos)  # lazy cache allocation, then one shared position counter
-        self._share_counters()
-        self._check_replayable()
-
-    def _share_counters(self) -> None:
-        layers = [ly for ly in getattr(self.cache, "layers", ())
-                  if isinstance(getattr(ly, "cumulative_length", None), torch.Tensor)]
-        if layers:
-            c0 = layers[0].cumulative_length
-            self.counter = torch.zeros(len(layers), dtype=c0.dtype, device=c0.device)
-            for i, ly in enumerate(layers):
-                ly.cumulative_length = self.counter[i]  # a view: one fill_ resets every layer
-
-    def _check_replayable(self) -> None:
-        lengths = []
-        for _ in range(2):
-            self.decode()
-            lengths.append(int(self.cache.get_seq_length()))
-        if lengths[0] != lengths[1]:
-            raise RuntimeError(f"this transformers version's StaticCache advances its write position in a way this "
-                               f"script cannot reset (lengths {lengths}); replayed steps would not be identical")
-
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        kw = dict(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True, **self.extra)
-        if self.cache_position:
-            kw["cache_position"] = pos[0]
-        return self.model(**kw).logits
-
-    def prefill(self) -> torch.Tensor:
-        if self.counter is not None:
-            self.counter.fill_(0)
-        return self._forward(self.prompt, self.prefill_pos)
-
-    def decode(self) -> torch.Tensor:
-        if self.counter is not None:
-            self.counter.fill_(self.prompt_len)
-        return self._forward(self.next_ids, self.decode_pos)
-
-
-def capture_graph(step: Callable[[], torch.Tensor], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """Warm ``step`` up on a side stream (dispatch decisions, Triton compilation, cuBLAS workspaces); capture it."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph, out
+# measurement
 
 
 def time_steps(fn: Callable[[], object], n: int, cuda: bool) -> float:
@@ -237,12 +90,6 @@ def time_steps(fn: Callable[[], object], n: int, cuda: bool) -> float:
     return start.elapsed_time(end) / n
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# measurement
-
-
-
-
 def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchState, arch: Any, out: Path,
                 model_name: str) -> dict[str, Any]:
     from gradlib.timing import interleaved
@@ -254,10 +101,9 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
         print("measure: no CUDA device: CUDA-graph measurements skipped (eager only)")
     env: dict[str, str | None] = {"AITER_TUNE_GEMM": None}
     if args.tuned:  # in front of the configured table (rows merge: on a duplicate key the lowest us wins)
-        from aiter_gemm.settings import default_config_dir
+        from aiter_gemm.settings import SHIPPED
 
-        base = os.environ.get("AITER_CONFIG_GEMM_BF16") or str(default_config_dir() / "bf16_tuned_gemm.csv")
-        env["AITER_CONFIG_GEMM_BF16"] = f"{args.tuned}:{base}"
+        env["AITER_CONFIG_GEMM_BF16"] = f"{args.tuned}:{os.environ.get('AITER_CONFIG_GEMM_BF16') or SHIPPED}"
     arms = ARMS + (CONTROL,) if args.control else ARMS
     rounds: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
@@ -306,8 +152,10 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                             first = arms[0] if r % 2 == 0 else arms[-1]
                             rounds.append({"model": model_name, "batch": b, "mode": mode, "phase": phase, "arm": arm,
                                            "round": r, "measured_first": arm == first, "steps": n, "ms": ms})
-                    print(f"measure: batch {b:>3} {mode:<5} {phase:<7} without {statistics.median(res['without']):9.3f}"
-                          f" ms  with {statistics.median(res['with']):9.3f} ms  ({time.perf_counter() - t0:.1f} s)",
+                    ratio = statistics.median(a / c for a, c in zip(res["without"], res["with"]))
+                    print(f"measure: batch {b:>3} {mode:<5} {phase:<7} median ms without "
+                          f"{statistics.median(res['without']):9.3f}, with {statistics.median(res['with']):9.3f}; "
+                          f"speedup (median per-round ratio) {ratio:.3f}  ({time.perf_counter() - t0:.1f} s)",
                           flush=True)
                     if args.profile and cuda and phase == "decode":
                         profiles += profile_decode(state, step, graphs[:len(ARMS)], b, mode, out)
@@ -389,7 +237,8 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
             row.update({f"ms_{arm}": med, f"ms_{arm}_min": min(vals), f"ms_{arm}_max": max(vals),
                         f"tok_s_{arm}": tokens / med * 1e3})
         row.update(speedup=statistics.median(ratios), round_ratio_min=min(ratios),
-                   round_ratio_median=statistics.median(ratios), round_ratio_max=max(ratios))
+                   round_ratio_median=statistics.median(ratios), round_ratio_max=max(ratios),
+                   ratio_of_medians=row["ms_without"] / row["ms_with"])
         if CONTROL in arms:  # identical work in both arms: how far from 1.0 the method reads by itself
             aa = [a / c for a, c in zip(wo, arms[CONTROL])]
             row.update(aa_ratio=statistics.median(aa), aa_ratio_min=min(aa), aa_ratio_max=max(aa))
@@ -397,11 +246,19 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
     return out
 
 
+#: Under the table: the speedup and the medians are different statistics, and can disagree in direction when the
+#: arms differ by less than the round-to-round spread (one report: medians 1.265 vs 1.285 ms, speedup 1.025).
+TABLE_LEGEND = ("ms: median over the rounds of one arm [min-max]. speedup: median over the rounds of the ratio of the "
+                "two arms' adjacent timings (without / with, > 1: patched is faster) [min-max], the method's number; "
+                "ratio of medians: median ms without / median ms with, which pairs timings of different rounds.")
+
+
 def markdown(summary: list[dict[str, Any]]) -> str:
+    """The summary as a markdown table, each column naming its statistic, and :data:`TABLE_LEGEND` under it."""
     control = any("aa_ratio" in r for r in summary)
-    lines = ["| model | batch | mode | phase | ms without [min-max] | ms with [min-max] | tok/s without | tok/s with "
-             "| speedup (median per-round without/with) | per-round ratio [min-max] |"
-             + (" A/A without/control [min-max] |" if control else ""),
+    lines = ["| model | batch | mode | phase | median ms without [min-max] | median ms with [min-max] "
+             "| tok/s without (median) | tok/s with (median) | speedup: median per-round ratio [min-max] "
+             "| ratio of medians |" + (" A/A without/control: median per-round ratio [min-max] |" if control else ""),
              "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if control else "")]
     for r in summary:
         aa = (f" {r['aa_ratio']:.3f} [{r['aa_ratio_min']:.3f}-{r['aa_ratio_max']:.3f}] |" if "aa_ratio" in r
@@ -410,9 +267,10 @@ def markdown(summary: list[dict[str, Any]]) -> str:
             f"| {r['model']} | {r['batch']} | {r['mode']} | {r['phase']} "
             f"| {r['ms_without']:.3f} [{r['ms_without_min']:.3f}-{r['ms_without_max']:.3f}] "
             f"| {r['ms_with']:.3f} [{r['ms_with_min']:.3f}-{r['ms_with_max']:.3f}] "
-            f"| {r['tok_s_without']:.0f} | {r['tok_s_with']:.0f} | {r['speedup']:.3f} "
-            f"| [{r['round_ratio_min']:.3f}-{r['round_ratio_max']:.3f}] |" + aa)
-    return "\n".join(lines)
+            f"| {r['tok_s_without']:.0f} | {r['tok_s_with']:.0f} "
+            f"| {r['speedup']:.3f} [{r['round_ratio_min']:.3f}-{r['round_ratio_max']:.3f}] "
+            f"| {r['ratio_of_medians']:.3f} |" + aa)
+    return "\n".join(lines + ["", TABLE_LEGEND])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -426,8 +284,13 @@ def int_list(text: str) -> list[int]:
     return vals
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; its help is the module docstring's first paragraph and its three-step example."""
+    summary, example = __doc__.split("\n\n")[:2]
+    ap = argparse.ArgumentParser(prog="python -m aiter_gemm.examples.hf_decode",
+                                 description=" ".join(summary.replace("``", "").split()),
+                                 epilog="example (capture, tune, measure):\n" + example,
+                                 formatter_class=_HelpFormatter)
     ap.add_argument("--config", default="llama3_8b", help="shipped model name (configs/model_configs/<name>), a "
                     "folder with a config.json, or the config.json itself (default llama3_8b)")
     ap.add_argument("--layers", type=int, default=None, help="cut num_hidden_layers to this (default: the config's)")
@@ -464,12 +327,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "it tuned 16 of llama3_8b's 36 shapes in 8 min (Triton compiles); --tune-args "
                     "'--libtype cublaslt,torch,skinny' tuned 20 in 30 s")
     ap.add_argument("--tune-args", default="",
-                    help="extra gemm-tuner arguments, e.g. '--libtype cublaslt,torch,skinny'")
+                    help="extra gemm-tuner arguments, e.g. '--libtype cublaslt,torch,skinny' (default: none)")
     ap.add_argument("--tuned", default=None, help="tuned CSV(s) (colon list) put in front of AITER_CONFIG_GEMM_BF16 "
                     "(default: the shipped table) for the measurement")
     ap.add_argument("--profile", action="store_true", help="profile decode steps (torch.profiler): GEMM share of GPU "
                     "time and launch gaps, traces in <out>")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
+    return ap
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The epilog's command lines kept as written; the description wrapped to the terminal."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example"):
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = build_parser()
     args = ap.parse_args(argv)
     bad = [m for m in args.exec if m not in ("eager", "graph")]
     if bad:

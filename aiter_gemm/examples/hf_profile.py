@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from aiter_gemm.examples.hf_decode import PatchState
+    from aiter_gemm.examples.hf_model import PatchState
 
 ARMS = ("without", "with")  # unpatched F.linear, patched gemm_a16w16
 

@@ -1,0 +1,169 @@
+"""The package's programs as a newcomer meets them: ``--help`` that parses and says every default, the demo's table
+printed whole, and the layering of the runtime, the tuner and the examples (the runtime never imports the tuner; the
+examples import each other in one direction)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from op_tests.runtime_helpers import BF16_HEADER, bf16_row, repo_env
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "aiter_gemm" / "examples"
+
+
+def _defaults_shown(parser: argparse.ArgumentParser) -> list[str]:
+    """Options with a default whose help does not say it (empty: every default is shown)."""
+    missing = []
+    for action in parser._actions:
+        if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            continue
+        text = parser._get_formatter()._expand_help(action) if action.help else ""
+        if "default" not in text:
+            missing.append(action.option_strings[-1])
+    return missing
+
+
+# ---- --help ---------------------------------------------------------------------------------------------------
+def test_demo_help_shows_every_default(capsys):
+    from aiter_gemm import demo
+
+    parser = demo.build_parser()
+    assert _defaults_shown(parser) == []
+    with pytest.raises(SystemExit) as info:
+        demo.main(["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "(default: 64)" in out and "llama3_8b_untuned_gemm.csv)" in out
+
+
+def test_hf_decode_help_is_whole_sentences_with_defaults_and_the_example(capsys):
+    from aiter_gemm.examples import hf_decode
+
+    parser = hf_decode.build_parser()
+    assert _defaults_shown(parser) == []
+    with pytest.raises(SystemExit) as info:
+        hf_decode.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert info.value.code == 0
+    # the description used to stop after "check them against the" (the docstring's first line)
+    assert "check them against the shapes gradlib.models derives, (tune them,) and time prefill and per-token " \
+           "decode with and without the patch." in out
+    assert "example (capture, tune, measure):" in out and "gemm-tuner -i hf_out/captured_gemm.csv" in out
+    assert "--mode measure --out hf_out \\ --tuned hf_out/tuned_gemm.csv" in out
+
+
+# ---- the demo ---------------------------------------------------------------------------------------------------
+def test_demo_prints_its_table_whole_and_counts_the_misses(tmp_path, clean_runtime, capsys, caplog):
+    """The runtime's per-shape "not found tuned config" INFO lines (AITER's, kept for library users) used to
+    interleave with the table; the demo now prints the table, then how many shapes missed, with one example."""
+    from aiter_gemm import demo
+    from aiter_gemm.dispatch import MISS_MESSAGE
+
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n1,64,32\n2,64,32\n16,48,32\n")
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text(BF16_HEADER + bf16_row(16, 48, 32, dtype="torch.bfloat16"))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(tuned))
+    import aiter_gemm
+
+    aiter_gemm.reload_configs()
+    logger = logging.getLogger("aiter_gemm")
+    before = (logger.handlers[:], logger.level, logger.propagate)
+    with caplog.at_level(logging.INFO, logger="aiter_gemm"):
+        assert demo.main(["--shapes", str(shapes), "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].startswith("3 shapes from") and lines[1].split()[:3] == ["M", "N", "K"]
+    rows = [line.split() for line in lines[2:5]]
+    assert [(r[0], r[6]) for r in rows] == [("1", "default"), ("2", "default"), ("16", "exact")]
+    assert lines[5].startswith("2 shape(s) matched no tuned row and ran the default")
+    assert "shape is M:1, N:64, K:32" in lines[6] and len(lines) == 7
+    assert "not found tuned config" not in err  # not printed a second time
+    assert not [r for r in caplog.records if r.msg == MISS_MESSAGE], "the demo's handler was the only one"
+    assert (logger.handlers, logger.level, logger.propagate) == before  # the library's logging left as it was
+
+
+# ---- layering -------------------------------------------------------------------------------------------------
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of the file (functions and ``TYPE_CHECKING`` blocks included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return out
+
+
+def test_the_runtime_never_imports_gradlib():
+    """Importing every module of aiter_gemm (examples included: they use gradlib only inside functions) loads no
+    gradlib module; and no file of the runtime (aiter_gemm outside examples/) names gradlib in an import at all."""
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        import aiter_gemm
+        names = [m.name for m in pkgutil.walk_packages(aiter_gemm.__path__, "aiter_gemm.")]
+        for name in names:
+            importlib.import_module(name)
+        print(len(names), sorted(m for m in sys.modules if m.split(".")[0] == "gradlib"))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], env=repo_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    count, loaded = res.stdout.split(" ", 1)
+    assert int(count) > 30 and loaded.strip() == "[]"
+    runtime = [p for p in (REPO / "aiter_gemm").rglob("*.py") if EXAMPLES not in p.parents]
+    offenders = {str(p.relative_to(REPO)): sorted(m for m in _imports(p) if m.split(".")[0] == "gradlib")
+                 for p in runtime}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_examples_import_each_other_in_one_direction_and_gradlib_never_imports_them():
+    graph = {p.stem: {m.rsplit(".", 1)[-1] for m in _imports(p) if m.startswith("aiter_gemm.examples.")}
+             for p in EXAMPLES.glob("*.py") if p.stem != "__init__"}
+    assert graph["hf_model"] == set() and "hf_decode" not in graph["hf_capture"] | graph["hf_profile"]
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:  # depth-first: a node seen again on the current path is a cycle
+        state[node] = "open"
+        for nxt in graph.get(node, ()):
+            assert state.get(nxt) != "open", f"import cycle: {' -> '.join([*path, node, nxt])}"
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = "done"
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])
+    tuner = {str(p.relative_to(REPO)): [m for m in _imports(p) if m.startswith("aiter_gemm.examples")]
+             for p in (REPO / "gradlib").rglob("*.py")}
+    assert {k: v for k, v in tuner.items() if v} == {}
+
+
+# ---- hf_decode's report -------------------------------------------------------------------------------------------
+def test_hf_decode_table_names_each_statistic_when_medians_and_speedup_disagree():
+    """Rounds whose medians say "slower" (12.65 vs 12.85 ms) while the median per-round ratio says "faster" (1.053,
+    the method's number): each column says which statistic it is, and the ratio of the medians is there too."""
+    from aiter_gemm.examples.hf_decode import TABLE_LEGEND, markdown, summarize
+
+    times = {"without": [10.0, 12.65, 20.0], "with": [12.85, 12.0, 19.0]}
+    rounds = [{"model": "m", "batch": 1, "mode": "eager", "phase": "decode", "arm": arm, "round": r, "ms": ms}
+              for arm, values in times.items() for r, ms in enumerate(values)]
+    (row,) = summarize(rounds, prompt_len=8)
+    assert row["ms_without"] < row["ms_with"] and row["speedup"] == pytest.approx(20 / 19)
+    assert row["ratio_of_medians"] == pytest.approx(12.65 / 12.85)
+    header, _, line, _, legend = markdown([row]).splitlines()
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    named = dict(zip([c.strip() for c in header.strip("|").split("|")], cells))
+    assert named["median ms without [min-max]"] == "12.650 [10.000-20.000]"
+    assert named["median ms with [min-max]"] == "12.850 [12.000-19.000]"
+    assert named["speedup: median per-round ratio [min-max]"] == "1.053 [0.778-1.054]"
+    assert named["ratio of medians"] == "0.984"
+    assert legend == TABLE_LEGEND and "adjacent timings" in legend
