@@ -20,6 +20,17 @@ need_tilelang() {
   fi
 }
 
+# step NAME LIMIT_S COMMAND...: run COMMAND unless STEPS (default all) leaves NAME out, its output appended to $LOG,
+# stopped by SIGTERM after LIMIT_S (a benchmark's CSV then holds every shape finished by then).
+step() {
+  local name=$1 limit=$2; shift 2
+  case " ${STEPS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
+  local s; s=$(date +%s)
+  echo "== $name: $*" >> "$LOG"
+  timeout -s TERM "$limit" "$@" >> "$LOG" 2>&1
+  echo "== $name rc=$? $(( $(date +%s) - s )) s" >> "$LOG"
+}
+
 env_header() {
   {
     date -u +%Y-%m-%dT%H:%M:%SZ

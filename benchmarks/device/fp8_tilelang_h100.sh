@@ -9,7 +9,7 @@
 #
 #   OUT=/tmp/fp8 TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_tilelang_h100.sh
 #
-# Writes under $OUT: tests.log, retune.log, configs.tar (the retuned CSV and per-(N, K) JSON files, to copy over
+# Writes under $OUT: record.log (every step's output), configs.tar (the retuned CSV and per-(N, K) JSON files, to copy over
 # configs/), fp8_tilelang_<GPU>.csv (+ _env.json), fp8_tilelang_eager_<GPU>.csv, record.log. STEPS picks steps.
 set -u
 OUT=${OUT:?set OUT to an output folder}
@@ -21,14 +21,6 @@ need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
 : > "$LOG"
 env_header "$LOG"
 BEFORE=benchmarks/results/fp8/configs_before_tilelang
-step() {
-  local name=$1 limit=$2; shift 2
-  case " ${STEPS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
-  local s; s=$(date +%s)
-  echo "== $name: $*" >> "$LOG"
-  timeout -s TERM "$limit" "$@" >> "$OUT/$name.log" 2>&1
-  echo "== $name rc=$? $(( $(date +%s) - s )) s" >> "$LOG"
-}
 step tests 150 python -m pytest -q -m gpu op_tests/test_blockscale_tilelang.py op_tests/test_a8w8_blockscale.py
 python - > /tmp/decode_shapes.csv <<'PY'
 import csv

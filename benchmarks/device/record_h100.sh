@@ -31,15 +31,6 @@ env_header "$LOG"
 
 R="python -m benchmarks.run --out $OUT"
 HF_TUNED=benchmarks/results/hf/loop_h100_b7bec25/call3/tuned_gemm.csv
-# name limit_s command...: one step, stopped by SIGTERM after limit_s (its CSV holds every shape finished by then).
-step() {
-  local name=$1 limit=$2; shift 2
-  case " ${STEPS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
-  local s; s=$(date +%s)
-  echo "== $name: $*" >> "$LOG"
-  timeout -s TERM "$limit" "$@" >> "$LOG" 2>&1
-  echo "== $name rc=$? $(( $(date +%s) - s )) s" >> "$LOG"
-}
 step overhead 45 $R --bench overhead --calls 5000 --repeats 11
 step overhead_python 45 env AITER_GEMM_EAGER_EXT=off $R --bench overhead --name overhead_python \
   --calls 5000 --repeats 11
