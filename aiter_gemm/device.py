@@ -57,7 +57,13 @@ class DeviceIdentity:
     gfx: str
     cu_num: int
     kind: str  # "cuda", "hip" or "cpu": which vendor code paths apply
-    name: str = ""  # marketing name, for logs and benchmark CSVs only
+    name: str = ""  # the name torch reports ("NVIDIA H100 80GB HBM3"), or AITER_GEMM_DEVICE_NAME's
+
+    @property
+    def device_name(self) -> str:
+        """The name as file names and key columns hold it: spaces as ``_`` (SGLang's ``device_name=``), so the H100
+        and the H200, both ``(sm_90, 132)``, are told apart."""
+        return "_".join(self.name.split())
 
     @property
     def is_gpu(self) -> bool:
@@ -86,6 +92,8 @@ def probe_cpu() -> DeviceIdentity:
     return DeviceIdentity("cpu", os.cpu_count() or 1, "cpu", "cpu")
 
 
-def apply_overrides(ident: DeviceIdentity, arch: str | None, cu_num: int | None) -> DeviceIdentity:
-    """Replace gfx and/or cu_num by the environment overrides, keeping the real vendor kind."""
-    return DeviceIdentity(arch or ident.gfx, ident.cu_num if cu_num is None else cu_num, ident.kind, ident.name)
+def apply_overrides(ident: DeviceIdentity, arch: str | None, cu_num: int | None,
+                    name: str | None = None) -> DeviceIdentity:
+    """Replace gfx, cu_num and/or the device name by the environment overrides, keeping the real vendor kind."""
+    return DeviceIdentity(arch or ident.gfx, ident.cu_num if cu_num is None else cu_num, ident.kind,
+                          name or ident.name)

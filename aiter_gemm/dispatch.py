@@ -159,13 +159,14 @@ class Dispatcher:
         return table
 
     def device(self, on_gpu: bool) -> DeviceIdentity:
-        """This process's identity for GPU or CPU tensors, with AITER_GEMM_ARCH / AITER_GEMM_CU_NUM applied."""
+        """This process's identity for GPU or CPU tensors, with AITER_GEMM_ARCH / _CU_NUM / _DEVICE_NAME applied."""
         ident = self._devices.get(on_gpu)
         if ident is None:
             probed = probe_gpu() if on_gpu else probe_cpu()
             if probed is None:
                 raise RuntimeError("aiter_gemm: a GPU tensor was given but torch sees no GPU")
-            ident = self._devices[on_gpu] = apply_overrides(probed, self.settings.arch, self.settings.cu_num)
+            ident = self._devices[on_gpu] = apply_overrides(probed, self.settings.arch, self.settings.cu_num,
+                                                            self.settings.device_name)
         return ident
 
     def backend(self, libtype: str) -> Backend:

@@ -128,6 +128,7 @@ class Settings:
     log_tuned_config: bool = False  # AITER_LOG_TUNED_CONFIG
     arch: str | None = None  # AITER_GEMM_ARCH, else AITER's GPU_ARCHS (last of a ';' list; "native": none)
     cu_num: int | None = None  # AITER_GEMM_CU_NUM, else AITER's CU_NUM (0: none)
+    device_name: str | None = None  # AITER_GEMM_DEVICE_NAME: the device name rows and SGLang files are matched on
     # AITER_GEMM_TRITON_CONFIGS folders (colon-separated), then the shipped configs/triton: per-device Triton JSONs.
     triton_config_dirs: tuple[str, ...] = ()
 
@@ -146,6 +147,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_tuned_config=_flag(env, "AITER_LOG_TUNED_CONFIG"),
         arch=arch_override(env),
         cu_num=cu_num_override(env),
+        device_name=env.get("AITER_GEMM_DEVICE_NAME", "").strip() or None,
         triton_config_dirs=_folders(env, "AITER_GEMM_TRITON_CONFIGS") + (str(default_config_dir() / "triton"),),
     )
 

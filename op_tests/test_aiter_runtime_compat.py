@@ -153,6 +153,16 @@ def test_aiter_device_overrides(env, arch, cu, clean_runtime):
     assert ident.gfx == (arch or "cpu") and ident.cu_num == (cu or probe_cpu().cu_num)
 
 
+@pytest.mark.parametrize("raw", ["NVIDIA H200", "  NVIDIA  H100 80GB HBM3 "])
+def test_device_name_override_is_read_once_and_written_with_underscores(raw, clean_runtime):
+    assert load_settings({}).device_name is None
+    clean_runtime.setenv("AITER_GEMM_DEVICE_NAME", raw)
+    aiter_gemm.reload_configs()
+    ident = aiter_gemm.current_device_identity(False)
+    assert ident.name == raw.strip() and ident.device_name == "_".join(raw.split())
+    assert (ident.gfx, ident.cu_num) == (probe_cpu().gfx, probe_cpu().cu_num)  # the other fields stay probed
+
+
 def test_miss_logs_aiters_info_line_once_per_shape(clean_runtime, tmp_path, caplog):
     tuned = tmp_path / "t.csv"
     tuned.write_text(BF16_HEADER + bf16_row(16, 96, 80))
