@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import ConfigError
 from aiter_gemm.dispatch import get_padded_m
-from aiter_gemm.ops import (
+from aiter_gemm.ops.a16w16 import (
     TunedGemm,
     current_device_identity,
     gemm_a16w16,
@@ -18,17 +18,14 @@ from aiter_gemm.ops import (
 
 __version__ = "0.1.0"
 
-# Imported on first use: they import Triton and define kernels, which a plain `import aiter_gemm` must not do.
-_LAZY = {"gemm_a8w8_blockscale": "aiter_gemm.blockscale", "get_GEMM_A8W8_BLOCKSCALE_config": "aiter_gemm.blockscale"}
-
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'aiter_gemm' has no attribute {name!r}")
-    import importlib
+    """The op entry points imported on first use (:data:`aiter_gemm.registry.PUBLIC`): they import Triton and define
+    kernels, which a plain ``import aiter_gemm`` must not do."""
+    from aiter_gemm.registry import public_attribute
 
-    return getattr(importlib.import_module(module), name)
+    return public_attribute(name)
+
 
 def warmup(ops: tuple[str, ...] = ("gemm_a16w16", "gemm_a8w8_blockscale"), on_gpu: bool | None = None,
            shapes: dict[str, list[GemmProblem]] | None = None) -> list[dict]:

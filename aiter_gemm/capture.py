@@ -5,7 +5,7 @@ Pending shapes are flushed by a timer (``AITER_TUNE_GEMM_FLUSH_S`` after the fir
 a file lock, merged with the rows already in the file (kept as they are) and written by atomic rename, so
 tensor-parallel ranks can share one file. The file is never inside the package, and never a tuned config (a file with
 tuned columns such as ``libtype`` or ``us`` is refused, at reload and at every write). One recorder per op: the op
-says which columns its untuned file has (:class:`~aiter_gemm.op.OpSpec`).
+says which columns its untuned file has (:class:`~aiter_gemm.ops.spec.OpSpec`).
 
 Nothing recorded is lost without a word: a shape leaves the pending list only once it is in the file, so the exit
 flush sees every shape a timer flush has not finished writing; the exit flush waits for the lock (another rank may

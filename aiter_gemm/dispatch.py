@@ -1,6 +1,6 @@
 """The dispatcher: per-shape decision (tuned row, JSON bucket or heuristic default) made once, then a dict lookup.
 
-Written once for every op (:class:`~aiter_gemm.op.OpSpec`). Lookup order (AITER's): exact key, M padded at
+Written once for every op (:class:`~aiter_gemm.ops.spec.OpSpec`). Lookup order (AITER's): exact key, M padded at
 granularity level 0, then level 1, then (ops with per-(N, K) JSON files) the JSON bucket, then the default: the
 highest-priority available backend of the op whose ``default_for`` claims the shape. A row whose backend is
 unavailable here, or whose solution the backend rejects, is a miss at that level (warned once per cause). Each
@@ -18,14 +18,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aiter_gemm import backends, cudagraph, jsonconfigs
+from aiter_gemm import cudagraph, jsonconfigs, registry
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
 from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow, load_table
 from aiter_gemm.device import DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
 from aiter_gemm.dtypes import dtype_name
 from aiter_gemm.logs import WarnOnce, ensure_info_handler
-from aiter_gemm.op import OpSpec
+from aiter_gemm.ops.spec import OpSpec
 from aiter_gemm.settings import Settings, load_settings
 
 log = logging.getLogger("aiter_gemm")
@@ -125,7 +125,7 @@ class Dispatcher:
             self._devices: dict[bool, DeviceIdentity] = {}
             self._defaults: list[Backend] | None = None
             self._configured: set[int] = set()
-            for backend in backends.loaded_backends(self.op.backends):  # the rest are configured on first use
+            for backend in registry.loaded_backends(self.op.backends):  # the rest are configured on first use
                 backend.configure(self.settings)
                 self._configured.add(id(backend))
             self._json_dirs = tuple(Path(p) for p in self.settings.triton_config_dirs)
@@ -171,7 +171,7 @@ class Dispatcher:
 
     def backend(self, libtype: str) -> Backend:
         """The op's backend ``libtype``, configured with this dispatcher's settings."""
-        backend = backends.get_backend(libtype, self.op.backends)
+        backend = registry.get_backend(libtype, self.op.backends)
         if id(backend) not in self._configured:
             with self._lock:
                 if id(backend) not in self._configured:
@@ -266,7 +266,7 @@ class Dispatcher:
             if dec is None and self.op.json_family:
                 dec = self._from_json(problem, device)
         if dec is None:
-            dec = self._default(problem, device)
+            dec = self.default_decision(problem, device)
             self._log_miss(problem, dec)
         if self._recorder is not None and dec.matched != "exact":
             self._recorder.record(problem)  # padded and JSON hits too: the tuner can then tune the exact M
@@ -288,18 +288,26 @@ class Dispatcher:
                  problem.bias, problem.scaleAB, problem.bpreshuffle, ":".join(self.settings.config_paths[self.op.kind]),
                  dec.solution.libtype, dec.solution.solidx)
 
-    def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> tuple[Any, str | None]:
-        """(runner, None) if ``sol`` runs ``problem`` here; (None, why) if not; (None, None) if its libtype cannot
-        run here at all (warned once per libtype here, so callers need not say more)."""
-        backend = self.backend(sol.libtype)
+    def runner_for(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> tuple[Any, str | None]:
+        """Public: ``(runner, None)`` if ``solution`` runs ``problem`` on ``device``, else ``(None, why not)``: the
+        backend's availability, ``why_not`` and ``prepare``, the one rule the runtime's levels and the tuner share."""
+        backend = self.backend(solution.libtype)
         unavailable = backend.unavailable_reason()
+        if unavailable is not None:
+            return None, f"backend {solution.libtype!r} unavailable: {unavailable}"
+        why = backend.why_not(problem, solution, device)
+        runner = backend.prepare(problem, solution, device) if why is None else None
+        return runner, (why or "prepare() returned None") if runner is None else None
+
+    def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> tuple[Any, str | None]:
+        """:meth:`runner_for` for a decision level: a libtype that cannot run here at all is warned once per libtype
+        and returns (None, None), so callers need not say more."""
+        unavailable = self.backend(sol.libtype).unavailable_reason()
         if unavailable is not None:
             self.warn_once(("libtype", sol.libtype), "aiter_gemm: %s rows with libtype %r cannot run here (%s); "
                            "treating them as misses", self.op.name, sol.libtype, unavailable)
             return None, None
-        why = backend.why_not(problem, sol, device)
-        runner = backend.prepare(problem, sol, device) if why is None else None
-        return runner, (why or "rejected by the backend") if runner is None else None
+        return self.runner_for(problem, sol, device)
 
     def _decision(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution, matched: str,
                   row: TunedRow | None, runner: Any, source: str) -> Decision:
@@ -361,10 +369,10 @@ class Dispatcher:
             return self._decision(problem, device, sol, "json", None, runner, f"{folder / name}#{key}")
         return None
 
-    def _default(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
-        """AITER's order: pre-shuffled weights -> a BLASLt heuristic solution; else the highest-priority available
-        backend whose ``default_for`` accepts the shape (skinny for small M on a GPU); torch last. ``eager``: the
-        decision as eager calls see it (what the tuner confirms ``--timing eager`` winners against)."""
+    def default_decision(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
+        """Public (the tuner's baseline, benchmarks): the default decision, uncached. AITER's order: pre-shuffled
+        weights -> a BLASLt heuristic solution; else the highest-priority available backend whose ``default_for``
+        accepts the shape (skinny for small M on a GPU); torch last. ``eager``: the decision as eager calls see it (what the tuner confirms ``--timing eager`` winners against)."""
         choice = self._default_choice(problem, device)
         if choice is not None:
             dec = self._decision(problem, device, choice[0], "default", None, choice[1], DEFAULT_SOURCE)
@@ -384,7 +392,7 @@ class Dispatcher:
         """The backends that claim the shape as its default and can run it, highest priority first, with their
         solutions (nothing prepared)."""
         if self._defaults is None:
-            found = [self.backend(b.name) for b in backends.available_backends(self.op.backends)]
+            found = [self.backend(b.name) for b in registry.available_backends(self.op.backends)]
             self._defaults = sorted(found, key=lambda b: -b.default_priority)
         for backend in self._defaults:
             if (problem.bpreshuffle and not backend.is_blaslt) or (cheap_only and not backend.cheap_launch):

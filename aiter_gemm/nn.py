@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiter_gemm import gemm_a16w16
-from aiter_gemm.ops import EAGER_EXT as _EAGER_EXT
-from aiter_gemm.ops import entries_token as _entries_token
-from aiter_gemm.ops import linear_entry as _linear_entry
-from aiter_gemm.ops import run_linear_entry as _run_linear_entry
+from aiter_gemm.ops.a16w16 import EAGER_EXT as _EAGER_EXT
+from aiter_gemm.ops.a16w16 import entries_token as _entries_token
+from aiter_gemm.ops.a16w16 import linear_entry as _linear_entry
+from aiter_gemm.ops.a16w16 import run_linear_entry as _run_linear_entry
 
 log = logging.getLogger("aiter_gemm")
 

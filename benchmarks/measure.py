@@ -184,7 +184,7 @@ def decision_columns(op: str, p: GemmProblem) -> dict[str, str]:
     if op == A16W16:
         cfg = aiter_gemm.get_GEMM_A16W16_config(p.M, p.N, p.K, p.bias, p.dtype, p.otype, p.scaleAB, p.bpreshuffle)
     else:
-        from aiter_gemm.blockscale import get_GEMM_A8W8_BLOCKSCALE_config
+        from aiter_gemm.ops.a8w8_blockscale import get_GEMM_A8W8_BLOCKSCALE_config
 
         cfg = get_GEMM_A8W8_BLOCKSCALE_config(p.M, p.N, p.K)
     return {"libtype": cfg.get("libtype", ""), "eager_libtype": cfg.get("eager_libtype", ""),

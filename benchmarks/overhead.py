@@ -76,9 +76,9 @@ def _tuned_csv(path: Path, dev: torch.device, dtype: torch.dtype) -> None:
 def _blockscale_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
     """The block-scale op against the plain call of torch's block-scaled matmul: torch-decided (M a multiple of 4,
     and padded) and a Triton-decided shape whose eager calls run torch's."""
-    from aiter_gemm.blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
     from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
     from aiter_gemm.kernels.a8w8_blockscale import quantize_blockscale
+    from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
 
     if torch_impl.unavailable_reason(torch.device("cuda")) is not None:
         return []

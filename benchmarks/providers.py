@@ -24,10 +24,9 @@ import torch
 import torch.nn.functional as F
 
 import aiter_gemm
-from aiter_gemm.backends import get_backend, known_backends
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.op import op_spec
+from aiter_gemm.registry import get_backend, known_backends, op_spec
 
 A16W16 = "gemm_a16w16"
 BLOCKSCALE = "gemm_a8w8_blockscale"
@@ -98,7 +97,7 @@ def _dispatch(ctx: Context, arg: str) -> Call:
     sets, p = ctx.sets, ctx.problem
     if ctx.op == A16W16:
         return lambda i: aiter_gemm.gemm_a16w16(sets[i][0], sets[i][1], sets[i][2], p.otype, sets[i][3], sets[i][4])
-    from aiter_gemm.blockscale import gemm_a8w8_blockscale
+    from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale
 
     return lambda i: gemm_a8w8_blockscale(*sets[i], p.otype)
 
@@ -108,7 +107,7 @@ def _default(ctx: Context, arg: str) -> Call:
     timing: what a shape without a row runs."""
     if arg:
         raise Unavailable(f"default takes no argument (got {arg!r})")
-    dec = aiter_gemm.get_dispatcher(ctx.op)._default(ctx.problem, ctx.ident, eager=ctx.mode != "graph")
+    dec = aiter_gemm.get_dispatcher(ctx.op).default_decision(ctx.problem, ctx.ident, eager=ctx.mode != "graph")
     return _runner_call(ctx, dec.runner)
 
 
@@ -117,7 +116,7 @@ def _baseline(ctx: Context, arg: str) -> Call:
     tuned CSV and ``triton/`` JSON files in DIR (a copy of that commit's ``configs/``), by a dispatcher of its own
     on which the ``tilelang`` backend is unavailable. Graph timing runs the decision's runner, as ``dispatch`` does
     inside a captured graph."""
-    from aiter_gemm.backends import UnavailableBackend
+    from aiter_gemm.backends.base import UnavailableBackend
     from aiter_gemm.dispatch import Dispatcher
     from aiter_gemm.settings import CONFIG_KINDS, load_settings
 

@@ -16,14 +16,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from dataclasses import replace
 
-from gradlib.cli import EXIT_UNSAVED, UsageError, non_negative_float, non_negative_int, positive_int
+from gradlib.cli import UsageError, non_negative_float, non_negative_int, positive_int
 from gradlib.compare import CompareOptions, candidate_path
-from gradlib.driver import TuneJob, tune
-from gradlib.pool import Executor
-from gradlib.results import sort_tuned_file
 from gradlib.timing import TimingConfig
 
 log = logging.getLogger("gradlib")
@@ -118,19 +114,3 @@ def compare_options(args: argparse.Namespace, tuned_file: str) -> CompareOptions
     if not args.compare:
         return None
     return CompareOptions(args.min_improvement_pct, args.update_improved, candidate_path(tuned_file))
-
-
-def run_job(job: TuneJob, args: argparse.Namespace, run_config: str | None, executor: Executor) -> int:
-    """Run a tuner's job as AITER's flags ask: ``--run_config`` times and checks every candidate and confirms or writes
-    nothing (against ``run_config``'s rows, else the default); ``--sort`` sorts the tuned file afterwards."""
-    if args.run_config:
-        job = replace(job, search=replace(job.search, err_ratio=1.0, confirm_rounds=0, min_gain=1.0),
-                      run_config=f"tuned: {run_config}" if run_config else "default", err_limit=args.errRatio)
-    status = tune(job, executor)
-    if args.sort and not args.run_config and os.path.isfile(args.tuned_file):
-        try:
-            sort_tuned_file(args.tuned_file, job.spec)
-        except OSError as exc:  # the rows are written; only their order is not (a full disk, a lock held long)
-            print(f"{job.prog}: error: --sort: could not rewrite {args.tuned_file}: {exc}", file=sys.stderr)
-            return status or EXIT_UNSAVED
-    return status

@@ -28,9 +28,11 @@ from typing import Any
 
 import torch
 
-from aiter_gemm.backends import register_backend
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
-from aiter_gemm.blockscale import (
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
+from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     GEMM_A8W8_BLOCKSCALE,
     Choice,
@@ -43,9 +45,7 @@ from aiter_gemm.blockscale import (
     solution_of,
     write_json_configs,
 )
-from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.fileio import read_csv_rows
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
+from aiter_gemm.registry import register_backend
 from gradlib.results import known_libtypes, row_key, stale_reason
 from gradlib.search import Candidate, ShapeOutcome
 from gradlib.timing import rotating_sets

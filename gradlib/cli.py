@@ -24,7 +24,7 @@ import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.op import op_spec
+from aiter_gemm.registry import op_spec
 from gradlib.pool import Executor, PoolError, ProcessPool
 from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,11 +19,19 @@ from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import render_csv, write_error
-from gradlib.cli import EXIT_FAILED_SHAPES, EXIT_USAGE, Terminated, exit_status, sigterm_as_interrupt, start_executor
+from gradlib.cli import (
+    EXIT_FAILED_SHAPES,
+    EXIT_UNSAVED,
+    EXIT_USAGE,
+    Terminated,
+    exit_status,
+    sigterm_as_interrupt,
+    start_executor,
+)
 from gradlib.compare import CompareOptions, Verdict, format_compare, format_run_config, seed_candidate, verdict
 from gradlib.pool import Executor, PoolError
 from gradlib.progress import Progress
-from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, tuned_keys
+from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, sort_tuned_file, tuned_keys
 from gradlib.search import SearchOptions, ShapeOutcome, ShapeSearch, run_searches
 from gradlib.tasks import DEFAULT, backend_of
 from gradlib.tune_ops import Sidecar, TuneOp
@@ -126,7 +135,7 @@ def precompile(op: str, libtypes: tuple[str, ...], problems: list[GemmProblem], 
     candidate). A backend that cannot build here (its package missing in this process) is skipped with a warning:
     the workers then build, or fail, candidate by candidate."""
     from aiter_gemm.backends.base import Backend
-    from aiter_gemm.op import op_spec
+    from aiter_gemm.registry import op_spec
     from gradlib.tasks import enumerate_solutions
 
     package = op_spec(op).backends
@@ -201,6 +210,23 @@ def report_unsaved(job: TuneJob, writers: list[CheckpointWriter]) -> bool:
     return left
 
 
+def run(job: TuneJob, pool: Executor, run_config: bool = False, sort: bool = False) -> int:
+    """The run step of every tuner CLI: ``run_config`` (AITER's ``--run_config``) times and checks every candidate
+    and confirms or writes nothing (against ``job.rows_of``'s rows, else the default); ``sort`` (``--sort``) sorts
+    the tuned file afterwards. The exit status of :func:`tune`."""
+    if run_config:
+        job = replace(job, search=replace(job.search, err_ratio=1.0, confirm_rounds=0, min_gain=1.0),
+                      run_config=f"tuned: {job.rows_of}" if job.rows_of else "default")
+    status = tune(job, pool)
+    if sort and not run_config and os.path.isfile(job.tuned_file):
+        try:
+            sort_tuned_file(job.tuned_file, job.spec)
+        except OSError as exc:  # the rows are written; only their order is not (a full disk, a lock held long)
+            print(f"{job.prog}: error: --sort: could not rewrite {job.tuned_file}: {exc}", file=sys.stderr)
+            return status or EXIT_UNSAVED
+    return status
+
+
 def tune(job: TuneJob, pool: Executor) -> int:
     """Run ``job`` on ``pool`` (any :class:`~gradlib.pool.Executor`: the process pool, Ray actors); the exit
     status of :func:`gradlib.cli.exit_status`. SIGTERM is handled as Ctrl-C is: what finished is saved."""
@@ -221,7 +247,7 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         return failed
     ident = pool.identity
     spec = job.spec
-    from aiter_gemm.op import op_spec
+    from aiter_gemm.registry import op_spec
 
     opspec = op_spec(spec.op)
     row_key = opspec.row_key

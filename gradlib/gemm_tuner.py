@@ -22,12 +22,12 @@ from dataclasses import replace
 
 import torch
 
-from aiter_gemm import backends
+from aiter_gemm import registry as backends
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigError, load_untuned
 from aiter_gemm.dtypes import FP8_DTYPES, parse_dtype
 from aiter_gemm.fileio import read_csv_rows, render_csv
-from aiter_gemm.ops import dtype_error, untuned_row
+from aiter_gemm.ops.a16w16 import dtype_error, untuned_row
 from gradlib import cli
 from gradlib.aiter_flags import (
     DIFFERENCES,
@@ -35,11 +35,10 @@ from gradlib.aiter_flags import (
     check_aiter_flags,
     compare_options,
     env_default,
-    run_job,
     with_iterations,
 )
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, positive_float, positive_int, positive_int_list
-from gradlib.driver import TuneJob
+from gradlib.driver import TuneJob, run
 from gradlib.models import ModelConfigError, load_arch, model_problems
 from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
@@ -240,8 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   else None, profile_file=args.profile_file, summary_file=args.summary_file,
                   peak_tflops=args.peak_tflops, peak_bw=args.peak_bw, verbose=args.verbose,
                   rows_of=run_config or (args.tuned_file if in_place(args) and not args.run_config else None),
-                  compare=None if args.run_config else compare_options(args, args.tuned_file))
-    return run_job(job, args, run_config, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
+                  compare=None if args.run_config else compare_options(args, args.tuned_file), err_limit=args.errRatio)
+    executor = cli.build_executor(devices, plugins, args.timeout, args.ray, env)
+    return run(job, executor, run_config=bool(args.run_config), sort=args.sort)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from aiter_gemm.backends import known_backends
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import (
     SPECS,
@@ -29,7 +28,7 @@ from aiter_gemm.configs import (
 )
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows, sort_csv_rows
-from aiter_gemm.op import op_spec
+from aiter_gemm.registry import known_backends, op_spec
 from gradlib.search import Candidate, ShapeOutcome
 from gradlib.tune_ops import Sidecar, TuneOp
 

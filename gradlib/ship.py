@@ -77,8 +77,8 @@ def row_for(M: int, N: int, K: int, provider: str, us: float) -> dict[str, str]:
     import torch
 
     from aiter_gemm import current_device_identity
-    from aiter_gemm.backends import get_backend
     from aiter_gemm.backends.base import GemmProblem, Solution
+    from aiter_gemm.registry import get_backend
     from gradlib.a16w16 import problem_key
     from gradlib.accuracy import err_ratio, tolerance_for
     from gradlib.results import metrics

@@ -55,7 +55,7 @@ class Task:
     #: Op settings as (name, value) pairs (picklable, hashable): ``("quick", True)`` enumerates the backends'
     #: short lists; the block-scale op's ``("x_scale_layout", "m_major")`` lays its inputs out that way.
     options: tuple[tuple[str, object], ...] = ()
-    op: str = A16W16  # the op (aiter_gemm.op.op_spec / gradlib.tune_ops.tune_op name)
+    op: str = A16W16  # the op (aiter_gemm.registry.op_spec / gradlib.tune_ops.tune_op name)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -173,22 +173,19 @@ class WorkerRuntime:
         return ItemResult(task.task_id, index, True, solutions=sols, is_blaslt=bool(backend.is_blaslt))
 
     def _runner(self, task: Task, sol: Solution) -> tuple[object, Solution, str | None]:
-        """(runner, the solution it runs, None) or (None, sol, why not): DEFAULT resolves to the runtime's default."""
-        p = task.problem
-        if sol == DEFAULT:
-            from aiter_gemm import get_dispatcher
+        """(runner, the solution it runs, None) or (None, sol, why not), through the runtime dispatcher's public API:
+        DEFAULT resolves to its default decision, any other solution to its runner (the runtime's rule)."""
+        from aiter_gemm import get_dispatcher
 
+        p, disp = task.problem, get_dispatcher(task.op)
+        if sol == DEFAULT:
             eager = task.timing is not None and not task.timing.use_graph
-            dec = get_dispatcher(task.op)._default(p, self.identity, eager=eager)
+            dec = disp.default_decision(p, self.identity, eager=eager)
             return dec.runner, dec.solution, None
-        backend = backend_of(task.op, sol.libtype)
-        if not backend.is_available():
-            return None, sol, f"backend {sol.libtype!r} unavailable: {backend.unavailable_reason()}"
-        why = backend.why_not(p, sol, self.identity)
-        runner = backend.prepare(p, sol, self.identity) if why is None else None
+        runner, why = disp.runner_for(p, sol, self.identity)
         if runner is None:
-            return None, sol, (f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: "
-                               f"{why or 'prepare() returned None'}")
+            return None, sol, (why if why.startswith("backend ") else
+                               f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: {why}")
         return runner, sol, None
 
     def _time(self, task: Task, index: int) -> ItemResult:

@@ -45,9 +45,7 @@ from functools import partial
 
 import torch
 
-from aiter_gemm.backends import get_backend, known_backends
 from aiter_gemm.backends.base import GemmProblem, Solution
-from aiter_gemm.blockscale import GEMM_A8W8_BLOCKSCALE, parse_choice
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.errors import ConfigError
@@ -55,8 +53,10 @@ from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
+from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE, parse_choice
+from aiter_gemm.registry import get_backend, known_backends
 from gradlib import cli
-from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, run_job, with_iterations
+from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, with_iterations
 from gradlib.blockscale import (
     BLOCKSCALE,
     EXTRA_LAUNCHERS,
@@ -78,7 +78,7 @@ from gradlib.blockscale_shapes import (  # noqa: F401 - re-exported for callers 
     read_shapes_csv,
 )
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, name_list, positive_int, positive_int_list
-from gradlib.driver import TuneJob
+from gradlib.driver import TuneJob, run
 from gradlib.models import ModelConfigError
 from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
@@ -262,8 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
                                                                json_dir=args.json_dir, bucket_mode=args.buckets),
                   rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file),
-                  output_dirs=(("--json_dir", args.json_dir),) if args.json_dir else ())
-    return run_job(job, args, run_config, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
+                  output_dirs=(("--json_dir", args.json_dir),) if args.json_dir else (), err_limit=args.errRatio)
+    executor = cli.build_executor(devices, plugins, args.timeout, args.ray, env)
+    return run(job, executor, run_config=bool(args.run_config), sort=args.sort)
 
 
 def _sidecar(identity: DeviceIdentity, problems: list[GemmProblem], tuned_file: str, json_dir: str | None,

@@ -1,4 +1,4 @@
-"""The tuner's side of an op (:class:`~aiter_gemm.op.OpSpec` is the runtime's): how to make its inputs and
+"""The tuner's side of an op (:class:`~aiter_gemm.ops.spec.OpSpec` is the runtime's): how to make its inputs and
 reference, how to call its runners, and how a winner becomes a tuned row. The search, the worker, the checkpoint
 writer and the driver are written once over this (docs/design.md, "Adding an op").
 """
@@ -14,7 +14,7 @@ import torch
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import TunedRow
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.op import LazyRegistry
+from aiter_gemm.registry import LazyRegistry
 
 if TYPE_CHECKING:
     from gradlib.search import Candidate, ShapeOutcome
@@ -46,7 +46,7 @@ class Sidecar:
 class TuneOp:
     """How the tuner handles one op."""
 
-    op: str  # the runtime op's name (aiter_gemm.op.op_spec)
+    op: str  # the runtime op's name (aiter_gemm.registry.op_spec)
     tuned_columns: tuple[str, ...]
     key_columns: tuple[str, ...]  # columns naming a row: gfx, cu_num and the op's key
     key_of: Callable[[DeviceIdentity, GemmProblem], dict[str, str]]  # a problem's key columns as written

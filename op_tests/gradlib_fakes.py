@@ -26,9 +26,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from aiter_gemm.backends import register_backend
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.registry import register_backend
 from gradlib import timing
 
 VIRTUAL_CLOCK_ENV = "GRADLIB_FAKES_VIRTUAL_CLOCK"

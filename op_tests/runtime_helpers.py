@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from aiter_gemm.backends import Backend
+from aiter_gemm.backends.base import Backend
 
 REPO = Path(__file__).resolve().parent.parent
 BF16_HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName\n"

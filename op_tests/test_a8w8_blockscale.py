@@ -17,20 +17,6 @@ import pytest
 import torch
 
 import aiter_gemm
-from aiter_gemm.blockscale import (
-    BLOCKSCALE_TUNED_COLUMNS,
-    JSONConfigError,
-    buckets_from_tuned,
-    choice_error,
-    csv_row,
-    gemm_a8w8_blockscale,
-    get_GEMM_A8W8_BLOCKSCALE_config,
-    json_config_path,
-    parse_choice,
-    read_json_configs,
-    select_bucket,
-    write_json_configs,
-)
 from aiter_gemm.configs import ConfigError
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows, render_csv
@@ -43,6 +29,20 @@ from aiter_gemm.kernels.a8w8_blockscale import (
     gemm_a8w8_blockscale_ref,
     gemm_a8w8_blockscale_triton,
     quantize_blockscale,
+)
+from aiter_gemm.ops.a8w8_blockscale import (
+    BLOCKSCALE_TUNED_COLUMNS,
+    JSONConfigError,
+    buckets_from_tuned,
+    choice_error,
+    csv_row,
+    gemm_a8w8_blockscale,
+    get_GEMM_A8W8_BLOCKSCALE_config,
+    json_config_path,
+    parse_choice,
+    read_json_configs,
+    select_bucket,
+    write_json_configs,
 )
 
 # ||out - ref|| / ||ref|| bounds, ref = float32 dequantize-and-multiply. Both sides see the same fp8 inputs and

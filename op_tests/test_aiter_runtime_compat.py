@@ -183,7 +183,7 @@ def test_capture_of_block_scale_shapes_goes_to_aiters_file(clean_runtime, tmp_pa
     clean_runtime.setenv("AITER_TUNE_GEMM", "1")
     clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(folder / "bf16_untuned_gemm.csv"))
     aiter_gemm.reload_configs()
-    from aiter_gemm.blockscale import get_GEMM_A8W8_BLOCKSCALE_config
+    from aiter_gemm.ops.a8w8_blockscale import get_GEMM_A8W8_BLOCKSCALE_config
 
     for m in (3, 3, 40):
         assert get_GEMM_A8W8_BLOCKSCALE_config(m, 256, 384, on_gpu=False)["matched"] == "default"

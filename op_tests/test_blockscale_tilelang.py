@@ -18,9 +18,13 @@ import pytest
 import torch
 
 import aiter_gemm
-from aiter_gemm.backends import get_backend
 from aiter_gemm.backends.base import GemmProblem
-from aiter_gemm.blockscale import (
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.fileio import render_csv
+from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl
+from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
+from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig, config_space, shape_error
+from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     GEMM_A8W8_BLOCKSCALE,
     csv_row,
@@ -31,11 +35,7 @@ from aiter_gemm.blockscale import (
     solution_of,
     write_json_configs,
 )
-from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.fileio import render_csv
-from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl
-from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
-from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig, config_space, shape_error
+from aiter_gemm.registry import get_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG_H20 = (ROOT / "op_tests/fixtures/sglang_tilelang"

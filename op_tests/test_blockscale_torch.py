@@ -14,7 +14,11 @@ import torch
 import aiter_gemm
 import op_tests.fake_scaled_mm as fake
 from aiter_gemm.backends.base import GemmProblem
-from aiter_gemm.blockscale import (
+from aiter_gemm.configs import ConfigError
+from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig, gemm_a8w8_blockscale_ref, quantize_blockscale
+from aiter_gemm.ops.a8w8_blockscale import (
     JSONConfigError,
     TorchBlockwise,
     gemm_a8w8_blockscale,
@@ -22,10 +26,6 @@ from aiter_gemm.blockscale import (
     read_json_configs,
     write_json_configs,
 )
-from aiter_gemm.configs import ConfigError
-from aiter_gemm.fileio import read_csv_rows
-from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
-from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig, gemm_a8w8_blockscale_ref, quantize_blockscale
 from gradlib.tune_a8w8_blockscale import candidate_names, main
 
 # Same bound as test_a8w8_blockscale.TOLERANCE[bf16]: bf16 output rounding (2^-9 per element) with margin.
@@ -293,8 +293,8 @@ def h100_blockscale(clean_runtime, fake_torch):
 def test_default_dispatch_prefers_torch_blockwise_where_it_claims_and_can_run(h100_blockscale):
     """With torch's matmul available (the fake), an untuned large-M shape defaults to it; small M keeps Triton."""
     disp, ident = h100_blockscale
-    big = disp._default(GemmProblem(1024, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
-    small = disp._default(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
+    big = disp.default_decision(GemmProblem(1024, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
+    small = disp.default_decision(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), ident)
     assert big.solution.libtype == "torch" and small.solution.libtype == "triton"
 
 

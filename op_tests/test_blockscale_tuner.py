@@ -65,7 +65,7 @@ def _run(*args) -> int:
 # ---- end to end ----------------------------------------------------------------------------------------------------
 def test_tunes_quick_space_and_the_op_replays_csv_and_json(tmp_path, clean_runtime):
     import aiter_gemm
-    from aiter_gemm.blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
+    from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
 
     tuned, prof, jdir = tmp_path / "tuned.csv", tmp_path / "profile.csv", tmp_path / "json"
     # the quick space without the split-K variants (interpreted kernels are slow; split-K is tested below)
@@ -284,7 +284,7 @@ def test_shapes_csv_nk_and_usage_errors(tmp_path, capsys):
 @pytest.mark.gpu
 def test_gpu_tuner_writes_rows_the_op_replays(tmp_path, clean_runtime):
     import aiter_gemm
-    from aiter_gemm.blockscale import get_GEMM_A8W8_BLOCKSCALE_config
+    from aiter_gemm.ops.a8w8_blockscale import get_GEMM_A8W8_BLOCKSCALE_config
 
     tuned, jdir = tmp_path / "tuned.csv", tmp_path / "json"
     assert main(["--nk", "1024,1024", "--m", "16,256", "--quick", "-o", str(tuned), "--json_dir", str(jdir),

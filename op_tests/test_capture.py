@@ -151,7 +151,7 @@ def test_exit_waits_for_the_lock_another_rank_holds(tmp_path):
 def _recorder(path, **kw):
     from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
     from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, SPECS
-    from aiter_gemm.ops import untuned_row
+    from aiter_gemm.ops.a16w16 import untuned_row
 
     spec = SPECS["GEMM_BF16"]
     return ShapeRecorder(str(path), BF16_UNTUNED_COLUMNS, untuned_row, row_key_of(spec, BF16_UNTUNED_COLUMNS),

@@ -437,7 +437,7 @@ def test_module_imports_without_nvmath():
     code = textwrap.dedent("""
         import sys
         sys.modules["nvmath"] = None
-        from aiter_gemm.backends import get_backend
+        from aiter_gemm.registry import get_backend
         b = get_backend("cublaslt")
         print(type(b).__name__, b.is_available(), b.is_blaslt)
     """)

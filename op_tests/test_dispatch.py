@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import aiter_gemm
-from aiter_gemm import backends, get_padded_m
+from aiter_gemm import get_padded_m
+from aiter_gemm import registry as backends
 from op_tests.runtime_helpers import BF16_HEADER, FakeBackend, bf16_row
 
 FIXTURE = Path(__file__).parent / "fixtures" / "aiter_bf16_tuned_gemm.csv"
@@ -60,7 +61,7 @@ def aiter_csv(clean_runtime):
 )
 def test_lookup_on_aiter_csv(aiter_csv, M, N, K, matched, libtype, line):
     cfg = aiter_gemm.get_GEMM_A16W16_config(M, N, K, False, "torch.bfloat16", torch.float32)
-    default = aiter_gemm.get_dispatcher()._default(aiter_gemm.GemmProblem(M, N, K, False, BF16, F32),
+    default = aiter_gemm.get_dispatcher().default_decision(aiter_gemm.GemmProblem(M, N, K, False, BF16, F32),
                                                    aiter_gemm.current_device_identity())
     assert (cfg["matched"], cfg["libtype"], cfg["line"]) == (matched, libtype or default.solution.libtype, line)
     assert cfg["gfx"] == "gfx950" and cfg["cu_num"] == 256
@@ -372,7 +373,7 @@ def test_short_rows_of_a_host_costly_backend_run_the_cheap_default_eagerly(clean
 def test_eager_plain_calls_skip_the_switch_but_capture_runs_the_tuned_choice(launchy, monkeypatch, shape):
     """gemm_a16w16 itself: where eager calls run plain F.linear, they call it on A as given (no switch, no reshape);
     the first call warms the capture-time runner up; a capturing call runs it."""
-    from aiter_gemm import ops
+    from aiter_gemm.ops import a16w16 as ops
 
     disp = aiter_gemm.get_dispatcher()
     monkeypatch.setitem(disp._devices, False, H100)  # decide as on a GPU, run on CPU tensors

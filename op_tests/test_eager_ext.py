@@ -92,12 +92,13 @@ def test_build_command_says_loaded_or_built(tmp_path, monkeypatch, capsys):
 def test_off_and_bad_value_keep_the_python_path():
     out = run("""
         import types, aiter_gemm
-        from aiter_gemm import ops, eager_ext
+        from aiter_gemm.ops import a16w16 as ops
+        from aiter_gemm import eager_ext
         print(ops.EAGER_EXT is None, isinstance(aiter_gemm.gemm_a16w16, types.FunctionType), eager_ext.status)
     """, AITER_GEMM_EAGER_EXT="0")
     assert out.split()[:2] == ["True", "True"] and "off" in out
     out = run("""
-        from aiter_gemm import ops
+        from aiter_gemm.ops import a16w16 as ops
         print(ops.EAGER_EXT is None)
     """, AITER_GEMM_EAGER_EXT="sometimes")
     assert out.strip() == "True"
@@ -105,7 +106,8 @@ def test_off_and_bad_value_keep_the_python_path():
 
 def test_missing_build_is_reported_not_raised(tmp_path):
     out = run("""
-        from aiter_gemm import ops, eager_ext
+        from aiter_gemm.ops import a16w16 as ops
+        from aiter_gemm import eager_ext
         print(ops.EAGER_EXT is None, '|', eager_ext.status)
     """, TORCH_EXTENSIONS_DIR=str(tmp_path))
     assert out.startswith("True |") and "aiter-gemm-build-ext" in out
@@ -116,7 +118,8 @@ def test_entry_matches_f_linear_and_caches_plain_calls(built):
     out = run("""
         import types, torch, torch.nn.functional as F
         import aiter_gemm
-        from aiter_gemm import ops, gemm_a16w16
+        from aiter_gemm.ops import a16w16 as ops
+        from aiter_gemm import gemm_a16w16
         ext = ops.EAGER_EXT
         assert ext is not None and not isinstance(gemm_a16w16, types.FunctionType), ops.eager_ext.status
         torch.manual_seed(0)
@@ -143,7 +146,8 @@ def test_entry_matches_f_linear_and_caches_plain_calls(built):
 
 SPY = """
     import torch, torch.nn.functional as F
-    from aiter_gemm import ops, cudagraph, gemm_a16w16
+    from aiter_gemm.ops import a16w16 as ops
+    from aiter_gemm import cudagraph, gemm_a16w16
     ext = ops.EAGER_EXT
     calls = []
     def spy(*args, **kwargs):
@@ -252,7 +256,7 @@ def test_reload_drops_the_cache(built):
 def test_tuned_linear_and_gradients(built):
     out = run("""
         import torch, torch.nn.functional as F
-        from aiter_gemm import ops
+        from aiter_gemm.ops import a16w16 as ops
         from aiter_gemm.nn import TunedLinear
         ext = ops.EAGER_EXT
         lin = torch.nn.Linear(8, 16)
@@ -288,7 +292,7 @@ def test_module_call_entry_only_where_module_call_goes_straight_to_forward(built
     straight to forward; with a hook anywhere, a forward on the instance or Module.compile() it declines (None)."""
     out = run("""
         import torch, torch.nn.functional as F
-        from aiter_gemm import ops
+        from aiter_gemm.ops import a16w16 as ops
         import aiter_gemm.nn as agnn
         from aiter_gemm.nn import TunedLinear
         ext = ops.EAGER_EXT
@@ -367,7 +371,7 @@ BLOCKSCALE = """
     import op_tests.fake_scaled_mm as fake
     fake.install()                                      # F.scaled_mm on CPU (the layouts cuBLASLt takes)
     import aiter_gemm
-    from aiter_gemm import blockscale as bs, cudagraph
+    from aiter_gemm.ops.a16w16 import a8w8_blockscale as bs, cudagraph
     from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
     ext = bs.EAGER_EXT
     op = bs.gemm_a8w8_blockscale
@@ -454,7 +458,8 @@ def test_cuda_entry_eager_and_under_capture(built):
     CUDA-graph capture of the same calls runs the graph-time decision (the probe) and replays correctly."""
     out = run("""
         import torch, torch.nn.functional as F
-        from aiter_gemm import ops, gemm_a16w16
+        from aiter_gemm.ops import a16w16 as ops
+        from aiter_gemm import gemm_a16w16
         torch.manual_seed(0)
         for m, n, k in ((1, 4096, 4096), (4, 1280, 8192), (17, 6144, 4096), (97, 4096, 14336)):
             a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
@@ -489,7 +494,7 @@ def test_cuda_blockscale_entry_eager_and_under_capture(built):
     as the plain call, and a capture of a Triton-decided shape runs the Triton kernel (the probe) and replays."""
     out = run("""
         import torch
-        from aiter_gemm import blockscale as bs
+        from aiter_gemm.ops.a16w16 import a8w8_blockscale as bs
         from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
         from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
         assert bs.gemm_a8w8_blockscale is bs.EAGER_EXT.gemm_a8w8_blockscale

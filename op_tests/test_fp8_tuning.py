@@ -109,7 +109,7 @@ def test_aiter_a8w8_table_is_parsed_but_not_dispatched(tmp_path, clean_runtime):
     """AITER's a8w8 rows (key M,N,K,q_dtype_w) name CK kernels (``a8w8_rowwise_...``) that do not exist here:
     the table is loaded and validated when asked for, and gemm_a16w16 never consults it."""
     import aiter_gemm
-    from aiter_gemm.ops import get_config_table
+    from aiter_gemm.ops.a16w16 import get_config_table
 
     a8w8 = tmp_path / "a8w8_tuned_gemm.csv"
     a8w8.write_text("gfx,cu_num,M,N,K,q_dtype_w,kernelId,splitK,us,kernelName,tflops,bw,errRatio\n"
@@ -127,7 +127,7 @@ def test_aiter_a8w8_table_is_parsed_but_not_dispatched(tmp_path, clean_runtime):
 @pytest.mark.gpu
 def test_gpu_fp8_tuning_with_scaled_mm_and_cublaslt(tmp_path, clean_runtime):
     import aiter_gemm
-    from aiter_gemm.backends import get_backend
+    from aiter_gemm.registry import get_backend
 
     untuned, tuned = tmp_path / "untuned.csv", tmp_path / "tuned.csv"
     untuned.write_text("M,N,K,bias,dtype,outdtype,scaleAB\n16,1024,1024,False,fp8,bf16,True\n"

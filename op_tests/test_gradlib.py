@@ -479,7 +479,7 @@ def test_worker_resolves_the_default_and_reports_what_it_ran():
 def test_worker_resolves_the_default_at_each_m_without_timing(clean_runtime):
     """A DEFAULTS task (items: M values) says what the runtime's default runs at each M of the task's shape."""
     import aiter_gemm
-    from aiter_gemm import backends
+    from aiter_gemm import registry as backends
     from gradlib.tasks import DEFAULTS, Task, WorkerRuntime
     from op_tests.runtime_helpers import FakeBackend
 

@@ -247,7 +247,7 @@ def test_gpu_graph_timing_with_l2_sized_rotation():
 
 @pytest.mark.gpu
 def test_gpu_tuner_writes_sm_rows(tmp_path):
-    from aiter_gemm.backends import get_backend
+    from aiter_gemm.registry import get_backend
 
     tuned = tmp_path / "tuned.csv"
     # torch plus the BLASLt backend (phase-1 screening on real solutions); the Triton config spaces compile

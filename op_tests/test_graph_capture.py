@@ -101,7 +101,7 @@ def test_warmed_up_shapes_capture_without_io_on_every_backend(tuned_env):
 def test_rows_of_every_backend_warm_up_eagerly_then_capture_without_io(clean_runtime, tmp_path):
     """Tuned rows naming skinny, triton (classic and TMA), cuBLASLt and torch: an eager warm-up (whose calls run the
     cheap-launch choice but also compile the capture-time kernels once), then a capture with no file I/O, correct."""
-    from aiter_gemm.backends import get_backend
+    from aiter_gemm.registry import get_backend
 
     ident = aiter_gemm.current_device_identity(on_gpu=True)
     rows = [(1, "skinny", 0, "fma_BN8_BK1024_SK1_W4_S1"), (32, "triton", 0, "BM32_BN64_BK128_GM1_SK1_W4_S4"),

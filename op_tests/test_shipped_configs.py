@@ -8,15 +8,15 @@ import pytest
 import torch
 
 import aiter_gemm
-from aiter_gemm.backends import get_backend
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.backends.cublaslt import decode_algo
-from aiter_gemm.blockscale import GEMM_A8W8_BLOCKSCALE
 from aiter_gemm.configs import load_table
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_bs
 from aiter_gemm.kernels.common import INTERPRET
-from aiter_gemm.ops import GEMM_A16W16
+from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE
+from aiter_gemm.ops.a16w16 import GEMM_A16W16
+from aiter_gemm.registry import get_backend
 from aiter_gemm.settings import default_config_dir
 
 OPS = [GEMM_A16W16, GEMM_A8W8_BLOCKSCALE]
@@ -63,8 +63,8 @@ def test_gpu_every_shipped_row_runs_its_shape_against_the_reference(op, clean_ru
     rows = [r for r in _rows(op) if r.cu_num == ident.cu_num and r.gfx in (None, ident.gfx)]
     if not rows:
         pytest.skip(f"no shipped {op.name} rows for {ident.gfx}/{ident.cu_num}")
-    from aiter_gemm.blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
     from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
+    from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
 
     for row in rows:
         M, N, K = row.key[:3]

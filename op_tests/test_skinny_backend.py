@@ -7,7 +7,6 @@ import pytest
 import torch
 import triton
 
-from aiter_gemm.backends import get_backend
 from aiter_gemm.backends import skinny as sb
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
@@ -21,6 +20,7 @@ from aiter_gemm.kernels.skinny import (
     skinny_gemm,
     skinny_gemm_ref,
 )
+from aiter_gemm.registry import get_backend
 from op_tests.runtime_helpers import BIAS_LAYOUTS, strided_bias
 
 HAS_GPU = torch.cuda.is_available()

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from aiter_gemm.backends import get_backend
 from aiter_gemm.backends import triton as tb
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit
 from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, GemmConfig, gemm_a16w16_ref, launch_gemm_a16w16
+from aiter_gemm.registry import get_backend
 from aiter_gemm.settings import default_config_dir
 from op_tests.runtime_helpers import BIAS_LAYOUTS, strided_bias
 

@@ -153,3 +153,17 @@ class Backend:
         disk cache), in parallel where the backend can; kernelName -> why for those that failed. The tuner calls it
         before timing a batch, :func:`aiter_gemm.warmup` before serving. Default: nothing to build."""
         return {}
+
+
+class UnavailableBackend(Backend):
+    """Stands in for a libtype this process cannot run (no module, or its import failed)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self._reason = reason
+
+    def unavailable_reason(self) -> str | None:
+        return self._reason
+
+    def prepare(self, problem, solution, device):  # noqa: ANN001 - never called for an unavailable backend
+        return None

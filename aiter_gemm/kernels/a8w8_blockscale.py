@@ -478,7 +478,8 @@ def gemm_a8w8_blockscale_triton(
     config: BlockscaleConfig, out: torch.Tensor,
 ) -> torch.Tensor:
     """Run ``config`` writing into ``out`` (M, N). Inputs are assumed validated (see
-    :func:`aiter_gemm.blockscale.gemm_a8w8_blockscale`); this only sets up the launch geometry of the variant."""
+    :func:`aiter_gemm.ops.a8w8_blockscale.gemm_a8w8_blockscale`); this only sets up the launch geometry of the
+    variant."""
     M, K = XQ.shape
     N = WQ.shape[0]
     variant = VARIANTS[config.variant]

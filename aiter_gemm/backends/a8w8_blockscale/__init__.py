@@ -1,4 +1,4 @@
-"""Backends of the ``gemm_a8w8_blockscale`` op (:mod:`aiter_gemm.blockscale`): ``triton`` (our kernels,
+"""Backends of the ``gemm_a8w8_blockscale`` op (:mod:`aiter_gemm.ops.a8w8_blockscale`): ``triton`` (our kernels,
 :mod:`aiter_gemm.kernels.a8w8_blockscale`) and ``torch`` (torch's block-scaled ``F.scaled_mm``, cuBLASLt on Hopper).
 
 Same contract as ``gemm_a16w16``'s backends (:class:`aiter_gemm.backends.base.Backend`); the runner signature is

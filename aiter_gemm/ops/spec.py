@@ -1,20 +1,17 @@
-"""What makes a GEMM op: its table, its problem key, its backends. The dispatcher and the tuner are written once over
-this description; adding an op is one :class:`OpSpec` plus its backend files (docs/design.md shows the block-scale
-op as the example).
+"""What makes a GEMM op: its table, its problem key, its JSON level, its backends. The dispatcher and the tuner are
+written once over this description; adding an op is one module under :mod:`aiter_gemm.ops` registering an
+:class:`OpSpec` (:data:`aiter_gemm.registry.OPS`) plus its backend files (docs/design.md, "Adding an op").
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import SPECS, TableSpec, TunedRow
 from aiter_gemm.settings import Settings
-
-T = TypeVar("T")
 
 
 def row_solution(row: TunedRow) -> Solution:
@@ -54,36 +51,3 @@ class OpSpec:
     @property
     def table_spec(self) -> TableSpec:
         return SPECS[self.kind]
-
-
-class LazyRegistry(Generic[T]):
-    """Named entries registered by the modules that define them, imported on first lookup by name (``modules``: name
-    -> module), so a process loads only what it uses. ``name_of`` gives an entry's name."""
-
-    def __init__(self, what: str, modules: Mapping[str, str], name_of: Callable[[T], str]) -> None:
-        self.what, self.modules, self.name_of = what, dict(modules), name_of
-        self._entries: dict[str, T] = {}
-
-    def register(self, entry: T) -> T:
-        """Make ``entry`` findable by its name (its module calls this at import; plugins may add more)."""
-        self._entries[self.name_of(entry)] = entry
-        return entry
-
-    def get(self, name: str) -> T:
-        """The entry called ``name`` (importing its module if needed); KeyError listing the known names."""
-        if name not in self._entries and name in self.modules:
-            importlib.import_module(self.modules[name])
-        try:
-            return self._entries[name]
-        except KeyError:
-            known = sorted(set(self.modules) | set(self._entries))
-            raise KeyError(f"no {self.what} named {name!r}; known: {known}") from None
-
-
-#: Ops this package defines: name -> module that defines and registers it (the block-scale op's module imports
-#: Triton, which ``import aiter_gemm`` must not).
-OPS: LazyRegistry[OpSpec] = LazyRegistry("op", {"gemm_a16w16": "aiter_gemm.ops",
-                                                 "gemm_a8w8_blockscale": "aiter_gemm.blockscale"},
-                                          lambda spec: spec.name)
-register_op = OPS.register
-op_spec = OPS.get

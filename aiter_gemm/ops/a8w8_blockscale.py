@@ -1,6 +1,6 @@
 """The ``gemm_a8w8_blockscale`` op: fp8 GEMM with DeepSeek-style block scales, on the generic dispatcher.
 
-This module is the op's :class:`~aiter_gemm.op.OpSpec` (:data:`GEMM_A8W8_BLOCKSCALE`), its file formats and its
+This module is the op's :class:`~aiter_gemm.ops.spec.OpSpec` (:data:`GEMM_A8W8_BLOCKSCALE`), its file formats and its
 public entry points; the implementations are its backends in :mod:`aiter_gemm.backends.a8w8_blockscale`
 (``triton``: our kernels; ``torch``: torch's block-scaled ``F.scaled_mm``). Which one runs a shape (M, N, K) is
 decided once per shape, in the dispatcher's order (docs/design.md):
@@ -51,8 +51,9 @@ from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_error, config_space
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
-from aiter_gemm.op import OpSpec, register_op
-from aiter_gemm.ops import EAGER_EXT
+from aiter_gemm.ops.a16w16 import EAGER_EXT
+from aiter_gemm.ops.spec import OpSpec
+from aiter_gemm.registry import register_op
 
 __all__ = [
     "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "GEMM_A8W8_BLOCKSCALE", "KIND", "LIBTYPE", "LIBTYPES",
@@ -322,10 +323,10 @@ def gemm_a8w8_blockscale(
         raise ValueError(f"gemm_a8w8_blockscale: config {choice.name} cannot run M={M} N={N} K={K}: {why}")
     problem = GemmProblem(M, N, K, False, FP8, dtype)
     sol = solution_of(choice)
-    runner = _DISPATCHER.backend(sol.libtype).prepare(problem, sol, _DISPATCHER.device(XQ.is_cuda))
+    runner, why = _DISPATCHER.runner_for(problem, sol, _DISPATCHER.device(XQ.is_cuda))
     if runner is None:
         raise ValueError(f"gemm_a8w8_blockscale: config {choice.name} cannot run M={M} N={N} K={K} on "
-                         f"{XQ.device}")
+                         f"{XQ.device}: {why}")
     return runner(XQ, WQ, x_scale, w_scale, dtype)
 
 

@@ -1,4 +1,4 @@
-"""The ``gemm_a16w16`` op (AITER's ``tuned_gemm``): its :class:`~aiter_gemm.op.OpSpec`, the public entry points
+"""The ``gemm_a16w16`` op (AITER's ``tuned_gemm``): its :class:`~aiter_gemm.ops.spec.OpSpec`, the public entry points
 ``gemm_a16w16`` / ``TunedGemm.mm`` / ``get_GEMM_A16W16_config``, the ``aiter_gemm::gemm_a16w16`` custom op, and the
 process-wide functions every op shares (``reload_configs``, ``get_config_table``, ``current_device_identity``).
 
@@ -16,14 +16,14 @@ from typing import Any, Optional
 import torch
 
 from aiter_gemm import cudagraph, eager_ext
-from aiter_gemm.backends import A16W16
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.backends.torch import run_plain
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
 from aiter_gemm.dtypes import FP8_DTYPES, dtype_name, parse_dtype
-from aiter_gemm.op import OpSpec, op_spec, register_op
+from aiter_gemm.ops.spec import OpSpec
+from aiter_gemm.registry import A16W16, op_spec, register_op
 
 
 def row_key(p: GemmProblem) -> tuple:
