@@ -372,7 +372,8 @@ class Dispatcher:
     def default_decision(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
         """Public (the tuner's baseline, benchmarks): the default decision, uncached. AITER's order: pre-shuffled
         weights -> a BLASLt heuristic solution; else the highest-priority available backend whose ``default_for``
-        accepts the shape (skinny for small M on a GPU); torch last. ``eager``: the decision as eager calls see it (what the tuner confirms ``--timing eager`` winners against)."""
+        accepts the shape (skinny for small M on a GPU); torch last. ``eager``: the decision as eager calls see it
+        (what the tuner confirms ``--timing eager`` winners against)."""
         choice = self._default_choice(problem, device)
         if choice is not None:
             dec = self._decision(problem, device, choice[0], "default", None, choice[1], DEFAULT_SOURCE)
