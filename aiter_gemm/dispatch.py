@@ -205,17 +205,19 @@ class Dispatcher:
                 problem = self.op.key_problem(row.key)
                 exact.append(problem)
                 jobs.setdefault(sol.libtype, []).append((problem, sol))
-        if self.op.json_family and self.op.key_problem is not None:  # ops with JSON levels key rows on (M, N, K)
+        level = self.op.json
+        if level is not None and level.fills is None and self.op.key_problem is not None:  # (M, N, K) rows
             for folder in self._json_dirs:
-                for path in sorted(folder.glob(f"{device.gfx}-{self.op.json_family}-N=*-K=*.json")):
+                for path in sorted(folder.glob(f"{device.gfx}-{level.family}-N=*-K=*.json")):
                     nk = re.fullmatch(r".*-N=(\d+)-K=(\d+)\.json", path.name)
                     try:
-                        buckets = jsonconfigs.cached_buckets(path, self.op.json_solution, self.op.json_buckets or {})
+                        buckets = jsonconfigs.cached_buckets(path, level.parse, level.buckets)
                     except (ValueError, OSError):
                         continue  # the decision warns about it, naming the file
-                    for bound, _key, sol in buckets or ():
-                        if sol is not None and nk is not None:
+                    for bound, _key, cfg in buckets or ():
+                        if cfg is not None and nk is not None:
                             problem = self.op.key_problem((bound or 1, int(nk[1]), int(nk[2])))
+                            sol = level.solution(cfg, problem, device.gfx)
                             jobs.setdefault(sol.libtype, []).append((problem, sol))
         failed: dict[str, str] = {}
         for libtype, todo in jobs.items():
@@ -263,7 +265,7 @@ class Dispatcher:
                 dec = self._from_row(problem, device, row, level)
                 if dec is not None:
                     break
-            if dec is None and self.op.json_family:
+            if dec is None and self.op.json is not None and self.op.json.fills is None:
                 dec = self._from_json(problem, device)
         if dec is None:
             dec = self.default_decision(problem, device)
@@ -335,7 +337,7 @@ class Dispatcher:
         return choice
 
     def _from_row(self, problem: GemmProblem, device: DeviceIdentity, row: TunedRow, level: str) -> Decision | None:
-        sol = self.op.row_solution(row)
+        sol = self._filled(problem, device, self.op.row_solution(row))
         runner, why = self._runner(problem, device, sol)
         if runner is None:
             if why is not None:
@@ -347,27 +349,30 @@ class Dispatcher:
         return self._decision(problem, device, sol, level, row, runner, source)
 
     def _from_json(self, problem: GemmProblem, device: DeviceIdentity) -> Decision | None:
-        """The per-(N, K) JSON bucket covering M (first file found over the configured folders), if it runs."""
-        op = self.op
-        name = f"{device.gfx}-{op.json_family}-N={problem.N}-K={problem.K}.json"
-        for folder in self._json_dirs:
-            buckets = jsonconfigs.cached_buckets(folder / name, op.json_solution, op.json_buckets or {}, strict=False)
-            if buckets is None:
-                continue
-            hit = jsonconfigs.select_bucket(buckets, problem.M)
-            if hit is None:
-                return None
-            key, sol = hit
-            if sol is None:  # a "default" bucket: no config was confirmed for this M range
-                return None
-            runner, why = self._runner(problem, device, sol)
-            if runner is None:
-                if why is not None:
-                    self.warn_once(("json", str(folder / name), key, why), "aiter_gemm: %s bucket %s: %s cannot "
-                                   "run M=%d (%s); using the default", folder / name, key, _label(sol), problem.M, why)
-                return None
-            return self._decision(problem, device, sol, "json", None, runner, f"{folder / name}#{key}")
-        return None
+        """The op's JSON bucket covering M (:meth:`~aiter_gemm.ops.spec.JsonLevel.lookup`), if it runs."""
+        level = self.op.json
+        hit = level.lookup(self._json_dirs, device.gfx, problem)
+        if hit is None or hit[1] is None:  # no file answers, or a "default" bucket: nothing confirmed for this M
+            return None
+        source, cfg = hit
+        sol = level.solution(cfg, problem, device.gfx)
+        runner, why = self._runner(problem, device, sol)
+        if runner is None:
+            if why is not None:
+                path, key = source.rsplit("#", 1)
+                self.warn_once(("json", source, why), "aiter_gemm: %s bucket %s: %s cannot run M=%d (%s); using the "
+                               "default", path, key, _label(sol), problem.M, why)
+            return None
+        return self._decision(problem, device, sol, "json", None, runner, source)
+
+    def _filled(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> Solution:
+        """A row naming no kernel (kernelName empty or ``auto``) of the libtype the op's JSON files fill in, with the
+        JSON bucket's kernel where one answers (:attr:`~aiter_gemm.ops.spec.JsonLevel.fills`)."""
+        level = self.op.json
+        if level is None or level.fills != sol.libtype or sol.kernelName.strip() not in ("", "auto"):
+            return sol
+        hit = level.lookup(self._json_dirs, device.gfx, problem)
+        return sol if hit is None or hit[1] is None else level.solution(hit[1], problem, device.gfx)
 
     def default_decision(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
         """Public (the tuner's baseline, benchmarks): the default decision, uncached. AITER's order: pre-shuffled

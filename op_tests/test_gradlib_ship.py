@@ -92,7 +92,7 @@ def test_triton_json_from_two_runs(tmp_path):
                                      "TMA_FLATTEN": False}
     assert per_shape["any"]["BLOCK_SIZE_M"] == 32
     assert ship.main(["triton-json", "--results", run1, run2, "--out", str(tmp_path / "j")]) == 0
-    from aiter_gemm.backends.triton import json_buckets
+    from aiter_gemm.ops.a16w16 import json_buckets
 
     assert [(m, key) for m, key, _ in json_buckets(tmp_path / "j" / "sm_90-GEMM-A16W16-N=64-K=32.json")] == [
         (16, "M_LEQ_16"), (None, "any")]

@@ -12,6 +12,7 @@ from aiter_gemm.backends import triton as tb
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit
 from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, GemmConfig, gemm_a16w16_ref, launch_gemm_a16w16
+from aiter_gemm.ops import a16w16 as a16
 from aiter_gemm.registry import get_backend
 from aiter_gemm.settings import default_config_dir
 from op_tests.runtime_helpers import BIAS_LAYOUTS, strided_bias
@@ -112,12 +113,12 @@ def test_json_selection_order_and_override(tmp_path):
     # Keys deliberately out of order in the file: lookup must sort them ascending, 'any' last.
     _write(tdir / "sm_90-GEMM-A16W16.json", {"any": _entry(128), "M_LEQ_64": _entry(64), "M_LEQ_16": _entry(16)})
     _write(tdir / "sm_90-GEMM-A16W16-N=256-K=512.json", {"M_LEQ_32": _entry(32, NUM_KSPLIT=2, waves_per_eu=2)})
-    tb.clear_config_cache()
-    pick = lambda m, n=100, k=100: tb.json_config(m, n, k, "sm_90", [tdir]).BLOCK_SIZE_M  # noqa: E731
+    a16.clear_config_cache()
+    pick = lambda m, n=100, k=100: a16.json_config(m, n, k, "sm_90", [tdir]).BLOCK_SIZE_M  # noqa: E731
     assert [pick(1), pick(16), pick(17), pick(64), pick(65), pick(10**6)] == [16, 16, 64, 64, 128, 128]
-    assert pick(20, 256, 512) == 32 and tb.json_config(20, 256, 512, "sm_90", [tdir]).NUM_KSPLIT == 2
+    assert pick(20, 256, 512) == 32 and a16.json_config(20, 256, 512, "sm_90", [tdir]).NUM_KSPLIT == 2
     assert pick(33, 256, 512) == 64  # N-K file has no matching key: the arch file answers
-    assert tb.json_config(1, 1, 1, "gfx942", [tdir]) is None
+    assert a16.json_config(1, 1, 1, "gfx942", [tdir]) is None
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -130,28 +131,28 @@ def test_json_selection_order_and_override(tmp_path):
 def test_json_errors_name_file_and_key(tmp_path, content, needle):
     (tmp_path / "triton").mkdir()
     _write(tmp_path / "triton" / "sm_90-GEMM-A16W16.json", content)
-    tb.clear_config_cache()
+    a16.clear_config_cache()
     with pytest.raises(ValueError, match="sm_90-GEMM-A16W16.json") as exc:
-        tb.json_config(4, 8, 8, "sm_90", [tmp_path / "triton"])
+        a16.json_config(4, 8, 8, "sm_90", [tmp_path / "triton"])
     assert needle in str(exc.value)
 
 
 def test_invalid_json_reports_line(tmp_path):
     (tmp_path / "triton").mkdir()
     (tmp_path / "triton" / "sm_90-GEMM-A16W16.json").write_text('{\n  "any": {,}\n}')
-    tb.clear_config_cache()
+    a16.clear_config_cache()
     with pytest.raises(ValueError, match=r"line 2"):
-        tb.json_config(4, 8, 8, "sm_90", [tmp_path / "triton"])
+        a16.json_config(4, 8, 8, "sm_90", [tmp_path / "triton"])
 
 
 def test_shipped_json_files_parse_and_fit():
     """Every shipped configs/triton file parses, and each config fits its arch (shared memory, TMA)."""
     files = sorted((default_config_dir() / "triton").glob("*-GEMM-A16W16*.json"))
     assert files, "sm_90 configs are shipped"
-    tb.clear_config_cache()
+    a16.clear_config_cache()
     for path in files:
         arch = path.name.split("-GEMM-")[0]
-        for _bound, _key, cfg in tb.json_buckets(path):
+        for _bound, _key, cfg in a16.json_buckets(path):
             assert cfg.smem_bytes() <= smem_limit(arch), f"{path.name}: {cfg.name}"
             assert not cfg.TMA_PERSISTENT or has_tma(arch), f"{path.name}: {cfg.name}"
 
@@ -218,11 +219,11 @@ def test_json_tma_config_degrades_on_unaligned_rows(tmp_path, monkeypatch):
     """A JSON TMA config on K=97 (194-byte rows, not 16-byte aligned) runs the same tile on the classic kernel."""
     (tmp_path / "triton").mkdir()
     _write(tmp_path / "triton" / "sm_90-GEMM-A16W16.json", {"any": _entry(64, TMA_PERSISTENT=True)})
-    monkeypatch.setattr(tb, "_config_dirs", lambda: (tmp_path / "triton",))
-    tb.clear_config_cache()
-    cfg = tb.select_config(GemmProblem(64, 64, 97), Solution("triton"), "sm_90")
+    monkeypatch.setattr(a16, "_config_dirs", lambda: (tmp_path / "triton",))
+    a16.clear_config_cache()
+    cfg = a16.select_config(GemmProblem(64, 64, 97), Solution("triton"), "sm_90")
     assert cfg.BLOCK_SIZE_M == 64 and not cfg.TMA_PERSISTENT
-    tb.clear_config_cache()
+    a16.clear_config_cache()
 
 
 def test_default_row_uses_json_or_builtin():
@@ -252,12 +253,12 @@ def test_env_config_dirs_searched_first_and_reload_rereads(tmp_path, clean_runti
     """AITER_GEMM_TRITON_CONFIGS folders come before the shipped ones; reload_configs() re-reads edited files."""
     import aiter_gemm
 
-    tb.clear_config_cache()
+    a16.clear_config_cache()
     _write(tmp_path / "sm_90-GEMM-A16W16-N=4096-K=4096.json", {"any": _entry(16)})
     clean_runtime.setenv("AITER_GEMM_TRITON_CONFIGS", str(tmp_path))
     aiter_gemm.reload_configs()
-    assert tb.json_config(1, 4096, 4096, "sm_90").BLOCK_SIZE_M == 16
+    assert a16.json_config(1, 4096, 4096, "sm_90").BLOCK_SIZE_M == 16
     _write(tmp_path / "sm_90-GEMM-A16W16-N=4096-K=4096.json", {"any": _entry(32)})
-    assert tb.json_config(1, 4096, 4096, "sm_90").BLOCK_SIZE_M == 16, "parsed once until reload"
+    assert a16.json_config(1, 4096, 4096, "sm_90").BLOCK_SIZE_M == 16, "parsed once until reload"
     aiter_gemm.reload_configs()
-    assert tb.json_config(1, 4096, 4096, "sm_90").BLOCK_SIZE_M == 32
+    assert a16.json_config(1, 4096, 4096, "sm_90").BLOCK_SIZE_M == 32

@@ -6,13 +6,14 @@ Config selection (AITER's Triton convention), for a GEMM of shape (M, N, K) on a
    Hopper persistent TMA kernel, ``_TMAF`` for it with flattened loops, ``_SP`` for the classic kernel with N and K
    compiled in; see
    :class:`~aiter_gemm.kernels.gemm_a16w16.GemmConfig`) wins;
-2. else (``kernelName`` empty or ``auto``, as AITER writes) ``configs/triton/{arch}-GEMM-A16W16-N={N}-K={K}.json``,
-   then ``configs/triton/{arch}-GEMM-A16W16.json``: the first key ``M_LEQ_<x>`` (ascending x) with M <= x, else
-   ``any``; values ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``NUM_KSPLIT``, ``num_warps``, ``num_stages`` and the
-   optional Hopper key ``TMA_PERSISTENT`` (bool). AMD-only keys of AITER's files (``waves_per_eu``, ``kpack``,
+2. else (``kernelName`` empty or ``auto``, as AITER writes) the op's JSON level fills the row in before it gets
+   here (:attr:`aiter_gemm.ops.a16w16.GEMM_A16W16` ``.json``: ``{arch}-GEMM-A16W16-N={N}-K={K}.json``, then
+   ``{arch}-GEMM-A16W16.json``, the first key ``M_LEQ_<x>`` (ascending x) with M <= x, else ``any``); entries
+   (:func:`parse_entry`) hold ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``NUM_KSPLIT``, ``num_warps``, ``num_stages``
+   and the optional Hopper key ``TMA_PERSISTENT`` (bool). AMD-only keys of AITER's files (``waves_per_eu``, ``kpack``,
    ``matrix_instr_nonkdim``, ``cache_modifier``) are accepted and ignored; ``TMA_FLATTEN`` (bool) flattens the
    persistent kernel's loops;
-3. else a built-in default (:func:`~aiter_gemm.kernels.gemm_a16w16.default_config`).
+3. else (no file answers) a built-in default (:func:`~aiter_gemm.kernels.gemm_a16w16.default_config`).
 
 ``solidx`` is unused (candidates write 0); ``splitK`` in a row mirrors the config's ``NUM_KSPLIT`` (informational:
 the config decides). The tuner's search space is :func:`config_space`; :func:`config_error` is the single test of what
@@ -24,21 +25,17 @@ never consistently faster over a region (BENCHMARKS.md); tuned rows select it wh
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import triton
 
-from aiter_gemm import jsonconfigs
 from aiter_gemm.backends._triton_common import TritonKernelBackend
 from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit, typical_cu
 from aiter_gemm.kernels.common import INTERPRET, tma_usable
 from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, default_config, launch_gemm_a16w16, tma_available
 from aiter_gemm.logs import WarnOnce
-from aiter_gemm.settings import Settings, default_config_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +43,6 @@ _REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M"
                   "num_stages")
 _OPTIONAL_KEYS = ("TMA_PERSISTENT", "TMA_FLATTEN")
 _IGNORED_KEYS = frozenset({"waves_per_eu", "matrix_instr_nonkdim", "cache_modifier", "kpack", "SPLITK_BLOCK_SIZE"})
-
-
-def _config_dirs() -> tuple[Path, ...]:
-    """Folders searched for JSON configs: the ``AITER_GEMM_TRITON_CONFIGS`` entries then the shipped
-    ``configs/triton``, as the dispatcher's settings give them (:meth:`TritonBackend.configure`)."""
-    return BACKEND.config_dirs
 
 
 def config_error(cfg: GemmConfig, M: int, N: int, K: int, arch: str, dtype: torch.dtype = torch.bfloat16
@@ -133,41 +124,21 @@ def parse_entry(value: dict) -> GemmConfig:
                       FLATTEN=bool(value.get("TMA_FLATTEN", False)))
 
 
-def json_buckets(path: str | Path) -> list[tuple[int | None, str, GemmConfig]]:
-    """Every bucket of one JSON file, smallest M bound first (``any`` last); [] if absent; errors name file+key."""
-    return jsonconfigs.cached_buckets(path, parse_entry, jsonconfigs.AITER_BUCKETS) or []
+def fitted(cfg: GemmConfig, problem: GemmProblem, arch: str) -> GemmConfig:
+    """A JSON config for ``problem``: the same tile on the classic kernel where its TMA kernel cannot run the shape
+    (rows not 16-byte aligned, or the interpreter), rather than a row that fails."""
+    if cfg.TMA_PERSISTENT and config_error(cfg, problem.M, problem.N, problem.K, arch, problem.dtype) is not None:
+        return replace(cfg, TMA_PERSISTENT=False, FLATTEN=False)
+    return cfg
 
 
-def json_config(M: int, N: int, K: int, arch: str, config_dirs: Sequence[Path] | None = None) -> GemmConfig | None:
-    """The JSON config for (M, N, K) on ``arch``: the first N-K file (over the folders, in order) with a matching key,
-    else the first arch file with one, else None."""
-    dirs = _config_dirs() if config_dirs is None else config_dirs
-    for name in (f"{arch}-GEMM-A16W16-N={N}-K={K}.json", f"{arch}-GEMM-A16W16.json"):
-        for folder in dirs:
-            hit = jsonconfigs.select_bucket(json_buckets(Path(folder) / name), M)
-            if hit is not None:
-                return hit[1]
-    return None
-
-
-def clear_config_cache() -> None:
-    """Forget parsed JSON files (``reload_configs()`` does it too, so edited files are read again)."""
-    jsonconfigs.clear_cache()
-
-
-def select_config(problem: GemmProblem, solution: Solution, arch: str) -> GemmConfig:
-    """The config a row names (``kernelName``; ValueError if malformed), else the JSON one, else the built-in default.
-
-    A JSON config that cannot run this shape (the TMA kernel on rows that are not 16-byte aligned, or in the
-    interpreter) degrades to the same tile on the classic kernel rather than failing."""
+def select_config(problem: GemmProblem, solution: Solution) -> GemmConfig:
+    """The config a row names (``kernelName``; ValueError if malformed), else (empty or ``auto``: no JSON bucket
+    answered) the built-in default."""
     name = solution.kernelName.strip()
     if name and name != "auto":
         return GemmConfig.from_name(name)
-    M, N, K = problem.M, problem.N, problem.K
-    cfg = json_config(M, N, K, arch) or default_config(M, N, K)
-    if cfg.TMA_PERSISTENT and config_error(cfg, M, N, K, arch, problem.dtype) is not None:
-        cfg = replace(cfg, TMA_PERSISTENT=False, FLATTEN=False)
-    return cfg
+    return default_config(problem.M, problem.N, problem.K)
 
 
 _TMA_FALLBACK = WarnOnce(log)
@@ -199,15 +170,8 @@ class TritonBackend(TritonKernelBackend):
     name = "triton"
     default_priority = 0
 
-    def __init__(self) -> None:
-        # Before the dispatcher configures it (a direct use in a script): the shipped folder only.
-        self.config_dirs: tuple[Path, ...] = (default_config_dir() / "triton",)
-
-    def configure(self, settings: Settings) -> None:
-        self.config_dirs = tuple(Path(p) for p in settings.triton_config_dirs)
-
     def select(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> GemmConfig:
-        return select_config(problem, solution, device.gfx)
+        return select_config(problem, solution)
 
     def config_error(self, cfg: GemmConfig, problem: GemmProblem, device: DeviceIdentity) -> str | None:
         return config_error(cfg, problem.M, problem.N, problem.K, device.gfx, problem.dtype)

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from aiter_gemm import cudagraph, eager_ext
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm import cudagraph, eager_ext, jsonconfigs
+from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.backends.torch import run_plain
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
 from aiter_gemm.dtypes import FP8_DTYPES, dtype_name, parse_dtype
-from aiter_gemm.ops.spec import OpSpec
+from aiter_gemm.ops.spec import JsonLevel, OpSpec
 from aiter_gemm.registry import A16W16, op_spec, register_op
 
 
@@ -37,11 +39,63 @@ def untuned_row(p: GemmProblem) -> dict[str, str]:
             "outdtype": dtype_name(p.otype), "scaleAB": str(p.scaleAB), "bpreshuffle": str(p.bpreshuffle)}
 
 
+def _json_entry(entry: Mapping[str, Any]):
+    """A JSON bucket's entry as the Triton backend's config (imported on first use: it imports Triton)."""
+    from aiter_gemm.backends import triton as triton_backend
+
+    return triton_backend.parse_entry(dict(entry))
+
+
+def _json_solution(cfg, problem: GemmProblem, arch: str) -> Solution:
+    from aiter_gemm.backends import triton as triton_backend
+
+    return triton_backend.BACKEND.solution_of(triton_backend.fitted(cfg, problem, arch))
+
+
 GEMM_A16W16 = register_op(OpSpec(
     name="gemm_a16w16", kind="GEMM_BF16", backends=A16W16, row_key=row_key,
     untuned_columns=BF16_UNTUNED_COLUMNS, untuned_row=untuned_row, capture_path=lambda s: s.untuned_file,
     key_problem=lambda key: GemmProblem(*key),
+    # AITER's Triton JSON files fill in the triton rows that name no kernel (kernelName empty or "auto").
+    json=JsonLevel("GEMM-A16W16", _json_entry, _json_solution, arch_file=True, fills="triton"),
 ))
+
+
+def _config_dirs() -> tuple[Path, ...]:
+    """The JSON folders of the process's settings: ``AITER_GEMM_TRITON_CONFIGS`` entries, then ``configs/triton``."""
+    return tuple(Path(p) for p in _DISPATCHER.settings.triton_config_dirs)
+
+
+def json_buckets(path: str | os.PathLike):
+    """Every bucket of one ``GEMM-A16W16`` JSON file as (M bound or None, key, Triton config), smallest bound first
+    (``any`` last); [] if absent; errors name file and key."""
+    return jsonconfigs.cached_buckets(path, _json_entry, GEMM_A16W16.json.buckets) or []
+
+
+def json_config(M: int, N: int, K: int, arch: str, config_dirs: Sequence[str | os.PathLike] | None = None):
+    """The Triton config the JSON level gives (M, N, K) on ``arch`` (strict: errors name file and key), or None."""
+    dirs = _config_dirs() if config_dirs is None else config_dirs
+    hit = GEMM_A16W16.json.lookup(dirs, arch, GemmProblem(M, N, K), strict=True)
+    return None if hit is None else hit[1]
+
+
+def select_config(problem: GemmProblem, solution: Solution, arch: str):
+    """The Triton config a ``triton`` row runs: its kernelName, else the JSON level's (fitted to the shape), else
+    the backend's built-in default: what a decision resolves, for callers holding a row's solution."""
+    from aiter_gemm.backends import triton as triton_backend
+
+    name = solution.kernelName.strip()
+    if not name or name == "auto":
+        cfg = json_config(problem.M, problem.N, problem.K, arch)
+        if cfg is not None:
+            return triton_backend.fitted(cfg, problem, arch)
+    return triton_backend.select_config(problem, solution)
+
+
+def clear_config_cache() -> None:
+    """Forget parsed JSON files (``reload_configs()`` does it too, so edited files are read again)."""
+    jsonconfigs.clear_cache()
+
 
 _DISPATCHER = dispatcher_for(GEMM_A16W16)
 _is_compiling = torch.compiler.is_compiling

@@ -52,7 +52,7 @@ from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, co
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.ops.a16w16 import EAGER_EXT
-from aiter_gemm.ops.spec import OpSpec
+from aiter_gemm.ops.spec import JsonLevel, OpSpec
 from aiter_gemm.registry import register_op
 
 __all__ = [
@@ -168,8 +168,9 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
     untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
     capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
-    json_family="GEMM-A8W8_BLOCKSCALE", json_solution=lambda entry: solution_of(_choice_from_json(entry)),
-    json_buckets=NAMED_BUCKETS, describe=_describe, source_with_line=True,
+    json=JsonLevel("GEMM-A8W8_BLOCKSCALE", _choice_from_json, lambda choice, _problem, _arch: solution_of(choice),
+                   NAMED_BUCKETS),
+    describe=_describe, source_with_line=True,
     key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
 ))
 
@@ -179,7 +180,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
 
 def json_config_path(directory: str | os.PathLike, arch: str, N: int, K: int) -> Path:
     """The JSON file of (N, K) on ``arch``: ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``."""
-    return Path(directory) / f"{arch}-{GEMM_A8W8_BLOCKSCALE.json_family}-N={N}-K={K}.json"
+    return Path(directory) / GEMM_A8W8_BLOCKSCALE.json.file_names(arch, N, K)[0]
 
 
 def read_json_configs(path: str | os.PathLike) -> list[tuple[int | None, str, Choice]]:

@@ -5,10 +5,12 @@ written once over this description; adding an op is one module under :mod:`aiter
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from aiter_gemm import jsonconfigs
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import SPECS, TableSpec, TunedRow
 from aiter_gemm.settings import Settings
@@ -18,6 +20,41 @@ def row_solution(row: TunedRow) -> Solution:
     """The solution a ``gemm_a16w16``-style row names (``libtype``, ``solidx``, ``splitK``, ``kernelName``)."""
     v = row.values
     return Solution(v["libtype"], v["solidx"], v["splitK"], v["kernelName"])
+
+
+@dataclass(frozen=True)
+class JsonLevel:
+    """An op's per-(N, K) JSON files of M buckets (AITER's Triton convention, :mod:`aiter_gemm.jsonconfigs`):
+    ``{arch}-{family}-N={N}-K={K}.json`` in the settings' JSON folders (``AITER_GEMM_TRITON_CONFIGS``, then the
+    shipped ``configs/triton``), then ``{arch}-{family}.json`` where ``arch_file``; the first file with a bucket
+    covering M answers. ``fills`` None: the files are a decision level between the tuned rows and the default;
+    a libtype: they fill in that libtype's rows whose kernelName is empty or ``auto`` (AITER's ``gemm_a16w16``
+    Triton rows), which the backend's own default config serves where no file answers."""
+
+    family: str  # "GEMM-A16W16", "GEMM-A8W8_BLOCKSCALE"
+    parse: Callable[[Mapping[str, Any]], Any]  # an entry as the op's config (parsed once per file until reload)
+    solution: Callable[[Any, GemmProblem, str], Solution]  # (config, problem, arch) -> what runs
+    buckets: Mapping[str, int | None] = field(default_factory=lambda: dict(jsonconfigs.AITER_BUCKETS))
+    arch_file: bool = False
+    fills: str | None = None
+
+    def file_names(self, arch: str, N: int, K: int) -> tuple[str, ...]:
+        per_nk = f"{arch}-{self.family}-N={N}-K={K}.json"
+        return (per_nk, f"{arch}-{self.family}.json") if self.arch_file else (per_nk,)
+
+    def lookup(self, folders: Sequence[str | Path], arch: str, problem: GemmProblem, strict: bool = False
+               ) -> tuple[str, Any] | None:
+        """``("<file>#<bucket>", config)`` of the first file (names in order, each over ``folders``) with a bucket
+        covering ``problem.M``; config None for a ``"default"`` bucket; None when no file answers. Not ``strict``
+        (the dispatcher), a broken file is warned once and skipped; strict, JSONConfigError naming file and key."""
+        for name in self.file_names(arch, problem.N, problem.K):
+            for folder in folders:
+                path = Path(folder) / name
+                hit = jsonconfigs.select_bucket(
+                    jsonconfigs.cached_buckets(path, self.parse, self.buckets, strict=strict) or [], problem.M)
+                if hit is not None:
+                    return f"{path}#{hit[0]}", hit[1]
+        return None
 
 
 @dataclass(frozen=True)
@@ -36,11 +73,8 @@ class OpSpec:
     untuned_row: Callable[[GemmProblem], dict[str, str]] | None = None  # a problem as an untuned-CSV row
     #: Where captured shapes go (``AITER_TUNE_GEMM=1``): a path from the settings, or None (not captured).
     capture_path: Callable[[Settings], str | None] | None = None
-    #: File family of per-(N, K) JSON configs consulted between the tuned rows and the defaults
-    #: (``{arch}-{json_family}-N={N}-K={K}.json``), and how an entry becomes a solution; None: no such level.
-    json_family: str | None = None
-    json_solution: Callable[[Mapping[str, Any]], Solution] | None = None
-    json_buckets: Mapping[str, int | None] | None = None  # named bucket keys the files may use
+    #: The op's JSON M-bucket files (:class:`JsonLevel`); None: the op has none.
+    json: JsonLevel | None = None
     #: Extra fields ``get_*_config`` reports for a solution (e.g. the kernel's parameters).
     describe: Callable[[Solution], dict[str, Any]] | None = None
     #: A row's ``source`` as ``path:line`` (True) or the path with ``line`` beside it (AITER's config dict).
