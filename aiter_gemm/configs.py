@@ -29,9 +29,11 @@ from aiter_gemm.fileio import file_problem, read_text
 log = logging.getLogger(__name__)
 
 BF16_UNTUNED_COLUMNS = ("M", "N", "K", "bias", "dtype", "outdtype", "scaleAB", "bpreshuffle")
-# Our two columns after AITER's (optional when reading, so AITER's files load unchanged): ``pad_m_min``, the
-# smallest M the tuner checked the row for through padding (docs/configs.md), and ``timing``, how it was timed.
-EXTRA_TUNED_COLUMNS = ("pad_m_min", "timing")
+# Our columns after AITER's (optional when reading, so AITER's files load unchanged): ``pad_m_min``, the smallest M
+# the tuner checked the row for through padding (docs/configs.md), ``timing``, how it was timed, and
+# ``device_name``, the device it was tuned on (a key column: such a row serves only that device, README).
+DEVICE_NAME_COLUMN = "device_name"
+EXTRA_TUNED_COLUMNS = ("pad_m_min", "timing", DEVICE_NAME_COLUMN)
 BF16_TUNED_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS,
                       "libtype", "solidx", "splitK", "us", "kernelName", "err_ratio", "tflops", "bw",
                       *EXTRA_TUNED_COLUMNS)
@@ -150,6 +152,14 @@ SPECS: dict[str, TableSpec] = {
 }
 
 
+def device_key(text: str | None) -> str | None:
+    """A ``device_name`` cell as rows are matched on it: the name torch reports with runs of spaces as one ``_``
+    (:attr:`aiter_gemm.device.DeviceIdentity.device_name`), so ``NVIDIA H100 80GB HBM3`` and
+    ``NVIDIA_H100_80GB_HBM3`` are one device; None for an absent or empty cell (the row serves any device with its
+    ``gfx`` and ``cu_num``)."""
+    return ("_".join(text.split()) or None) if text else None
+
+
 def merge_rank(us: float) -> float | None:
     """The one rule for a row's time: None if the row is unusable (negative, NaN or infinite ``us``: dropped with a
     warning), else its rank in a merge, lower wins. A positive ``us`` ranks by itself; ``us = 0`` marks a hand-set
@@ -174,6 +184,14 @@ class TunedRow:
     #: Every column, known ones typed as AITER's config dicts have them (bools, ints, floats); dtype names and
     #: unknown columns as written.
     typed: Mapping[str, Any] = field(default_factory=dict)
+    #: The device the row was tuned on (:func:`device_key`), or None: any device with this gfx and cu_num.
+    device_name: str | None = None
+
+    def serves(self, gfx: str, cu_num: int, device_name: str | None) -> bool:
+        """Whether the runtime may use this row on that device: same ``cu_num``, ``gfx`` unless the file has none,
+        ``device_name`` unless the row has none."""
+        return (self.cu_num == cu_num and self.gfx in (None, gfx)
+                and self.device_name in (None, device_key(device_name)))
 
     @property
     def hand_set(self) -> bool:
@@ -207,17 +225,24 @@ def typed_fields(spec: TableSpec, fields: Mapping[str, str], key: tuple, values:
 
 
 class ConfigTable:
-    """An immutable merged index ``(gfx, cu_num, key) -> TunedRow`` of one config kind."""
+    """An immutable merged index ``(gfx, cu_num, device_name, key) -> TunedRow`` of one config kind."""
 
     def __init__(self, spec: TableSpec, rows: Mapping[tuple, TunedRow], sources: Sequence[str]) -> None:
         self.spec = spec
         self._rows = MappingProxyType(dict(rows))
+        self._named = any(k[2] is not None for k in self._rows)  # device-exact rows: one more probe per lookup
         self.sources = tuple(sources)
 
-    def lookup(self, gfx: str, cu_num: int, key: tuple) -> TunedRow | None:
-        """The row for ``key`` on this device: an arch-specific row first, then one from a file without ``gfx``."""
+    def lookup(self, gfx: str, cu_num: int, key: tuple, device_name: str | None = None) -> TunedRow | None:
+        """The row for ``key`` on this device: a row naming this ``device_name`` first (it serves only that
+        device), then one naming none; within each, an arch-specific row before one from a file without ``gfx``."""
         rows = self._rows
-        return rows.get((gfx, cu_num, key)) or rows.get((None, cu_num, key))
+        name = device_key(device_name)
+        if name is not None and self._named:
+            row = rows.get((gfx, cu_num, name, key)) or rows.get((None, cu_num, name, key))
+            if row is not None:
+                return row
+        return rows.get((gfx, cu_num, None, key)) or rows.get((None, cu_num, None, key))
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -301,7 +326,8 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
         fields = {name: rec[i].strip() for name, i in idx.items()}
         yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
                        MappingProxyType(fields), path, line,
-                       MappingProxyType(typed_fields(spec, fields, key, values, cu_num, us)))
+                       MappingProxyType(typed_fields(spec, fields, key, values, cu_num, us)),
+                       device_key(fields.get(DEVICE_NAME_COLUMN)))
     if dropped:
         log.warning("%s: dropped %d row(s) whose %r is empty, NaN, infinite or negative (lines %s)",
                     path, len(dropped), spec.time_column, ", ".join(map(str, dropped[:10])) +
@@ -333,7 +359,7 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = Tru
             continue
         found.append(p)
         for row in rows:
-            k = (row.gfx, row.cu_num, row.key)
+            k = (row.gfx, row.cu_num, row.device_name, row.key)
             old = merged.get(k)
             if old is None or merge_rank(row.us) < merge_rank(old.us):  # strict: a tie keeps the earlier row
                 merged[k] = row

@@ -196,7 +196,7 @@ class Dispatcher:
                 break
         if self.op.key_problem is not None:
             for row in self.table():
-                if row.cu_num != device.cu_num or row.gfx not in (None, device.gfx):
+                if not row.serves(device.gfx, device.cu_num, device.device_name):
                     continue
                 try:
                     sol = self.op.row_solution(row)
@@ -253,7 +253,7 @@ class Dispatcher:
                 m = problem.M if level == "exact" else get_padded_m(problem.M, problem.N, problem.K, int(level[-1]))
                 if level != "exact" and m == problem.M:
                     continue  # same key as the exact lookup: already a miss
-                row = table.lookup(device.gfx, device.cu_num, self.op.row_key(problem.with_m(m)))
+                row = table.lookup(device.gfx, device.cu_num, self.op.row_key(problem.with_m(m)), device.device_name)
                 if row is None:
                     continue
                 pad_min = row.values.get("pad_m_min")

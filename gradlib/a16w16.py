@@ -38,7 +38,7 @@ def tuned_row(identity: DeviceIdentity, outcome: ShapeOutcome, winner: Candidate
     return {**problem_key(identity, p), "libtype": sol.libtype, "solidx": str(sol.solidx), "splitK": str(sol.splitK),
             "us": f"{res.us:.4f}", "kernelName": sol.kernelName, "err_ratio": fmt(res.err_ratio, 4),
             "tflops": tflops, "bw": bw, "pad_m_min": "" if outcome.pad_m_min is None else str(outcome.pad_m_min),
-            "timing": outcome.timing}
+            "timing": outcome.timing, "device_name": identity.device_name}
 
 
 def make_inputs(p: GemmProblem, seed: int, device: torch.device, cache: int, options: Mapping[str, Any]) -> Inputs:

@@ -261,7 +261,7 @@ class JsonSidecar(Sidecar):
         rows the runtime would not use (:func:`gradlib.results.stale_reason`), are skipped)."""
         if not os.path.isfile(self.tuned_file):
             return {}
-        out = {}
+        out, exact = {}, set()
         known = known_libtypes(BLOCKSCALE)
         key_of = row_key(BLOCKSCALE)  # typed as the runtime reads the file: " 132" or "0128" match
         for r in read_csv_rows(self.tuned_file)[1]:
@@ -269,10 +269,12 @@ class JsonSidecar(Sidecar):
             if key[0] == "unparsed":
                 log.warning("%s: row %s skipped for the JSON: its key does not parse", self.tuned_file, key[1])
                 continue
-            gfx, cu_num, (m, row_n, row_k) = key[0]
+            gfx, cu_num, name, (m, row_n, row_k) = key[0]
             if (gfx or self.identity.gfx) != self.identity.gfx or cu_num != self.identity.cu_num \
-                    or (row_n, row_k) != (n, k):
+                    or name not in (None, self.identity.device_name) or (row_n, row_k) != (n, k):
                 continue
+            if name is None and m in exact:
+                continue  # this device's own row for M wins, as at run time
             stale = stale_reason(BLOCKSCALE, r, known)
             if stale is not None:
                 log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, stale)
@@ -280,6 +282,8 @@ class JsonSidecar(Sidecar):
             try:
                 pad = str(r.get("pad_m_min", "") or "").strip()
                 out[m] = (parse_choice(r["kernelName"]), int(pad) if pad else None)
+                if name is not None:
+                    exact.add(m)
             except ValueError as exc:
                 log.warning("%s: row M=%s N=%d K=%d skipped for the JSON: %s", self.tuned_file, r["M"], n, k, exc)
         return out

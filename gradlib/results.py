@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import (
+    DEVICE_NAME_COLUMN,
     SPECS,
     ConfigError,
     TunedRow,
+    device_key,
     load_table,
     parse_int,
     parse_time,
@@ -156,7 +158,7 @@ def device_rows(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> l
     if not os.path.isfile(path):
         return []
     table = load_table(op_spec(op).kind, [path])
-    rows = [row for row in table if row.cu_num == identity.cu_num and row.gfx in (None, identity.gfx)]
+    rows = [row for row in table if row.serves(identity.gfx, identity.cu_num, identity.device_name)]
     return sorted(rows, key=lambda row: row.line)
 
 
@@ -192,9 +194,12 @@ def row_solutions(path: str | os.PathLike, identity: DeviceIdentity, op: str) ->
     return {row.key: spec.row_solution(row) for row in device_rows(path, identity, op)}
 
 
-def row_key(op: str, tail: Sequence[str] = ()) -> Callable[[Mapping[str, str]], Hashable]:
+def row_key(op: str, tail: Sequence[str] = (), device_name: str | None = None
+            ) -> Callable[[Mapping[str, str]], Hashable]:
     """A CSV row's identity as the runtime's table parser types it (:func:`aiter_gemm.configs.typed_key`): (gfx,
-    cu_num, typed key) and the ``tail`` columns as written, so ``0``/``False`` or ``bf16``/``torch.bfloat16``
+    cu_num, device_name, typed key) and the ``tail`` columns as written (rows of two devices are two rows; with
+    ``device_name``, the device the tuner writes rows for, a row naming no device is keyed as that device's, so
+    the writer's rule on replacing it applies), so ``0``/``False`` or ``bf16``/``torch.bfloat16``
     spellings of one shape are one row for the tuner as for the runtime. A row whose key does not parse keeps its
     text (it then matches only the same text)."""
     spec = SPECS[op_spec(op).kind]
@@ -203,7 +208,8 @@ def row_key(op: str, tail: Sequence[str] = ()) -> Callable[[Mapping[str, str]], 
     def key(row: Mapping[str, str]) -> Hashable:
         text = tuple(str(row.get(c) or "").strip() for c in names)
         try:
-            typed = (text[0] or None, parse_int(text[1]), typed_key(spec, row))
+            name = device_key(row.get(DEVICE_NAME_COLUMN)) or device_key(device_name)
+            typed = (text[0] or None, parse_int(text[1]), name, typed_key(spec, row))
         except (ConfigError, ValueError):
             return "unparsed", text
         return typed, text[len(names) - len(tail):]
@@ -268,7 +274,7 @@ class CheckpointWriter:
         self._stale: list[tuple[dict[str, str], str]] = []  # rows replaced because they were not usable
         self.stale_replaced = 0
         self._known: frozenset[str] | None = None  # the op's libtypes, listed at the first comparison
-        key = row_key(spec.op)
+        key = row_key(spec.op, device_name=identity.device_name)
         self.tuned = _Output(self.tuned_file, spec.tuned_columns, key, self._replace)
         self.profile = None if profile_file is None else _Output(
             str(profile_file), profile_columns(spec), row_key(spec.op, _PROFILE_KEY_TAIL), lambda o, n: True)

@@ -311,7 +311,7 @@ def test_input_encodings(tmp_path, capsys):
 def rows_identity(row: dict):
     from aiter_gemm.device import DeviceIdentity
 
-    return DeviceIdentity(row["gfx"], int(row["cu_num"]), "cpu")
+    return DeviceIdentity(row["gfx"], int(row["cu_num"]), "cpu", row.get("device_name", ""))
 
 
 def test_unusable_rows_in_the_tuned_file_are_retuned_and_replaced(tmp_path, capsys, caplog):

@@ -229,7 +229,7 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: flo
         "kernelId": kernel_id, "splitK": cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, "us": round(us, 4),
         "kernelName": cfg.name, "tflops": round(flops / us / 1e6, 2), "bw": round(nbytes / us / 1e3, 2),
         "errRatio": round(err_ratio, 6), "pad_m_min": "" if pad_m_min is None else pad_m_min,
-        "timing": timing or "",
+        "timing": timing or "", "device_name": device.device_name,
     }
 
 
