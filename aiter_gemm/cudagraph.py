@@ -24,18 +24,20 @@ import torch
 
 log = logging.getLogger(__name__)
 
-class _Local(threading.local):
-    depth = 0  # a class attribute: every thread reads 0 until it captures (the C++ entry reads it too)
+class CaptureState(threading.local):
+    """Per thread: ``depth``, how many captures this thread is inside (public: the C++ eager entry reads it)."""
+
+    depth = 0  # a class attribute: every thread reads 0 until it captures
 
 
-_local = _Local()
+capture_state = CaptureState()
 _lock = threading.Lock()
 _MARK = "_aiter_gemm_counts_captures"
 
 
 def capturing() -> bool:
     """True while this thread is between ``CUDAGraph.capture_begin`` and ``capture_end`` (see :func:`probe`)."""
-    return _local.depth > 0
+    return capture_state.depth > 0
 
 
 def count_captures(cls: type) -> bool:
@@ -52,7 +54,7 @@ def count_captures(cls: type) -> bool:
         @functools.wraps(begin)
         def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = begin(self, *args, **kwargs)
-            _local.depth += 1
+            capture_state.depth += 1
             return out
 
         @functools.wraps(end)
@@ -60,9 +62,9 @@ def count_captures(cls: type) -> bool:
             try:
                 return end(self, *args, **kwargs)
             finally:
-                depth = _local.depth
+                depth = capture_state.depth
                 if depth:
-                    _local.depth = depth - 1
+                    capture_state.depth = depth - 1
 
         setattr(capture_begin, _MARK, True)
         setattr(capture_end, _MARK, True)

@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,13 +68,22 @@ class Decision:
     eager_solution: Solution | None = None
     eager_runner: Any = None
 
+    def eager_plan(self) -> EagerPlan:
+        """The eager-path rule, the one place entry functions (and the C++ entry, through them) learn what a call of
+        this decision runs: its runner, or where the eager choice differs (:meth:`Dispatcher._eager_choice`) the
+        eager runner while ``probe()`` says no CUDA graph is being captured and the decision's runner while one is."""
+        if self.eager_runner is None:
+            return EagerPlan(self.runner)
+        return EagerPlan(self.eager_runner, self.runner, cudagraph.probe())
+
     @property
     def call_runner(self) -> Any:
         """The runner an entry function calls: the runner itself, or one that asks whether this thread is capturing
         a CUDA graph (:mod:`aiter_gemm.cudagraph`: an attribute read; only decisions whose eager choice differs)."""
-        if self.eager_runner is None:
-            return self.runner
-        graph, eager, capturing = self.runner, self.eager_runner, cudagraph.probe()
+        plan = self.eager_plan()
+        if plan.probe is None:
+            return plan.eager
+        graph, eager, capturing = plan.graph, plan.eager, plan.probe
         warmed = []
 
         def switch(*args: Any) -> Any:
@@ -103,12 +112,44 @@ class Decision:
         return cfg
 
 
+@dataclass(frozen=True)
+class EagerPlan:
+    """What calls of a decision run (:meth:`Decision.eager_plan`): ``eager`` outside CUDA-graph capture; ``graph``
+    while ``probe()`` says this thread is capturing (both None-free only where they differ: ``probe`` None means
+    ``eager`` runs everywhere)."""
+
+    eager: Any
+    graph: Any = None
+    probe: Callable[[], bool] | None = None
+
+
+class DecisionCache:
+    """One op's decision cache, owned by its dispatcher: ``decisions`` (problem, on_gpu) -> :class:`Decision`, and
+    ``calls``, what the op's entry function keeps per call key (the op module's one key definition: everything its
+    checks read off the tensors) so a call after the first costs one lookup. :meth:`clear` empties both in place and
+    bumps ``generation``; the C++ eager entry accelerates ``calls`` (it stores and looks up the same keys in its own
+    map) and drops its map when ``generation`` changes: the one piece of this object it reads."""
+
+    __slots__ = ("calls", "decisions", "generation")
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple, Any] = {}
+        self.decisions: dict[tuple[GemmProblem, bool], Decision] = {}
+        self.generation = 0
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.decisions.clear()
+        self.generation += 1
+
+
 class Dispatcher:
-    """One op's decisions: owns the settings, the op's tables, the decision cache and the shape recorder;
-    :meth:`reload` rebuilds them all. ``_fast`` is the op entry function's own per-call cache (emptied on reload)."""
+    """One op's decisions: owns the settings, the op's tables, the :class:`DecisionCache` and the shape recorder;
+    :meth:`reload` rebuilds them all and clears the cache (the same object for the process's life)."""
 
     def __init__(self, op: OpSpec, settings: Settings | None = None) -> None:
         self.op = op
+        self.cache = DecisionCache()
         self._lock = threading.RLock()
         self._recorder: ShapeRecorder | None = None
         self.warn_once = WarnOnce(log)
@@ -120,8 +161,7 @@ class Dispatcher:
         with self._lock:
             self.settings = settings if settings is not None else load_settings()
             self._tables: dict[str, ConfigTable] = {}
-            self._fast: dict[tuple, Any] = {}
-            self._by_problem: dict[tuple[GemmProblem, bool], Decision] = {}
+            self.cache.clear()
             self._devices: dict[bool, DeviceIdentity] = {}
             self._defaults: list[Backend] | None = None
             self._configured: set[int] = set()
@@ -237,12 +277,13 @@ class Dispatcher:
     def decide(self, problem: GemmProblem, on_gpu: bool) -> Decision:
         """The (cached) decision for ``problem`` on this process's GPU (``on_gpu``) or CPU."""
         key = (problem, on_gpu)
-        dec = self._by_problem.get(key)
+        decisions = self.cache.decisions
+        dec = decisions.get(key)
         if dec is None:
             with self._lock:
-                dec = self._by_problem.get(key)
+                dec = decisions.get(key)
                 if dec is None:
-                    dec = self._by_problem[key] = self._decide(problem, self.device(on_gpu))
+                    dec = decisions[key] = self._decide(problem, self.device(on_gpu))
         return dec
 
     def _decide(self, problem: GemmProblem, device: DeviceIdentity) -> Decision:

@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiter_gemm import gemm_a16w16
+from aiter_gemm.ops.a16w16 import _CALLS
 from aiter_gemm.ops.a16w16 import EAGER_EXT as _EAGER_EXT
-from aiter_gemm.ops.a16w16 import entries_token as _entries_token
+from aiter_gemm.ops.a16w16 import call_key as _call_key
 from aiter_gemm.ops.a16w16 import linear_entry as _linear_entry
 from aiter_gemm.ops.a16w16 import run_linear_entry as _run_linear_entry
 
@@ -46,22 +47,64 @@ _Parameter = nn.Parameter
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _ABSENT = object()
-_NO_ENTRIES: dict = {}
 _c_linear = None if _EAGER_EXT is None else _EAGER_EXT.linear
 _Module = nn.Module
 
 
+#: The hook stores of torch's ``nn.Module`` the C++ call entry knows, by what ``Module.__call__`` does with them.
+#: ``CALL``: one non-empty makes ``Module.__call__`` run more than ``forward`` (the entry then declines the call);
+#: ``FLAG``: read only for hooks of a ``CALL`` store; ``NOT_CALL``: never read by ``Module.__call__``.
+CALL_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+FLAG_HOOKS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
+              "_is_full_backward_hook")
+NOT_CALL_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                  "_load_state_dict_post_hooks", "_buffer_registration_hooks", "_module_registration_hooks",
+                  "_parameter_registration_hooks")
+
+
+def hook_stores(module_impl=None) -> tuple[list[str], dict[str, object]]:
+    """The hook stores of the installed torch, from torch itself: the attributes of a fresh ``nn.Module`` whose
+    name holds ``hook``, and the module globals ``_global_*hook*`` of ``torch.nn.modules.module`` (name -> object,
+    the ``_global`` prefix dropped)."""
+    from torch.nn.modules import module as impl
+
+    impl = impl if module_impl is None else module_impl
+    own = sorted(name for name in vars(_Module()) if "hook" in name)
+    glob = {name[len("_global"):]: value for name, value in vars(impl).items()
+            if name.startswith("_global_") and "hook" in name}
+    return own, glob
+
+
+def call_internals_error(own: list[str], glob: dict[str, object]) -> str | None:
+    """Why the C++ call entry must not stand in for ``Module.__call__`` on this torch (None: the stores are the
+    ones it knows): a hook store it does not know, or one it checks that is missing or not a dict."""
+    known = set(CALL_HOOKS) | set(FLAG_HOOKS) | set(NOT_CALL_HOOKS)
+    unknown = sorted({*own, *glob} - known)
+    if unknown:
+        return f"torch's nn.Module has hook stores this entry does not know: {unknown}"
+    missing = [n for n in CALL_HOOKS if n not in own or not isinstance(glob.get(n), dict)]
+    if missing:
+        return f"torch's nn.Module lacks the hook stores {missing} (per module and global) this entry checks"
+    if not hasattr(_Module, "_compiled_call_impl") or "_parameters" not in vars(_Module()):
+        return "torch's nn.Module has no _compiled_call_impl / _parameters"
+    return None
+
+
 def _setup_c_call():
-    """The extension's ``call`` (module(input) without nn.Module.__call__'s two Python frames), told where torch
-    keeps its global module hooks; None without the extension or if this torch keeps them elsewhere."""
+    """The extension's ``call`` (module(input) without nn.Module.__call__'s two Python frames), once the installed
+    torch's hook stores are checked to be the ones it knows (:func:`call_internals_error`) and handed over; None
+    without the extension or on a torch whose internals differ (``Module.__call__`` then runs every call)."""
     if _EAGER_EXT is None:
         return None
-    from torch.nn.modules import module as impl
-    try:
-        _EAGER_EXT.setup_call((impl._global_forward_hooks, impl._global_forward_pre_hooks,
-                               impl._global_backward_hooks, impl._global_backward_pre_hooks))
-    except (AttributeError, TypeError) as exc:  # another torch's internals: keep nn.Module.__call__
-        log.info("aiter_gemm: TunedLinear calls go through nn.Module.__call__ (%s)", exc)
+    own, glob = hook_stores()
+    why = call_internals_error(own, glob)
+    if why is None:
+        try:
+            _EAGER_EXT.setup_call(CALL_HOOKS, tuple(glob[name] for name in CALL_HOOKS))
+        except (TypeError, ValueError) as exc:
+            why = str(exc)
+    if why is not None:
+        log.info("aiter_gemm: TunedLinear calls go through nn.Module.__call__ (%s)", why)
         return None
     return _EAGER_EXT.call
 
@@ -113,7 +156,7 @@ class TunedLinear(nn.Linear):
         return _Module.__call__(self, *args, **kwargs)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        # The C++ eager fast path (aiter_gemm/eager_ext.py): the cached plain F.linear case of the hit below, or
+        # The C++ eager fast path (aiter_gemm/eager_ext.py): the cached plain F.linear case of the entry below, or
         # None. Compiling first: dynamo folds it and never traces the extension.
         if _c_linear is not None and not _is_compiling():
             out = _c_linear(self, input)
@@ -126,21 +169,7 @@ class TunedLinear(nn.Linear):
         weight, bias = params.get("weight"), params.get("bias", _ABSENT)
         if weight is None or bias is _ABSENT:
             weight, bias = self.weight, self.bias
-        # A call like an earlier one of this module (same input shape, same parameter objects, dtype and device,
-        # no autocast, no gradient wanted, no reload since) reuses that call's dispatch entry: the checks below and
-        # gemm_a16w16's key cost ~1 us on CPU, about what nn.Linear's own attribute reads do (H100 host: ~2x).
-        # Devices are compared whole, bias's too: the same Parameter object moves with ``.data =`` (issue 31: a
-        # ``meta`` weight after a CPU one returned a CPU tensor of uninitialised values), and get_device() is -1
-        # for CPU and meta alike.
         compiling = _is_compiling()  # first: dynamo folds it, and traces none of the eager-only lookup
-        hit = None if compiling else self.__dict__.get("_aiter_entries", _NO_ENTRIES).get(input.shape)
-        if (hit is not None and hit[0] is _entries_token() and hit[1] is weight and hit[2] is bias
-                and type(input) is _Tensor and input.dtype is hit[3] and weight.dtype is hit[3]
-                and input.device == hit[4] and weight.device == hit[4]
-                and (bias is None or (bias.device == hit[4] and bias.dtype is hit[3])) and not _any_autocast()
-                and not (_grad_enabled() and (input.requires_grad or weight.requires_grad
-                                              or (bias is not None and bias.requires_grad)))):
-            return _run_linear_entry(hit[5], input, weight, bias)
         # The checks of _unsupported, cheapest form first.
         if ((type(weight) is _Parameter or type(weight) is _Tensor) and type(input) is _Tensor
                 and input.dtype == weight.dtype and weight.dtype in _DISPATCH_DTYPES
@@ -156,9 +185,11 @@ class TunedLinear(nn.Linear):
                 return torch.ops.aiter_gemm.gemm_a16w16(input, weight, bias)
             if compiling:
                 return gemm_a16w16(input, weight, bias)
-            entry = _linear_entry(input, weight, bias)
-            self.__dict__.setdefault("_aiter_entries", {})[input.shape] = (
-                _entries_token(), weight, bias, input.dtype, input.device, entry)
+            # gemm_a16w16's own cache entry, under its one key (a reload, a converted parameter, another input
+            # shape, dtype or device: another key, decided on its first call); only the frames are saved here.
+            entry = _CALLS.get(_call_key(input, weight, bias, None, None, None, None))
+            if entry is None:
+                entry = _linear_entry(input, weight, bias)
             return _run_linear_entry(entry, input, weight, bias)
         if not compiling:  # logging inside a traced region would break fullgraph=True
             self._warn_fallback(reason)

@@ -146,7 +146,7 @@ def test_decision_cached_and_reload_rereads_files(clean_runtime, tmp_path):
         p.write_text(BF16_HEADER + bf16_row(8, 96, 80, "rt_fake"))
         aiter_gemm.gemm_a16w16(a, b)
         assert fake.calls == 0, "files are read once: a changed file needs reload_configs()"
-        assert len(aiter_gemm.get_dispatcher()._fast) == 1
+        assert len(aiter_gemm.get_dispatcher().cache.calls) == 1
         aiter_gemm.reload_configs()
         aiter_gemm.gemm_a16w16(a, b)
         aiter_gemm.gemm_a16w16(a, b)
@@ -384,8 +384,8 @@ def test_eager_plain_calls_skip_the_switch_but_capture_runs_the_tuned_choice(lau
     assert launchy.calls == 1 and torch.equal(out, F.linear(a, b))  # warm-up ran the tuned runner once
     out = ops.gemm_a16w16(a, b)
     assert launchy.calls == 1 and out.shape == (*shape[:-1], 64)  # eager: plain F.linear
-    key = next(k for k in disp._fast if k[0] == a.shape)
-    assert disp._fast[key][4] is not None
+    key = next(k for k in disp.cache.calls if k[0] == a.shape)
+    assert disp.cache.calls[key][4] is not None
     capturing["on"] = True
     out = ops.gemm_a16w16(a, b)
     assert launchy.calls == 2 and torch.allclose(out, F.linear(a, b))

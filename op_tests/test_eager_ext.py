@@ -153,7 +153,7 @@ SPY = """
     def spy(*args, **kwargs):
         calls.append(1)
         return ops.gemm_a16w16_python(*args, **kwargs)
-    ext.setup(ops._DISPATCHER, spy, cudagraph.capturing, cudagraph._local)  # count Python-path calls
+    ext.setup(ops._DISPATCHER.cache, spy, cudagraph.capturing, cudagraph.capture_state)  # count Python-path calls
     def python_calls(fn):
         calls.clear()
         out = fn()
@@ -225,9 +225,9 @@ def test_what_goes_to_the_python_path(built):
     gemm_a16w16(x, w)
     assert ext.remember(x, w, None, cudagraph.capturing)
     assert python_calls(lambda: gemm_a16w16(x, w))[0] == 0
-    cudagraph._local.depth = 1
+    cudagraph.capture_state.depth = 1
     assert python_calls(lambda: gemm_a16w16(x, w))[0] == 1
-    cudagraph._local.depth = 0
+    cudagraph.capture_state.depth = 0
     probe_says = [True]
     assert ext.remember(x, w, None, lambda: probe_says[0])           # any other probe is called
     assert python_calls(lambda: gemm_a16w16(x, w))[0] == 1
@@ -371,7 +371,8 @@ BLOCKSCALE = """
     import op_tests.fake_scaled_mm as fake
     fake.install()                                      # F.scaled_mm on CPU (the layouts cuBLASLt takes)
     import aiter_gemm
-    from aiter_gemm.ops.a16w16 import a8w8_blockscale as bs, cudagraph
+    from aiter_gemm import cudagraph
+    from aiter_gemm.ops import a8w8_blockscale as bs
     from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
     ext = bs.EAGER_EXT
     op = bs.gemm_a8w8_blockscale
@@ -380,7 +381,7 @@ BLOCKSCALE = """
     def spy(*args, **kwargs):
         calls.append(1)
         return bs.gemm_a8w8_blockscale_python(*args, **kwargs)
-    ext.setup_blockscale(bs._DISPATCHER, spy)           # count Python-path calls
+    ext.setup_blockscale(bs._DISPATCHER.cache, spy)           # count Python-path calls
     def python_calls(fn):
         calls.clear()
         out = fn()
@@ -434,9 +435,9 @@ def test_blockscale_entry_runs_remembered_decisions(built, tmp_path):
     n, got = python_calls(lambda: op(XQ, WQ, xs, ws))
     assert n == 0 and got is XQ and seen == [torch.bfloat16]  # the default dtype handed over
     assert ext.remember_blockscale(XQ, WQ, xs, ws, torch.bfloat16, runner, cudagraph.capturing)
-    cudagraph._local.depth = 1
+    cudagraph.capture_state.depth = 1
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1
-    cudagraph._local.depth = 0
+    cudagraph.capture_state.depth = 0
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 0
     aiter_gemm.reload_configs()
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1     # decided again, under the new tables
@@ -494,7 +495,7 @@ def test_cuda_blockscale_entry_eager_and_under_capture(built):
     as the plain call, and a capture of a Triton-decided shape runs the Triton kernel (the probe) and replays."""
     out = run("""
         import torch
-        from aiter_gemm.ops.a16w16 import a8w8_blockscale as bs
+        from aiter_gemm.ops import a8w8_blockscale as bs
         from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
         from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
         assert bs.gemm_a8w8_blockscale is bs.EAGER_EXT.gemm_a8w8_blockscale

@@ -5,11 +5,14 @@
 // 9-tuple of shapes and dtypes) is a large part of it. Here the key is a struct of integers, the cache a C++ hash
 // map holding only plain decisions, and the GEMM at::linear (what F.linear calls).
 //
-// The Python runtime stays the source of truth: it decides every new shape (aiter_gemm/ops.py _fast_miss) and
-// calls remember() for decisions that run plain F.linear eagerly. Everything else (a first call, a non-plain
-// decision, extra arguments, tensor subclasses, an active TorchFunctionMode, a weight marked is_shuffled, a CUDA
-// graph being captured for a decision that differs there) goes to the Python path, which behaves as before.
-// The map is dropped when the dispatcher's cache object changes (reload_configs).
+// The Python runtime stays the source of truth: it decides every new shape (aiter_gemm/ops/a16w16.py _fast_miss)
+// and, for the keys its one rule (c_servable) allows, calls remember() so this map accelerates the op's decision
+// cache (aiter_gemm.dispatch.DecisionCache): the same key (Key mirrors ops/a16w16.py call_key), looked up here.
+// Everything else (a first call, a non-plain decision, extra arguments, tensor subclasses, an active
+// TorchFunctionMode, a weight marked is_shuffled, a CUDA graph being captured for a decision that differs there)
+// goes to the Python path, which behaves as before. The map is dropped when the cache's public ``generation``
+// changes (reload_configs): the only attribute of the package's objects read here, with the public capture counter
+// (aiter_gemm.cudagraph.capture_state.depth).
 //
 // gemm_a8w8_blockscale has a second map, for every decision of that op: its key (the four operands' shapes, dtypes
 // and devices, and the output dtype) is the Python key's content, and its value the runner the Python path would
@@ -115,20 +118,20 @@ struct Runner {
   PyObject* probe = nullptr;   // strong or null
 };
 
-// One op's cache, valid for its dispatcher's current ``_fast`` object.
+// One op's accelerated cache, valid for one ``generation`` of the op's DecisionCache.
 template <class K, class V, class H>
 struct Table {
   std::unordered_map<K, V, H> map;
-  PyObject* token = nullptr;       // the dispatcher's ``_fast`` dict the map belongs to (strong)
-  PyObject* dispatcher = nullptr;  // the op's Dispatcher (strong)
-  PyObject* fallback = nullptr;    // the op's Python entry (strong)
+  long generation = -1;          // the DecisionCache generation the map belongs to (-1: none yet)
+  PyObject* cache = nullptr;     // the op's aiter_gemm.dispatch.DecisionCache (strong)
+  PyObject* fallback = nullptr;  // the op's Python entry (strong)
 };
 
 Table<Key, Plain, KeyHash> g_plain;
 Table<BlockKey, Runner, BlockKeyHash> g_block;
 PyObject* g_capturing = nullptr;   // aiter_gemm.cudagraph.capturing (strong): read as g_local.depth instead
-PyObject* g_local = nullptr;       // aiter_gemm.cudagraph._local (strong)
-PyObject* g_fast_name = nullptr;
+PyObject* g_local = nullptr;       // aiter_gemm.cudagraph.capture_state (strong)
+PyObject* g_generation_name = nullptr;
 PyObject* g_depth_name = nullptr;
 PyObject* g_params_name = nullptr;
 PyObject* g_weight_name = nullptr;
@@ -138,10 +141,12 @@ PyObject* g_dtype_name = nullptr;
 PyObject* g_config_name = nullptr;
 PyObject* g_forward_name = nullptr;
 PyObject* g_compiled_name = nullptr;
-// The per-module hook dicts nn.Module._call_impl looks at, and torch's global ones (strong, set by setup_call).
-constexpr int kHookDicts = 4;
-PyObject* g_hook_names[kHookDicts] = {};
-PyObject* g_global_hooks[kHookDicts] = {};
+// The hook stores nn.Module.__call__ looks at, as aiter_gemm/nn.py found and checked them on this torch at set-up
+// (their names in each module's dict, and torch's global dicts; strong, set by setup_call).
+constexpr int kMaxHookDicts = 16;
+int g_hook_count = 0;
+PyObject* g_hook_names[kMaxHookDicts] = {};
+PyObject* g_global_hooks[kMaxHookDicts] = {};
 
 // torch.Tensor or nn.Parameter exactly (C++ sees no difference between them; a subclass may override anything).
 inline bool is_tensor(PyObject* obj) {
@@ -177,22 +182,26 @@ void store(T& table, const K& key, V value) {
   }
 }
 
-// The cache is valid only for the dispatcher's current ``_fast`` object. 0: valid; 1: stale (dropped); -1: error.
+// The map is valid only for the DecisionCache's current ``generation``. 0: valid; 1: stale (dropped); -1: error.
 template <class T>
 int check_token(T& table) {
-  if (table.dispatcher == nullptr) {
+  if (table.cache == nullptr) {
     return 1;
   }
-  PyObject* token = PyObject_GetAttr(table.dispatcher, g_fast_name);
-  if (token == nullptr) {
+  PyObject* gen = PyObject_GetAttr(table.cache, g_generation_name);
+  if (gen == nullptr) {
     return -1;
   }
-  if (token == table.token) {
-    Py_DECREF(token);
+  const long value = PyLong_AsLong(gen);
+  Py_DECREF(gen);
+  if (value == -1 && PyErr_Occurred()) {
+    return -1;
+  }
+  if (value == table.generation) {
     return 0;
   }
   drop(table);
-  Py_XSETREF(table.token, token);
+  table.generation = value;
   return 1;
 }
 
@@ -359,15 +368,19 @@ PyObject* linear(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 // Whether nn.Module.__call__ on the module whose instance dict is ``dict`` would go straight to forward: no hooks
-// (its own four hook dicts and torch's global ones empty), forward not replaced on the instance, no
+// (its own hook stores and torch's global ones, those setup_call named, empty), forward not replaced on the instance, no
 // Module.compile() wrapper, no torch.jit trace running. 1/0; -1: error.
 int bare_module_call(PyObject* dict) {
-  for (PyObject* hooks : g_global_hooks) {
-    if (hooks == nullptr || PyDict_GET_SIZE(hooks) != 0) {
+  if (g_hook_count == 0) {
+    return 0;  // setup_call() not called: Module.__call__ decides
+  }
+  for (int i = 0; i < g_hook_count; ++i) {
+    if (PyDict_GET_SIZE(g_global_hooks[i]) != 0) {
       return 0;
     }
   }
-  for (PyObject* name : g_hook_names) {
+  for (int i = 0; i < g_hook_count; ++i) {
+    PyObject* name = g_hook_names[i];
     PyObject* hooks = PyDict_GetItemWithError(dict, name);  // borrowed
     if (hooks == nullptr) {
       return PyErr_Occurred() ? -1 : 0;  // not a regular module: Module.__call__ decides
@@ -417,25 +430,39 @@ PyObject* call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
-// setup_call(hook_dicts): torch's four global module hook dicts (nn.modules.module's _global_forward_hooks,
-// _global_forward_pre_hooks, _global_backward_hooks, _global_backward_pre_hooks), filled in place when hooks are
-// registered. Until it is called, call() always returns None.
+// setup_call(names, global_dicts): the hook stores nn.Module.__call__ looks at, as aiter_gemm/nn.py found them in
+// this torch and checked them against those it knows (call_internals_error): their names in a module's instance
+// dict, and torch's global dicts of the same kinds (filled in place when hooks are registered). Until it is called,
+// call() always returns None.
 PyObject* setup_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != kHookDicts) {
-    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_call(hook_dicts): a tuple of 4 dicts");
+  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1]) || PyTuple_GET_SIZE(args[0]) < 1 ||
+      PyTuple_GET_SIZE(args[0]) > kMaxHookDicts) {
+    PyErr_SetString(PyExc_TypeError,
+                    "aiter_gemm eager_fast.setup_call(names, global_dicts): two tuples of one length (1 to 16)");
     return nullptr;
   }
-  for (int i = 0; i < kHookDicts; ++i) {
-    if (!PyDict_Check(PyTuple_GET_ITEM(args[0], i))) {
-      PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_call: every hook store must be a dict");
+  const int n = static_cast<int>(PyTuple_GET_SIZE(args[0]));
+  for (int i = 0; i < n; ++i) {
+    if (!PyUnicode_Check(PyTuple_GET_ITEM(args[0], i)) || !PyDict_Check(PyTuple_GET_ITEM(args[1], i))) {
+      PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_call: names must be str, hook stores dicts");
       return nullptr;
     }
   }
-  for (int i = 0; i < kHookDicts; ++i) {
-    PyObject* hooks = PyTuple_GET_ITEM(args[0], i);
-    Py_INCREF(hooks);
-    Py_XSETREF(g_global_hooks[i], hooks);
+  for (int i = 0; i < g_hook_count; ++i) {
+    Py_CLEAR(g_hook_names[i]);
+    Py_CLEAR(g_global_hooks[i]);
   }
+  for (int i = 0; i < n; ++i) {
+    PyObject* name = PyTuple_GET_ITEM(args[0], i);
+    Py_INCREF(name);
+    PyUnicode_InternInPlace(&name);
+    g_hook_names[i] = name;
+    PyObject* hooks = PyTuple_GET_ITEM(args[1], i);
+    Py_INCREF(hooks);
+    g_global_hooks[i] = hooks;
+  }
+  g_hook_count = n;
   Py_RETURN_NONE;
 }
 
@@ -574,32 +601,32 @@ PyObject* remember_blockscale(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   END_HANDLE_TH_ERRORS
 }
 
-// setup_blockscale(dispatcher, fallback): the blockscale op's dispatcher (its ``_fast`` is the map's token) and
+// setup_blockscale(cache, fallback): the blockscale op's DecisionCache (its ``generation`` validates the map) and
 // its Python entry. setup() must have been called (it sets the capture counter).
 PyObject* setup_blockscale(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_blockscale(dispatcher, fallback)");
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_blockscale(cache, fallback)");
     return nullptr;
   }
   drop(g_block);
-  Py_CLEAR(g_block.token);
+  g_block.generation = -1;
   Py_INCREF(args[0]);
-  Py_XSETREF(g_block.dispatcher, args[0]);
+  Py_XSETREF(g_block.cache, args[0]);
   Py_INCREF(args[1]);
   Py_XSETREF(g_block.fallback, args[1]);
   Py_RETURN_NONE;
 }
 
-// setup(dispatcher, fallback, capturing, local): where the cache's validity token lives (dispatcher._fast), the
-// Python gemm_a16w16 for every other call, and the capture counter that cudagraph.capturing reads.
+// setup(cache, fallback, capturing, capture_state): gemm_a16w16's DecisionCache (its ``generation`` validates the
+// map), the Python gemm_a16w16 for every other call, and the public capture counter cudagraph.capturing reads.
 PyObject* setup(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup(dispatcher, fallback, capturing, local)");
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup(cache, fallback, capturing, capture_state)");
     return nullptr;
   }
   drop(g_plain);
-  Py_CLEAR(g_plain.token);
-  PyObject** slots[] = {&g_plain.dispatcher, &g_plain.fallback, &g_capturing, &g_local};
+  g_plain.generation = -1;
+  PyObject** slots[] = {&g_plain.cache, &g_plain.fallback, &g_capturing, &g_local};
   for (int i = 0; i < 4; ++i) {
     Py_INCREF(args[i]);
     Py_XSETREF(*slots[i], args[i]);
@@ -623,11 +650,11 @@ PyMethodDef kMethods[] = {
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call)), METH_FASTCALL,
      "call(module, input) -> Tensor | None: linear() where nn.Module.__call__ would go straight to forward, or None"},
     {"setup_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(setup_call)), METH_FASTCALL,
-     "setup_call(hook_dicts): torch's 4 global module hook dicts"},
+     "setup_call(names, global_dicts): the hook stores Module.__call__ looks at (instance dict names, global dicts)"},
     {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(remember)), METH_FASTCALL,
      "remember(A, B, bias, probe) -> bool: cache a plain decision (probe: None, or a capture probe)"},
     {"setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(setup)), METH_FASTCALL,
-     "setup(dispatcher, fallback, capturing, local)"},
+     "setup(cache, fallback, capturing, capture_state)"},
     {"gemm_a8w8_blockscale",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(gemm_a8w8_blockscale)),
      METH_FASTCALL | METH_KEYWORDS,
@@ -637,7 +664,7 @@ PyMethodDef kMethods[] = {
     {"remember_blockscale", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(remember_blockscale)),
      METH_FASTCALL, "remember_blockscale(XQ, WQ, x_scale, w_scale, dtype, runner, probe) -> bool"},
     {"setup_blockscale", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(setup_blockscale)),
-     METH_FASTCALL, "setup_blockscale(dispatcher, fallback)"},
+     METH_FASTCALL, "setup_blockscale(cache, fallback)"},
     {"cached", cached, METH_NOARGS, "cached() -> int: decisions held (both ops)"},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -651,7 +678,7 @@ PyModuleDef kModule = {PyModuleDef_HEAD_INIT, AITER_STR(TORCH_EXTENSION_NAME), n
 #define AITER_CONCAT(a, b) AITER_CONCAT_(a, b)
 
 PyMODINIT_FUNC AITER_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
-  g_fast_name = PyUnicode_InternFromString("_fast");
+  g_generation_name = PyUnicode_InternFromString("generation");
   g_depth_name = PyUnicode_InternFromString("depth");
   g_params_name = PyUnicode_InternFromString("_parameters");
   g_weight_name = PyUnicode_InternFromString("weight");
@@ -661,15 +688,7 @@ PyMODINIT_FUNC AITER_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   g_config_name = PyUnicode_InternFromString("config");
   g_forward_name = PyUnicode_InternFromString("forward");
   g_compiled_name = PyUnicode_InternFromString("_compiled_call_impl");
-  const char* hook_names[kHookDicts] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                        "_backward_pre_hooks"};
-  for (int i = 0; i < kHookDicts; ++i) {
-    g_hook_names[i] = PyUnicode_InternFromString(hook_names[i]);
-    if (!g_hook_names[i]) {
-      return nullptr;
-    }
-  }
-  if (!g_fast_name || !g_depth_name || !g_params_name || !g_weight_name || !g_bias_name || !g_shuffled_name ||
+  if (!g_generation_name || !g_depth_name || !g_params_name || !g_weight_name || !g_bias_name || !g_shuffled_name ||
       !g_dtype_name || !g_config_name || !g_forward_name || !g_compiled_name) {
     return nullptr;
   }

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -98,6 +98,7 @@ def clear_config_cache() -> None:
 
 
 _DISPATCHER = dispatcher_for(GEMM_A16W16)
+_CALLS = _DISPATCHER.cache.calls  # the op's per-call cache: cleared in place on reload (DecisionCache)
 _is_compiling = torch.compiler.is_compiling
 _linear = torch.nn.functional.linear
 # The C++ eager fast path (aiter_gemm/eager_ext.py), or None: the Python hot path below does the same work.
@@ -105,28 +106,64 @@ EAGER_EXT = eager_ext.load()
 _c_remember = None if EAGER_EXT is None else EAGER_EXT.remember
 
 
-def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> tuple:
-    """Validate a call whose key is new, decide its problem and cache ``(runner, otype, 2-D shape, out shape,
-    capturing)``; ``runner`` None means the decision is plain ``F.linear`` (called with A as given: no reshape, no
-    extra frame). ``capturing`` (a :func:`aiter_gemm.cudagraph.probe`) is set where eager calls run plain
-    ``F.linear`` instead of a launch-heavy graph-time choice: outside capture they then skip the switch and the
-    reshapes too (3-D decode activations: ~1 us each way on CPU)."""
-    problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, key[9])
+class CallEntry(NamedTuple):
+    """What ``gemm_a16w16`` keeps per call key (:func:`call_key`) in the op's :class:`~aiter_gemm.dispatch.
+    DecisionCache`: ``runner`` None means plain ``F.linear`` on A as given (no reshape, no extra frame);
+    ``capturing`` (a :func:`aiter_gemm.cudagraph.probe`) is set where eager calls run plain ``F.linear`` and only
+    capture runs ``runner``: outside capture they then skip the switch and the reshapes too (3-D decode activations:
+    ~1 us each way on CPU)."""
+
+    runner: Any
+    otype: torch.dtype
+    shape2d: tuple[int, int] | None  # A's 2-D view, or None when A is 2-D
+    out_shape: tuple[int, ...] | None
+    capturing: Any
+
+
+def call_key(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype | None,
+             scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, scale_c: torch.Tensor | None) -> tuple:
+    """The one key of this op's per-call cache: everything :func:`problem_of` validates (shapes, dtypes and devices
+    of every tensor, otype) and the weight's ``is_shuffled`` mark, so a call finds an entry only if that entry's
+    first call had operands passing the same checks (issue 31: a ``meta`` weight hit the entry of a CPU one). The
+    C++ entry's ``Key`` struct holds the same fields for calls without otype and scales (:func:`c_servable`).
+    AttributeError for an operand that is not a tensor (the checks then say which)."""
+    return (A.shape, B.shape, A.dtype, B.dtype, otype,
+            None if bias is None else (bias.shape, bias.dtype, bias.device),
+            None if scale_a is None and scale_b is None and scale_c is None
+            else (_scale_key(scale_a), _scale_key(scale_b), _scale_key(scale_c)),
+            A.device, B.device, getattr(B, "is_shuffled", False) is True)
+
+
+def c_servable(otype: torch.dtype | None, scaled: bool, shuffled: bool, entry: CallEntry) -> bool:
+    """Whether the C++ entry may serve this key's eager calls: a call without otype, scales or a shuffled weight
+    whose eager decision is plain ``F.linear`` (always, or outside capture): what ``at::linear`` does there."""
+    return otype is None and not scaled and not shuffled and (entry.runner is None or entry.capturing is not None)
+
+
+def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> CallEntry:
+    """Validate a call whose key is new, decide its problem and cache its :class:`CallEntry` (and, where
+    :func:`c_servable`, in the C++ entry's map under the same key)."""
+    shuffled = getattr(B, "is_shuffled", False) is True
+    problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, shuffled)
     dec = _DISPATCHER.decide(problem, A.is_cuda)
     flat = A.dim() == 2
     shape2d = None if flat else (problem.M, problem.K)
-    runner, capturing = dec.call_runner, None
-    if dec.eager_runner is run_plain:
-        runner, capturing = dec.runner, cudagraph.probe()
-        if not capturing():  # warm the capture-time runner up now (compilation): capture must do no file I/O
-            dec.runner(A if flat else A.reshape(shape2d), B, bias, problem.otype, scale_a, scale_b, scale_c)
-    fast = (None if runner is run_plain else runner, problem.otype, shape2d,
-            None if flat else (*A.shape[:-1], problem.N), capturing)
-    _DISPATCHER._fast[key] = fast
-    if _c_remember is not None and key[4] is None and key[6] is None and not key[9] and (
-            runner is run_plain or capturing is not None):  # a plain eager decision: the C++ entry serves it
-        _c_remember(A, B, bias, None if runner is run_plain else capturing)
-    return fast
+    plan = dec.eager_plan()
+    runner, capturing = plan.eager, None
+    if plan.probe is not None:
+        if plan.eager is run_plain:
+            runner, capturing = plan.graph, plan.probe
+            if not capturing():  # warm the capture-time runner up now (compilation): capture must do no file I/O
+                plan.graph(A if flat else A.reshape(shape2d), B, bias, problem.otype, scale_a, scale_b, scale_c)
+        else:
+            runner = dec.call_runner
+    entry = CallEntry(None if runner is run_plain else runner, problem.otype, shape2d,
+                      None if flat else (*A.shape[:-1], problem.N), capturing)
+    _CALLS[key] = entry
+    scaled = scale_a is not None or scale_b is not None or scale_c is not None
+    if _c_remember is not None and c_servable(otype, scaled, shuffled, entry):
+        _c_remember(A, B, bias, capturing)
+    return entry
 
 
 def _scale_key(scale: torch.Tensor | None) -> tuple | None:
@@ -135,29 +172,21 @@ def _scale_key(scale: torch.Tensor | None) -> tuple | None:
     return None if scale is None else (scale.shape, scale.dtype, scale.device)
 
 
-def linear_entry(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    """The cached entry (as :func:`_fast_miss` makes it) of ``gemm_a16w16(A, B, bias)``, deciding on a new key: what
-    :class:`aiter_gemm.nn.TunedLinear` keeps per input shape, so its calls skip building the key."""
-    key = (A.shape, B.shape, A.dtype, B.dtype, None, None if bias is None else (bias.shape, bias.dtype, bias.device),
-           None, A.device, B.device, getattr(B, "is_shuffled", False) is True)
-    fast = _DISPATCHER._fast.get(key)
-    return fast if fast is not None else _fast_miss(key, A, B, bias, None, None, None, None)
+def linear_entry(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> CallEntry:
+    """The cache entry of ``gemm_a16w16(A, B, bias)``, deciding on a new key (:class:`aiter_gemm.nn.TunedLinear`)."""
+    key = call_key(A, B, bias, None, None, None, None)
+    entry = _CALLS.get(key)
+    return entry if entry is not None else _fast_miss(key, A, B, bias, None, None, None, None)
 
 
-def run_linear_entry(fast: tuple, A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``gemm_a16w16(A, B, bias)`` through an entry of :func:`linear_entry` (the hot path of gemm_a16w16 below)."""
-    runner, out_dtype, shape2d, out_shape, capturing = fast
+def run_linear_entry(entry: CallEntry, A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``gemm_a16w16(A, B, bias)`` through its cache entry (the hot path of gemm_a16w16 below)."""
+    runner, out_dtype, shape2d, out_shape, capturing = entry
     if runner is None or (capturing is not None and not capturing()):
         return _linear(A, B, bias)
     if shape2d is None:
         return runner(A, B, bias, out_dtype, None, None, None)
     return runner(A.reshape(shape2d), B, bias, out_dtype, None, None, None).reshape(out_shape)
-
-
-def entries_token() -> dict:
-    """Changes (a new object) whenever cached entries are dropped (``reload_configs``): entries kept elsewhere are
-    valid while it is the same object."""
-    return _DISPATCHER._fast
 
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -278,15 +307,11 @@ def gemm_a16w16(
     if _is_compiling():
         return torch.ops.aiter_gemm.gemm_a16w16(A, B, bias, otype, scale_a, scale_b, scale_c)
     try:
-        key = (A.shape, B.shape, A.dtype, B.dtype, otype,
-               None if bias is None else (bias.shape, bias.dtype, bias.device),
-               None if scale_a is None and scale_b is None and scale_c is None
-               else (_scale_key(scale_a), _scale_key(scale_b), _scale_key(scale_c)),
-               A.device, B.device, getattr(B, "is_shuffled", False) is True)
+        key = call_key(A, B, bias, otype, scale_a, scale_b, scale_c)
     except AttributeError:  # not a tensor: the checks say which argument
         problem_of(A, B, bias, otype, scale_a, scale_b, scale_c)
         raise
-    fast = _DISPATCHER._fast.get(key)
+    fast = _CALLS.get(key)
     if fast is None:
         fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
     runner, out_dtype, shape2d, out_shape, capturing = fast
@@ -306,7 +331,7 @@ def _c_entry(python_entry):
     """``gemm_a16w16`` as the C++ extension's entry (cached plain decisions run ``at::linear`` there, every other
     call runs ``python_entry``), or ``python_entry`` (:func:`aiter_gemm.eager_ext.entry`)."""
     if EAGER_EXT is not None:
-        EAGER_EXT.setup(_DISPATCHER, python_entry, cudagraph.capturing, cudagraph._local)
+        EAGER_EXT.setup(_DISPATCHER.cache, python_entry, cudagraph.capturing, cudagraph.capture_state)
     return eager_ext.entry(EAGER_EXT, "gemm_a16w16", python_entry, _gemm_a16w16_traced)
 
 

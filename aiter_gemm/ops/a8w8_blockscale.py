@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from aiter_gemm import cudagraph, eager_ext
+from aiter_gemm import eager_ext
 from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
@@ -236,6 +236,7 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: flo
 # ------------------------------------------------------------------------------------------------ the op
 
 _DISPATCHER = dispatcher_for(GEMM_A8W8_BLOCKSCALE)
+_CALLS = _DISPATCHER.cache.calls  # the op's per-call cache (DecisionCache): cleared in place on reload
 
 
 def get_GEMM_A8W8_BLOCKSCALE_config(M: int, N: int, K: int, on_gpu: bool | None = None,
@@ -305,11 +306,10 @@ def gemm_a8w8_blockscale(
     seen, and calls with ``config``."""
     if config is None:
         try:
-            key = (XQ.shape, WQ.shape, x_scale.shape, w_scale.shape, XQ.dtype, WQ.dtype, x_scale.dtype,
-                   w_scale.dtype, dtype, XQ.device, WQ.device, x_scale.device, w_scale.device)
+            key = call_key(XQ, WQ, x_scale, w_scale, dtype)
         except AttributeError:  # not tensors: the checks below say which
             key = None
-        runner = _DISPATCHER._fast.get(key)
+        runner = _CALLS.get(key)
         if runner is None:
             runner = _fast_miss(key, XQ, WQ, x_scale, w_scale, dtype)
         return runner(XQ, WQ, x_scale, w_scale, dtype)
@@ -331,9 +331,17 @@ def gemm_a8w8_blockscale(
     return runner(XQ, WQ, x_scale, w_scale, dtype)
 
 
+def call_key(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+             dtype: torch.dtype) -> tuple:
+    """The one key of this op's per-call cache: every property :func:`_check_inputs` looks at (the four operands'
+    shapes, dtypes and devices, and the output dtype), the fields of the C++ entry's ``BlockKey`` too."""
+    return (XQ.shape, WQ.shape, x_scale.shape, w_scale.shape, XQ.dtype, WQ.dtype, x_scale.dtype, w_scale.dtype,
+            dtype, XQ.device, WQ.device, x_scale.device, w_scale.device)
+
+
 def _fast_miss(key: tuple | None, XQ, WQ, x_scale, w_scale, dtype: torch.dtype):
     """Validate a key's first call (errors name the tensor), decide, and cache the runner under the key (and in the
-    C++ entry's map, with what runs outside capture: its calls skip this module's key and frames)."""
+    C++ entry's map, with its eager plan: its calls skip this module's key and frames)."""
     _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
     M, K = XQ.shape
     N = WQ.shape[0]
@@ -342,11 +350,10 @@ def _fast_miss(key: tuple | None, XQ, WQ, x_scale, w_scale, dtype: torch.dtype):
     else:
         dec = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda)
         runner = dec.call_runner
-        if _c_remember is not None:
-            eager = dec.eager_runner
-            _c_remember(XQ, WQ, x_scale, w_scale, dtype, dec.runner if eager is None else eager,
-                        None if eager is None else cudagraph.probe())
-    _DISPATCHER._fast[key] = runner
+        if _c_remember is not None:  # every decision of this op: its runners are bound per shape, cheap to call
+            plan = dec.eager_plan()
+            _c_remember(XQ, WQ, x_scale, w_scale, dtype, plan.eager, plan.probe)
+    _CALLS[key] = runner
     return runner
 
 
@@ -359,6 +366,6 @@ def _empty_runner(XQ, WQ, x_scale, w_scale, dtype):
 gemm_a8w8_blockscale_python = gemm_a8w8_blockscale
 _c_remember = None if EAGER_EXT is None else EAGER_EXT.remember_blockscale
 if EAGER_EXT is not None:
-    EAGER_EXT.setup_blockscale(_DISPATCHER, gemm_a8w8_blockscale_python)
+    EAGER_EXT.setup_blockscale(_DISPATCHER.cache, gemm_a8w8_blockscale_python)
 gemm_a8w8_blockscale = eager_ext.entry(EAGER_EXT, "gemm_a8w8_blockscale", gemm_a8w8_blockscale_python,
                                        gemm_a8w8_blockscale_python)

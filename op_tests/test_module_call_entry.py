@@ -1,0 +1,99 @@
+"""The C++ nn.Module call entry against the installed torch (issue 35): the hook stores come from torch itself, the
+set-up check refuses stores it does not know, and for every store the entry behaves as ``nn.Module.__call__``."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from aiter_gemm import nn as agnn
+from op_tests.test_eager_ext import built, run  # noqa: F401 (the fixture is used by name)
+
+
+def test_installed_torch_hook_stores_are_the_known_ones():
+    own, glob = agnn.hook_stores()
+    assert set(agnn.CALL_HOOKS) <= set(own) and set(agnn.CALL_HOOKS) <= set(glob)
+    assert agnn.call_internals_error(own, glob) is None, "this torch's nn.Module changed: see aiter_gemm/nn.py"
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ("new global kind", "_forward_hooks_v2"),
+    ("new module kind", "_forward_hooks_v2"),
+    ("global store gone", "_backward_pre_hooks"),
+    ("global store not a dict", "_forward_hooks"),
+])
+def test_set_up_check_refuses_unknown_or_missing_stores(change, needle):
+    """A torch that adds a hook kind (or drops or changes one the entry checks) turns the entry off at set-up."""
+    from torch.nn.modules import module as impl
+
+    fake = types.SimpleNamespace(**{k: v for k, v in vars(impl).items() if k.startswith("_global_")})
+    own, glob = agnn.hook_stores(fake)
+    if change == "new global kind":
+        glob["_forward_hooks_v2"] = {}
+    elif change == "new module kind":
+        own = [*own, "_forward_hooks_v2"]
+    elif change == "global store gone":
+        del glob["_backward_pre_hooks"]
+    else:
+        glob["_forward_hooks"] = []
+    why = agnn.call_internals_error(own, glob)
+    assert why is not None and needle in why
+
+
+def test_entry_matches_module_call_for_every_hook_store_of_this_torch(built):  # noqa: F811
+    """For each hook store torch's nn.Module has (enumerated from torch, per module and global), one entry put in
+    it: TunedLinear's call (the C++ entry where it serves) and ``nn.Module.__call__`` give the same output, the same
+    gradient and call the entry the same number of times; with every store empty the C++ entry serves the call."""
+    out = run("""
+        import torch
+        from torch.nn.modules import module as impl
+        import aiter_gemm.nn as agnn
+        from aiter_gemm.nn import TunedLinear
+        assert agnn._c_call is not None, "the C++ call entry is set up on this torch"
+        own, glob = agnn.hook_stores()
+        tl = TunedLinear.from_linear(torch.nn.Linear(8, 16))
+        x = torch.randn(2, 3, 8)
+        with torch.no_grad():
+            tl(x)                                                   # decided: plain F.linear on CPU
+            assert agnn._c_call(tl, x) is not None                  # bare: the C++ entry serves it
+
+        def run_once(call, calls):
+            xi = x.clone().requires_grad_()
+            y = call(xi)
+            y.sum().backward()
+            return y.detach(), xi.grad, len(calls)
+
+        checked = []
+        for where, name in [("module", n) for n in own] + [("global", n) for n in glob]:
+            holder = tl.__dict__ if where == "module" else vars(impl)
+            attr = name if where == "module" else "_global" + name
+            old = holder[attr]
+            results = []
+            for call in (tl.__call__, lambda xi: torch.nn.Module.__call__(tl, xi)):
+                calls = []
+                def entry(*args, **kwargs):
+                    calls.append(args)
+                    return None
+                if isinstance(old, dict):                           # in place, as registering a hook does
+                    old[10**9] = entry
+                elif isinstance(old, (set, list)):
+                    (old.add if isinstance(old, set) else old.append)(entry)
+                else:                                               # a flag (None / bool)
+                    holder[attr] = True
+                try:
+                    results.append(run_once(call, calls))
+                finally:
+                    if isinstance(old, dict):
+                        del old[10**9]
+                    elif isinstance(old, (set, list)):
+                        old.remove(entry)
+                    else:
+                        holder[attr] = old
+            (ya, ga, na), (yb, gb, nb) = results
+            assert torch.equal(ya, yb) and torch.equal(ga, gb) and na == nb, (where, name, na, nb)
+            checked.append(name)
+        print(len(checked), len(own) + len(glob))
+    """)
+    done, total = map(int, out.split())
+    assert done == total and total >= 8
