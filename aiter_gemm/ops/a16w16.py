@@ -179,14 +179,16 @@ def linear_entry(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) ->
     return entry if entry is not None else _fast_miss(key, A, B, bias, None, None, None, None)
 
 
-def run_linear_entry(entry: CallEntry, A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``gemm_a16w16(A, B, bias)`` through its cache entry (the hot path of gemm_a16w16 below)."""
+def run_linear_entry(entry: CallEntry, A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None,
+                     scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+                     scale_c: torch.Tensor | None = None) -> torch.Tensor:
+    """``gemm_a16w16(A, B, bias, ...)`` through its cache entry (the hot path of gemm_a16w16 and TunedLinear)."""
     runner, out_dtype, shape2d, out_shape, capturing = entry
     if runner is None or (capturing is not None and not capturing()):
         return _linear(A, B, bias)
     if shape2d is None:
-        return runner(A, B, bias, out_dtype, None, None, None)
-    return runner(A.reshape(shape2d), B, bias, out_dtype, None, None, None).reshape(out_shape)
+        return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
+    return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
 
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -314,12 +316,7 @@ def gemm_a16w16(
     fast = _CALLS.get(key)
     if fast is None:
         fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
-    runner, out_dtype, shape2d, out_shape, capturing = fast
-    if runner is None or (capturing is not None and not capturing()):
-        return _linear(A, B, bias)
-    if shape2d is None:
-        return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
-    return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
+    return run_linear_entry(fast, A, B, bias, scale_a, scale_b, scale_c)
 
 
 def _gemm_a16w16_traced(A, B, bias=None, otype=None, scale_a=None, scale_b=None, scale_c=None):
