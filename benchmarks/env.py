@@ -54,7 +54,8 @@ def _version(module: str) -> str:
 def environment(device: torch.device, argv: list[str]) -> dict[str, Any]:
     """What produced a run: device and driver, library versions, commit (``git describe``-free: the hash and
     whether the tree was dirty), UTC date, the command line, and the sha256 of each shipped tuned CSV."""
-    from aiter_gemm import eager_ext, ops
+    from aiter_gemm import eager_ext
+    from aiter_gemm.ops import a16w16 as ops
 
     env: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
