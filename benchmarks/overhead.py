@@ -63,14 +63,15 @@ def _tuned_csv(path: Path, dev: torch.device, dtype: torch.dtype) -> None:
     ident = aiter_gemm.current_device_identity(on_gpu=dev.type == "cuda")
     name = str(dtype)
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(BF16_TUNED_COLUMNS)
+        w = csv.DictWriter(f, BF16_TUNED_COLUMNS, restval="")
+        w.writeheader()
+        base = {"gfx": ident.gfx, "cu_num": ident.cu_num, "N": N, "K": K, "bias": False, "dtype": name,
+                "outdtype": name, "scaleAB": False, "bpreshuffle": False, "solidx": 0, "us": 1.0}
         for m in (8, 16):
-            w.writerow([ident.gfx, ident.cu_num, m, N, K, False, name, name, False, False, "torch", 0, 0, 1.0,
-                        "F.linear", 0.0, 0.0, 0.0, "", ""])
+            w.writerow({**base, "M": m, "libtype": "torch", "splitK": 0, "kernelName": "F.linear"})
         if dev.type == "cuda":
-            w.writerow([ident.gfx, ident.cu_num, 4, N, K, False, name, name, False, False, "skinny", 0, 1, 1.0,
-                        "fma_BN8_BK64_SK1_W4_S1", 0.0, 0.0, 0.0, "", "graph"])
+            w.writerow({**base, "M": 4, "libtype": "skinny", "splitK": 1, "kernelName": "fma_BN8_BK64_SK1_W4_S1",
+                        "timing": "graph"})
 
 
 def _blockscale_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:

@@ -173,7 +173,7 @@ def test_strided_biases_on_every_triton_kernel_eager_and_captured(clean_runtime,
         w.writerow(BF16_TUNED_COLUMNS)
         for m, lib, idx, name in BIAS_ROWS:
             w.writerow([ident.gfx, ident.cu_num, m, n, k, True, "torch.bfloat16", "torch.bfloat16", False, False, lib,
-                        idx, 0, 10.0, name, 0.0, 0.0, 0.0, "", timing])
+                        idx, 0, 10.0, name, 0.0, 0.0, 0.0, "", timing, ""])
     clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(tuned))
     aiter_gemm.reload_configs()
     for m, lib, _, name in BIAS_ROWS:
