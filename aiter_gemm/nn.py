@@ -170,6 +170,16 @@ class TunedLinear(nn.Linear):
         if weight is None or bias is _ABSENT:
             weight, bias = self.weight, self.bias
         compiling = _is_compiling()  # first: dynamo folds it, and traces none of the eager-only lookup
+        # gemm_a16w16's own cache entry, under its one key (shapes, dtypes and devices of input, weight and bias): an
+        # entry exists only for operands that passed its checks, so a hit leaves the checks gemm_a16w16 does not
+        # make (tensor subclasses, fp8 weights, device types, autocast, gradients). A reload, a converted
+        # parameter, another input shape, dtype or device: another key, decided on its first call below.
+        if not compiling and type(input) is _Tensor and (type(weight) is _Parameter or type(weight) is _Tensor):
+            entry = _CALLS.get(_call_key(input, weight, bias, None, None, None, None))
+            if (entry is not None and weight.dtype in _DISPATCH_DTYPES and (input.is_cuda or input.is_cpu)
+                    and not _any_autocast() and not (_grad_enabled() and (
+                        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))):
+                return _run_linear_entry(entry, input, weight, bias)
         # The checks of _unsupported, cheapest form first.
         if ((type(weight) is _Parameter or type(weight) is _Tensor) and type(input) is _Tensor
                 and input.dtype == weight.dtype and weight.dtype in _DISPATCH_DTYPES
@@ -185,12 +195,7 @@ class TunedLinear(nn.Linear):
                 return torch.ops.aiter_gemm.gemm_a16w16(input, weight, bias)
             if compiling:
                 return gemm_a16w16(input, weight, bias)
-            # gemm_a16w16's own cache entry, under its one key (a reload, a converted parameter, another input
-            # shape, dtype or device: another key, decided on its first call); only the frames are saved here.
-            entry = _CALLS.get(_call_key(input, weight, bias, None, None, None, None))
-            if entry is None:
-                entry = _linear_entry(input, weight, bias)
-            return _run_linear_entry(entry, input, weight, bias)
+            return _run_linear_entry(_linear_entry(input, weight, bias), input, weight, bias)
         if not compiling:  # logging inside a traced region would break fullgraph=True
             self._warn_fallback(reason)
         return F.linear(input, weight, bias)
