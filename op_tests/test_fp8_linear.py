@@ -235,3 +235,50 @@ def test_cuda_graph_replay_of_a_patched_fp8_decode_step(clean_runtime):
             graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, eager)
+
+
+# ---- the FP8 loop of hf_decode, on CPU ------------------------------------------------------------------------
+
+
+def test_hf_decode_fp8_loop_on_cpu(clean_runtime, tmp_path, capsys):
+    """An FP8 Qwen3 config runs capture and the three arms (torch's block-scaled matmul through the CPU fake of
+    F.scaled_mm, which checks cuBLASLt's layouts), with the bf16 loop's report plus the bf16 arm's columns."""
+    import json
+
+    from aiter_gemm.examples import hf_decode
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+    from op_tests.fake_scaled_mm import fake_scaled_mm
+
+    clean_runtime.setattr(torch.nn.functional, "scaled_mm", fake_scaled_mm, raising=False)
+    clean_runtime.setattr(torch_impl, "unavailable_reason", lambda device: None)
+    cfg = transformers.Qwen3Config(hidden_size=512, intermediate_size=1024, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=128, num_hidden_layers=1, vocab_size=128,
+                                   max_position_embeddings=256, tie_word_embeddings=False).to_dict()
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps({**cfg, "quantization_config": QCFG}))
+    out = tmp_path / "out"
+    rc = hf_decode.main(["--config", str(tmp_path / "cfg"), "--device", "cpu", "--batch", "2", "--prompt-len", "3",
+                         "--new-tokens", "2", "--rounds", "2", "--eager-rounds", "2", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "7 linears FP8 (128x128 blocks; arms torch_blockwise, tuned, bf16)" in text
+    cap = json.loads((out / "capture_check.json").read_text())
+    assert cap["captured_vs_ran"]["match"] and cap["captured_vs_hf_layout"]["match"]
+    assert cap["fp8_file"] == str(out / "a8w8_blockscale_untuned_gemm.csv")
+    fp8_rows = {tuple(map(int, line.split(",")))
+                for line in (out / "a8w8_blockscale_untuned_gemm.csv").read_text().split()[1:]}
+    assert fp8_rows == {(m, n, k) for m in (2, 6) for n, k in ((512, 512), (256, 512), (1024, 512), (512, 1024))}
+    res = json.loads((out / "results.json").read_text())
+    assert {r["arm"] for r in res["rounds"]} == {"torch_blockwise", "tuned", "bf16"}
+    assert len(res["rounds"]) == 2 * 2 * 3, "(prefill, decode) x 2 eager rounds x 3 arms"
+    for r in res["summary"]:
+        assert (r["arm_without"], r["arm_with"]) == ("torch_blockwise", "tuned")
+        assert r["vs_bf16_min"] <= r["vs_bf16"] <= r["vs_bf16_max"] and r["ms_bf16"] > 0
+    agree = {(c["arm"], c["phase"]): c["max_abs_diff_over_max_abs"] for c in res["agreement"]}
+    # bf16 model: two GEMMs' different bf16 rounding re-quantizes the next layer's activations differently, so even
+    # tuned vs torch_blockwise differ by up to an fp8 step
+    assert all(0 < agree[(arm, p)] <= TOL["fp8_activations"] for arm in ("tuned", "bf16")
+               for p in ("prefill", "decode"))
+    table = (out / "results.md").read_text()
+    assert "median ms torch_blockwise" in table and "bf16/tuned: median per-round ratio" in table
+    assert {d["libtype"] for d in res["decisions"] if d["N"] != 128} == {"triton"}, "CPU: the op's Triton default"

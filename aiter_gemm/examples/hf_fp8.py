@@ -86,11 +86,16 @@ def torch_blockwise_gemm() -> Callable[..., torch.Tensor]:
 
 
 class ArmState:
-    """Which arm the FP8 model runs: module objects per slot for each of :data:`ARMS`, put back by :meth:`set`."""
+    """Which arm the FP8 model runs: module objects per slot for each of :data:`ARMS`, put back by :meth:`set_arm`
+    (the interface of :class:`~aiter_gemm.examples.hf_model.PatchState`; ``control`` is a second baseline)."""
+
+    arms = ARMS
+    table_var = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE"
 
     def __init__(self, model: nn.Module, swapped: list[tuple[str, nn.Module, nn.Module]],
                  include: list[str] | None, exclude: list[str] | None) -> None:
         from aiter_gemm import fp8_linear
+        from aiter_gemm.kernels.a8w8_blockscale_torch import shape_error
         from aiter_gemm.nn import patch_linear
 
         self.model, self.arm = model, "fp8"
@@ -107,18 +112,27 @@ class ArmState:
                     continue
                 name = child.__dict__.get("_aiter_name")
                 if name in fp8_of:
+                    why = shape_error(1, original.out_features, original.in_features)
+                    if why is not None:
+                        raise SystemExit(f"{name}: torch's block-scaled matmul (the torch_blockwise arm) cannot run "
+                                         f"it: {why}")
                     bf16 = next(lin for n, _, lin in swapped if n == name)
                     torch_arm = fp8_linear.from_fp8_linear(original, name, gemm=gemm, m_major=True)
                     arms = {"tuned": child, "torch_blockwise": torch_arm, "bf16": bf16}
                 else:  # a bf16 module (lm_head): patched in the tuned arm only
                     arms = {"tuned": child, "torch_blockwise": original, "bf16": original}
                 self._slots.append((parent._modules, attr, arms))
-        self.fp8_names = sorted(fp8_of)
-        self.set("tuned")
+        self.fp8_suffixes = frozenset(n.rsplit(".", 1)[-1] for n in self.names if n in fp8_of)
+        self.set_arm("tuned")
 
-    def set(self, arm: str) -> None:
+    def set_arm(self, arm: str) -> None:
+        arm = BASELINE if arm == "control" else arm
         if arm == self.arm:
             return
         for modules, attr, arms in self._slots:
             modules[attr] = arms[arm]
         self.arm = arm
+
+    def set(self, patched: bool) -> None:
+        """PatchState's switch, for the capture: patched is the tuned arm."""
+        self.set_arm("tuned" if patched else BASELINE)
