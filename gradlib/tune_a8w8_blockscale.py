@@ -113,7 +113,8 @@ DESCRIPTION = ("Tune the A8W8 block-scale GEMM per (M, N, K): write the tuned CS
                "that aiter_gemm.gemm_a8w8_blockscale dispatches from.")
 EXAMPLES = (
     f"{PROG} --nk 8192,8192 10240,8192 --m 1,16,64,256,1024,4096 --quick",
-    f"{PROG} --model_dir deepseek_v3_dir --tp 8 -o dsv3_blockscale_tuned.csv",
+    f"{PROG} --model_dir deepseek_v3 --tp 8 -o dsv3_blockscale_tuned.csv",
+    f"{PROG} --model_dir qwen3_8b_fp8 --m 1,16,64 --print_shapes",
     f"{PROG} -i a8w8_blockscale_untuned_gemm.csv --mp 8 --json_dir my_configs",
 )
 
@@ -154,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = ap.add_argument_group("shapes")
     src.add_argument("--nk", type=nk_pair, nargs="+", metavar="N,K", help="weight shapes to tune, e.g. 8192,8192")
     src.add_argument("--model_dir", help="folder with a Hugging Face config.json (or a shipped model config's "
-                     "name): tune its fp8 linears (Llama-style or DeepSeek MLA; see gradlib.blockscale_shapes)")
+                     "name, e.g. qwen3_8b_fp8, deepseek_v3): tune its dense fp8 linears (Llama/Qwen-style with fused "
+                     "qkv and gate_up, or DeepSeek MLA with its dense layers and shared experts; routed experts are "
+                     "grouped GEMMs, not covered); quantization_config.weight_block_size must be [128, 128]")
     src.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
     src.add_argument("--m", type=positive_int_list, default=list(DEFAULT_MS),
                      help="batch sizes M for --nk / --model_dir (default 1,16,32,64,...,8192)")
@@ -211,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if run_config is not None and not os.path.isfile(run_config):
             raise UsageError(f"--run_config {run_config}: file not found")
         rows_of = run_config or (args.tuned_file if in_place and not args.run_config else None)
-        shapes = [] if rows_of else load_shapes(args.shapes, args.nk, args.model_dir, args.tp, args.m)
+        notes: list[str] = []
+        shapes = [] if rows_of else load_shapes(args.shapes, args.nk, args.model_dir, args.tp, args.m, notes)
+        for note in notes:  # stderr: --print_shapes' stdout stays a CSV
+            print(f"{PROG}: note: {note}", file=sys.stderr)
         if args.print_shapes:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK
