@@ -46,7 +46,7 @@ shapes = [p for _, (_, p) in build_sets('gemm_a8w8_blockscale', 'shipped,heldout
 print(aiter_gemm.warmup(('gemm_a8w8_blockscale',), shapes={'gemm_a8w8_blockscale': shapes}))"
 step bench 250 $R --name fp8_tilelang --set shipped,heldout_fp8,deepgemm \
   --providers torch_blockscale,dispatch,baseline:$BEFORE,flinear --baselines torch_blockscale,baseline:$BEFORE --pairs 11 \
-  --deadline_s 230
+  --deadline_s ${BENCH_DEADLINE_S:-230}
 step bench_eager 60 $R --name fp8_tilelang_eager --set heldout_fp8 --m 1,5,16,40,64 \
   --providers torch_blockscale,dispatch,baseline:$BEFORE --baselines torch_blockscale --timing eager --deadline_s 50
 grep "^== " "$LOG"
