@@ -19,6 +19,8 @@ import torch
 
 import aiter_gemm
 from aiter_gemm import dispatch, sglang_tilelang
+from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
+from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.blockscale import BLOCKSCALE_TUNED_COLUMNS, csv_row, json_config_path, write_json_configs
 from aiter_gemm.device import DeviceIdentity
@@ -288,3 +290,83 @@ def test_merge_file_keeps_other_keys_and_refuses_a_file_it_cannot_read(tmp_path)
     with pytest.raises(JSONConfigError, match="missing keys"):
         sglang_tilelang.merge_file(tmp_path, "NVIDIA_H20", 4096, 4096, {32: data["16"]})
     assert path.read_text() == '{"16": {"kernel_type": "base"}}'  # left as the user wrote it
+
+
+def _candidate(cfg, us: float, phase: str = "full", ok: bool = True):
+    from gradlib.search import Candidate
+    from gradlib.tasks import ItemResult
+
+    sol = cfg if isinstance(cfg, Solution) else (
+        tilelang_backend.solution_of(cfg) if isinstance(cfg, TileLangConfig) else triton_backend.solution_of(cfg))
+    return Candidate(sol, phase, ItemResult(0, 0, ok, us if ok else float("inf"), 0.0), True)
+
+
+def _outcome(M: int, winner, candidates, N: int = 4096, K: int = 4096):
+    from gradlib.search import ShapeOutcome
+
+    return ShapeOutcome(M, _problem(M, N, K), winner, None, candidates, [], 1.0)
+
+
+def test_tuner_writes_sglang_files_that_the_runtime_reads_back(sglang_env, tmp_path):
+    """A fake tuning outcome through the tuner's sidecar: per M the fastest TileLang config (the winner when it is
+    one; else the fastest correct TileLang candidate, here where Triton won), latency_ms and tflops from its time,
+    merged into an existing file whose other keys stay; then the runtime serves those M from it."""
+    from gradlib.blockscale import JsonSidecar
+
+    mp, _, disp = sglang_env
+    out_dir = tmp_path / "sglang_out"
+    out_dir.mkdir()
+    theirs = sglang_tilelang.file_name(4096, 4096, H100.device_name)
+    (out_dir / theirs).write_text(json.dumps({"16": H20_RAW["16"], "2048": H20_RAW["2048"]}, indent=4))
+    fast, slow = TileLangConfig("splitK_swapAB", 64, 16, num_stages=4, split_k=4), TileLangConfig("swapAB", 64, 16)
+    big = TileLangConfig("base", 128, 128, num_stages=4, threads=256, swizzle=8)
+    trit = BlockscaleConfig("swapAB", 16, 128, 128, 1, 1, 4, 3)
+    problems = [_problem(16), _problem(64), _problem(128, 1024, 512)]
+    side = JsonSidecar(H100, tmp_path / "tuned.csv", problems, tmp_path / "json", sglang_dir=out_dir)
+    side.add(_outcome(16, _candidate(trit, 5.0), [_candidate(slow, 10.0), _candidate(fast, 8.0),
+                                                  _candidate(trit, 5.0), _candidate(big, 1.0, ok=False)]))
+    side.add(_outcome(64, _candidate(big, 20.0, "confirm"), [_candidate(big, 19.0), _candidate(slow, 30.0)]))
+    side.add(_outcome(128, _candidate(trit, 3.0), [_candidate(trit, 3.0)], 1024, 512))  # no TileLang: no file
+    side.flush()
+    assert side.sglang_written == [out_dir / theirs] and sorted(p.name for p in out_dir.iterdir()) == [theirs]
+    data = json.loads((out_dir / theirs).read_text())
+    assert list(data) == ["16", "64", "2048"] and data["2048"] == H20_RAW["2048"]
+    assert data["16"]["latency_ms"] == pytest.approx(0.008)
+    assert data["16"]["tflops"] == pytest.approx(2 * 16 * 4096 * 4096 / 8e-6 / 1e12)
+    assert data["64"]["latency_ms"] == pytest.approx(0.020) and data["64"]["swizzle"] == 8
+    assert "SGLang file(s)" in side.summary()
+    mp.setenv("AITER_GEMM_SGLANG_TILELANG_DIR", str(out_dir))
+    mp.delenv("AITER_GEMM_DEVICE_NAME")  # the probed H100's own name: the file the tuner named after it
+    aiter_gemm.reload_configs()
+    got = {M: disp.decide(_problem(M), True) for M in (16, 40, 41, 64, 1056, 1057, 4096)}
+    assert {M: d.solution.kernelName for M, d in got.items()} == {
+        16: fast.name, 40: fast.name, 41: big.name, 64: big.name, 1056: big.name, 1057: _cfg("2048").name,
+        4096: _cfg("2048").name}
+    assert {d.matched for d in got.values()} == {"json"}
+
+
+def test_tuner_leaves_an_sglang_file_it_cannot_read(sglang_env, tmp_path, caplog):
+    from gradlib.blockscale import JsonSidecar
+
+    out_dir = tmp_path / "sglang_out"
+    out_dir.mkdir()
+    path = out_dir / sglang_tilelang.file_name(4096, 4096, H100.device_name)
+    path.write_text('{"16": {"kernel_type": "base", "block_M": 64}}')
+    side = JsonSidecar(H100, tmp_path / "tuned.csv", [_problem(16)], tmp_path / "json", sglang_dir=out_dir)
+    side.add(_outcome(16, None, [_candidate(TileLangConfig("swapAB", 64, 16), 9.0)]))
+    side.flush()
+    assert path.read_text() == '{"16": {"kernel_type": "base", "block_M": 64}}' and side.sglang_written == []
+    assert "missing keys" in caplog.text and str(path) in caplog.text
+
+
+@pytest.mark.parametrize("extra,why", [
+    ([], "tilelang is not timed here"),
+    (["--libtype", "triton"], "tilelang is not timed here"),
+])
+def test_tuner_cli_refuses_sglang_dir_without_tilelang(cpu_tuner_workers, tmp_path, capsys, extra, why):
+    from gradlib import tune_a8w8_blockscale
+
+    rc = tune_a8w8_blockscale.main(["--nk", "256,256", "--m", "16", "-o", str(tmp_path / "t.csv"),
+                                    "--sglang_dir", str(tmp_path / "sg"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--sglang_dir" in err and why in err
