@@ -111,7 +111,7 @@ def _libtype(args: argparse.Namespace) -> tuple[str, Any]:
     from aiter_gemm.backends import get_backend, known_backends
 
     op, package, allowed = OPS[args.op]
-    known = allowed or tuple(n for n in known_backends(package) if n != "base")
+    known = allowed or tuple(known_backends(package))
     if args.libtype not in known:
         raise UsageError(f"--libtype {args.libtype!r}: not a backend of {op} here (one of {', '.join(known)})")
     backend = get_backend(args.libtype, package)
