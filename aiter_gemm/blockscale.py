@@ -21,6 +21,8 @@ decided once per shape, in the dispatcher's order (docs/design.md):
    ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``). The tuner writes one ``M_LEQ_<m>`` per tuned M
    plus ``any`` for the largest (:func:`buckets_from_tuned`): the best variant changes between M = 16 (swapAB,
    split-K) and M = 256 (base) and again above 1024 (larger tiles).
+   Below those, SGLang's TileLang files (``AITER_GEMM_SGLANG_TILELANG_DIR``, this device's name; nearest M as
+   SGLang picks it: :mod:`aiter_gemm.sglang_tilelang`), whose entries run on the ``tilelang`` backend.
 3. the default: the highest-priority backend whose ``default_for`` claims the shape
    (:func:`~aiter_gemm.kernels.a8w8_blockscale.default_config` of the Triton backend).
 
@@ -37,7 +39,7 @@ from typing import Any
 
 import torch
 
-from aiter_gemm import cudagraph, eager_ext
+from aiter_gemm import cudagraph, eager_ext, sglang_tilelang
 from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
@@ -168,7 +170,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
     capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
     json_family="GEMM-A8W8_BLOCKSCALE", json_solution=lambda entry: solution_of(_choice_from_json(entry)),
-    json_buckets=NAMED_BUCKETS, describe=_describe, source_with_line=True,
+    json_buckets=NAMED_BUCKETS, json_more=(sglang_tilelang.FILES,), describe=_describe, source_with_line=True,
     key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
 ))
 

@@ -10,7 +10,6 @@ dispatcher owns an immutable table and an immutable settings object; :meth:`Disp
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -128,7 +127,9 @@ class Dispatcher:
             for backend in backends.loaded_backends(self.op.backends):  # the rest are configured on first use
                 backend.configure(self.settings)
                 self._configured.add(id(backend))
-            self._json_dirs = tuple(Path(p) for p in self.settings.triton_config_dirs)
+            # The JSON level: each file family of the op with its folders, in lookup order.
+            self._json_levels = tuple((files, tuple(Path(p) for p in files.folders(self.settings)))
+                                      for files in self.op.json_files)
             self.warn_once.clear()
             jsonconfigs.clear_cache()
             if self._recorder is not None:
@@ -205,12 +206,12 @@ class Dispatcher:
                 problem = self.op.key_problem(row.key)
                 exact.append(problem)
                 jobs.setdefault(sol.libtype, []).append((problem, sol))
-        if self.op.json_family and self.op.key_problem is not None:  # ops with JSON levels key rows on (M, N, K)
-            for folder in self._json_dirs:
-                for path in sorted(folder.glob(f"{device.gfx}-{self.op.json_family}-N=*-K=*.json")):
-                    nk = re.fullmatch(r".*-N=(\d+)-K=(\d+)\.json", path.name)
+        for files, folders in self._json_levels if self.op.key_problem is not None else ():
+            for folder in folders:  # ops with JSON levels key rows on (M, N, K)
+                for path in sorted(folder.glob(files.glob(device))):
+                    nk = files.nk.match(path.name)
                     try:
-                        buckets = jsonconfigs.cached_buckets(path, self.op.json_solution, self.op.json_buckets or {})
+                        buckets = jsonconfigs.cached_file(path, files.read)
                     except (ValueError, OSError):
                         continue  # the decision warns about it, naming the file
                     for bound, _key, sol in buckets or ():
@@ -263,7 +264,7 @@ class Dispatcher:
                 dec = self._from_row(problem, device, row, level)
                 if dec is not None:
                     break
-            if dec is None and self.op.json_family:
+            if dec is None and self._json_levels:
                 dec = self._from_json(problem, device)
         if dec is None:
             dec = self._default(problem, device)
@@ -288,11 +289,15 @@ class Dispatcher:
                  problem.bias, problem.scaleAB, problem.bpreshuffle, ":".join(self.settings.config_paths[self.op.kind]),
                  dec.solution.libtype, dec.solution.solidx)
 
-    def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> tuple[Any, str | None]:
+    def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
+                warn_unavailable: bool = True) -> tuple[Any, str | None]:
         """(runner, None) if ``sol`` runs ``problem`` here; (None, why) if not; (None, None) if its libtype cannot
-        run here at all (warned once per libtype here, so callers need not say more)."""
+        run here at all (warned once per libtype here, so callers need not say more; with ``warn_unavailable``
+        False, (None, why) and no warning: the caller says it)."""
         backend = self.backend(sol.libtype)
         unavailable = backend.unavailable_reason()
+        if unavailable is not None and not warn_unavailable:
+            return None, unavailable
         if unavailable is not None:
             self.warn_once(("libtype", sol.libtype), "aiter_gemm: %s rows with libtype %r cannot run here (%s); "
                            "treating them as misses", self.op.name, sol.libtype, unavailable)
@@ -339,26 +344,30 @@ class Dispatcher:
         return self._decision(problem, device, sol, level, row, runner, source)
 
     def _from_json(self, problem: GemmProblem, device: DeviceIdentity) -> Decision | None:
-        """The per-(N, K) JSON bucket covering M (first file found over the configured folders), if it runs."""
-        op = self.op
-        name = f"{device.gfx}-{op.json_family}-N={problem.N}-K={problem.K}.json"
-        for folder in self._json_dirs:
-            buckets = jsonconfigs.cached_buckets(folder / name, op.json_solution, op.json_buckets or {}, strict=False)
-            if buckets is None:
+        """The JSON level: per file family in order (the op's own, then e.g. SGLang's), the first file found over
+        the family's folders; its bucket covering M if that runs here, else the next family (a miss)."""
+        for files, folders in self._json_levels:
+            name = files.file_name(device, problem.N, problem.K)
+            for path in (folder / name for folder in folders):
+                buckets = jsonconfigs.cached_file(path, files.read, strict=False)
+                if buckets is not None:
+                    break
+            else:
                 continue
             hit = jsonconfigs.select_bucket(buckets, problem.M)
-            if hit is None:
-                return None
+            if hit is None or hit[1] is None:  # no bucket covers M, or a "default" one: nothing confirmed here
+                continue
             key, sol = hit
-            if sol is None:  # a "default" bucket: no config was confirmed for this M range
-                return None
-            runner, why = self._runner(problem, device, sol)
-            if runner is None:
-                if why is not None:
-                    self.warn_once(("json", str(folder / name), key, why), "aiter_gemm: %s bucket %s: %s cannot "
-                                   "run M=%d (%s); using the default", folder / name, key, _label(sol), problem.M, why)
-                return None
-            return self._decision(problem, device, sol, "json", None, runner, f"{folder / name}#{key}")
+            runner, why = self._runner(problem, device, sol, warn_unavailable=not files.warn_per_file)
+            if runner is not None:
+                return self._decision(problem, device, sol, "json", None, runner, f"{path}#{key}")
+            if files.warn_per_file:
+                self.warn_once(("json", str(path)), "aiter_gemm: %s %s: %s (M=%d, bucket %s) cannot run here (%s); "
+                               "its entries that cannot run are misses, said once per file", files.label, path,
+                               _label(sol), problem.M, key, why)
+            elif why is not None:
+                self.warn_once(("json", str(path), key, why), "aiter_gemm: %s bucket %s: %s cannot run M=%d (%s); "
+                               "using the next level", path, key, _label(sol), problem.M, why)
         return None
 
     def _default(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:

@@ -5,13 +5,17 @@ op as the example).
 
 from __future__ import annotations
 
+import glob
 import importlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property, partial
 from typing import Any, Generic, TypeVar
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import SPECS, TableSpec, TunedRow
+from aiter_gemm.jsonconfigs import JSONFiles, read_buckets
 from aiter_gemm.settings import Settings
 
 T = TypeVar("T")
@@ -44,6 +48,8 @@ class OpSpec:
     json_family: str | None = None
     json_solution: Callable[[Mapping[str, Any]], Solution] | None = None
     json_buckets: Mapping[str, int | None] | None = None  # named bucket keys the files may use
+    #: Further JSON file families read at the same level after the op's own (the block-scale op: SGLang's).
+    json_more: tuple[JSONFiles, ...] = ()
     #: Extra fields ``get_*_config`` reports for a solution (e.g. the kernel's parameters).
     describe: Callable[[Solution], dict[str, Any]] | None = None
     #: A row's ``source`` as ``path:line`` (True) or the path with ``line`` beside it (AITER's config dict).
@@ -54,6 +60,21 @@ class OpSpec:
     @property
     def table_spec(self) -> TableSpec:
         return SPECS[self.kind]
+
+    @cached_property
+    def json_files(self) -> tuple[JSONFiles, ...]:
+        """Every JSON file family of the op's JSON level, in lookup order: its own (:attr:`json_family`, in the
+        ``AITER_GEMM_TRITON_CONFIGS`` folders and the shipped ``configs/triton``), then :attr:`json_more`."""
+        if not self.json_family or self.json_solution is None:
+            return self.json_more
+        family = self.json_family
+        own = JSONFiles(
+            label="JSON config", folders=lambda s: s.triton_config_dirs,
+            file_name=lambda device, N, K: f"{device.gfx}-{family}-N={N}-K={K}.json",
+            glob=lambda device: f"{glob.escape(device.gfx)}-{family}-N=*-K=*.json",
+            nk=re.compile(r".*-N=(\d+)-K=(\d+)\.json"),
+            read=partial(read_buckets, parse_entry=self.json_solution, named=self.json_buckets or {}))
+        return (own, *self.json_more)
 
 
 class LazyRegistry(Generic[T]):

@@ -100,6 +100,27 @@ def backend_of(op: str, libtype: str):
     return get_dispatcher(op).backend(libtype)
 
 
+def prepare_runner(op: str, p: GemmProblem, sol: Solution, identity: DeviceIdentity, eager: bool = False
+                   ) -> tuple[object, Solution, str | None]:
+    """A runner of ``sol`` for ``p`` as the op's backend prepares it (the one way a candidate becomes a runner, for
+    the workers and ``python -m aiter_gemm.kernel_check``): (runner, the solution it runs, None) or (None, sol, why
+    not). :data:`DEFAULT` resolves to the runtime's default (as eager calls see it with ``eager``)."""
+    if sol == DEFAULT:
+        from aiter_gemm import get_dispatcher
+
+        dec = get_dispatcher(op)._default(p, identity, eager=eager)
+        return dec.runner, dec.solution, None
+    backend = backend_of(op, sol.libtype)
+    if not backend.is_available():
+        return None, sol, f"backend {sol.libtype!r} unavailable: {backend.unavailable_reason()}"
+    why = backend.why_not(p, sol, identity)
+    runner = backend.prepare(p, sol, identity) if why is None else None
+    if runner is None:
+        return None, sol, (f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: "
+                           f"{why or 'prepare() returned None'}")
+    return runner, sol, None
+
+
 def import_plugins(modules: Sequence[str]) -> None:
     """Import modules that register extra backends on import (``--plugin``, ``GRADLIB_PLUGINS``)."""
     for name in modules:
@@ -174,22 +195,8 @@ class WorkerRuntime:
 
     def _runner(self, task: Task, sol: Solution) -> tuple[object, Solution, str | None]:
         """(runner, the solution it runs, None) or (None, sol, why not): DEFAULT resolves to the runtime's default."""
-        p = task.problem
-        if sol == DEFAULT:
-            from aiter_gemm import get_dispatcher
-
-            eager = task.timing is not None and not task.timing.use_graph
-            dec = get_dispatcher(task.op)._default(p, self.identity, eager=eager)
-            return dec.runner, dec.solution, None
-        backend = backend_of(task.op, sol.libtype)
-        if not backend.is_available():
-            return None, sol, f"backend {sol.libtype!r} unavailable: {backend.unavailable_reason()}"
-        why = backend.why_not(p, sol, self.identity)
-        runner = backend.prepare(p, sol, self.identity) if why is None else None
-        if runner is None:
-            return None, sol, (f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: "
-                               f"{why or 'prepare() returned None'}")
-        return runner, sol, None
+        eager = task.timing is not None and not task.timing.use_graph
+        return prepare_runner(task.op, task.problem, sol, self.identity, eager)
 
     def _time(self, task: Task, index: int) -> ItemResult:
         p = task.problem

@@ -23,7 +23,9 @@ one chunk per worker.
 Output: the winner per shape is merged into ``-o`` every ``--batch`` shapes; shapes the file already has for this
 device are skipped (resume), unless ``--all``. JSON: after its shapes finish, each (N, K) gets
 ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json`` in ``--json_dir``, rebuilt from every row of the tuned file for
-that (N, K) on this device (``--buckets``: :mod:`gradlib.blockscale`).
+that (N, K) on this device (``--buckets``: :mod:`gradlib.blockscale`). ``--sglang_dir DIR``: the fastest TileLang
+config per tuned M is also merged into SGLang's file of the (N, K) for this GPU's name
+(:mod:`aiter_gemm.sglang_tilelang`).
 
 AITER's tuner flags work as in ``gemm-tuner`` (:mod:`gradlib.aiter_flags`): ``-i/--untune_file`` (= ``--shapes``),
 ``--tune_file``, ``-o2``, ``--sort``, ``--compare`` / ``--update_improved`` / ``--min_improvement_pct``,
@@ -170,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tuned CSV to merge winners into (created if missing; other rows are kept)")
     out.add_argument("--json_dir", help="folder for the per-(N, K) JSON files (default: the tuned file's folder; "
                      "the runtime reads AITER_GEMM_TRITON_CONFIGS folders, then configs/triton/)")
+    out.add_argument("--sglang_dir", help="also merge the fastest TileLang config per tuned M into SGLang's file of "
+                     "each (N, K) in this folder (N={N},K={K},device_name={this GPU},dtype=fp8_w8a8,block_shape=[128, "
+                     "128].json; other M kept), for SGLANG_TILELANG_GEMM_CONFIG_DIR or AITER_GEMM_SGLANG_TILELANG_DIR")
     out.add_argument("--buckets", choices=("fine", "seed"), default="fine",
                      help="JSON M buckets: one per tuned M (fine) or the named small/medium/large_M (seed)")
     out.add_argument("-o2", "--profile_file", help="CSV receiving every candidate's result")
@@ -235,6 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if torch_impl.LIBTYPE in (args.libtype or ()) and not on_gpu:
             raise UsageError(f"--libtype torch: {torch_impl.unavailable_reason(torch.device('cpu'))}")
         libtypes = tuple(args.libtype or default_libtypes(on_gpu))
+        if args.sglang_dir and tilelang_impl.TileLangConfig.libtype not in libtypes:
+            why = tilelang_impl.unavailable_reason() or "add it to --libtype"
+            raise UsageError(f"--sglang_dir: SGLang's files hold TileLang configs, and tilelang is not timed here "
+                             f"(libtypes {','.join(libtypes)}; {why})")
+        if args.sglang_dir and args.run_config:
+            raise UsageError("--sglang_dir: --run_config times rows without tuning; nothing to write for SGLang")
         env = cli.worker_env(on_gpu)
         with scoped_env(env):
             import_plugins(plugins)
@@ -266,15 +277,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                   cli.candidates_from(args.candidates_from, BLOCKSCALE) if args.candidates_from else None,
                   profile_file=args.profile_file, verbose=args.verbose,
                   sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
-                                                               json_dir=args.json_dir, bucket_mode=args.buckets),
+                                                               json_dir=args.json_dir, bucket_mode=args.buckets,
+                                                               sglang_dir=args.sglang_dir),
                   rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file),
-                  output_dirs=(("--json_dir", args.json_dir),) if args.json_dir else ())
+                  output_dirs=tuple((flag, d) for flag, d in (("--json_dir", args.json_dir),
+                                                              ("--sglang_dir", args.sglang_dir)) if d))
     return run_job(job, args, run_config, cli.build_executor(devices, plugins, args.timeout, args.ray, env))
 
 
 def _sidecar(identity: DeviceIdentity, problems: list[GemmProblem], tuned_file: str, json_dir: str | None,
-             bucket_mode: str) -> JsonSidecar:
-    return JsonSidecar(identity, tuned_file, problems, json_dir, bucket_mode)
+             bucket_mode: str, sglang_dir: str | None = None) -> JsonSidecar:
+    return JsonSidecar(identity, tuned_file, problems, json_dir, bucket_mode, sglang_dir)
 
 
 if __name__ == "__main__":

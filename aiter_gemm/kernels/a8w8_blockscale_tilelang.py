@@ -92,10 +92,7 @@ class TileLangConfig:
     def name(self) -> str:
         """The CSV ``kernelName``: ``<type>-BM<>_BN<>_BK<>_S<stages>_T<threads>_SK<split>[_BS][_AS][_SW<n>]``
         (``c_scale_local`` is always true, so the name does not carry it)."""
-        return (f"{self.kernel_type}-BM{self.block_M}_BN{self.block_N}_BK{self.block_K}_S{self.num_stages}"
-                f"_T{self.threads}_SK{self.split_k}" + ("_BS" if self.b_scale_shm else "")
-                + ("_AS" if self.a_scale_shm else "")
-                + (f"_SW{self.swizzle}" if self.swizzle else ""))
+        return config_name(asdict(self))
 
     @classmethod
     def from_name(cls, name: str) -> "TileLangConfig":
@@ -209,6 +206,15 @@ class TileLangConfig:
         if self.kernel_type == "ws":
             return stages + self.num_stages * (self.block_M + 4) * 4
         return max(stages, self.block_M * self.block_N * 4) + 8 * (self.block_M + self.block_N) * self.num_stages
+
+
+def config_name(values: dict[str, Any]) -> str:
+    """:attr:`TileLangConfig.name` of config values, checked or not (values the rule rejects give a name that
+    :meth:`TileLangConfig.from_name` rejects saying why: how an SGLang entry that cannot run here is named)."""
+    v = {f.name: f.default for f in fields(TileLangConfig) if f.name != "kernel_type"} | values
+    return (f"{v['kernel_type']}-BM{v['block_M']}_BN{v['block_N']}_BK{v['block_K']}_S{v['num_stages']}"
+            f"_T{v['threads']}_SK{v['split_k']}" + ("_BS" if v["b_scale_shm"] else "")
+            + ("_AS" if v["a_scale_shm"] else "") + (f"_SW{v['swizzle']}" if v["swizzle"] else ""))
 
 
 def is_config_name(name: str) -> bool:
