@@ -10,7 +10,6 @@ dispatcher owns an immutable table and an immutable settings object; :meth:`Disp
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -168,7 +167,9 @@ class Dispatcher:
             for backend in registry.loaded_backends(self.op.backends):  # the rest are configured on first use
                 backend.configure(self.settings)
                 self._configured.add(id(backend))
-            self._json_dirs = tuple(Path(p) for p in self.settings.triton_config_dirs)
+            # The JSON level: each file family's folders, in the level's lookup order (JsonLevel.families).
+            self._json_folders = tuple(tuple(Path(p) for p in files.folders(self.settings))
+                                       for files in (self.op.json.families if self.op.json is not None else ()))
             self.warn_once.clear()
             jsonconfigs.clear_cache()
             if self._recorder is not None:
@@ -247,18 +248,19 @@ class Dispatcher:
                 jobs.setdefault(sol.libtype, []).append((problem, sol))
         level = self.op.json
         if level is not None and level.fills is None and self.op.key_problem is not None:  # (M, N, K) rows
-            for folder in self._json_dirs:
-                for path in sorted(folder.glob(f"{device.gfx}-{level.family}-N=*-K=*.json")):
-                    nk = re.fullmatch(r".*-N=(\d+)-K=(\d+)\.json", path.name)
-                    try:
-                        buckets = jsonconfigs.cached_buckets(path, level.parse, level.buckets)
-                    except (ValueError, OSError):
-                        continue  # the decision warns about it, naming the file
-                    for bound, _key, cfg in buckets or ():
-                        if cfg is not None and nk is not None:
-                            problem = self.op.key_problem((bound or 1, int(nk[1]), int(nk[2])))
-                            sol = level.solution(cfg, problem, device.gfx)
-                            jobs.setdefault(sol.libtype, []).append((problem, sol))
+            for files, folders in zip(level.families, self._json_folders):
+                for folder in folders:
+                    for path in sorted(Path(folder).glob(files.glob(device))):
+                        nk = files.nk.match(path.name)
+                        try:
+                            buckets = jsonconfigs.cached_file(path, files.read)
+                        except (ValueError, OSError):
+                            continue  # the decision warns about it, naming the file
+                        for bound, _key, entry in buckets or ():
+                            if entry is not None and nk is not None:
+                                problem = self.op.key_problem((bound or 1, int(nk[1]), int(nk[2])))
+                                sol = level.solution(entry, problem, device.gfx) if files is level.own else entry
+                                jobs.setdefault(sol.libtype, []).append((problem, sol))
         failed: dict[str, str] = {}
         for libtype, todo in jobs.items():
             backend = self.backend(libtype)
@@ -342,10 +344,14 @@ class Dispatcher:
         runner = backend.prepare(problem, solution, device) if why is None else None
         return runner, (why or "prepare() returned None") if runner is None else None
 
-    def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> tuple[Any, str | None]:
+    def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
+                warn_unavailable: bool = True) -> tuple[Any, str | None]:
         """:meth:`runner_for` for a decision level: a libtype that cannot run here at all is warned once per libtype
-        and returns (None, None), so callers need not say more."""
+        and returns (None, None), so callers need not say more (with ``warn_unavailable`` False: (None, why) and no
+        warning, the caller says it)."""
         unavailable = self.backend(sol.libtype).unavailable_reason()
+        if unavailable is not None and not warn_unavailable:
+            return None, unavailable
         if unavailable is not None:
             self.warn_once(("libtype", sol.libtype), "aiter_gemm: %s rows with libtype %r cannot run here (%s); "
                            "treating them as misses", self.op.name, sol.libtype, unavailable)
@@ -390,21 +396,21 @@ class Dispatcher:
         return self._decision(problem, device, sol, level, row, runner, source)
 
     def _from_json(self, problem: GemmProblem, device: DeviceIdentity) -> Decision | None:
-        """The op's JSON bucket covering M (:meth:`~aiter_gemm.ops.spec.JsonLevel.lookup`), if it runs."""
-        level = self.op.json
-        hit = level.lookup(self._json_dirs, device.gfx, problem)
-        if hit is None or hit[1] is None:  # no file answers, or a "default" bucket: nothing confirmed for this M
-            return None
-        source, cfg = hit
-        sol = level.solution(cfg, problem, device.gfx)
-        runner, why = self._runner(problem, device, sol)
-        if runner is None:
-            if why is not None:
-                path, key = source.rsplit("#", 1)
-                self.warn_once(("json", source, why), "aiter_gemm: %s bucket %s: %s cannot run M=%d (%s); using the "
-                               "default", path, key, _label(sol), problem.M, why)
-            return None
-        return self._decision(problem, device, sol, "json", None, runner, source)
+        """The JSON level's first bucket covering M that runs here (:meth:`~aiter_gemm.ops.spec.JsonLevel.hits`: the
+        op's own files, then e.g. SGLang's), else None (the default)."""
+        for files, source, sol in self.op.json.hits(self._json_folders, device, problem):
+            runner, why = self._runner(problem, device, sol, warn_unavailable=not files.warn_per_file)
+            if runner is not None:
+                return self._decision(problem, device, sol, "json", None, runner, source)
+            path, key = source.rsplit("#", 1)
+            if files.warn_per_file:
+                self.warn_once(("json", path), "aiter_gemm: %s %s: %s (M=%d, bucket %s) cannot run here (%s); "
+                               "its entries that cannot run are misses, said once per file", files.label, path,
+                               _label(sol), problem.M, key, why)
+            elif why is not None:
+                self.warn_once(("json", source, why), "aiter_gemm: %s bucket %s: %s cannot run M=%d (%s); "
+                               "using the next level", path, key, _label(sol), problem.M, why)
+        return None
 
     def _filled(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> Solution:
         """A row naming no kernel (kernelName empty or ``auto``) of the libtype the op's JSON files fill in, with the
@@ -412,8 +418,7 @@ class Dispatcher:
         level = self.op.json
         if level is None or level.fills != sol.libtype or sol.kernelName.strip() not in ("", "auto"):
             return sol
-        hit = level.lookup(self._json_dirs, device.gfx, problem)
-        return sol if hit is None or hit[1] is None else level.solution(hit[1], problem, device.gfx)
+        return next((hit for _files, _source, hit in level.hits(self._json_folders, device, problem)), sol)
 
     def default_decision(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
         """Public (the tuner's baseline, benchmarks): the default decision, uncached. AITER's order: pre-shuffled

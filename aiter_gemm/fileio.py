@@ -118,9 +118,15 @@ def _replace_file(target: Path, text: str) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` (a symlink's target) under its lock: temp file beside it, fsync, atomic rename."""
+    update_text(path, lambda _old: text)
+
+
+def update_text(path: str | os.PathLike, update: Callable[[Path | None], str]) -> None:
+    """Read-modify-write ``path`` (a symlink's target) under its lock: ``update(target or None when absent)`` gives
+    the new text, written as :func:`atomic_write_text` writes; an exception from ``update`` leaves the file as is."""
     target = resolved(path)
     with locked(target):
-        _replace_file(target, text)
+        _replace_file(target, update(target if target.exists() else None))
 
 
 def _lock_fd(lock_path: str) -> int | None:

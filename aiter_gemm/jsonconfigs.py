@@ -17,11 +17,16 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import atomic_write_text, file_problem, read_text
+
+if TYPE_CHECKING:
+    from aiter_gemm.device import DeviceIdentity
+    from aiter_gemm.settings import Settings
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -36,6 +41,24 @@ _LEQ_RE = re.compile(r"^M_LEQ_(\d+)$")
 Buckets = list[tuple[int | None, str, Any]]
 #: A bucket value meaning "no config here: the runtime's default serves this M range".
 DEFAULT_ENTRY = "default"
+
+
+@dataclass(frozen=True)
+class JSONFiles:
+    """One family of per-(N, K) JSON config files read at the dispatcher's JSON level, after the families before
+    it (docs/configs.md, "Lookup"): the op's own ``{arch}-<family>-N=..-K=...json`` files, then SGLang's TileLang
+    files. Where they are, what the file of (N, K) on a device is called, and how one becomes buckets (the same
+    :data:`Buckets` every family selects from with :func:`select_bucket`)."""
+
+    label: str  # what warnings call one of these files
+    folders: Callable[["Settings"], tuple[str, ...]]  # searched in order; the first holding the file decides
+    file_name: Callable[["DeviceIdentity", int, int], str]  # the file of (N, K) on a device
+    glob: Callable[["DeviceIdentity"], str]  # every file of a device (warm-up); its names match ``nk``
+    nk: re.Pattern[str]  # (N, K) of a file name, as groups 1 and 2
+    read: Callable[[str | os.PathLike], "Buckets"]  # strict: JSONConfigError naming the file and the key
+    #: One warning per file for entries that cannot run here (SGLang's files: written for another runtime), rather
+    #: than one per bucket and cause.
+    warn_per_file: bool = False
 
 
 class JSONConfigError(ValueError):
@@ -66,10 +89,9 @@ def _no_duplicates(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dic
     return out
 
 
-def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
-                 named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T | None]]:
-    """Every bucket of ``path`` as (bound, key, parsed entry or None for :data:`DEFAULT_ENTRY`), smallest bound
-    first (``any``-like last)."""
+def load_object(path: str | os.PathLike, what: str = "M buckets") -> dict[str, Any]:
+    """The non-empty JSON object of ``path`` (keys in file order); JSONConfigError for bad JSON, bytes that are not
+    UTF-8, a key written twice, or anything but a non-empty object mapping ``what`` to configs."""
     try:
         data = json.loads(read_text(path)[0], object_pairs_hook=lambda pairs: _no_duplicates(path, pairs))
     except json.JSONDecodeError as exc:
@@ -77,7 +99,15 @@ def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
     except ConfigError as exc:  # bytes that are not UTF-8
         raise JSONConfigError(path, None, f"line {exc.line}: {str(exc).split(': ', 1)[1]}") from None
     if not isinstance(data, dict) or not data:
-        raise JSONConfigError(path, None, "must be a non-empty object mapping M buckets to configs")
+        raise JSONConfigError(path, None, f"must be a non-empty object mapping {what} to configs")
+    return data
+
+
+def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
+                 named: Mapping[str, int | None] = NAMED_BUCKETS) -> list[tuple[int | None, str, T | None]]:
+    """Every bucket of ``path`` as (bound, key, parsed entry or None for :data:`DEFAULT_ENTRY`), smallest bound
+    first (``any``-like last)."""
+    data = load_object(path)
     out = []
     bounds_seen: dict[int | None, str] = {}
     for key, entry in data.items():
@@ -121,7 +151,7 @@ def write_buckets(path: str | os.PathLike, buckets: Mapping[str, T | None], to_j
                                          for key in order}, indent=4) + "\n")
 
 
-_cache: dict[tuple[str, Callable, tuple], list | None] = {}
+_cache: dict[tuple[str, Hashable], list | None] = {}
 _cache_lock = threading.Lock()
 
 
@@ -133,7 +163,15 @@ def cached_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
     file that cannot be used is skipped as absent with one warning saying why, as a broken tuned CSV is (issue 31:
     one bad file raised on every call of its (N, K)); strict, JSONConfigError naming the file and key. A path that
     exists but is no file (a directory, a symlink loop) is said to be one, strict or not."""
-    key = (str(path), parse_entry, tuple(named.items()))
+    return cached_file(path, lambda p: read_buckets(p, parse_entry, named), strict, (parse_entry, tuple(named.items())))
+
+
+def cached_file(path: str | os.PathLike, read: Callable[[str | os.PathLike], Buckets], strict: bool = True,
+                parser_key: Hashable | None = None) -> Buckets | None:
+    """``read(path)`` (a strict reader of one file family, JSONConfigError naming file and key) once per (file,
+    ``parser_key`` or ``read``) until :func:`clear_cache`, with :func:`cached_buckets`' rules for missing, broken
+    and non-file paths."""
+    key = (str(path), read if parser_key is None else parser_key)
     with _cache_lock:
         if key in _cache:
             return _cache[key]
@@ -141,7 +179,7 @@ def cached_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
     found = None
     if problem is None:
         try:
-            found = read_buckets(path, parse_entry, named)
+            found = read(path)
         except (JSONConfigError, OSError) as exc:
             if strict:
                 raise

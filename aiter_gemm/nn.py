@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import sys
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -37,7 +38,11 @@ from aiter_gemm.ops.a16w16 import run_linear_entry as _run_linear_entry
 
 log = logging.getLogger("aiter_gemm")
 
-__all__ = ["TunedLinear", "patch_linear", "unpatch", "unpatch_linear"]
+__all__ = ["TunedLinear", "clone_module", "patch_linear", "unpatch", "unpatch_linear"]
+
+#: transformers' fine-grained FP8 integration (its ``FP8Linear``: fp8 weight, 128x128 block scales), which
+#: :func:`patch_linear` puts on ``gemm_a8w8_blockscale`` (:mod:`aiter_gemm.fp8_linear`).
+_FP8_INTEGRATION = "transformers.integrations.finegrained_fp8"
 
 #: ``include`` / ``exclude`` of :func:`patch_linear`: glob pattern(s), or a predicate on (qualified name, module).
 Selector = str | Iterable[str] | Callable[[str, nn.Module], bool] | None
@@ -214,17 +219,39 @@ class TunedLinear(nn.Linear):
         ``linear`` itself is kept (see :func:`unpatch_linear`). ``name`` only labels fallback warnings."""
         if type(linear) is not nn.Linear:
             raise TypeError(f"TunedLinear.from_linear: expected exactly nn.Linear, got {type(linear).__qualname__}")
-        new = cls.__new__(cls)
-        state = dict(linear.__dict__)
-        for key, val in state.items():  # own containers (parameter dict, hook dicts, ...) holding the same objects
-            if isinstance(val, (dict, set)):
-                state[key] = type(val)(val)
-        state.pop("_aiter_warned", None)
-        new.__dict__.update(state)
-        # Plain attributes, not submodules: invisible to named_modules(), state_dict() and .to().
-        object.__setattr__(new, "_aiter_original", linear)
-        object.__setattr__(new, "_aiter_name", name)
-        return new
+        return clone_module(linear, cls, name)
+
+
+def clone_module(module: nn.Module, cls: type, name: str | None) -> nn.Module:
+    """A ``cls`` instance sharing ``module``'s Parameter objects, buffers, hooks and attributes (own containers
+    holding the same objects: nothing copied), remembering ``module`` for :func:`unpatch_linear`; ``name`` labels
+    warnings. How every module :func:`patch_linear` swaps in is made."""
+    new = cls.__new__(cls)
+    state = dict(module.__dict__)
+    for key, val in state.items():  # own containers (parameter dict, hook dicts, ...) holding the same objects
+        if isinstance(val, (dict, set)):
+            state[key] = type(val)(val)
+    state.pop("_aiter_warned", None)
+    new.__dict__.update(state)
+    # Plain attributes, not submodules: invisible to named_modules(), state_dict() and .to().
+    object.__setattr__(new, "_aiter_original", module)
+    object.__setattr__(new, "_aiter_name", name)
+    return new
+
+
+def _fp8_integration():
+    """:mod:`aiter_gemm.fp8_linear` when transformers' fine-grained FP8 integration is loaded (a model can only hold
+    its FP8Linear modules then), else None: ``import aiter_gemm.nn`` imports neither Triton nor transformers."""
+    if _FP8_INTEGRATION not in sys.modules:
+        return None
+    from aiter_gemm import fp8_linear
+
+    return fp8_linear
+
+
+def _is_swapped(module: nn.Module) -> bool:
+    """Whether ``module`` is one :func:`patch_linear` made (TunedLinear, or an FP8Linear on the block-scale op)."""
+    return isinstance(module, TunedLinear) or getattr(type(module), "_aiter_fp8_swapped", False)
 
 
 def _matcher(selector: Selector, what: str) -> Callable[[str, nn.Module], bool] | None:
@@ -255,9 +282,11 @@ def _children(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Mod
 
 
 def patch_linear(model: nn.Module, include: Selector = None, exclude: Selector = None) -> list[str]:
-    """Replace, in place, every module of ``model`` whose type is exactly ``nn.Linear`` (subclasses such as
-    quantized linears are left alone) by a :class:`TunedLinear` sharing its parameters; return the qualified names
-    swapped. ``include`` / ``exclude``: glob patterns (see :func:`_matcher`) or a ``(name, module) -> bool``
+    """Replace, in place, every module of ``model`` whose type is exactly ``nn.Linear`` (other subclasses such as
+    quantized linears are left alone) by a :class:`TunedLinear` sharing its parameters, and every transformers
+    ``FP8Linear`` with 128x128 float32 block scales and dynamic activations by its block-scale twin
+    (:mod:`aiter_gemm.fp8_linear`; other FP8 layouts are left alone with one warning each); return the qualified
+    names swapped. ``include`` / ``exclude``: glob patterns (see :func:`_matcher`) or a ``(name, module) -> bool``
     predicate; exclude wins. A module reached by two names is swapped once and stays shared."""
     if type(model) is nn.Linear:
         raise ValueError("patch_linear: the root module is an nn.Linear and cannot be replaced in place; "
@@ -266,9 +295,11 @@ def patch_linear(model: nn.Module, include: Selector = None, exclude: Selector =
     swapped: list[str] = []
     made: dict[int, TunedLinear] = {}
     skipped: dict[str, int] = {}
+    fp8 = _fp8_integration()
     for name, parent, attr, child in _children(model):
-        if type(child) is not nn.Linear:
-            if isinstance(child, nn.Linear) and not isinstance(child, TunedLinear):
+        is_fp8 = fp8 is not None and fp8.is_fp8_linear(child)
+        if type(child) is not nn.Linear and not is_fp8:
+            if isinstance(child, nn.Linear) and not _is_swapped(child):
                 kind = type(child).__qualname__
                 skipped[kind] = skipped.get(kind, 0) + 1
             continue
@@ -278,7 +309,13 @@ def patch_linear(model: nn.Module, include: Selector = None, exclude: Selector =
             log.warning("aiter_gemm: patch_linear leaves %s alone: its forward is replaced on the instance", name)
             continue
         new = made.get(id(child))
-        if new is None:
+        if new is None and is_fp8:
+            why = fp8.unsupported_reason(child)
+            if why is not None:
+                log.warning("aiter_gemm: patch_linear leaves %s (FP8Linear) alone: %s", name, why)
+                continue
+            new = made[id(child)] = fp8.from_fp8_linear(child, name)
+        elif new is None:
             new = made[id(child)] = TunedLinear.from_linear(child, name)
         parent._modules[attr] = new
         swapped.append(name)
@@ -293,7 +330,7 @@ def unpatch_linear(model: nn.Module) -> list[str]:
     qualified names restored. If a parameter of a patched module was reassigned meanwhile, the original gets it."""
     restored: list[str] = []
     for name, parent, attr, child in _children(model):
-        original = child.__dict__.get("_aiter_original") if isinstance(child, TunedLinear) else None
+        original = child.__dict__.get("_aiter_original") if _is_swapped(child) else None
         if original is None:
             continue
         for store in ("_parameters", "_buffers"):

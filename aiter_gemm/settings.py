@@ -131,6 +131,8 @@ class Settings:
     device_name: str | None = None  # AITER_GEMM_DEVICE_NAME: the device name rows and SGLang files are matched on
     # AITER_GEMM_TRITON_CONFIGS folders (colon-separated), then the shipped configs/triton: per-device Triton JSONs.
     triton_config_dirs: tuple[str, ...] = ()
+    # AITER_GEMM_SGLANG_TILELANG_DIR folders (colon-separated): SGLang's TileLang files, below the project's own.
+    sglang_tilelang_dirs: tuple[str, ...] = ()
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -149,6 +151,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cu_num=cu_num_override(env),
         device_name=env.get("AITER_GEMM_DEVICE_NAME", "").strip() or None,
         triton_config_dirs=_folders(env, "AITER_GEMM_TRITON_CONFIGS") + (str(default_config_dir() / "triton"),),
+        sglang_tilelang_dirs=_folders(env, "AITER_GEMM_SGLANG_TILELANG_DIR"),
     )
 
 

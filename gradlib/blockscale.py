@@ -31,7 +31,9 @@ import torch
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.jsonconfigs import JSONConfigError
 from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
+from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     GEMM_A8W8_BLOCKSCALE,
@@ -46,6 +48,7 @@ from aiter_gemm.ops.a8w8_blockscale import (
     write_json_configs,
 )
 from aiter_gemm.registry import register_backend
+from aiter_gemm.sglang_tilelang import merge_file, sglang_entry
 from gradlib.results import known_libtypes, row_key, stale_reason
 from gradlib.search import Candidate, ShapeOutcome
 from gradlib.timing import rotating_sets
@@ -206,14 +209,30 @@ def seed_buckets(best: Mapping[int, Choice], times: Mapping[int, Mapping[str, fl
     return out
 
 
+def best_tilelang(outcome: ShapeOutcome) -> Candidate | None:
+    """The TileLang config this run found fastest for the shape: the winner when it is one (as confirmed), else the
+    fastest correct TileLang candidate of the full search (SGLang runs only TileLang: its file wants the best TileLang
+    config at every tuned M, also where torch's or Triton won here)."""
+    if outcome.winner is not None and outcome.winner.solution.libtype == TileLangConfig.libtype:
+        return outcome.winner
+    found = [c for c in outcome.candidates if c.phase == "full" and c.result.ok and c.eligible
+             and c.solution.libtype == TileLangConfig.libtype]
+    return min(found, key=lambda c: c.us, default=None)
+
+
 class JsonSidecar(Sidecar):
     """Rewrites the JSON file of each (N, K) once every shape of that (N, K) in this run is finished (or skipped),
-    from every row of the tuned file for that (N, K) on this device."""
+    from every row of the tuned file for that (N, K) on this device; with ``sglang_dir``, also merges this run's
+    TileLang configs (:func:`best_tilelang`) into SGLang's file of that (N, K) for this device's name."""
 
     def __init__(self, identity: DeviceIdentity, tuned_file: str | os.PathLike, problems: Sequence[GemmProblem],
-                 json_dir: str | os.PathLike | None = None, bucket_mode: str = "fine") -> None:
+                 json_dir: str | os.PathLike | None = None, bucket_mode: str = "fine",
+                 sglang_dir: str | os.PathLike | None = None) -> None:
         self.identity, self.tuned_file, self.bucket_mode = identity, str(tuned_file), bucket_mode
         self.json_dir = Path(json_dir or Path(tuned_file).resolve().parent)
+        self.sglang_dir = Path(sglang_dir) if sglang_dir else None
+        self._sglang: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+        self.sglang_written: list[Path] = []
         self._left: dict[tuple[int, int], int] = {}
         for p in problems:
             self._left[(p.N, p.K)] = self._left.get((p.N, p.K), 0) + 1
@@ -234,15 +253,30 @@ class JsonSidecar(Sidecar):
         self._times.setdefault((p.N, p.K), {})[p.M] = {
             c.solution.kernelName: c.us for c in outcome.candidates
             if c.phase == "full" and c.result.ok and c.eligible}
+        best = best_tilelang(outcome) if self.sglang_dir is not None else None
+        if best is not None:
+            us = best.result.us
+            self._sglang.setdefault((p.N, p.K), {})[p.M] = sglang_entry(
+                TileLangConfig.from_name(best.solution.kernelName), us / 1e3, p.flops / us / 1e6)
         self._done_one(p.N, p.K)
 
     def flush(self) -> None:
-        """Write the JSON of every (N, K) that is ready; one that cannot be written stays ready for the next flush
-        (the error, naming the file, is raised after the others were tried)."""
+        """Write the JSON (and SGLang) file of every (N, K) that is ready; one that cannot be written stays ready for
+        the next flush (the error, naming the file, is raised after the others were tried). An SGLang file that does
+        not read as SGLang's is left alone, with an error naming it and the key."""
         ready, self._ready, error = self._ready, [], None
         for n, k in ready:
             try:
                 self.write_json(n, k)
+                if self._sglang.get((n, k)):
+                    self.sglang_written.append(merge_file(self.sglang_dir, self.identity.device_name, n, k,
+                                                          self._sglang[(n, k)]))
+                    log.info("wrote %s (%d M from this run)", self.sglang_written[-1], len(self._sglang[(n, k)]))
+                    del self._sglang[(n, k)]
+            except JSONConfigError as exc:
+                log.error("SGLang file not written, this run's TileLang configs for N=%d K=%d dropped: %s", n, k,
+                          exc)
+                del self._sglang[(n, k)]
             except OSError as exc:
                 self._ready.append((n, k))
                 error = error or exc
@@ -250,7 +284,8 @@ class JsonSidecar(Sidecar):
             raise error
 
     def summary(self) -> str:
-        return f"; {len(self.written)} JSON file(s) in {self.json_dir}"
+        return f"; {len(self.written)} JSON file(s) in {self.json_dir}" + (
+            f"; {len(self.sglang_written)} SGLang file(s) in {self.sglang_dir}" if self.sglang_dir else "")
 
     def tuned_configs(self, n: int, k: int) -> dict[int, Choice]:
         """Config per M of the tuned file's rows for (n, k) on this device (see :meth:`tuned_rows`)."""
@@ -312,5 +347,5 @@ TUNE_OP = register_tune_op(TuneOp(
 ))
 
 __all__ = ["BLOCKSCALE", "EXTRA_LAUNCHERS", "FP8", "SEED_BUCKETS", "X_SCALE_LAYOUTS", "JsonSidecar", "Launcher",
-           "LauncherBackend", "TUNE_OP", "candidate_solution", "check_candidate", "is_config_name", "make_inputs",
-           "register_launcher", "seed_buckets"]
+           "LauncherBackend", "TUNE_OP", "best_tilelang", "candidate_solution", "check_candidate", "is_config_name",
+           "make_inputs", "register_launcher", "seed_buckets"]

@@ -103,9 +103,9 @@ def shipped_model_dir(name: str) -> Path | None:
     return cand if (cand / "config.json").is_file() else None
 
 
-def load_arch(model_dir: str | Path) -> ModelArch:
-    """The architecture in ``model_dir/config.json``; a bare name such as ``llama3_8b`` that is not a folder here
-    names a shipped model config."""
+def config_path(model_dir: str | Path) -> Path:
+    """``model_dir/config.json``; a bare name such as ``llama3_8b`` that is not a folder here names a shipped model
+    config. ModelConfigError listing the shipped names when there is none."""
     path = Path(model_dir) / "config.json"
     if not path.is_file() and not Path(model_dir).exists():
         shipped = shipped_model_dir(str(model_dir))
@@ -113,6 +113,12 @@ def load_arch(model_dir: str | Path) -> ModelArch:
     if not path.is_file():
         raise ModelConfigError(f"--model_dir {model_dir}: no config.json there (shipped models: "
                                f"{', '.join(shipped_models()) or 'none found'})")
+    return path
+
+
+def load_arch(model_dir: str | Path) -> ModelArch:
+    """The architecture in ``model_dir/config.json`` (:func:`config_path`)."""
+    path = config_path(model_dir)
     return ModelArch.from_config(read_json(path), str(path))
 
 
@@ -185,3 +191,113 @@ def model_problems(arch: ModelArch, tp: int, nsets: Iterable[int], batch_sizes: 
     for m in heads_ms:
         out[GemmProblem(m, head.N, head.K, head.bias, dtype, otype)] = None
     return list(out)
+
+
+# ---- FP8 block-scale models (python -m gradlib.tune_a8w8_blockscale --model_dir) ------------------------------------
+FP8_BLOCK = [128, 128]  # the weight blocks gemm_a8w8_blockscale runs
+
+
+@dataclass(frozen=True)
+class FP8Shapes:
+    """The dense fp8 linears of a model on one TP rank, and what its GEMMs include that this op does not cover."""
+
+    source: str
+    projections: tuple[Projection, ...]
+    not_covered: tuple[str, ...]
+
+
+def check_fp8_blocks(cfg: Mapping[str, Any], source: str) -> str | None:
+    """ModelConfigError naming ``source`` and the field unless ``quantization_config`` says fp8 with 128x128 weight
+    blocks; a config without one (a bf16 checkpoint, to be quantized) passes with a note (returned)."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return (f"{source} has no quantization_config (a bf16 checkpoint): its linears are derived as if quantized "
+                f"with {FP8_BLOCK} blocks")
+    if not isinstance(q, Mapping):
+        raise ModelConfigError(f"{source}: field quantization_config must be an object, got {q!r}")
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise ModelConfigError(f"{source}: field quantization_config.quant_method is {method!r}: only 'fp8' "
+                               "checkpoints run on gemm_a8w8_blockscale")
+    block = q.get("weight_block_size")
+    if block != FP8_BLOCK:
+        raise ModelConfigError(f"{source}: field quantization_config.weight_block_size is {block!r}: "
+                               f"gemm_a8w8_blockscale runs {FP8_BLOCK} weight blocks only"
+                               + (" (none: a per-tensor fp8 checkpoint)" if block is None else ""))
+    return None
+
+
+def deepseek_projections(cfg: Mapping[str, Any], tp: int, source: str = "config.json") -> list[Projection]:
+    """Dense fp8 linears of a DeepSeek-V2/V3 (MLA) config on one of ``tp`` ranks (vLLM/SGLang sharding), as
+    (N, K); ``h`` = heads/tp, ``nope``/``rope``/``v`` the qk_nope/qk_rope/v head dims:
+
+    * with ``q_lora_rank``: qkv_a (q_lora_rank + kv_lora_rank + rope, hidden), replicated on every rank (q_a and
+      kv_a fused); q_b (h * (nope + rope), q_lora_rank). Without: q (h * (nope + rope), hidden) and kv_a
+      (kv_lora_rank + rope, hidden).
+    * kv_b (h * (nope + v), kv_lora_rank); o (hidden, h * v).
+    * dense MLP (the first_k_dense_replace layers): gate_up (2 * intermediate/tp, hidden), down (hidden,
+      intermediate/tp); shared experts: gate_up (2 * moe_intermediate * n_shared/tp, hidden), down (hidden,
+      moe_intermediate * n_shared/tp).
+
+    DeepSeek-V3 at tp 8 gives AITER's ds_v3 list: (2112, 7168), (3072, 1536), (4096, 512), (7168, 2048),
+    (4608, 7168), (7168, 2304), (512, 7168), (7168, 256). Routed experts are grouped GEMMs (not this op)."""
+
+    def need(key: str) -> int:
+        val = cfg.get(key)
+        if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
+            raise ModelConfigError(f"{source}: key {key!r} must be a positive integer, got {val!r}")
+        return val
+
+    def split(total: int, what: str) -> int:
+        if total % tp:
+            raise ModelConfigError(f"{source}: {what}={total} is not divisible by --tp {tp}")
+        return total // tp
+
+    hidden, heads = need("hidden_size"), split(need("num_attention_heads"), "num_attention_heads")
+    nope, rope, v_dim, kv_rank = (need("qk_nope_head_dim"), need("qk_rope_head_dim"), need("v_head_dim"),
+                                  need("kv_lora_rank"))
+    out = []
+    if cfg.get("q_lora_rank"):
+        q_rank = need("q_lora_rank")
+        out += [Projection("qkv_a", q_rank + kv_rank + rope, hidden, False),
+                Projection("q_b", heads * (nope + rope), q_rank, False)]
+    else:
+        out += [Projection("q", heads * (nope + rope), hidden, False),
+                Projection("kv_a", kv_rank + rope, hidden, False)]
+    out += [Projection("kv_b", heads * (nope + v_dim), kv_rank, False),
+            Projection("o", hidden, heads * v_dim, False)]
+    if cfg.get("first_k_dense_replace", 0) or not cfg.get("n_routed_experts"):
+        inter = split(need("intermediate_size"), "intermediate_size")
+        out += [Projection("gate_up", 2 * inter, hidden, False), Projection("down", hidden, inter, False)]
+    if cfg.get("n_shared_experts"):
+        shared = split(need("moe_intermediate_size") * need("n_shared_experts"), "shared expert intermediate")
+        out += [Projection("shared_gate_up", 2 * shared, hidden, False),
+                Projection("shared_down", hidden, shared, False)]
+    return out
+
+
+_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+def fp8_model_shapes(model_dir: str | Path, tp: int) -> FP8Shapes:
+    """The dense fp8 linears of the model in ``model_dir/config.json`` (a folder or a shipped name) on one of ``tp``
+    ranks: DeepSeek MLA configs by :func:`deepseek_projections`, others by :func:`projections` (fused qkv and
+    gate_up, as for gemm-tuner) less lm_head, which FP8 checkpoints keep in bf16. Routed experts (grouped GEMMs)
+    are listed in ``not_covered``; a Llama-style MoE's MLP is all experts, so it has no dense MLP here."""
+    if tp < 1:
+        raise ModelConfigError(f"--tp must be >= 1, got {tp}")
+    path = config_path(model_dir)
+    full = read_json(path)
+    cfg = full.get("text_config", full)
+    note = check_fp8_blocks(cfg if "quantization_config" in cfg else full, str(path))
+    not_covered = [note] if note else []
+    experts = next(((k, cfg[k]) for k in _EXPERT_KEYS if cfg.get(k)), None)
+    if experts is not None:
+        not_covered.append(f"routed experts ({experts[0]}={experts[1]}, moe_intermediate_size="
+                           f"{cfg.get('moe_intermediate_size')}): grouped GEMMs, not covered by this op")
+    if "kv_lora_rank" in cfg:
+        projs = deepseek_projections(cfg, tp, str(path))
+    else:
+        skip = {"lm_head"} | ({"gate_up", "down"} if experts is not None else set())
+        projs = [p for p in projections(ModelArch.from_config(cfg, str(path)), tp) if p.name not in skip]
+    return FP8Shapes(str(path), tuple(projs), tuple(not_covered))

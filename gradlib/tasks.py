@@ -100,6 +100,25 @@ def backend_of(op: str, libtype: str):
     return get_dispatcher(op).backend(libtype)
 
 
+def prepare_runner(op: str, p: GemmProblem, sol: Solution, identity: DeviceIdentity, eager: bool = False
+                   ) -> tuple[object, Solution, str | None]:
+    """A runner of ``sol`` for ``p`` through the runtime dispatcher's public API (the one way a candidate becomes a
+    runner, for the workers and ``python -m aiter_gemm.kernel_check``): (runner, the solution it runs, None) or
+    (None, sol, why not). :data:`DEFAULT` resolves to the dispatcher's default decision (as eager calls see it with
+    ``eager``), any other solution to :meth:`~aiter_gemm.dispatch.Dispatcher.runner_for` (the runtime's rule)."""
+    from aiter_gemm import get_dispatcher
+
+    disp = get_dispatcher(op)
+    if sol == DEFAULT:
+        dec = disp.default_decision(p, identity, eager=eager)
+        return dec.runner, dec.solution, None
+    runner, why = disp.runner_for(p, sol, identity)
+    if runner is None:
+        return None, sol, (why if why.startswith("backend ") else
+                           f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: {why}")
+    return runner, sol, None
+
+
 def import_plugins(modules: Sequence[str]) -> None:
     """Import modules that register extra backends on import (``--plugin``, ``GRADLIB_PLUGINS``)."""
     for name in modules:
@@ -173,20 +192,9 @@ class WorkerRuntime:
         return ItemResult(task.task_id, index, True, solutions=sols, is_blaslt=bool(backend.is_blaslt))
 
     def _runner(self, task: Task, sol: Solution) -> tuple[object, Solution, str | None]:
-        """(runner, the solution it runs, None) or (None, sol, why not), through the runtime dispatcher's public API:
-        DEFAULT resolves to its default decision, any other solution to its runner (the runtime's rule)."""
-        from aiter_gemm import get_dispatcher
-
-        p, disp = task.problem, get_dispatcher(task.op)
-        if sol == DEFAULT:
-            eager = task.timing is not None and not task.timing.use_graph
-            dec = disp.default_decision(p, self.identity, eager=eager)
-            return dec.runner, dec.solution, None
-        runner, why = disp.runner_for(p, sol, self.identity)
-        if runner is None:
-            return None, sol, (why if why.startswith("backend ") else
-                               f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: {why}")
-        return runner, sol, None
+        """(runner, the solution it runs, None) or (None, sol, why not): DEFAULT resolves to the runtime's default."""
+        eager = task.timing is not None and not task.timing.use_graph
+        return prepare_runner(task.op, task.problem, sol, self.identity, eager)
 
     def _time(self, task: Task, index: int) -> ItemResult:
         p = task.problem

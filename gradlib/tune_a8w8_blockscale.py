@@ -23,7 +23,9 @@ one chunk per worker.
 Output: the winner per shape is merged into ``-o`` every ``--batch`` shapes; shapes the file already has for this
 device are skipped (resume), unless ``--all``. JSON: after its shapes finish, each (N, K) gets
 ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json`` in ``--json_dir``, rebuilt from every row of the tuned file for
-that (N, K) on this device (``--buckets``: :mod:`gradlib.blockscale`).
+that (N, K) on this device (``--buckets``: :mod:`gradlib.blockscale`). ``--sglang_dir DIR``: the fastest TileLang
+config per tuned M is also merged into SGLang's file of the (N, K) for this GPU's name
+(:mod:`aiter_gemm.sglang_tilelang`).
 
 AITER's tuner flags work as in ``gemm-tuner`` (:mod:`gradlib.aiter_flags`): ``-i/--untune_file`` (= ``--shapes``),
 ``--tune_file``, ``-o2``, ``--sort``, ``--compare`` / ``--update_improved`` / ``--min_improvement_pct``,
@@ -113,7 +115,8 @@ DESCRIPTION = ("Tune the A8W8 block-scale GEMM per (M, N, K): write the tuned CS
                "that aiter_gemm.gemm_a8w8_blockscale dispatches from.")
 EXAMPLES = (
     f"{PROG} --nk 8192,8192 10240,8192 --m 1,16,64,256,1024,4096 --quick",
-    f"{PROG} --model_dir deepseek_v3_dir --tp 8 -o dsv3_blockscale_tuned.csv",
+    f"{PROG} --model_dir deepseek_v3 --tp 8 -o dsv3_blockscale_tuned.csv",
+    f"{PROG} --model_dir qwen3_8b_fp8 --m 1,16,64 --print_shapes",
     f"{PROG} -i a8w8_blockscale_untuned_gemm.csv --mp 8 --json_dir my_configs",
 )
 
@@ -154,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = ap.add_argument_group("shapes")
     src.add_argument("--nk", type=nk_pair, nargs="+", metavar="N,K", help="weight shapes to tune, e.g. 8192,8192")
     src.add_argument("--model_dir", help="folder with a Hugging Face config.json (or a shipped model config's "
-                     "name): tune its fp8 linears (Llama-style or DeepSeek MLA; see gradlib.blockscale_shapes)")
+                     "name, e.g. qwen3_8b_fp8, deepseek_v3): tune its dense fp8 linears (Llama/Qwen-style with fused "
+                     "qkv and gate_up, or DeepSeek MLA with its dense layers and shared experts; routed experts are "
+                     "grouped GEMMs, not covered); quantization_config.weight_block_size must be [128, 128]")
     src.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree for --model_dir (default 1)")
     src.add_argument("--m", type=positive_int_list, default=list(DEFAULT_MS),
                      help="batch sizes M for --nk / --model_dir (default 1,16,32,64,...,8192)")
@@ -167,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tuned CSV to merge winners into (created if missing; other rows are kept)")
     out.add_argument("--json_dir", help="folder for the per-(N, K) JSON files (default: the tuned file's folder; "
                      "the runtime reads AITER_GEMM_TRITON_CONFIGS folders, then configs/triton/)")
+    out.add_argument("--sglang_dir", help="also merge the fastest TileLang config per tuned M into SGLang's file of "
+                     "each (N, K) in this folder (N={N},K={K},device_name={this GPU},dtype=fp8_w8a8,block_shape=[128, "
+                     "128].json; other M kept), for SGLANG_TILELANG_GEMM_CONFIG_DIR or AITER_GEMM_SGLANG_TILELANG_DIR")
     out.add_argument("--buckets", choices=("fine", "seed"), default="fine",
                      help="JSON M buckets: one per tuned M (fine) or the named small/medium/large_M (seed)")
     out.add_argument("-o2", "--profile_file", help="CSV receiving every candidate's result")
@@ -211,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if run_config is not None and not os.path.isfile(run_config):
             raise UsageError(f"--run_config {run_config}: file not found")
         rows_of = run_config or (args.tuned_file if in_place and not args.run_config else None)
-        shapes = [] if rows_of else load_shapes(args.shapes, args.nk, args.model_dir, args.tp, args.m)
+        notes: list[str] = []
+        shapes = [] if rows_of else load_shapes(args.shapes, args.nk, args.model_dir, args.tp, args.m, notes)
+        for note in notes:  # stderr: --print_shapes' stdout stays a CSV
+            print(f"{PROG}: note: {note}", file=sys.stderr)
         if args.print_shapes:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK
@@ -229,6 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if torch_impl.LIBTYPE in (args.libtype or ()) and not on_gpu:
             raise UsageError(f"--libtype torch: {torch_impl.unavailable_reason(torch.device('cpu'))}")
         libtypes = tuple(args.libtype or default_libtypes(on_gpu))
+        if args.sglang_dir and tilelang_impl.TileLangConfig.libtype not in libtypes:
+            why = tilelang_impl.unavailable_reason() or "add it to --libtype"
+            raise UsageError(f"--sglang_dir: SGLang's files hold TileLang configs, and tilelang is not timed here "
+                             f"(libtypes {','.join(libtypes)}; {why})")
+        if args.sglang_dir and args.run_config:
+            raise UsageError("--sglang_dir: --run_config times rows without tuning; nothing to write for SGLang")
         env = cli.worker_env(on_gpu)
         with scoped_env(env):
             import_plugins(plugins)
@@ -260,16 +277,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                   cli.candidates_from(args.candidates_from, BLOCKSCALE) if args.candidates_from else None,
                   profile_file=args.profile_file, verbose=args.verbose,
                   sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
-                                                               json_dir=args.json_dir, bucket_mode=args.buckets),
+                                                               json_dir=args.json_dir, bucket_mode=args.buckets,
+                                                               sglang_dir=args.sglang_dir),
                   rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file),
-                  output_dirs=(("--json_dir", args.json_dir),) if args.json_dir else (), err_limit=args.errRatio)
+                  output_dirs=tuple((flag, d) for flag, d in (("--json_dir", args.json_dir),
+                                                              ("--sglang_dir", args.sglang_dir)) if d),
+                  err_limit=args.errRatio)
     executor = cli.build_executor(devices, plugins, args.timeout, args.ray, env)
     return run(job, executor, run_config=bool(args.run_config), sort=args.sort)
 
 
 def _sidecar(identity: DeviceIdentity, problems: list[GemmProblem], tuned_file: str, json_dir: str | None,
-             bucket_mode: str) -> JsonSidecar:
-    return JsonSidecar(identity, tuned_file, problems, json_dir, bucket_mode)
+             bucket_mode: str, sglang_dir: str | None = None) -> JsonSidecar:
+    return JsonSidecar(identity, tuned_file, problems, json_dir, bucket_mode, sglang_dir)
 
 
 if __name__ == "__main__":

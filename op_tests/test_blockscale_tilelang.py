@@ -24,6 +24,7 @@ from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl
 from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig, config_space, shape_error
+from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import math_registers as ws_math_registers
 from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     GEMM_A8W8_BLOCKSCALE,
@@ -64,6 +65,11 @@ SPREAD = [
     TileLangConfig("swapAB", 128, 32, num_stages=4),
     TileLangConfig("splitK_swapAB", 64, 16, num_stages=4, split_k=4),
     TileLangConfig("splitK_swapAB", 64, 32, num_stages=2, split_k=2, b_scale_shm=True),
+    # hand-scheduled warp specialisation: 2 and 3 math warpgroups, 64-wide and scale-block-crossing 192-wide tiles
+    TileLangConfig("ws", 128, 128, num_stages=4, threads=384, swizzle=8),
+    TileLangConfig("ws", 128, 64, num_stages=2, threads=384),
+    TileLangConfig("ws", 128, 192, num_stages=4, threads=384),
+    TileLangConfig("ws", 192, 128, num_stages=3, threads=512),
 ]
 
 
@@ -118,6 +124,13 @@ def test_sglang_published_config_values_parse():
     (dict(kernel_type="base", block_M=64, block_N=64, b_scale_shm=True), "b_scale_shm"),
     (dict(kernel_type="swapAB", block_M=64, block_N=64, a_scale_shm=True), "a_scale_shm"),
     (dict(kernel_type="base", block_M=64, block_N=12, threads=256), "multiple of 8"),
+    (dict(kernel_type="ws", block_M=64, block_N=128, threads=256), "block_M 128 or 192"),
+    (dict(kernel_type="ws", block_M=128, block_N=128, threads=256), "threads=384"),
+    (dict(kernel_type="ws", block_M=128, block_N=160, threads=384), "192 or 256"),
+    (dict(kernel_type="ws", block_M=192, block_N=192, threads=512), "registers"),
+    (dict(kernel_type="ws", block_M=128, block_N=128, threads=384, split_k=2), "split_k 1"),
+    (dict(kernel_type="ws", block_M=128, block_N=128, threads=384, a_scale_shm=True), "do not apply"),
+    (dict(kernel_type="ws", block_M=128, block_N=192, threads=384, num_stages=6), "shared memory"),
 ])
 def test_config_rule_rejects(kwargs, text):
     with pytest.raises(ValueError, match=text):
@@ -148,9 +161,9 @@ def test_config_space_holds_only_what_runs(M, N, K):
     assert len(set(space)) == len(space)
     for cfg in space:
         assert cfg.problem() is None and shape_error(cfg, M, N, K) is None
-    # decode shapes get the swapped types, large M the two-warpgroup base tiles
+    # decode shapes get the swapped types, M >= 64 the warp-specialised kernel
     kinds = {c.kernel_type for c in space}
-    assert ("swapAB" in kinds) == (M <= 256) and (any(c.threads == 256 for c in space) == (M >= 128))
+    assert ("swapAB" in kinds) == (M <= 256) and (("ws" in kinds) == (M >= 64))
 
 
 @pytest.mark.parametrize("M", [1, 16, 64, 4096])
@@ -171,10 +184,11 @@ def test_reference_orders_sums_as_the_kernels_do():
 
 def _lower(cfg: TileLangConfig, mmajor: bool, dtype: torch.dtype = torch.bfloat16, N: int = 4096, K: int = 7168):
     import tilelang
+    from tilelang import tvm
     from tvm.target import Target
 
     target = Target(tl.TARGET)
-    with target:
+    with tvm.transform.PassContext(opt_level=3, config=tl.pass_configs(cfg)), target:
         return tilelang.lower(tl.build(N, K, cfg, dtype, mmajor), target=target).kernel_source
 
 
@@ -185,7 +199,12 @@ def test_every_variant_lowers_for_sm90a(cfg, mmajor):
     src = _lower(cfg, mmajor)
     assert "wgmma" in src and "tma_load" in src  # Hopper tensor cores fed by the bulk copy engine
     assert "int m" in src  # M is a runtime argument: one kernel serves every M
-    if cfg.threads > 128:  # registers moved to the two math warpgroups (TileLang may add it at 128 on its own)
+    if cfg.kernel_type == "ws":  # our producer/consumer split: setmaxnreg per role, no block-wide barrier between
+        regs = ws_math_registers(cfg.block_M // 64)
+        assert src.count(f"warpgroup_reg_alloc<{regs}>") == cfg.block_M // 64 and "warpgroup_reg_dealloc<24>" in src
+        assert src.count("__syncthreads()") == 1  # after the barriers' initialisation only: more would deadlock
+        assert src.count(".arrive()") >= 2  # full (producer) and empty (math) barriers
+    elif cfg.threads > 128:  # registers moved to the two math warpgroups (TileLang may add it at 128 on its own)
         assert "warpgroup_reg_alloc<232>" in src
     assert ("rasterization2D" in src) == bool(cfg.swizzle)
     if cfg.split_k > 1:

@@ -243,9 +243,7 @@ DEEPSEEK_V3 = {  # the numbers of deepseek-ai/DeepSeek-V3's config.json that the
 
 
 def _printed(capsys) -> list[tuple[int, int, int]]:
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "M,N,K"
-    return [tuple(map(int, line.split(","))) for line in lines[1:]]
+    return _printed_text(capsys.readouterr().out)
 
 
 def test_model_dir_llama_and_deepseek_shapes(tmp_path, capsys):
@@ -262,6 +260,57 @@ def test_model_dir_llama_and_deepseek_shapes(tmp_path, capsys):
     assert [n for n, _, _ in names] == ["q", "kv_a", "kv_b", "o", "gate_up", "down"]
     with pytest.raises(ValueError, match="not divisible by --tp 3"):
         model_projections(str(tmp_path), 3)
+
+
+# The shipped FP8 model configs (configs only) against shapes written out independently: DeepSeek-V3 at TP 8 is
+# AITER's ds_v3 list (above); the Qwen3 FP8 checkpoints are benchmarks.shapes' held-out set.
+SHIPPED_FP8 = {("qwen3_8b_fp8", 1): [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)],
+               ("qwen3_32b_fp8", 1): [(10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600)],
+               ("qwen3_32b_fp8", 4): [(2560, 5120), (5120, 2048), (12800, 5120), (5120, 6400)],
+               ("deepseek_v3", 8): [(2112, 7168), (3072, 1536), (4096, 512), (7168, 2048), (4608, 7168),
+                                    (7168, 2304), (512, 7168), (7168, 256)]}
+
+
+@pytest.mark.parametrize("name,tp", sorted(SHIPPED_FP8))
+def test_shipped_fp8_model_configs(name, tp, capsys):
+    assert main(["--model_dir", name, "--tp", str(tp), "--m", "16", "--print_shapes"]) == 0
+    out = capsys.readouterr()
+    assert _printed_text(out.out) == [(16, n, k) for n, k in SHIPPED_FP8[name, tp]]
+    assert ("routed experts (n_routed_experts=256" in out.err) == (name == "deepseek_v3")
+    assert "not covered" in out.err if name == "deepseek_v3" else out.err == ""
+    cfg = json.loads((REPO / "configs/model_configs" / name / "config.json").read_text())
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    assert not list((REPO / "configs/model_configs" / name).glob("*.csv")), "config folders hold no tuned table"
+
+
+@pytest.mark.parametrize("qcfg,field", [
+    ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "quantization_config.weight_block_size is [64, 64]"),
+    ({"quant_method": "fp8", "activation_scheme": "static"}, "weight_block_size is None"),
+    ({"quant_method": "awq", "bits": 4}, "quantization_config.quant_method is 'awq'"),
+    ("fp8", "quantization_config must be an object"),
+])
+def test_model_dir_rejects_other_fp8_layouts(tmp_path, capsys, qcfg, field):
+    cfg = json.loads((REPO / "configs/model_configs/qwen3_8b_fp8/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": qcfg}))
+    assert main(["--model_dir", str(tmp_path), "--m", "1", "--print_shapes"]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "config.json") in err and field in err
+
+
+def test_model_dir_llama_style_moe_has_no_dense_mlp(tmp_path, capsys):
+    cfg = {**json.loads((REPO / "configs/model_configs/qwen3_8b_fp8/config.json").read_text()),
+           "model_type": "qwen3_moe", "num_experts": 128, "moe_intermediate_size": 768}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["--model_dir", str(tmp_path), "--m", "2", "--print_shapes"]) == 0
+    out = capsys.readouterr()
+    assert _printed_text(out.out) == [(2, 6144, 4096), (2, 4096, 4096)], "attention only: the MLP is all experts"
+    assert "routed experts (num_experts=128, moe_intermediate_size=768)" in out.err
+
+
+def _printed_text(text: str) -> list[tuple[int, int, int]]:
+    lines = text.splitlines()
+    assert lines[0] == "M,N,K"
+    return [tuple(map(int, line.split(","))) for line in lines[1:]]
 
 
 def test_shapes_csv_nk_and_usage_errors(tmp_path, capsys):

@@ -530,7 +530,8 @@ def test_checkpoint_into_bom_file_keeps_its_header(tmp_path):
     assert tuned_problems(path, CPU) == {GemmProblem(6, 8, 16)}
     CheckpointWriter(path, CPU, batch=1, replace_existing=False).add(_outcome(GemmProblem(1, 8, 16), 3.0, "torch"))
     data = path.read_bytes()
-    assert data.startswith(b"\xef\xbb\xbf" + header.strip().encode() + b",err_ratio,tflops,bw,pad_m_min,timing,device_name\n")
+    assert data.startswith(b"\xef\xbb\xbf" + header.strip().encode()
+                           + b",err_ratio,tflops,bw,pad_m_min,timing,device_name\n")
     assert data.count(b"\xef\xbb\xbf") == 1
     assert [r["M"] for r in read_csv_rows(path)[1]] == ["6", "1"]
     assert tuned_problems(path, CPU) == {GemmProblem(m, 8, 16) for m in (1, 6)}

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CAPTURE_FILE = "captured_gemm.csv"
 TUNED_FILE = "tuned_gemm.csv"
+#: The dtype field of an FP8Linear's shape (its GEMM is gemm_a8w8_blockscale's, captured to that op's untuned file
+#: in the same folder, and tuned into FP8_TUNED_FILE).
+FP8_KEY = "fp8_blockscale"
+FP8_TUNED_FILE = "a8w8_blockscale_tuned_gemm.csv"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -48,12 +52,15 @@ def hf_projections(arch: Any) -> dict[str, tuple[int, int, bool]]:
 Key = tuple[int, int, int, bool, str]  # M, N, K, bias, dtype name
 
 
-def hf_expected(arch: Any, suffixes: set[str], nsets: set[int], head_ms: set[int], dtype: torch.dtype) -> set[Key]:
-    """Every (M, N, K) the patched modules named ``*.<suffix>`` run for these token counts (lm_head: ``head_ms``)."""
+def hf_expected(arch: Any, suffixes: set[str], nsets: set[int], head_ms: set[int], dtype: torch.dtype,
+                fp8_suffixes: frozenset[str] = frozenset()) -> set[Key]:
+    """Every (M, N, K) the patched modules named ``*.<suffix>`` run for these token counts (lm_head: ``head_ms``);
+    those of ``fp8_suffixes`` (FP8Linear on the block-scale op) keyed with dtype :data:`FP8_KEY`, without bias."""
     out: set[Key] = set()
     for name, (n, k, bias) in hf_projections(arch).items():
         if name in suffixes:
-            out |= {(m, n, k, bias, str(dtype)) for m in (head_ms if name == "lm_head" else nsets)}
+            kind = (False, FP8_KEY) if name in fp8_suffixes else (bias, str(dtype))
+            out |= {(m, n, k, *kind) for m in (head_ms if name == "lm_head" else nsets)}
     return out
 
 
@@ -66,12 +73,22 @@ def gradlib_expected(arch: Any, nsets: set[int], head_ms: set[int], dtype: torch
 
 
 def read_untuned(path: Path) -> set[Key]:
-    """The shapes of an untuned CSV as written by capture (M,N,K,bias,dtype,...)."""
+    """The shapes of an untuned CSV as written by capture (M,N,K,bias,dtype,...; the block-scale op's M,N,K only:
+    dtype :data:`FP8_KEY`)."""
     from aiter_gemm.dtypes import parse_dtype
 
     with open(path, newline="") as f:
         return {(int(r["M"]), int(r["N"]), int(r["K"]), r["bias"].strip().lower() in ("true", "1"),
-                 str(parse_dtype(r["dtype"]))) for r in csv.DictReader(f)}
+                 str(parse_dtype(r["dtype"]))) if "dtype" in r else (int(r["M"]), int(r["N"]), int(r["K"]), False,
+                                                                     FP8_KEY)
+                for r in csv.DictReader(f)}
+
+
+def fp8_capture_file(captured: Path) -> Path:
+    """Where the block-scale op's shapes go when ``captured`` is AITER_UNTUNED_GEMM_FILE (its folder)."""
+    from aiter_gemm.ops.a8w8_blockscale import UNTUNED_FILE
+
+    return captured.parent / UNTUNED_FILE
 
 
 def compare(got: set[Key], want: set[Key]) -> dict[str, Any]:
@@ -113,12 +130,17 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
     calls the patched modules saw and against both shape derivations."""
     captured = Path(args.capture_file) if args.capture_file else out / CAPTURE_FILE
     captured.unlink(missing_ok=True)
+    fp8 = bool(state.fp8_suffixes)
+    if fp8:
+        fp8_capture_file(captured).unlink(missing_ok=True)
     env: dict[str, str | None] = {"AITER_TUNE_GEMM": "1", "AITER_UNTUNED_GEMM_FILE": str(captured),
                                   "AITER_TUNE_GEMM_FLUSH_S": "3600"}
     if not args.capture_misses_only:  # capture every shape, not only those the tuned tables miss
         empty = out / "empty_tuned_gemm.csv"
         empty.write_text("")
         env["AITER_CONFIG_GEMM_BF16"] = str(empty)
+        if fp8:
+            env["AITER_CONFIG_GEMM_A8W8_BLOCKSCALE"] = str(empty)
     dtype, device = DTYPES[args.dtype], next(model.parameters()).device
     seen: set[tuple[str, Key]] = set()
     with runtime_env(env):
@@ -129,8 +151,8 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
 
             def hook(mod: torch.nn.Module, inputs: tuple, suffix: str = suffix) -> None:
                 x = inputs[0]
-                seen.add((suffix, (math.prod(x.shape[:-1]), mod.out_features, mod.in_features,
-                                   mod.bias is not None, str(x.dtype))))
+                kind = (False, FP8_KEY) if suffix in state.fp8_suffixes else (mod.bias is not None, str(x.dtype))
+                seen.add((suffix, (math.prod(x.shape[:-1]), mod.out_features, mod.in_features, *kind)))
 
             hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
         try:
@@ -147,22 +169,29 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                 h.remove()
             state.set(False)
         aiter_gemm.get_dispatcher().flush_capture()
+        if fp8:
+            aiter_gemm.get_dispatcher("gemm_a8w8_blockscale").flush_capture()
         hits: dict[Key, str] = {}
         if args.capture_misses_only:  # shapes a tuned row covers are, by design, not captured
             for _, key in seen:
-                cfg = aiter_gemm.get_GEMM_A16W16_config(key[0], key[1], key[2], key[3], dtype)
+                cfg = (aiter_gemm.get_GEMM_A8W8_BLOCKSCALE_config(key[0], key[1], key[2], dtype=dtype)
+                       if key[4] == FP8_KEY else aiter_gemm.get_GEMM_A16W16_config(key[0], key[1], key[2], key[3],
+                                                                                   dtype))
                 if cfg["matched"] != "default":
                     hits[key] = cfg["matched"]
     got = read_untuned(captured) if captured.exists() else set()
+    if fp8 and fp8_capture_file(captured).exists():
+        got |= read_untuned(fp8_capture_file(captured))
     ran = {key for _, key in seen}
     nsets = {key[0] for suffix, key in seen if suffix != "lm_head"}
     head_ms = {key[0] for suffix, key in seen if suffix == "lm_head"}
     suffixes = {suffix for suffix, _ in seen}
     want_nsets = {b * args.prompt_len for b in args.batch} | ({b for b in args.batch} if args.new_tokens > 1 else set())
-    hf = hf_expected(arch, suffixes, want_nsets, set(args.batch), dtype) - set(hits)
+    hf = hf_expected(arch, suffixes, want_nsets, set(args.batch), dtype, state.fp8_suffixes) - set(hits)
     fused = gradlib_expected(arch, want_nsets, set(args.batch), dtype) - set(hits)
     result = {
-        "file": str(captured), "rows": len(got), "modules_patched": len(state.names),
+        "file": str(captured), "rows": len(got), "fp8_file": str(fp8_capture_file(captured)) if fp8 else None,
+        "modules_patched": len(state.names),
         "token_counts_seen": sorted(nsets), "lm_head_m_seen": sorted(head_ms),
         "lm_head_m_expected": sorted(args.batch) if "lm_head" in suffixes else [],
         "covered_by_tuned_rows": [list(k) + [v] for k, v in sorted(hits.items())],
@@ -207,9 +236,11 @@ def print_capture(r: dict[str, Any], arch: Any) -> None:
               "--model_dir, for it (tuned rows of fused shapes never match its calls)")
 
 
-def run_tuner(args: argparse.Namespace, captured: Path, tuned: Path) -> int:
-    cmd = [sys.executable, "-m", "gradlib.gemm_tuner", "-i", str(captured), "-o", str(tuned),
-           *shlex.split(args.tune_args)]
+def run_tuner(args: argparse.Namespace, captured: Path, tuned: Path, fp8: bool = False) -> int:
+    """gemm-tuner on the captured file; for an FP8 model the block-scale tuner on that op's captured file."""
+    tuner = "gradlib.tune_a8w8_blockscale" if fp8 else "gradlib.gemm_tuner"
+    source = fp8_capture_file(captured) if fp8 else captured
+    cmd = [sys.executable, "-m", tuner, "-i", str(source), "-o", str(tuned), *shlex.split(args.tune_args)]
     print("tune:", shlex.join(cmd), flush=True)
     t0 = time.perf_counter()
     rc = subprocess.call(cmd)

@@ -52,12 +52,15 @@ import aiter_gemm  # noqa: E402
 from aiter_gemm.examples.hf_capture import (  # noqa: E402
     CAPTURE_FILE,
     DTYPES,
+    FP8_KEY,
+    FP8_TUNED_FILE,
     TUNED_FILE,
     hf_expected,
     run_capture,
     run_tuner,
     runtime_env,
 )
+from aiter_gemm.examples.hf_fp8 import ArmState, fp8_settings, quantize_linears  # noqa: E402
 from aiter_gemm.examples.hf_model import (  # noqa: E402  (also the names scripts import from here)
     PatchState,
     StaticSteps,
@@ -65,7 +68,7 @@ from aiter_gemm.examples.hf_model import (  # noqa: E402  (also the names script
     capture_graph,
     resolve_config,
 )
-from aiter_gemm.examples.hf_profile import ARMS, profile_decode  # noqa: E402
+from aiter_gemm.examples.hf_profile import profile_decode  # noqa: E402
 
 CONTROL = "control"  # with --control: a second unpatched arm; without / control is the method's A/A noise floor
 
@@ -100,26 +103,28 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
     if not cuda and "graph" in args.exec:
         print("measure: no CUDA device: CUDA-graph measurements skipped (eager only)")
     env: dict[str, str | None] = {"AITER_TUNE_GEMM": None}
+    var = state.table_var
     if args.tuned:  # in front of the configured table (rows merge: on a duplicate key the lowest us wins)
         from aiter_gemm.settings import SHIPPED
 
-        env["AITER_CONFIG_GEMM_BF16"] = f"{args.tuned}:{os.environ.get('AITER_CONFIG_GEMM_BF16') or SHIPPED}"
-    arms = ARMS + (CONTROL,) if args.control else ARMS
+        env[var] = f"{args.tuned}:{os.environ.get(var) or SHIPPED}"
+    base, main = state.arms[:2]
+    arms = state.arms + (CONTROL,) if args.control else state.arms
     rounds: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     profiles: list[dict[str, Any]] = []
     with runtime_env(env), torch.no_grad():
-        print(f"measure: AITER_CONFIG_GEMM_BF16={os.environ.get('AITER_CONFIG_GEMM_BF16') or '(shipped default)'}")
+        print(f"measure: {var}={os.environ.get(var) or '(shipped default)'}")
         for b in args.batch:
             steps = StaticSteps(model, b, args.prompt_len, device)
             for phase in ("prefill", "decode"):
                 step = steps.prefill if phase == "prefill" else steps.decode
                 # Same inputs and cache for both arms: their outputs must agree (rounding of the kernels aside).
                 outs = {}
-                for arm in ARMS:
-                    state.set(arm == "with")
+                for arm in state.arms:
+                    state.set_arm(arm)
                     outs[arm] = step().float()
-                checks.append(agreement(b, phase, outs))
+                checks += [agreement(b, phase, outs, base, arm) for arm in state.arms[1:]]
                 for mode in modes:
                     if mode == "graph":
                         n = args.prefill_steps if phase == "prefill" else args.decode_steps
@@ -130,7 +135,7 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                     fns = {}
                     graphs = []
                     for arm in arms:
-                        state.set(arm == "with")
+                        state.set_arm(arm)
                         if mode == "graph":
                             g, _ = capture_graph(step)
                             graphs.append(g)
@@ -138,8 +143,8 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                         else:
                             for _ in range(2):  # warm-up: decisions, compilation
                                 step()
-                            fns[arm] = _eager_timer(state, arm == "with", step, n, cuda)
-                    state.set(False)
+                            fns[arm] = _eager_timer(state, arm, step, n, cuda)
+                    state.set_arm(base)
                     t0 = time.perf_counter()
                     gc.collect()
                     gc.disable()  # a collection inside one arm's timing is noise (eager steps allocate a lot)
@@ -152,19 +157,19 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                             first = arms[0] if r % 2 == 0 else arms[-1]
                             rounds.append({"model": model_name, "batch": b, "mode": mode, "phase": phase, "arm": arm,
                                            "round": r, "measured_first": arm == first, "steps": n, "ms": ms})
-                    ratio = statistics.median(a / c for a, c in zip(res["without"], res["with"]))
-                    print(f"measure: batch {b:>3} {mode:<5} {phase:<7} median ms without "
-                          f"{statistics.median(res['without']):9.3f}, with {statistics.median(res['with']):9.3f}; "
+                    ratio = statistics.median(a / c for a, c in zip(res[base], res[main]))
+                    print(f"measure: batch {b:>3} {mode:<5} {phase:<7} median ms {base} "
+                          f"{statistics.median(res[base]):9.3f}, {main} {statistics.median(res[main]):9.3f}; "
                           f"speedup (median per-round ratio) {ratio:.3f}  ({time.perf_counter() - t0:.1f} s)",
                           flush=True)
                     if args.profile and cuda and phase == "decode":
-                        profiles += profile_decode(state, step, graphs[:len(ARMS)], b, mode, out)
+                        profiles += profile_decode(state, step, graphs[:2], b, mode, out)
                     del fns, graphs  # the graphs' memory pools go before the next capture
             del steps
             if cuda:
                 torch.cuda.empty_cache()
         decisions = dispatch_decisions(arch, state, args, model.dtype)
-    summary = summarize(rounds, args.prompt_len)
+    summary = summarize(rounds, args.prompt_len, base, main)
     return {"rounds": rounds, "summary": summary, "agreement": checks, "profile": profiles, "decisions": decisions,
             "notes": notes(summary, decisions, args, state.names)}
 
@@ -187,10 +192,10 @@ def notes(summary: list[dict[str, Any]], decisions: list[dict[str, Any]], args: 
     return out
 
 
-def _eager_timer(state: PatchState, patched: bool, step: Callable[[], object], n: int,
+def _eager_timer(state: PatchState, arm: str, step: Callable[[], object], n: int,
                  cuda: bool) -> Callable[[], float]:
     def measure() -> float:
-        state.set(patched)  # the same module objects every time: nothing to warm up after a switch
+        state.set_arm(arm)  # the same module objects every time: nothing to warm up after a switch
         return time_steps(step, n, cuda)
 
     return measure
@@ -200,38 +205,42 @@ def _graph_timer(graph: torch.cuda.CUDAGraph, n: int) -> Callable[[], float]:
     return lambda: time_steps(graph.replay, n, True)
 
 
-def agreement(batch: int, phase: str, outs: dict[str, torch.Tensor]) -> dict[str, Any]:
-    ref, got = outs["without"], outs["with"]
+def agreement(batch: int, phase: str, outs: dict[str, torch.Tensor], base: str, arm: str) -> dict[str, Any]:
+    ref, got = outs[base], outs[arm]
     err = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
-    return {"batch": batch, "phase": phase, "max_abs_diff_over_max_abs": err,
+    return {"batch": batch, "phase": phase, "arm": arm, "vs": base, "max_abs_diff_over_max_abs": err,
             "argmax_agree": float((got.argmax(-1) == ref.argmax(-1)).float().mean().item())}
 
 
 def dispatch_decisions(arch: Any, state: PatchState, args: argparse.Namespace,
                        dtype: torch.dtype) -> list[dict[str, Any]]:
-    """What ``gemm_a16w16`` chose for each shape the patched model ran (tuned row or default), on this device."""
-    state.set(True)
+    """What ``gemm_a16w16`` (``gemm_a8w8_blockscale`` for FP8 modules) chose for each shape the patched model ran
+    (tuned row or default), on this device."""
     suffixes = {n.rsplit(".", 1)[-1] for n in state.names}
-    state.set(False)
     nsets = {b * args.prompt_len for b in args.batch} | set(args.batch)
     out = []
-    for m, n, k, bias, _ in sorted(hf_expected(arch, suffixes, nsets, set(args.batch), dtype)):
-        cfg = aiter_gemm.get_GEMM_A16W16_config(m, n, k, bias, dtype)
+    for m, n, k, bias, kind in sorted(hf_expected(arch, suffixes, nsets, set(args.batch), dtype, state.fp8_suffixes)):
+        cfg = (aiter_gemm.get_GEMM_A8W8_BLOCKSCALE_config(m, n, k, dtype=dtype) if kind == FP8_KEY
+               else aiter_gemm.get_GEMM_A16W16_config(m, n, k, bias, dtype))
         out.append({"M": m, "N": n, "K": k, "bias": bias, **{c: cfg.get(c) for c in
                     ("matched", "libtype", "solidx", "kernelName", "us", "source", "eager_libtype")}})
     return out
 
 
-def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, Any]]:
+def summarize(rounds: list[dict[str, Any]], prompt_len: int, base: str = "without",
+              main: str = "with") -> list[dict[str, Any]]:
+    """Per configuration: ``base`` and ``main`` as the columns "without" and "with" (their names in ``arm_without`` /
+    ``arm_with``), the control's A/A ratio, and for any other arm X ``vs_X``: median per-round ratio X / main."""
     groups: dict[tuple, dict[str, list[float]]] = {}
     for r in rounds:
         groups.setdefault((r["model"], r["batch"], r["mode"], r["phase"]), {}).setdefault(r["arm"], []).append(r["ms"])
     out = []
     for (model, b, mode, phase), arms in groups.items():
         tokens = b * prompt_len if phase == "prefill" else b
-        wo, wi = arms["without"], arms["with"]
+        wo, wi = arms[base], arms[main]
         ratios = [a / c for a, c in zip(wo, wi)]
-        row = {"model": model, "batch": b, "mode": mode, "phase": phase, "rounds": len(wo)}
+        row = {"model": model, "batch": b, "mode": mode, "phase": phase, "rounds": len(wo), "arm_without": base,
+               "arm_with": main}
         for arm, vals in (("without", wo), ("with", wi)):
             med = statistics.median(vals)
             row.update({f"ms_{arm}": med, f"ms_{arm}_min": min(vals), f"ms_{arm}_max": max(vals),
@@ -242,6 +251,10 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
         if CONTROL in arms:  # identical work in both arms: how far from 1.0 the method reads by itself
             aa = [a / c for a, c in zip(wo, arms[CONTROL])]
             row.update(aa_ratio=statistics.median(aa), aa_ratio_min=min(aa), aa_ratio_max=max(aa))
+        for arm in sorted(set(arms) - {base, main, CONTROL}):
+            vs = [x / c for x, c in zip(arms[arm], wi)]
+            row.update({f"ms_{arm}": statistics.median(arms[arm]), f"vs_{arm}": statistics.median(vs),
+                        f"vs_{arm}_min": min(vs), f"vs_{arm}_max": max(vs)})
         out.append(row)
     return out
 
@@ -250,19 +263,27 @@ def summarize(rounds: list[dict[str, Any]], prompt_len: int) -> list[dict[str, A
 #: arms differ by less than the round-to-round spread (one report: medians 1.265 vs 1.285 ms, speedup 1.025).
 TABLE_LEGEND = ("ms: median over the rounds of one arm [min-max]. speedup: median over the rounds of the ratio of the "
                 "two arms' adjacent timings (without / with, > 1: patched is faster) [min-max], the method's number; "
-                "ratio of medians: median ms without / median ms with, which pairs timings of different rounds.")
+                "ratio of medians: median ms without / median ms with, which pairs timings of different rounds. "
+                "FP8 loop: without = torch_blockwise, with = tuned; bf16/tuned > 1: tuned FP8 beats the bf16 model.")
 
 
 def markdown(summary: list[dict[str, Any]]) -> str:
-    """The summary as a markdown table, each column naming its statistic, and :data:`TABLE_LEGEND` under it."""
+    """The summary as a markdown table, each column naming its statistic, and :data:`TABLE_LEGEND` under it. The
+    arms are named as they ran (without / with in the bf16 loop; torch_blockwise / tuned, + bf16, in the FP8 one)."""
     control = any("aa_ratio" in r for r in summary)
-    lines = ["| model | batch | mode | phase | median ms without [min-max] | median ms with [min-max] "
-             "| tok/s without (median) | tok/s with (median) | speedup: median per-round ratio [min-max] "
-             "| ratio of medians |" + (" A/A without/control: median per-round ratio [min-max] |" if control else ""),
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if control else "")]
+    wo, wi = (summary[0]["arm_without"], summary[0]["arm_with"]) if summary else ("without", "with")
+    extra = sorted({k[3:] for r in summary for k in r if k.startswith("vs_") and not k.endswith(("_min", "_max"))})
+    lines = [f"| model | batch | mode | phase | median ms {wo} [min-max] | median ms {wi} [min-max] "
+             f"| tok/s {wo} (median) | tok/s {wi} (median) | speedup: median per-round ratio [min-max] "
+             "| ratio of medians |" + (f" A/A {wo}/control: median per-round ratio [min-max] |" if control else "")
+             + "".join(f" median ms {x} | {x}/{wi}: median per-round ratio [min-max] |" for x in extra),
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if control else "")
+             + " ---: | ---: |" * len(extra)]
     for r in summary:
         aa = (f" {r['aa_ratio']:.3f} [{r['aa_ratio_min']:.3f}-{r['aa_ratio_max']:.3f}] |" if "aa_ratio" in r
               else " |" if control else "")
+        aa += "".join(f" {r[f'ms_{x}']:.3f} | {r[f'vs_{x}']:.3f} [{r[f'vs_{x}_min']:.3f}-{r[f'vs_{x}_max']:.3f}] |"
+                      for x in extra)
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['mode']} | {r['phase']} "
             f"| {r['ms_without']:.3f} [{r['ms_without_min']:.3f}-{r['ms_without_max']:.3f}] "
@@ -327,9 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "it tuned 16 of llama3_8b's 36 shapes in 8 min (Triton compiles); --tune-args "
                     "'--libtype cublaslt,torch,skinny' tuned 20 in 30 s")
     ap.add_argument("--tune-args", default="",
-                    help="extra gemm-tuner arguments, e.g. '--libtype cublaslt,torch,skinny' (default: none)")
+                    help="extra tuner arguments, e.g. '--libtype cublaslt,torch,skinny' (an FP8 model's config runs "
+                    "python -m gradlib.tune_a8w8_blockscale on the block-scale shapes: e.g. '--quick --libtype "
+                    "triton,torch'; default: none)")
     ap.add_argument("--tuned", default=None, help="tuned CSV(s) (colon list) put in front of AITER_CONFIG_GEMM_BF16 "
-                    "(default: the shipped table) for the measurement")
+                    "(an FP8 model's: AITER_CONFIG_GEMM_A8W8_BLOCKSCALE; default: the shipped table) for the "
+                    "measurement")
     ap.add_argument("--profile", action="store_true", help="profile decode steps (torch.profiler): GEMM share of GPU "
                     "time and launch gaps, traces in <out>")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
@@ -374,11 +398,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     model = build_model(config_dir, args.layers, DTYPES[args.dtype], device, args.attn)
+    qcfg = fp8_settings(model.config)
+    swapped = quantize_linears(model, qcfg) if qcfg is not None else []  # random weights to FP8Linear, 128x128
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model {model_name}: {type(model).__name__}, {n_params / 1e9:.2f} B parameters, {args.dtype} on {device}, "
-          f"built in {time.perf_counter() - t0:.1f} s (transformers {transformers.__version__}, torch "
+    print(f"model {model_name}: {type(model).__name__}, {n_params / 1e9:.2f} B parameters, {args.dtype} on {device}"
+          + (f", {len(swapped)} linears FP8 (128x128 blocks; arms {', '.join(ArmState.arms)})" if swapped else "")
+          + f", built in {time.perf_counter() - t0:.1f} s (transformers {transformers.__version__}, torch "
           f"{torch.__version__})", flush=True)
-    state = PatchState(model, args.include, args.exclude)
+    state = ArmState(model, swapped, args.include, args.exclude) if swapped else \
+        PatchState(model, args.include, args.exclude)
     meta = {"model": model_name, "config": str(config_dir), "args": vars(args), "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "transformers": transformers.__version__, "aiter_gemm": aiter_gemm.__version__,
@@ -391,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             print("capture: the captured shapes differ from what the model ran (see above)")
             rc = 1
         if args.tune and args.mode == "all":
-            tuned = out / TUNED_FILE
-            report["tune_exit_status"] = run_tuner(args, Path(cap["file"]), tuned)
+            tuned = out / (FP8_TUNED_FILE if swapped else TUNED_FILE)
+            report["tune_exit_status"] = run_tuner(args, Path(cap["file"]), tuned, fp8=bool(swapped))
             if args.tuned is None and tuned.exists():
                 args.tuned = str(tuned)
     if args.mode in ("measure", "all"):
@@ -412,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in res["decisions"]:
             key = f"{d['matched']}:{d['libtype']}"
             counts[key] = counts.get(key, 0) + 1
-        print(f"\ngemm_a16w16 decisions for the {len(res['decisions'])} shapes run (matched:libtype): "
+        print(f"\ngemm decisions for the {len(res['decisions'])} shapes run (matched:libtype): "
               + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
         worst = max((c["max_abs_diff_over_max_abs"] for c in res["agreement"]), default=0.0)
         print(f"logits with vs without: max |diff| / max |logits| = {worst:.2e}")

@@ -63,11 +63,21 @@ class PatchState:
     switches put the same module objects back in their slots (no copy, and the patched modules keep their dispatch
     entries), so switching costs ~225 dict stores and an arm's first step after a switch is like any other."""
 
+    arms = ("without", "with")  # baseline first (hf_decode's report divides by it); --control adds an unpatched arm
+    table_var = "AITER_CONFIG_GEMM_BF16"  # the table --tuned goes in front of
+    fp8_suffixes: frozenset[str] = frozenset()
+
     def __init__(self, model: torch.nn.Module, include: list[str] | None, exclude: list[str] | None) -> None:
         self.model, self.include, self.exclude = model, include, exclude
         self.patched = False
         self.names: list[str] = []
         self._slots: list[tuple[dict, str, torch.nn.Module, torch.nn.Module]] = []  # (parent._modules, attr, new, old)
+
+    def set_arm(self, arm: str) -> None:
+        """The arm by name: "with" patched, any other ("without", "control") not."""
+        self.set(arm == "with")
+        if arm == "with" and not self.names:
+            raise SystemExit("patch_linear swapped no module: check --include / --exclude")
 
     def set(self, patched: bool) -> None:
         if patched == self.patched:

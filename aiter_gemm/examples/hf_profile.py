@@ -13,9 +13,6 @@ import torch
 if TYPE_CHECKING:
     from aiter_gemm.examples.hf_model import PatchState
 
-ARMS = ("without", "with")  # unpatched F.linear, patched gemm_a16w16
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # profile
 
@@ -70,11 +67,11 @@ def profile_decode(state: PatchState, step: Callable[[], object], graphs: list, 
     from torch.profiler import ProfilerActivity, profile
 
     res = []
-    for i, arm in enumerate(ARMS):
+    for i, arm in enumerate(state.arms[:2]):
         if mode == "graph":
             fn = graphs[i].replay
         else:
-            state.set(arm == "with")
+            state.set_arm(arm)
             fn = step
         fn()
         torch.cuda.synchronize()
@@ -95,5 +92,5 @@ def profile_decode(state: PatchState, step: Callable[[], object], graphs: list, 
                      " us)" if stats["top_other_kernels"] else "-"))
         else:
             print(f"profile: batch {batch} {mode} {arm}: {stats['note']}")
-    state.set(False)
+    state.set_arm(state.arms[0])
     return res

@@ -531,11 +531,16 @@ def dequantize_blockscale(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 X (M, K) and W (N, K) with the scales applied: each x_scale column covers 128 K, each w_scale
     element a (128, 128) block (the last block may be partial)."""
-    M, K = XQ.shape
-    N = WQ.shape[0]
+    K = XQ.shape[1]
     xs = x_scale.float().repeat_interleave(SCALE_BLOCK, dim=1)[:, :K]
+    return XQ.float() * xs, dequantize_weight_blockscale(WQ, w_scale)
+
+
+def dequantize_weight_blockscale(WQ: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """float32 W (N, K) = WQ with each w_scale element applied to its (128, 128) block (the last may be partial)."""
+    N, K = WQ.shape
     ws = w_scale.float().repeat_interleave(SCALE_BLOCK, dim=0).repeat_interleave(SCALE_BLOCK, dim=1)[:N, :K]
-    return XQ.float() * xs, WQ.float() * ws
+    return WQ.float() * ws
 
 
 def gemm_a8w8_blockscale_ref(
@@ -547,20 +552,29 @@ def gemm_a8w8_blockscale_ref(
     return (x @ w.t()).to(dtype)
 
 
+def quantize_weight_blockscale(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(WQ, w_scale) of a float weight (N, K): amax per (128, 128) block mapped to the fp8 e4m3 maximum (448), as
+    DeepSeek-V3 / Qwen3-FP8 checkpoints store it (``weight``, ``weight_scale_inv``)."""
+    fp8 = torch.float8_e4m3fn
+    fmax = torch.finfo(fp8).max
+    N, K = w.shape
+    kb, nb = triton.cdiv(K, SCALE_BLOCK), triton.cdiv(N, SCALE_BLOCK)
+    wp = torch.nn.functional.pad(w.float(), (0, kb * SCALE_BLOCK - K, 0, nb * SCALE_BLOCK - N))
+    wp = wp.view(nb, SCALE_BLOCK, kb, SCALE_BLOCK)
+    w_scale = (wp.abs().amax(dim=(1, 3)) / fmax).clamp(min=1e-12)
+    WQ = (wp / w_scale[:, None, :, None]).clamp(-fmax, fmax).view(nb * SCALE_BLOCK, -1)[:N, :K].to(fp8).contiguous()
+    return WQ, w_scale.contiguous()
+
+
 def quantize_blockscale(
     x: torch.Tensor, w: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(XQ, WQ, x_scale, w_scale) from float x (M, K) and w (N, K): amax per (1, 128) group of x and per (128, 128)
     block of w mapped to the fp8 maximum (448 for e4m3fn). For tests and benchmarks."""
-    fmax = torch.finfo(fp8).max
-    M, K = x.shape
-    N = w.shape[0]
-    kb, nb = triton.cdiv(K, SCALE_BLOCK), triton.cdiv(N, SCALE_BLOCK)
-    xp = torch.nn.functional.pad(x.float(), (0, kb * SCALE_BLOCK - K)).view(M, kb, SCALE_BLOCK)
-    x_scale = (xp.abs().amax(dim=2) / fmax).clamp(min=1e-12)
-    XQ = (xp / x_scale[:, :, None]).clamp(-fmax, fmax).view(M, -1)[:, :K].to(fp8).contiguous()
-    wp = torch.nn.functional.pad(w.float(), (0, kb * SCALE_BLOCK - K, 0, nb * SCALE_BLOCK - N))
-    wp = wp.view(nb, SCALE_BLOCK, kb, SCALE_BLOCK)
-    w_scale = (wp.abs().amax(dim=(1, 3)) / fmax).clamp(min=1e-12)
-    WQ = (wp / w_scale[:, None, :, None]).clamp(-fmax, fmax).view(nb * SCALE_BLOCK, -1)[:N, :K].to(fp8).contiguous()
-    return XQ, WQ, x_scale.contiguous(), w_scale.contiguous()
+    from aiter_gemm.kernels.act_quant import FP8, per_token_group_quant_fp8_ref
+
+    if fp8 != FP8:
+        raise TypeError(f"quantize_blockscale: fp8 dtype {fp8} is not supported (only {FP8})")
+    XQ, x_scale = per_token_group_quant_fp8_ref(x.float())
+    WQ, w_scale = quantize_weight_blockscale(w)
+    return XQ, WQ, x_scale, w_scale

@@ -28,9 +28,15 @@ from typing import Any
 
 import torch
 
+from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import PASS_CONFIGS as _WS_PASS_CONFIGS
+from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import build_ws
+from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import math_registers as ws_math_registers
+
 SCALE_BLOCK = 128
-#: SGLang's kernel types; the first word of a config name.
-KERNEL_TYPES = ("base", "swapAB", "splitK", "splitK_swapAB")
+#: SGLang's kernel types, then ``ws`` (hand-scheduled warp specialisation, DeepGEMM's design:
+#: :mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang_ws`); the first word of a config name.
+SGLANG_KERNEL_TYPES = ("base", "swapAB", "splitK", "splitK_swapAB")
+KERNEL_TYPES = (*SGLANG_KERNEL_TYPES, "ws")
 SWAPPED = frozenset({"swapAB", "splitK_swapAB"})
 SPLIT = frozenset({"splitK", "splitK_swapAB"})
 #: wgmma needs 64 rows per math warpgroup on its M side; N side multiples of 8 up to 256.
@@ -39,7 +45,7 @@ _WGMMA_M = 64
 _SMEM_BYTES = 227 * 1024 - 2 * 1024
 _OUT_TL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
-_NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
+_NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
                       r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?")
 
 
@@ -86,10 +92,7 @@ class TileLangConfig:
     def name(self) -> str:
         """The CSV ``kernelName``: ``<type>-BM<>_BN<>_BK<>_S<stages>_T<threads>_SK<split>[_BS][_AS][_SW<n>]``
         (``c_scale_local`` is always true, so the name does not carry it)."""
-        return (f"{self.kernel_type}-BM{self.block_M}_BN{self.block_N}_BK{self.block_K}_S{self.num_stages}"
-                f"_T{self.threads}_SK{self.split_k}" + ("_BS" if self.b_scale_shm else "")
-                + ("_AS" if self.a_scale_shm else "")
-                + (f"_SW{self.swizzle}" if self.swizzle else ""))
+        return config_name(asdict(self))
 
     @classmethod
     def from_name(cls, name: str) -> "TileLangConfig":
@@ -135,6 +138,8 @@ class TileLangConfig:
             return f"kernel_type {self.kernel_type!r} is not one of {KERNEL_TYPES}"
         if self.block_K != SCALE_BLOCK:
             return f"block_K must be {SCALE_BLOCK} (one scale per K block), got {self.block_K}"
+        if self.kernel_type == "ws":
+            return self._ws_problem()
         if self.threads not in (128, 256, 384):
             return f"threads must be 128, 256 or 384 (math warpgroups), got {self.threads}"
         mma_m, mma_n = self.block_M, self.block_N
@@ -167,12 +172,49 @@ class TileLangConfig:
             return "a_scale_shm applies to base and splitK (token scales of the A operand)"
         return None
 
+    def _ws_problem(self) -> str | None:
+        """The ``ws`` kernel's rule: 2 or 3 math warpgroups of 64 token rows plus the producer warpgroup, a weight
+        tile of 8..256 rows in at most two scale blocks, no split, scales always staged by the producer."""
+        if self.block_M not in (128, 192):
+            return f"ws needs block_M 128 or 192 (2 or 3 math warpgroups of 64 rows), got {self.block_M}"
+        if self.threads != 2 * self.block_M + 128:
+            return (f"ws runs block_M/64 math warpgroups and a producer warpgroup: threads={2 * self.block_M + 128}, "
+                    f"got {self.threads}")
+        if self.block_N % 8 or not 8 <= self.block_N <= 256 or (self.block_N > 128 and self.block_N % 64):
+            return f"ws block_N={self.block_N} must be a multiple of 8 up to 128, or 192 or 256"
+        # partial + accumulator tiles: 2 * block_N / 2 registers a math thread, within 240 (2 groups) or 160 (3)
+        if self.block_N + 32 > ws_math_registers(self.block_M // 64):
+            return (f"ws block_N={self.block_N} needs {self.block_N + 32} registers a math thread, more than "
+                    f"{ws_math_registers(self.block_M // 64)} with {self.block_M // 64} math warpgroups")
+        if self.split_k != 1:
+            return f"ws has split_k 1, got {self.split_k}"
+        if self.a_scale_shm or self.b_scale_shm:
+            return "ws always stages the scales in shared memory: a_scale_shm / b_scale_shm do not apply"
+        if not 2 <= self.num_stages <= 16:
+            return f"num_stages={self.num_stages} must be 2..16"
+        if self.smem_bytes() > _SMEM_BYTES:
+            return f"needs {self.smem_bytes()} bytes of shared memory, more than {_SMEM_BYTES}"
+        if self.swizzle < 0:
+            return f"swizzle={self.swizzle} must be >= 0"
+        return None
+
     def smem_bytes(self) -> int:
         """Shared memory: the staged fp8 tiles or the output tile, whichever is larger (TileLang places the output
         tile over the stages, whose lifetime has ended: float32 for split-K partials, else at most 2 bytes counted
-        as 4 to leave room for an fp32 output), plus the staged scales."""
+        as 4 to leave room for an fp32 output), plus the staged scales. ``ws`` keeps no output tile."""
         stages = self.num_stages * (self.block_M + self.block_N) * self.block_K
+        if self.kernel_type == "ws":
+            return stages + self.num_stages * (self.block_M + 4) * 4
         return max(stages, self.block_M * self.block_N * 4) + 8 * (self.block_M + self.block_N) * self.num_stages
+
+
+def config_name(values: dict[str, Any]) -> str:
+    """:attr:`TileLangConfig.name` of config values, checked or not (values the rule rejects give a name that
+    :meth:`TileLangConfig.from_name` rejects saying why: how an SGLang entry that cannot run here is named)."""
+    v = {f.name: f.default for f in fields(TileLangConfig) if f.name != "kernel_type"} | values
+    return (f"{v['kernel_type']}-BM{v['block_M']}_BN{v['block_N']}_BK{v['block_K']}_S{v['num_stages']}"
+            f"_T{v['threads']}_SK{v['split_k']}" + ("_BS" if v["b_scale_shm"] else "")
+            + ("_AS" if v["a_scale_shm"] else "") + (f"_SW{v['swizzle']}" if v["swizzle"] else ""))
 
 
 def is_config_name(name: str) -> bool:
@@ -203,8 +245,8 @@ def _token_tiles(M: int) -> tuple[int, ...]:
 
 def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangConfig]:
     """Configs the tuner times for (M, N, K), each valid there (:func:`shape_error`). Measured on the H100
-    (8 weights of 16-131 MB, M 1-4096): swapped types win up to M = 128-256 (split-K where N / 64 tiles leave SMs
-    idle), the two-warpgroup ``base`` 128x128 tiles from 256 up, 4-8 stages."""
+    (8 weights of 16-131 MB, M 1-4096): swapped types win up to M = 64-128 (split-K where N / 64 tiles leave SMs
+    idle), the warp-specialised ``ws`` from 128 up."""
     kb = K // SCALE_BLOCK if K % SCALE_BLOCK == 0 else 0
     out: list[TileLangConfig] = []
 
@@ -225,17 +267,15 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
                 if kb and kb % sk == 0:
                     for st in (4,) if quick else (4, 8):
                         add("splitK_swapAB", 64, bn, num_stages=st, split_k=sk)
-    if 64 <= M <= 1024 and not quick:
-        for bn in (64, 128):
-            for st in (4, 6):
-                add("base", 64, bn, num_stages=st)
-    if M >= 128:
-        for st in (4,) if quick else (3, 4, 5):
-            for sw in (0,) if quick else (0, 8):
-                add("base", 128, 128, num_stages=st, threads=256, swizzle=sw)
+    if M >= 64:
+        # ws: 1.0-1.8x base-BM128_BN128_T256 at M 128-4096 on 8 weights (H100, docs/exploration.md), so base is
+        # no longer timed there; 64-wide weight tiles win where 128-wide ones leave SMs idle (M <= 256).
+        add("ws", 128, 64, num_stages=4, threads=384)
+        add("ws", 128, 128, num_stages=4, threads=384)
         if not quick:
-            for st in (4, 6):
-                add("base", 128, 64, num_stages=st, threads=256)
+            add("ws", 128, 128, num_stages=4, threads=384, swizzle=8)
+            add("ws", 128, 192, num_stages=4, threads=384)
+            add("ws", 192, 128, num_stages=4, threads=512)
     return out
 
 
@@ -435,7 +475,14 @@ def _combine_macro(T, M, N: int, split: int, out_dtype: str):
     return combine
 
 
-BUILDERS = {"base": build_normal, "splitK": build_normal, "swapAB": build_swapped, "splitK_swapAB": build_swapped}
+BUILDERS = {"base": build_normal, "splitK": build_normal, "swapAB": build_swapped, "splitK_swapAB": build_swapped,
+            "ws": build_ws}
+
+
+def pass_configs(cfg: TileLangConfig) -> dict[str, Any]:
+    """TileLang pass settings of ``cfg``'s kernel: the hand-scheduled ``ws`` kernel turns the automatic warp
+    specialisation and barrier insertion off; the SGLang types use TileLang's defaults."""
+    return dict(_WS_PASS_CONFIGS) if cfg.kernel_type == "ws" else {}
 
 
 def build(N: int, K: int, cfg: TileLangConfig, out_dtype: torch.dtype = torch.bfloat16, mmajor: bool = False):
@@ -484,7 +531,8 @@ def compiled(N: int, K: int, cfg: TileLangConfig, dtype: torch.dtype = torch.bfl
         with _LOCK:
             kernel = _KERNELS.get(key)
             if kernel is None:
-                kernel = _KERNELS[key] = tilelang.compile(build(N, K, cfg, dtype, mmajor), target=TARGET)
+                kernel = _KERNELS[key] = tilelang.compile(build(N, K, cfg, dtype, mmajor), target=TARGET,
+                                                          pass_configs=pass_configs(cfg))
     return kernel
 
 
@@ -506,10 +554,13 @@ def precompile(jobs: list[tuple[int, int, TileLangConfig, torch.dtype]], workers
             built.append((N, K, cfg, dt, mm))
         except Exception as exc:  # noqa: BLE001 - a config TileLang cannot lower is a failed job, not a crash
             failed[(N, K, cfg, dt)] = f"{type(exc).__name__}: {exc}"
-    if funcs:
-        kernels = tilelang.par_compile(funcs, target=TARGET, num_workers=workers or os.cpu_count() or 1,
-                                       ignore_error=True)
-        for job, kernel in zip(built, kernels):
+    for ws in (False, True):  # one parallel compile per pass setting
+        group = [(job, f) for job, f in zip(built, funcs) if (job[2].kernel_type == "ws") == ws]
+        if not group:
+            continue
+        kernels = tilelang.par_compile([f for _, f in group], target=TARGET, num_workers=workers or os.cpu_count() or 1,
+                                       ignore_error=True, pass_configs=pass_configs(group[0][0][2]))
+        for (job, _), kernel in zip(group, kernels):
             if kernel is None:
                 failed.setdefault(job[:4], "TileLang failed to compile it (its log names the error)")
             else:

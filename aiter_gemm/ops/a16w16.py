@@ -73,22 +73,27 @@ def json_buckets(path: str | os.PathLike):
 
 
 def json_config(M: int, N: int, K: int, arch: str, config_dirs: Sequence[str | os.PathLike] | None = None):
-    """The Triton config the JSON level gives (M, N, K) on ``arch`` (strict: errors name file and key), or None."""
+    """The Triton config the JSON level gives (M, N, K) on ``arch`` (strict: errors name file and key), fitted to the
+    shape (:func:`aiter_gemm.backends.triton.fitted`), or None."""
+    from aiter_gemm.kernels.gemm_a16w16 import GemmConfig
+
     dirs = _config_dirs() if config_dirs is None else config_dirs
-    hit = GEMM_A16W16.json.lookup(dirs, arch, GemmProblem(M, N, K), strict=True)
-    return None if hit is None else hit[1]
+    device = DeviceIdentity(arch, 0, "cuda")
+    for _files, _source, sol in GEMM_A16W16.json.hits([dirs], device, GemmProblem(M, N, K), strict=True):
+        return GemmConfig.from_name(sol.kernelName)
+    return None
 
 
 def select_config(problem: GemmProblem, solution: Solution, arch: str):
-    """The Triton config a ``triton`` row runs: its kernelName, else the JSON level's (fitted to the shape), else
-    the backend's built-in default: what a decision resolves, for callers holding a row's solution."""
+    """The Triton config a ``triton`` row runs: its kernelName, else the JSON level's, else the backend's built-in
+    default: what a decision resolves, for callers holding a row's solution."""
     from aiter_gemm.backends import triton as triton_backend
 
     name = solution.kernelName.strip()
     if not name or name == "auto":
         cfg = json_config(problem.M, problem.N, problem.K, arch)
         if cfg is not None:
-            return triton_backend.fitted(cfg, problem, arch)
+            return cfg
     return triton_backend.select_config(problem, solution)
 
 

@@ -21,6 +21,8 @@ decided once per shape, in the dispatcher's order (docs/design.md):
    ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``). The tuner writes one ``M_LEQ_<m>`` per tuned M
    plus ``any`` for the largest (:func:`buckets_from_tuned`): the best variant changes between M = 16 (swapAB,
    split-K) and M = 256 (base) and again above 1024 (larger tiles).
+   Below those, SGLang's TileLang files (``AITER_GEMM_SGLANG_TILELANG_DIR``, this device's name; nearest M as
+   SGLang picks it: :mod:`aiter_gemm.sglang_tilelang`), whose entries run on the ``tilelang`` backend.
 3. the default: the highest-priority backend whose ``default_for`` claims the shape
    (:func:`~aiter_gemm.kernels.a8w8_blockscale.default_config` of the Triton backend).
 
@@ -37,7 +39,7 @@ from typing import Any
 
 import torch
 
-from aiter_gemm import eager_ext
+from aiter_gemm import eager_ext, sglang_tilelang
 from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
@@ -168,8 +170,9 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
     untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
     capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
+    # Its JSON files are a decision level; SGLang's TileLang files (this device's name) a family below its own.
     json=JsonLevel("GEMM-A8W8_BLOCKSCALE", _choice_from_json, lambda choice, _problem, _arch: solution_of(choice),
-                   NAMED_BUCKETS),
+                   NAMED_BUCKETS, more=(sglang_tilelang.FILES,)),
     describe=_describe, source_with_line=True,
     key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
 ))
@@ -180,7 +183,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
 
 def json_config_path(directory: str | os.PathLike, arch: str, N: int, K: int) -> Path:
     """The JSON file of (N, K) on ``arch``: ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``."""
-    return Path(directory) / GEMM_A8W8_BLOCKSCALE.json.file_names(arch, N, K)[0]
+    return Path(directory) / f"{arch}-{GEMM_A8W8_BLOCKSCALE.json.family}-N={N}-K={K}.json"
 
 
 def read_json_configs(path: str | os.PathLike) -> list[tuple[int | None, str, Choice]]:

@@ -5,14 +5,18 @@ written once over this description; adding an op is one module under :mod:`aiter
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import glob
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
 from aiter_gemm import jsonconfigs
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import SPECS, TableSpec, TunedRow
+from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.settings import Settings
 
 
@@ -24,37 +28,65 @@ def row_solution(row: TunedRow) -> Solution:
 
 @dataclass(frozen=True)
 class JsonLevel:
-    """An op's per-(N, K) JSON files of M buckets (AITER's Triton convention, :mod:`aiter_gemm.jsonconfigs`):
-    ``{arch}-{family}-N={N}-K={K}.json`` in the settings' JSON folders (``AITER_GEMM_TRITON_CONFIGS``, then the
-    shipped ``configs/triton``), then ``{arch}-{family}.json`` where ``arch_file``; the first file with a bucket
-    covering M answers. ``fills`` None: the files are a decision level between the tuned rows and the default;
-    a libtype: they fill in that libtype's rows whose kernelName is empty or ``auto`` (AITER's ``gemm_a16w16``
-    Triton rows), which the backend's own default config serves where no file answers."""
+    """An op's JSON level: per-(N, K) files of M buckets (:mod:`aiter_gemm.jsonconfigs`), the op's own family first
+    (``{arch}-{family}-N={N}-K={K}.json`` in the settings' JSON folders, ``AITER_GEMM_TRITON_CONFIGS`` then the
+    shipped ``configs/triton``; then ``{arch}-{family}.json`` where ``arch_file``), then the ``more`` families
+    (SGLang's TileLang files for the block-scale op), each a :class:`~aiter_gemm.jsonconfigs.JSONFiles`.
+    ``fills`` None: a decision level between the tuned rows and the default; a libtype: the files fill in that
+    libtype's rows whose kernelName is empty or ``auto`` (AITER's ``gemm_a16w16`` Triton rows), which the backend's
+    own default config serves where no file answers."""
 
     family: str  # "GEMM-A16W16", "GEMM-A8W8_BLOCKSCALE"
-    parse: Callable[[Mapping[str, Any]], Any]  # an entry as the op's config (parsed once per file until reload)
+    parse: Callable[[Mapping[str, Any]], Any]  # an own-family entry as the op's config (parsed once per file)
     solution: Callable[[Any, GemmProblem, str], Solution]  # (config, problem, arch) -> what runs
     buckets: Mapping[str, int | None] = field(default_factory=lambda: dict(jsonconfigs.AITER_BUCKETS))
     arch_file: bool = False
     fills: str | None = None
+    #: Further file families read after the op's own (entries already solutions), in order.
+    more: tuple[jsonconfigs.JSONFiles, ...] = ()
 
-    def file_names(self, arch: str, N: int, K: int) -> tuple[str, ...]:
-        per_nk = f"{arch}-{self.family}-N={N}-K={K}.json"
-        return (per_nk, f"{arch}-{self.family}.json") if self.arch_file else (per_nk,)
+    @cached_property
+    def own(self) -> jsonconfigs.JSONFiles:
+        """The op's own file family, as every family is described."""
+        family = self.family
+        return jsonconfigs.JSONFiles(
+            label="JSON config", folders=lambda settings: settings.triton_config_dirs,
+            file_name=lambda device, N, K: f"{device.gfx}-{family}-N={N}-K={K}.json",
+            glob=lambda device: f"{glob.escape(device.gfx)}-{family}-N=*-K=*.json",
+            nk=re.compile(r".*-N=(\d+)-K=(\d+)\.json"),
+            read=partial(jsonconfigs.read_buckets, parse_entry=self.parse, named=self.buckets))
 
-    def lookup(self, folders: Sequence[str | Path], arch: str, problem: GemmProblem, strict: bool = False
-               ) -> tuple[str, Any] | None:
-        """``("<file>#<bucket>", config)`` of the first file (names in order, each over ``folders``) with a bucket
-        covering ``problem.M``; config None for a ``"default"`` bucket; None when no file answers. Not ``strict``
-        (the dispatcher), a broken file is warned once and skipped; strict, JSONConfigError naming file and key."""
-        for name in self.file_names(arch, problem.N, problem.K):
-            for folder in folders:
-                path = Path(folder) / name
-                hit = jsonconfigs.select_bucket(
-                    jsonconfigs.cached_buckets(path, self.parse, self.buckets, strict=strict) or [], problem.M)
-                if hit is not None:
-                    return f"{path}#{hit[0]}", hit[1]
-        return None
+    @property
+    def families(self) -> tuple[jsonconfigs.JSONFiles, ...]:
+        return (self.own, *self.more)
+
+    def file_names(self, files: jsonconfigs.JSONFiles, device: DeviceIdentity, N: int, K: int) -> tuple[str, ...]:
+        name = files.file_name(device, N, K)
+        return (name, f"{device.gfx}-{self.family}.json") if files is self.own and self.arch_file else (name,)
+
+    def hits(self, folders: Sequence[Sequence[str | Path]], device: DeviceIdentity, problem: GemmProblem,
+             strict: bool = False) -> Iterator[tuple[jsonconfigs.JSONFiles, str, Solution]]:
+        """``(family, "<file>#<bucket>", solution)`` per family (``folders``: each family's, in order): the first of
+        its files (names in order, each over its folders) with a bucket covering ``problem.M`` that is not a
+        ``"default"`` one (nothing confirmed there: the next family). Not ``strict`` (the dispatcher), a broken file
+        is warned once and skipped; strict, JSONConfigError naming file and key. The one search of JSON files."""
+        for files, dirs in zip(self.families, folders):
+            found = None
+            for name in self.file_names(files, device, problem.N, problem.K):
+                for folder in dirs:
+                    path = Path(folder) / name
+                    hit = jsonconfigs.select_bucket(
+                        jsonconfigs.cached_file(path, files.read, strict=strict) or [], problem.M)
+                    if hit is not None:
+                        found = path, hit
+                        break
+                if found is not None:
+                    break
+            if found is None or found[1][1] is None:
+                continue
+            path, (key, entry) = found
+            sol = self.solution(entry, problem, device.gfx) if files is self.own else entry
+            yield files, f"{path}#{key}", sol
 
 
 @dataclass(frozen=True)

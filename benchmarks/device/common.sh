@@ -38,7 +38,7 @@ env_header() {
     python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
     python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1 | tail -n 1
     python -c "import tilelang; print('tilelang', tilelang.__version__)" 2>&1 | tail -n 1
-    python -c "from aiter_gemm import ops, eager_ext; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1 | tail -n 1
+    python -c "from aiter_gemm import eager_ext; from aiter_gemm.ops import a16w16 as ops; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1 | tail -n 1
     echo "commit ${COMMIT:-unknown}"
   } >> "$1"
 }

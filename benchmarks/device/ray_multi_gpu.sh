@@ -80,7 +80,7 @@ NSETS=${NSETS:-1,16,128,1024,4096}
 LISTS=${LISTS:-llama3_8b}
 # Default: every available backend but Triton, whose config space compiles for minutes per shape and would make
 # both runs time out rather than finish.
-LIBTYPE=${LIBTYPE:-$(python3 -c 'from aiter_gemm import backends
+LIBTYPE=${LIBTYPE:-$(python3 -c 'from aiter_gemm import registry as backends
 print(",".join(n for n in ("torch", "cublaslt", "skinny") if backends.get_backend(n).is_available()))')}
 TIME_LIMIT=${TIME_LIMIT:-130}
 MP1=${MP1:-1}

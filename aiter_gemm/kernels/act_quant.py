@@ -1,0 +1,85 @@
+"""Dynamic fp8 activation quantization per token and 128-wide K group, in one Triton launch: the activation side of
+:func:`aiter_gemm.gemm_a8w8_blockscale` for FP8 models (transformers' ``FP8Linear``, DeepSeek-style checkpoints).
+
+For x (M, K) it writes XQ (M, K) fp8 e4m3 and x_scale (M, ceil(K/128)) float32 with ``x ~= XQ * x_scale`` per group:
+``x_scale = max(amax(|group|) / 448, 1e-12)``, ``XQ = clamp(x / x_scale, -448, 448)`` (the rule of
+:func:`~aiter_gemm.kernels.a8w8_blockscale.quantize_blockscale`, of transformers' and of vLLM's quantizers). One
+program per (row, group): the group is loaded once, reduced and written, so the whole step is one read of x and one
+write of XQ. ``m_major=True`` writes x_scale with strides (1, M), the layout torch's block-scaled matmul takes without
+a copy; the Triton GEMM takes either. :func:`per_token_group_quant_fp8_ref` is the torch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK
+from aiter_gemm.kernels.common import INTERPRET
+
+__all__ = ["FP8", "GROUP", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref"]
+
+FP8 = torch.float8_e4m3fn
+GROUP = SCALE_BLOCK
+_FP8_MAX = float(torch.finfo(FP8).max)
+_EPS = 1e-12  # smallest scale: an all-zero group quantizes to zeros instead of dividing by zero
+_IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, stride_sg,
+                  FP8_MAX: tl.constexpr, EPS: tl.constexpr, GROUP_SIZE: tl.constexpr):
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    cols = g * GROUP_SIZE + tl.arange(0, GROUP_SIZE)
+    mask = cols < K
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FP8_MAX, EPS)
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row * stride_sm + g * stride_sg, scale)
+
+
+def _check(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"per_token_group_quant_fp8: x must be a 2-D tensor (M, K), got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in _IN_DTYPES:
+        raise TypeError(f"per_token_group_quant_fp8: x (shape {tuple(x.shape)}, dtype {x.dtype}) must be one of "
+                        f"{list(_IN_DTYPES)}")
+
+
+def _scale_out(M: int, groups: int, m_major: bool, device: torch.device) -> torch.Tensor:
+    if m_major:
+        return torch.empty_strided((M, groups), (1, M), dtype=torch.float32, device=device)
+    return torch.empty((M, groups), dtype=torch.float32, device=device)
+
+
+def per_token_group_quant_fp8(x: torch.Tensor, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(XQ, x_scale) of x (M, K) bf16/fp16/fp32, one launch (see the module docstring). Rows may be strided (the
+    last dimension must be contiguous: a copy is made otherwise); no host sync, so it runs in CUDA graphs."""
+    _check(x)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    M, K = x.shape
+    groups = triton.cdiv(K, GROUP)
+    # Triton 3.9's interpreter rounds float32 -> fp8 wrongly (126.2 became 64): interpreted, the kernel writes the
+    # float32 quotients and torch rounds them.
+    q = torch.empty((M, K), dtype=torch.float32 if INTERPRET else FP8, device=x.device)
+    s = _scale_out(M, groups, m_major, x.device)
+    if M and K:
+        _quant_kernel[(M, groups)](x, q, s, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
+                                   FP8_MAX=_FP8_MAX, EPS=_EPS, GROUP_SIZE=GROUP, num_warps=1)
+    return (q.to(FP8) if INTERPRET else q), s
+
+
+def per_token_group_quant_fp8_ref(x: torch.Tensor, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch reference of :func:`per_token_group_quant_fp8` (same rule, same layouts)."""
+    _check(x)
+    M, K = x.shape
+    groups = -(-K // GROUP)
+    xp = torch.nn.functional.pad(x.float(), (0, groups * GROUP - K)).view(M, groups, GROUP)
+    scale = (xp.abs().amax(dim=2) / _FP8_MAX).clamp(min=_EPS)
+    q = (xp / scale[:, :, None]).clamp(-_FP8_MAX, _FP8_MAX).view(M, groups * GROUP)[:, :K].to(FP8).contiguous()
+    return q, _scale_out(M, groups, m_major, x.device).copy_(scale)

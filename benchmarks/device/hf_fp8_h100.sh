@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The FP8 model end to end (README, "Hugging Face"): a Qwen3-8B-FP8-shaped model built from
+# configs/model_configs/qwen3_8b_fp8/config.json with random weights quantized to transformers' FP8Linear (128x128
+# blocks), its GEMM shapes captured, tuned with the block-scale tuner (a quick space: GPU time is scarce), then prefill
+# and decode measured in three arms, alternating rounds: tuned (patch_linear + the tuned table), torch_blockwise (every
+# FP8Linear on torch's block-scaled matmul) and bf16 (the same model in bf16); eager and CUDA-graph replay, batch 1, 8,
+# 32, 64. Run from the repository root; results under $OUT/hf_fp8 (env.txt, capture.log, captured_gemm.csv,
+# a8w8_blockscale_untuned_gemm.csv, tune.log, a8w8_blockscale_tuned_gemm.csv + JSON, measure.log, results.json,
+# results.md, rounds.csv).
+#
+#   OUT=/tmp/hf8 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_fp8_h100.sh      # ~6 min budget
+#
+# LAYERS (default 8: the per-layer GEMM shapes are the full model's, the step is shorter), STEPS (default "capture tune
+# measure"), TUNE_ARGS (default "--quick --libtype triton,torch"), TUNE_LIMIT_S (150), MEASURE_ARGS (default
+# "--rounds 5 --eager-rounds 20 --decode-steps 16").
+set -u
+OUT=${OUT:?set OUT to an output folder}
+D="$OUT/hf_fp8"
+mkdir -p "$D"
+. benchmarks/device/common.sh
+need_wheels transformers
+python -m aiter_gemm.eager_ext > "$D/build.log" 2>&1
+env_header "$D/env.txt"
+L=${LAYERS:-8}
+{
+  python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1
+  echo "steps ${STEPS:-capture tune measure}; layers $L"
+} >> "$D/env.txt"
+HF="python -m aiter_gemm.examples.hf_decode --config qwen3_8b_fp8 --layers $L --out $D"
+for step in ${STEPS:-capture tune measure}; do
+  s=$(date +%s)
+  case $step in
+    capture)
+      $HF --mode capture > "$D/capture.log" 2>&1 ;;
+    tune)
+      timeout -s TERM "${TUNE_LIMIT_S:-150}" python -m gradlib.tune_a8w8_blockscale \
+        -i "$D/a8w8_blockscale_untuned_gemm.csv" -o "$D/a8w8_blockscale_tuned_gemm.csv" \
+        ${TUNE_ARGS:---quick --libtype triton,torch} > "$D/tune.log" 2>&1 ;;
+    measure)
+      $HF --mode measure --tuned "$D/a8w8_blockscale_tuned_gemm.csv" \
+        ${MEASURE_ARGS:---rounds 5 --eager-rounds 20 --decode-steps 16} > "$D/measure.log" 2>&1 ;;
+  esac
+  echo "$step rc=$? $(( $(date +%s) - s )) s" >> "$D/env.txt"
+done
+cat "$D/env.txt"
+tail -n 20 "$D/measure.log"
