@@ -502,11 +502,21 @@ def test_patch_state_switches_the_same_modules_back_and_forth(clean_runtime):
         torch.testing.assert_close(logits(model, ids), got, rtol=0, atol=0)
 
 
-@pytest.mark.gpu
-def test_cuda_graph_replay_of_a_patched_decode_step(clean_runtime):
-    from aiter_gemm.examples.hf_decode import StaticSteps, capture_graph
+def _graph_model(kind: str) -> nn.Module:
+    """A tiny Llama on the GPU: bf16 linears, or transformers' FP8Linear (the block-scale op's path)."""
+    if kind == "fp8":
+        from op_tests.test_fp8_linear import tiny_fp8_model
 
-    model = tiny_model(torch.bfloat16, device="cuda")
+        return tiny_fp8_model(torch.bfloat16)[0].cuda()
+    return tiny_model(torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_cuda_graph_replay_of_a_patched_decode_step(clean_runtime, kind):
+    from aiter_gemm.examples.hf_model import StaticSteps, capture_graph
+
+    model = _graph_model(kind)
     patch_linear(model)
     with torch.no_grad():
         steps = StaticSteps(model, 3, 9, torch.device("cuda"))
