@@ -86,14 +86,26 @@ def _import_built(name: str, folder: Path) -> ModuleType | None:
 
 def build(verbose: bool = False) -> ModuleType:
     """Compile (if needed) and import the extension; raises what torch's builder raises (no compiler, no ninja)."""
+    from filelock import FileLock
     from torch.utils.cpp_extension import load
 
     name = ext_name()
     folder = build_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
-    # torch's builder locks the folder (concurrent processes build once) and writes the .so there.
-    return load(name=name, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
-                with_cuda=False, is_python_module=True, verbose=verbose)
+    # torch's builder marks a build with a plain file (``lock``) that a killed build leaves behind: the next build
+    # then waited for it forever and failed to import (seen: a CI run killed mid-build, the next one hung 22 min).
+    # An OS lock, released when its holder dies, serialises our builds; holding it, any ``lock`` file is stale.
+    with FileLock(str(folder) + ".build.lock"):
+        baton = folder / "lock"
+        if baton.exists():
+            log.warning("aiter_gemm: removing %s, left by a build of the C++ eager fast path that did not finish",
+                        baton)
+            baton.unlink(missing_ok=True)
+        module = _import_built(name, folder)  # another process may have built it while this one waited
+        if module is not None:
+            return module
+        return load(name=name, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
+                    with_cuda=False, is_python_module=True, verbose=verbose)
 
 
 def load(env: dict[str, str] | None = None) -> ModuleType | None:

@@ -113,6 +113,24 @@ def test_missing_build_is_reported_not_raised(tmp_path):
     assert out.startswith("True |") and "aiter-gemm-build-ext" in out
 
 
+def test_build_clears_the_lock_a_killed_build_left(tmp_path, monkeypatch, caplog):
+    """torch's builder waits for its ``lock`` file to go away; a build killed mid-way leaves it, and the next build
+    hung forever (then failed to import). Holding our OS lock, ``build`` removes it and builds."""
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = eager_ext.build_dir()
+    folder.mkdir(parents=True)
+    (folder / "lock").write_text("")
+    seen: list[bool] = []
+    sentinel = types.ModuleType("built")
+    monkeypatch.setattr(cpp, "load", lambda **kw: seen.append((Path(kw["build_directory"]) / "lock").exists())
+                        or sentinel)
+    with caplog.at_level("WARNING", logger="aiter_gemm.eager_ext"):
+        assert eager_ext.build() is sentinel
+    assert seen == [False] and "did not finish" in caplog.text
+
+
 # ---- the C++ entry -------------------------------------------------------------------------------------------
 def test_entry_matches_f_linear_and_caches_plain_calls(built):
     out = run("""
