@@ -298,7 +298,6 @@ def build_normal(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat16
     k_iters = KB // split
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
-    regs = _math_registers(cfg.threads)
 
     def sa_at(SA, m, k):
         return SA[k, m] if mmajor else SA[m, k]
@@ -328,44 +327,8 @@ def build_normal(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat16
             for i, j in T.Parallel(BM, BN):
                 C_acc[i, j] += C_l[i, j] * Sc[i]
 
-    if split == 1:
-        @T.prim_func
-        def base(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
-                 SA: T.Tensor(sa_shape, f32), SB: T.Tensor((T.ceildiv(N, SCALE_BLOCK), KB), f32)):
-            with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=cfg.threads) as (bx, by):
-                if cfg.swizzle:
-                    T.use_swizzle(panel_size=cfg.swizzle)
-                C_acc = T.alloc_fragment((BM, BN), f32)
-                C_s = T.alloc_shared((BM, BN), out_dtype)
-                if regs:
-                    T.annotate_producer_reg_dealloc(24)
-                    T.annotate_consumer_reg_alloc(regs)
-                mainloop(A, B, SA, SB, C_acc, bx, by, 0)
-                T.copy(C_acc, C_s)
-                T.copy(C_s, C[by * BM, bx * BN])
-
-        return base
-
-    combine = _combine_macro(T, M, N, split, out_dtype)
-
-    @T.prim_func
-    def split_k(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
-                SA: T.Tensor(sa_shape, f32), SB: T.Tensor((T.ceildiv(N, SCALE_BLOCK), KB), f32),
-                P: T.Tensor((split, M, N), f32)):
-        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), split, threads=cfg.threads) as (bx, by, bz):
-            if cfg.swizzle:
-                T.use_swizzle(panel_size=cfg.swizzle)
-            C_acc = T.alloc_fragment((BM, BN), f32)
-            P_s = T.alloc_shared((BM, BN), f32)
-            if regs:
-                T.annotate_producer_reg_dealloc(24)
-                T.annotate_consumer_reg_alloc(regs)
-            mainloop(A, B, SA, SB, C_acc, bx, by, bz)
-            T.copy(C_acc, P_s)
-            T.copy(P_s, P[bz, by * BM, bx * BN])
-        combine(P, C)
-
-    return split_k
+    # tokens on the tile's rows: grid (N tiles, M tiles), the (BM, BN) tile stored at out[by*BM, bx*BN]
+    return _kernel(T, M, N, K, cfg, out_dtype, sa_shape, mainloop, swapped=False)
 
 
 def build_swapped(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat16", mmajor: bool = False):
@@ -378,7 +341,6 @@ def build_swapped(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat1
     k_iters = KB // split
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
-    regs = _math_registers(cfg.threads)
 
     def sa_at(SA, m, k):
         return SA[k, m] if mmajor else SA[m, k]
@@ -408,44 +370,62 @@ def build_swapped(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat1
             for i, j in T.Parallel(BM, BN):
                 C_acc[j, i] += C_l[i, j] * Sc[j]
 
+    # weight rows on the wgmma's M side: grid (M tiles, N tiles), the (BN, BM) tile stored at out[bx*BN, by*BM]
+    return _kernel(T, M, N, K, cfg, out_dtype, sa_shape, mainloop, swapped=True)
+
+
+def _kernel(T, M, N: int, K: int, cfg: TileLangConfig, out_dtype: str, sa_shape, mainloop, swapped: bool):
+    """The kernel around a builder's ``mainloop``: one launch writing out (M, N), or with ``split_k`` the float32
+    partials P (split, M, N) then the deterministic reduce. ``swapped``: the grid's x walks tokens and the tile is
+    (tokens, weight rows), as the swapped types' mainloop accumulates it."""
+    BM, BN, split = cfg.block_M, cfg.block_N, cfg.split_k
+    KB = K // cfg.block_K
+    f32, fp8 = "float32", "float8_e4m3fn"
+    regs = _math_registers(cfg.threads)
+    grid = (T.ceildiv(M, BN), T.ceildiv(N, BM)) if swapped else (T.ceildiv(N, BN), T.ceildiv(M, BM))
+    tile = (BN, BM) if swapped else (BM, BN)
+
+    def corner(bx, by):  # the tile's first (token, weight row)
+        return (bx * BN, by * BM) if swapped else (by * BM, bx * BN)
+
+    @T.macro
+    def prologue():
+        if cfg.swizzle:
+            T.use_swizzle(panel_size=cfg.swizzle)
+        if regs:
+            T.annotate_producer_reg_dealloc(24)
+            T.annotate_consumer_reg_alloc(regs)
+
     if split == 1:
         @T.prim_func
-        def swap_ab(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
-                    SA: T.Tensor(sa_shape, f32), SB: T.Tensor((T.ceildiv(N, SCALE_BLOCK), KB), f32)):
-            with T.Kernel(T.ceildiv(M, BN), T.ceildiv(N, BM), threads=cfg.threads) as (bx, by):
-                if cfg.swizzle:
-                    T.use_swizzle(panel_size=cfg.swizzle)
-                C_acc = T.alloc_fragment((BN, BM), f32)
-                C_s = T.alloc_shared((BN, BM), out_dtype)
-                if regs:
-                    T.annotate_producer_reg_dealloc(24)
-                    T.annotate_consumer_reg_alloc(regs)
+        def gemm(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
+                 SA: T.Tensor(sa_shape, f32), SB: T.Tensor((T.ceildiv(N, SCALE_BLOCK), KB), f32)):
+            with T.Kernel(*grid, threads=cfg.threads) as (bx, by):
+                C_acc = T.alloc_fragment(tile, f32)
+                C_s = T.alloc_shared(tile, out_dtype)
+                prologue()
                 mainloop(A, B, SA, SB, C_acc, bx, by, 0)
                 T.copy(C_acc, C_s)
-                T.copy(C_s, C[bx * BN, by * BM])
+                T.copy(C_s, C[corner(bx, by)])
 
-        return swap_ab
+        return gemm.with_attr("global_symbol", "swap_ab" if swapped else "base")  # the kernel's name in profiles
 
     combine = _combine_macro(T, M, N, split, out_dtype)
 
     @T.prim_func
-    def split_k_swap_ab(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
-                        SA: T.Tensor(sa_shape, f32), SB: T.Tensor((T.ceildiv(N, SCALE_BLOCK), KB), f32),
-                        P: T.Tensor((split, M, N), f32)):
-        with T.Kernel(T.ceildiv(M, BN), T.ceildiv(N, BM), split, threads=cfg.threads) as (bx, by, bz):
-            if cfg.swizzle:
-                T.use_swizzle(panel_size=cfg.swizzle)
-            C_acc = T.alloc_fragment((BN, BM), f32)
-            P_s = T.alloc_shared((BN, BM), f32)
-            if regs:
-                T.annotate_producer_reg_dealloc(24)
-                T.annotate_consumer_reg_alloc(regs)
+    def gemm_split_k(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
+                     SA: T.Tensor(sa_shape, f32), SB: T.Tensor((T.ceildiv(N, SCALE_BLOCK), KB), f32),
+                     P: T.Tensor((split, M, N), f32)):
+        with T.Kernel(*grid, split, threads=cfg.threads) as (bx, by, bz):
+            C_acc = T.alloc_fragment(tile, f32)
+            P_s = T.alloc_shared(tile, f32)
+            prologue()
             mainloop(A, B, SA, SB, C_acc, bx, by, bz)
             T.copy(C_acc, P_s)
-            T.copy(P_s, P[bz, bx * BN, by * BM])
+            T.copy(P_s, P[(bz, *corner(bx, by))])
         combine(P, C)
 
-    return split_k_swap_ab
+    return gemm_split_k.with_attr("global_symbol", "split_k_swap_ab" if swapped else "split_k")
 
 
 def _math_registers(threads: int) -> int:
