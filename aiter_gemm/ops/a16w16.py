@@ -321,8 +321,9 @@ def gemm_a16w16(
     fast = _CALLS.get(key)
     if fast is None:
         fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
-    # run_linear_entry's body, inlined: one Python call less per eager call without the C++ entry (+0.38 us median
-    # over 4 alternated CPU rounds when it was a call, benchmarks/results/overhead/cpu_ab_904a048_vs_277f223)
+    # run_linear_entry's body, inlined: one Python call less per eager call without the C++ entry. This entry was
+    # +0.38 us over 904a048's (median of 4 alternated CPU rounds, overhead/cpu_ab_904a048_vs_277f223, rounds 5-8)
+    # with the call; inlined, +0.20 us over 8 rounds (overhead/cpu_ab_904a048_vs_f082b1f), within their spread.
     runner, out_dtype, shape2d, out_shape, capturing = fast
     if runner is None or (capturing is not None and not capturing()):
         return _linear(A, B, bias)
