@@ -26,7 +26,7 @@ from torch import nn
 from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK
 from aiter_gemm.kernels.act_quant import FP8, per_token_group_quant_fp8
 from aiter_gemm.nn import _FP8_INTEGRATION, clone_module
-from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale
+from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, x_scale_m_major
 
 log = logging.getLogger("aiter_gemm")
 
@@ -78,12 +78,16 @@ def unsupported_reason(module: nn.Module) -> str | None:
 
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                      bias: torch.Tensor | None = None, gemm: BlockGemm | None = None,
-                     m_major: bool = False) -> torch.Tensor:
+                     m_major: bool | None = None) -> torch.Tensor:
     """``FP8Linear``'s result for x (..., K): x quantized per token and 128-K group (one launch), the block-scale
     GEMM (``gemm``, default :func:`aiter_gemm.gemm_a8w8_blockscale`) in x's dtype, then + bias. ``m_major``: write
-    x_scale M-major (what torch's block-scaled matmul takes without a copy)."""
+    x_scale M-major (what torch's block-scaled matmul takes without a copy); None: the layout the op's runner for
+    this shape takes (:func:`~aiter_gemm.ops.a8w8_blockscale.x_scale_m_major`; row-major for another ``gemm``)."""
     K = x.shape[-1]
-    xq, xs = per_token_group_quant_fp8(x.reshape(-1, K), m_major)
+    x2 = x.reshape(-1, K)
+    if m_major is None:
+        m_major = gemm is None and x_scale_m_major(x2.shape[0], weight.shape[0], K, x.dtype, x.device)
+    xq, xs = per_token_group_quant_fp8(x2, m_major)
     out = (gemm or gemm_a8w8_blockscale)(xq, weight, xs, weight_scale_inv, x.dtype)
     if bias is not None:
         out = out.add_(bias)
@@ -120,12 +124,12 @@ def _input_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 class TunedFP8Mixin:
     """Mixed in front of transformers' ``FP8Linear`` by :func:`from_fp8_linear`: the forward on the block-scale op.
-    ``_aiter_gemm`` / ``_aiter_m_major`` (instance attributes, default the tuned op, row-major scales) pick another
-    GEMM, as benchmarks do to put every layer on one implementation."""
+    ``_aiter_gemm`` / ``_aiter_m_major`` (instance attributes, default the tuned op and the layout its runner takes)
+    pick another GEMM, as benchmarks do to put every layer on one implementation."""
 
     _aiter_fp8_swapped = True  # aiter_gemm.nn recognises the modules it made by this class attribute
     _aiter_gemm: BlockGemm | None = None
-    _aiter_m_major = False
+    _aiter_m_major: bool | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         params = self._parameters
@@ -135,7 +139,7 @@ class TunedFP8Mixin:
             return torch.ops.aiter_gemm.fp8_block_linear(input, weight, scale, bias)
         reason = _input_reason(input, weight, bias)
         if reason is None:
-            return fp8_block_linear(input, weight, scale, bias, gemm, self.__dict__.get("_aiter_m_major", False))
+            return fp8_block_linear(input, weight, scale, bias, gemm, self.__dict__.get("_aiter_m_major"))
         if not _is_compiling():
             warned = self.__dict__.setdefault("_aiter_warned", set())
             if reason not in warned:

@@ -37,6 +37,8 @@ TOL = {
     # logits of the patched model against its dequantized twin (F.linear on the dequantized weights, activations
     # unquantized): e4m3 keeps 3 mantissa bits, so each activation is off by up to 1/16 relative, through two layers
     "fp8_activations": 0.08,
+    # a bf16 output against the float32 reference of the same quantization: one bf16 rounding (8 bits)
+    "bf16_output": 2.0**-8,
 }
 
 
@@ -218,6 +220,85 @@ def test_calls_the_op_cannot_take_run_fp8linears_forward_warned_once(clean_runti
     assert ran == [torch.float32, torch.float32, torch.float64]
     assert len(msgs) == 2 and all("model.layers.0.self_attn.q_proj runs FP8Linear's own forward" in m for m in msgs)
     assert "wants a gradient" in msgs[0] and "torch.float64" in msgs[1]
+
+
+# ---- the x_scale layout the runner takes ---------------------------------------------------------------------
+TABLE_HEADER = "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio\n"
+
+
+def _block_table(clean_runtime, tmp_path, rows: str) -> None:
+    """A block-scale table of ``rows`` (no JSON), torch's block-scaled matmul available (the CPU fake)."""
+    import op_tests.fake_scaled_mm as fake
+
+    clean_runtime.setattr(torch.nn.functional, "scaled_mm", torch.nn.functional.scaled_mm, raising=False)
+    clean_runtime.setattr(fake.torch_impl, "unavailable_reason", fake.torch_impl.unavailable_reason)
+    fake.install()
+    fake.CALLS.clear()
+    (tmp_path / "bs.csv").write_text(TABLE_HEADER + rows)
+    clean_runtime.setenv("AITER_CONFIG_GEMM_A8W8_BLOCKSCALE", str(tmp_path / "bs.csv"))
+    clean_runtime.setenv("AITER_GEMM_TRITON_CONFIGS", str(tmp_path))
+    aiter_gemm.reload_configs()
+
+
+@pytest.mark.parametrize("row,eager,captured", [
+    ("", True, False),  # the Triton default: captured calls run it (row-major), eager calls torch's (M-major)
+    ("sm_90,132,16,512,1024,torch,0,0,5.0,scaled_mm_blockwise,1,1,0\n", True, True),
+    ("sm_90,132,16,512,1024,triton,0,0,5.0,swapAB-BM16_BN64_BK128_GM1_SK1_W4_S6_TMA,1,1,0\n", True, False),
+])
+def test_x_scale_layout_follows_the_decisions_eager_plan(clean_runtime, tmp_path, row, eager, captured):
+    """M-major exactly where the call's runner is torch's block-scaled matmul (which copies row-major scales per
+    call), row-major where it is our Triton kernel (tuned that way), per capture mode; a reload forgets it."""
+    from aiter_gemm import cudagraph
+    from aiter_gemm.device import DeviceIdentity
+    from aiter_gemm.ops.a8w8_blockscale import x_scale_m_major
+
+    _block_table(clean_runtime, tmp_path, row)
+    disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
+    clean_runtime.setattr(disp, "device", lambda on_gpu: DeviceIdentity("sm_90", 132, "cuda", "H100"))
+    cuda = torch.device("cuda")  # only the decision is made: no tensor is created
+    assert x_scale_m_major(16, 512, 1024, torch.bfloat16, cuda) is eager
+    clean_runtime.setattr(cudagraph.capture_state, "depth", 1)
+    assert x_scale_m_major(16, 512, 1024, torch.bfloat16, cuda) is captured
+    clean_runtime.setattr(cudagraph.capture_state, "depth", 0)
+    assert x_scale_m_major(0, 512, 1024, torch.bfloat16, cuda) is False
+    (tmp_path / "bs.csv").write_text(TABLE_HEADER)
+    aiter_gemm.reload_configs()
+    assert x_scale_m_major(16, 512, 1024, torch.bfloat16, cuda) is True and x_scale_m_major(
+        16, 512, 1024, torch.bfloat16, cuda) is True  # decided again: the default's eager plan
+
+
+def test_twin_hands_torch_its_quantized_scales_without_a_copy(clean_runtime, tmp_path, monkeypatch):
+    """A patched FP8Linear whose shape runs torch's block-scaled matmul quantizes x_scale M-major, so the matmul
+    gets the quantizer's own buffer (no transposing copy); the result matches the reference. An explicit
+    ``_aiter_m_major`` (benchmarks) wins."""
+    import op_tests.fake_scaled_mm as fake
+
+    cu = aiter_gemm.current_device_identity(False).cu_num
+    _block_table(clean_runtime, tmp_path, f"cpu,{cu},8,128,512,torch,0,0,5.0,scaled_mm_blockwise,1,1,0\n")
+    seen = []
+    quant = fp8_linear.per_token_group_quant_fp8
+
+    def spy(x, m_major=False):
+        q, s = quant(x, m_major)
+        seen.append((m_major, s.data_ptr()))
+        return q, s
+
+    monkeypatch.setattr(fp8_linear, "per_token_group_quant_fp8", spy)
+    mod = fp8_linear.from_fp8_linear(FP8Linear(512, 128, block_size=(128, 128)), "m")
+    mod.weight.data = (torch.randn(128, 512) / 4).to(torch.float8_e4m3fn)
+    mod.weight_scale_inv.data = torch.rand(1, 4) + 0.5
+    x = torch.randn(2, 4, 512, dtype=torch.bfloat16)  # torch's block-scaled matmul writes bf16 only
+    with torch.no_grad():
+        got = mod(x)
+    ((m_major, ptr),) = seen
+    assert m_major is True and fake.CALLS[-1][3] == ptr
+    xq, xs = per_token_group_quant_fp8_ref(x.reshape(8, 512))
+    ref = gemm_a8w8_blockscale_ref(xq, mod.weight, xs, mod.weight_scale_inv, torch.float32).view(2, 4, 128)
+    assert rel_err(got.float(), ref) <= TOL["bf16_output"]
+    object.__setattr__(mod, "_aiter_m_major", False)
+    with torch.no_grad():
+        mod(x)
+    assert seen[-1][0] is False and fake.CALLS[-1][3] != seen[-1][1]  # row-major: torch's runner copied it
 
 
 # CUDA-graph replay of a patched FP8 model: test_hf_patch.py::test_cuda_graph_replay_of_a_patched_decode_step[fp8]

@@ -2,5 +2,7 @@
 :mod:`aiter_gemm.kernels.a8w8_blockscale`) and ``torch`` (torch's block-scaled ``F.scaled_mm``, cuBLASLt on Hopper).
 
 Same contract as ``gemm_a16w16``'s backends (:class:`aiter_gemm.backends.base.Backend`); the runner signature is
-``run(XQ, WQ, x_scale, w_scale, dtype) -> out (M, N)``.
+``run(XQ, WQ, x_scale, w_scale, dtype) -> out (M, N)``. Each also says which x_scale layout its runners take
+without a copy (``x_scale_m_major``), so FP8 models quantize activations in that layout
+(:func:`aiter_gemm.ops.a8w8_blockscale.x_scale_m_major`).
 """

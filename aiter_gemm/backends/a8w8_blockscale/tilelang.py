@@ -42,6 +42,7 @@ def config_why_not(cfg: TileLangConfig, problem: GemmProblem) -> str | None:
 
 class BlockscaleTileLangBackend(Backend):
     name = NAME
+    x_scale_m_major = False  # both layouts compiled; tuned on row-major
     def unavailable_reason(self) -> str | None:
         return tl_impl.unavailable_reason()
 

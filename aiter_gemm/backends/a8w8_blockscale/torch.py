@@ -39,6 +39,7 @@ def triton_stays_default(M: int, N: int, K: int, device: DeviceIdentity) -> bool
 class BlockscaleTorchBackend(Backend):
     name = torch_impl.LIBTYPE
     default_priority = 10  # above the Triton default config where it claims a shape (default_for)
+    x_scale_m_major = True  # cuBLASLt takes x_scale M-major; row-major costs a transposing copy per call
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         if solution.kernelName != torch_impl.NAME:
