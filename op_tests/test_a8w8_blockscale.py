@@ -473,14 +473,26 @@ def test_default_when_nothing_matches(test_device, device):
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 7168, 2304), (64, 4096, 512), (8192, 57344, 8192), (300, 256, 7168),
-                                   (1, 256, 7168), (256, 2112, 7168), (1024, 2112, 7168)])
+                                   (1, 256, 7168), (256, 2112, 7168), (1024, 2112, 7168), (16, 5120, 25600),
+                                   (16, 5632, 4096), (100, 3072, 14336), (3, 4608, 7168)])
 def test_default_config_choices(M, N, K):
     cfg = default_config(M, N, K, 132)
     assert config_error(cfg, M, N, K) is None
     assert VARIANTS[cfg.variant].swap_ab == (M <= 16)
-    programs = -(-M // cfg.BLOCK_SIZE_M) * -(-N // cfg.BLOCK_SIZE_N) * cfg.NUM_KSPLIT
-    # Split further only while doubling the programs still fits one wave and leaves >= 8 K blocks per split.
-    assert programs * 2 > 132 or K // 128 // (2 * cfg.NUM_KSPLIT) < 8
+    tiles = -(-M // cfg.BLOCK_SIZE_M) * -(-N // cfg.BLOCK_SIZE_N)
+    k_blocks = K // 128
+    # Split while doubling the programs still fits one wave and leaves >= 8 K blocks per split ...
+    want = 1
+    while tiles * want * 2 <= 132 and k_blocks // (2 * want) >= 8:
+        want *= 2
+    # ... then once more only where that wave fills under 3/4 of the SMs with >= 24 K blocks per split.
+    if tiles * want < 0.75 * 132 and k_blocks // (2 * want) >= 24:
+        want *= 2
+    assert cfg.NUM_KSPLIT == want
+    # (16, 5120, 25600): 80 swapAB tiles unsplit ran 0.92x torch's (held-out H100 run); (16, 5632, 4096): 88 tiles,
+    # 16 K blocks a split: stays unsplit; (3, 4608, 7168): 72 tiles, 28 K blocks a split: split.
+    assert {(16, 5120, 25600): 2, (16, 5632, 4096): 1, (3, 4608, 7168): 2, (100, 3072, 14336): 2}.get(
+        (M, N, K), want) == want
 
 
 # ------------------------------------------------------------------------------------------------ GPU

@@ -249,6 +249,31 @@ def test_dispatcher_takes_a_tilelang_row(tilelang_rows):
     assert dec.eager_runner is None  # a cheap launch: eager calls keep the tuned choice
 
 
+@pytest.mark.parametrize("us,eager", [(15.9, "torch"), (150.0, None)])
+def test_short_tilelang_rows_run_the_cheap_default_in_eager_calls(clean_runtime, tmp_path, us, eager):
+    """A TileLang row under the backend's eager_min_us (decode rows: host-bound outside CUDA graphs) runs torch's
+    block-scaled matmul in eager calls, its own kernel while capturing; from 150 us it runs everywhere."""
+    import op_tests.fake_scaled_mm as fake
+
+    mp = clean_runtime
+    mp.setattr(torch.nn.functional, "scaled_mm", torch.nn.functional.scaled_mm, raising=False)
+    mp.setattr(fake.torch_impl, "unavailable_reason", fake.torch_impl.unavailable_reason)
+    fake.install()
+    cfg = TileLangConfig("splitK_swapAB", 64, 16, num_stages=4, split_k=4)
+    path = tmp_path / "bs.csv"
+    path.write_text(render_csv(BLOCKSCALE_TUNED_COLUMNS, [csv_row(IDENT, 16, 4096, 7168, cfg, us, kernel_id=3)]))
+    mp.setenv("AITER_CONFIG_GEMM_A8W8_BLOCKSCALE", str(path))
+    mp.setenv("AITER_GEMM_TRITON_CONFIGS", str(tmp_path))
+    mp.setattr(tl, "unavailable_reason", lambda device=None: None)
+    mp.setattr(tl, "launcher", lambda N, K, c, dtype: "tilelang runner")
+    aiter_gemm.reload_configs()
+    disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
+    dec = disp._decide(GemmProblem(16, 4096, 7168, False, torch.float8_e4m3fn, torch.bfloat16), IDENT)
+    assert (dec.solution.libtype, dec.runner) == ("tilelang", "tilelang runner")
+    assert (dec.eager_solution.libtype if dec.eager_solution else None) == eager
+    assert dec.as_config()["eager_libtype"] == (eager or "tilelang")
+
+
 def test_tilelang_row_is_a_miss_where_tilelang_cannot_run(tilelang_rows, caplog):
     """No TileLang (or no Hopper GPU): the row is a miss, said once, and the next level serves the shape."""
     mp, _ = tilelang_rows

@@ -61,6 +61,8 @@ def unavailable_reason(device: torch.device) -> str | None:
         return f"torch {torch.__version__} has no F.scaled_mm with BlockWise128x128 scaling"
     if device.type != "cuda" or getattr(torch.version, "hip", None):
         return f"block-scaled F.scaled_mm runs on NVIDIA GPUs (device {device})"
+    if not torch.cuda.is_available():  # e.g. a CUDA device identity forced on a CPU-only build
+        return f"torch {torch.__version__} sees no CUDA device"
     if torch.cuda.get_device_capability(device) < (9, 0):
         return f"block-scaled F.scaled_mm needs sm_90 or newer, {torch.cuda.get_device_name(device)} is older"
     return None
