@@ -41,11 +41,19 @@ class BlockscaleTorchBackend(Backend):
     default_priority = 10  # above the Triton default config where it claims a shape (default_for)
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        # Looked up through the module at every decision: it depends on the device (and tests replace it).
+        return (self._name_error(solution) or torch_impl.unavailable_reason(_torch_device(device))
+                or self.shape_why_not(problem, solution, device.gfx))
+
+    def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
+        """The name and :func:`~aiter_gemm.kernels.a8w8_blockscale_torch.shape_error` (the layouts verified on the
+        H100), whatever this torch and this device can run."""
+        return self._name_error(solution) or torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype)
+
+    def _name_error(self, solution: Solution) -> str | None:
         if solution.kernelName != torch_impl.NAME:
             return f"libtype {self.name!r} runs {torch_impl.NAME!r}, not {solution.kernelName!r}"
-        # Looked up through the module at every decision: it depends on the device (and tests replace it).
-        return (torch_impl.unavailable_reason(_torch_device(device))
-                or torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype))
+        return None
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
         """A runner bound to the shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.launcher`)."""
