@@ -21,7 +21,7 @@ from aiter_gemm import cudagraph, jsonconfigs, registry
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
 from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow, load_table
-from aiter_gemm.device import DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
+from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
 from aiter_gemm.dtypes import dtype_name
 from aiter_gemm.logs import WarnOnce, ensure_info_handler
 from aiter_gemm.ops.spec import OpSpec
@@ -336,13 +336,21 @@ class Dispatcher:
     def runner_for(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> tuple[Any, str | None]:
         """Public: ``(runner, None)`` if ``solution`` runs ``problem`` on ``device``, else ``(None, why not)``: the
         backend's availability, ``why_not`` and ``prepare``, the one rule the runtime's levels and the tuner share."""
+        why = self.why_not(problem, solution, device)
+        runner = self.backend(solution.libtype).prepare(problem, solution, device) if why is None else None
+        return runner, (why or "prepare() returned None") if runner is None else None
+
+    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity | None) -> str | None:
+        """Public: why ``solution`` cannot run ``problem`` on ``device`` (the backend's availability, then its
+        ``why_not``: :meth:`runner_for` without preparing anything), None if it can. ``device`` None leaves this
+        machine out: the backend's ``shape_why_not`` on the reference arch (the tuner's check of a shape)."""
         backend = self.backend(solution.libtype)
+        if device is None:
+            return backend.shape_why_not(problem, solution, REFERENCE_ARCH)
         unavailable = backend.unavailable_reason()
         if unavailable is not None:
-            return None, f"backend {solution.libtype!r} unavailable: {unavailable}"
-        why = backend.why_not(problem, solution, device)
-        runner = backend.prepare(problem, solution, device) if why is None else None
-        return runner, (why or "prepare() returned None") if runner is None else None
+            return f"backend {solution.libtype!r} unavailable: {unavailable}"
+        return backend.why_not(problem, solution, device)
 
     def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
                 warn_unavailable: bool = True) -> tuple[Any, str | None]:

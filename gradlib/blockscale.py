@@ -127,8 +127,9 @@ def candidate_solution(name: str) -> Solution:
 
 def check_candidate(name: str, M: int, N: int, K: int, otype: torch.dtype = torch.bfloat16,
                     device: torch.device | None = None) -> str | None:
-    """Why candidate ``name`` cannot be timed on (M, N, K) -> ``otype`` (unknown name, config that cannot run it;
-    torch's unavailable on ``device`` when given); None if it can."""
+    """Why candidate ``name`` cannot be timed on (M, N, K) -> ``otype`` (unknown name, or its backend's why-not:
+    :func:`~aiter_gemm.ops.a8w8_blockscale.choice_error`, the shape on the reference arch, or ``device``'s checks
+    too when given); None if it can."""
     if name in EXTRA_LAUNCHERS:
         return None
     try:

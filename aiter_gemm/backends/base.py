@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.device import DeviceIdentity, typical_cu
 
 if TYPE_CHECKING:
     from aiter_gemm.settings import Settings
@@ -121,6 +121,16 @@ class Backend:
         library version, ...); None if it can. The one rule the runtime (a row it rejects is a miss) and the tuner
         (it never times such a candidate) share; ``prepare`` returns None exactly when this says why."""
         return None
+
+    def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
+        """:meth:`why_not` with this machine left out: why ``solution`` cannot run ``problem`` on a GPU of arch
+        ``arch`` (malformed name, shape, dtypes, that arch's limits), whatever this process has (the backend's
+        availability, the device kind, this GPU's capability). For checks of a candidate or a shipped config on the
+        reference arch, where the machine is not the one it will run on. Backends whose ``why_not`` looks at the
+        machine override it (``why_not`` is then the machine's checks, then this on the device's arch); the default
+        asks ``why_not`` about a nominal GPU of ``arch``."""
+        kind = "hip" if arch.startswith("gfx") else "cuda"
+        return self.why_not(problem, solution, DeviceIdentity(arch, typical_cu(arch), kind))
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> Callable | None:
         """A runner for ``solution`` on ``problem``, with everything per-shape prepared once; None if this solution

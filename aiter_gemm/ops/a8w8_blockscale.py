@@ -45,12 +45,12 @@ from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
-from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
+from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
 from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, read_buckets, select_bucket, write_buckets
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_error, config_space
+from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_space
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.ops.a16w16 import EAGER_EXT
@@ -110,18 +110,13 @@ def choice_of(solution: Solution) -> Choice:
 
 def choice_error(choice: Choice, M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | None = None) -> str | None:
-    """Why ``choice`` cannot run (M, N, K) -> ``dtype`` (on ``device``, for torch's: None skips the device
-    check); None if it can. The backends' rule, for callers holding a choice rather than a solution."""
-    if isinstance(choice, TorchBlockwise):
-        why = torch_impl.unavailable_reason(device) if device is not None else None
-        return why or torch_impl.shape_error(M, N, K, dtype)
-    if isinstance(choice, TileLangConfig):
-        why = tilelang_impl.unavailable_reason(device) if device is not None else None
-        return why or tilelang_backend.config_why_not(choice, GemmProblem(M, N, K, False, FP8, dtype))
-    arch = REFERENCE_ARCH
-    if device is not None and device.type == "cuda":
-        arch = dispatcher_for(GEMM_A8W8_BLOCKSCALE).device(True).gfx
-    return config_error(choice, M, N, K, arch)
+    """Why ``choice`` cannot run (M, N, K) -> ``dtype`` on ``device``; None if it can. Its backend's rule, asked
+    through the dispatcher (:meth:`~aiter_gemm.dispatch.Dispatcher.why_not`) for callers holding a choice rather
+    than a solution: with ``device``, that machine's (the backend's availability and ``why_not`` on this
+    process's GPU or CPU identity); ``device`` None leaves the machine out (``shape_why_not`` on the reference arch:
+    how the tuner checks a candidate or a shipped config)."""
+    ident = None if device is None else _DISPATCHER.device(device.type == "cuda")
+    return _DISPATCHER.why_not(GemmProblem(M, N, K, False, FP8, dtype), solution_of(choice), ident)
 
 
 def _row_solution(row: TunedRow) -> Solution:
@@ -322,12 +317,8 @@ def gemm_a8w8_blockscale(
     if M == 0:
         return torch.empty((M, N), dtype=dtype, device=XQ.device)
     choice = parse_choice(config) if isinstance(config, str) else config
-    why = choice_error(choice, M, N, K, dtype, XQ.device)
-    if why is not None:
-        raise ValueError(f"gemm_a8w8_blockscale: config {choice.name} cannot run M={M} N={N} K={K}: {why}")
-    problem = GemmProblem(M, N, K, False, FP8, dtype)
-    sol = solution_of(choice)
-    runner, why = _DISPATCHER.runner_for(problem, sol, _DISPATCHER.device(XQ.is_cuda))
+    runner, why = _DISPATCHER.runner_for(GemmProblem(M, N, K, False, FP8, dtype), solution_of(choice),
+                                         _DISPATCHER.device(XQ.is_cuda))
     if runner is None:
         raise ValueError(f"gemm_a8w8_blockscale: config {choice.name} cannot run M={M} N={N} K={K} on "
                          f"{XQ.device}: {why}")

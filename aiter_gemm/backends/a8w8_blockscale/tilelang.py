@@ -34,13 +34,6 @@ def solution_of(cfg: TileLangConfig) -> Solution:
     return Solution(NAME, -1, cfg.split_k if cfg.split_k > 1 else 0, cfg.name)
 
 
-def config_why_not(cfg: TileLangConfig, problem: GemmProblem) -> str | None:
-    """Why ``cfg`` cannot run ``problem`` (dtypes and shape; not the machine)."""
-    if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
-        return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
-    return tl_impl.shape_error(cfg, problem.M, problem.N, problem.K)
-
-
 class BlockscaleTileLangBackend(Backend):
     name = NAME
     x_scale_m_major = False  # both layouts compiled; tuned on row-major
@@ -54,11 +47,18 @@ class BlockscaleTileLangBackend(Backend):
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         if not device.is_gpu:
             return "TileLang kernels run on CUDA tensors only"
+        return self.shape_why_not(problem, solution, device.gfx)
+
+    def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
+        """The name, dtypes and :func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.shape_error` (the kernels are
+        sm_90a's: whether this machine has TileLang and such a GPU is :meth:`unavailable_reason`)."""
         try:
             cfg = TileLangConfig.from_name(solution.kernelName)
         except ValueError as exc:
             return str(exc)
-        return config_why_not(cfg, problem)
+        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+            return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
+        return tl_impl.shape_error(cfg, problem.M, problem.N, problem.K)
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
         if self.why_not(problem, solution, device) is not None:

@@ -42,11 +42,19 @@ class BlockscaleTorchBackend(Backend):
     x_scale_m_major = True  # cuBLASLt takes x_scale M-major; row-major costs a transposing copy per call
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        # Looked up through the module at every decision: it depends on the device (and tests replace it).
+        return (self._name_error(solution) or torch_impl.unavailable_reason(_torch_device(device))
+                or self.shape_why_not(problem, solution, device.gfx))
+
+    def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
+        """The name and :func:`~aiter_gemm.kernels.a8w8_blockscale_torch.shape_error` (the layouts verified on the
+        H100), whatever this torch and this device can run."""
+        return self._name_error(solution) or torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype)
+
+    def _name_error(self, solution: Solution) -> str | None:
         if solution.kernelName != torch_impl.NAME:
             return f"libtype {self.name!r} runs {torch_impl.NAME!r}, not {solution.kernelName!r}"
-        # Looked up through the module at every decision: it depends on the device (and tests replace it).
-        return (torch_impl.unavailable_reason(_torch_device(device))
-                or torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype))
+        return None
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
         """A runner bound to the shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.launcher`)."""

@@ -62,13 +62,17 @@ class BlockscaleTritonBackend(Backend):
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         if device.kind == "cpu" and not INTERPRET:
             return "Triton kernels run on CPU tensors only under TRITON_INTERPRET=1"
+        return self.shape_why_not(problem, solution, _arch(device))
+
+    def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
+        """Dtypes, the name and :func:`~aiter_gemm.kernels.a8w8_blockscale.config_error` on ``arch``."""
         if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
             return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
         try:
             cfg = BlockscaleConfig.from_name(solution.kernelName)
         except ValueError as exc:
             return str(exc)
-        return config_error(cfg, problem.M, problem.N, problem.K, _arch(device))
+        return config_error(cfg, problem.M, problem.N, problem.K, arch)
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> BlockscaleRunner | None:
         if self.why_not(problem, solution, device) is not None:
