@@ -163,8 +163,8 @@ def matrix(rows: Sequence[dict], provider: str, vs: str, mode: str, cell: str = 
     body = [(label, n, k, *(cells.get(m, "") for m in ms)) for (label, n, k), cells in grid.items()]
     out = _table(("label", "N", "K", *(f"M={m}" for m in ms)), ("---", "---:", "---:", *("---:",) * len(ms)), body)
     if cell == "ratio+lib":
-        out += ("\n\nc = cublaslt, s = skinny, t = triton, l = tilelang, f = torch (F.linear itself; for the block-scale "
-                "op, torch's block-scaled matmul)")
+        out += ("\n\nc = cublaslt, s = skinny, t = triton, l = tilelang, f = torch (F.linear itself; for the "
+                "block-scale op, torch's block-scaled matmul)")
     return out
 
 
