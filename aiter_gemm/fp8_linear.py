@@ -86,7 +86,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     if m_major is None:
-        m_major = gemm is None and x_scale_m_major(x2.shape[0], weight.shape[0], K, x.dtype, x.device)
+        m_major = gemm is None and x_scale_m_major(x2.shape[0], weight.shape[0], K, x.dtype, x.is_cuda)
     xq, xs = per_token_group_quant_fp8(x2, m_major)
     out = (gemm or gemm_a8w8_blockscale)(xq, weight, xs, weight_scale_inv, x.dtype)
     if bias is not None:

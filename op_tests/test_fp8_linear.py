@@ -255,7 +255,7 @@ def test_x_scale_layout_follows_the_decisions_eager_plan(clean_runtime, tmp_path
     _block_table(clean_runtime, tmp_path, row)
     disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
     clean_runtime.setattr(disp, "device", lambda on_gpu: DeviceIdentity("sm_90", 132, "cuda", "H100"))
-    cuda = torch.device("cuda")  # only the decision is made: no tensor is created
+    cuda = True  # a GPU call: only the decision is made, no tensor is created
     assert x_scale_m_major(16, 512, 1024, torch.bfloat16, cuda) is eager
     clean_runtime.setattr(cudagraph.capture_state, "depth", 1)
     assert x_scale_m_major(16, 512, 1024, torch.bfloat16, cuda) is captured

@@ -358,25 +358,26 @@ def _empty_runner(XQ, WQ, x_scale, w_scale, dtype):
 _LAYOUT = "x_scale_m_major"  # tags this op's layout entries in its per-call cache (call keys start with a Size)
 
 
-def x_scale_m_major(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether the call (M, N, K) -> ``dtype`` on ``device`` runs a backend that takes x_scale M-major (strides
-    (1, M)): the layout an activation quantizer should write so the runner copies nothing. torch's block-scaled
-    matmul wants M-major (else one transposing copy per call: a launch, ~5 us of host time on the H100 host); our
-    Triton and TileLang kernels were tuned on row-major. Follows the decision's eager plan (eager calls of a
-    Triton decision run torch's), decided once per shape under the op's cache, cleared by ``reload_configs``."""
-    key = (_LAYOUT, M, N, K, dtype, device)
+def x_scale_m_major(M: int, N: int, K: int, dtype: torch.dtype, on_gpu: bool) -> bool:
+    """Whether the call (M, N, K) -> ``dtype`` on this process's GPU (``on_gpu``) or CPU runs a backend that takes
+    x_scale M-major (strides (1, M)): the layout an activation quantizer should write so the runner copies nothing.
+    torch's block-scaled matmul wants M-major (else one transposing copy per call: a launch, ~5 us of host time on
+    the H100 host); our Triton and TileLang kernels were tuned on row-major. Follows the decision's eager plan
+    (eager calls of a Triton decision run torch's), decided once per shape under the op's cache, cleared by
+    ``reload_configs``."""
+    key = (_LAYOUT, M, N, K, dtype, on_gpu)
     entry = _CALLS.get(key)
     if entry is None:
-        entry = _CALLS[key] = _layout_entry(M, N, K, dtype, device)
+        entry = _CALLS[key] = _layout_entry(M, N, K, dtype, on_gpu)
     eager, graph, capturing = entry
     return graph if capturing is not None and capturing() else eager
 
 
-def _layout_entry(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> tuple:
+def _layout_entry(M: int, N: int, K: int, dtype: torch.dtype, on_gpu: bool) -> tuple:
     """(eager layout, capture-time layout, probe or None) of a shape's decision (:meth:`Decision.eager_plan`)."""
     if M < 1 or N < 1 or K < 1:
         return False, False, None
-    dec = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), device.type == "cuda")
+    dec = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), on_gpu)
     graph = _DISPATCHER.backend(dec.solution.libtype).x_scale_m_major
     plan = dec.eager_plan()
     if plan.probe is None:
