@@ -249,10 +249,10 @@ def test_dispatcher_takes_a_tilelang_row(tilelang_rows):
     assert dec.eager_runner is None  # a cheap launch: eager calls keep the tuned choice
 
 
-@pytest.mark.parametrize("us,eager", [(15.9, "torch"), (150.0, None)])
-def test_short_tilelang_rows_run_the_cheap_default_in_eager_calls(clean_runtime, tmp_path, us, eager):
-    """A TileLang row under the backend's eager_min_us (decode rows: host-bound outside CUDA graphs) runs torch's
-    block-scaled matmul in eager calls, its own kernel while capturing; from 150 us it runs everywhere."""
+@pytest.mark.parametrize("us", [6.5, 150.0])
+def test_tilelang_rows_serve_eager_calls_too(clean_runtime, tmp_path, us):
+    """TileLang launches cost no more host time than torch's block-scaled matmul (H100 host, FP8Linear calls: 54 us
+    less to 0.3 us more), so its rows, short ones included, run in eager calls even where torch's could run."""
     import op_tests.fake_scaled_mm as fake
 
     mp = clean_runtime
@@ -269,9 +269,8 @@ def test_short_tilelang_rows_run_the_cheap_default_in_eager_calls(clean_runtime,
     aiter_gemm.reload_configs()
     disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
     dec = disp._decide(GemmProblem(16, 4096, 7168, False, torch.float8_e4m3fn, torch.bfloat16), IDENT)
-    assert (dec.solution.libtype, dec.runner) == ("tilelang", "tilelang runner")
-    assert (dec.eager_solution.libtype if dec.eager_solution else None) == eager
-    assert dec.as_config()["eager_libtype"] == (eager or "tilelang")
+    assert (dec.solution.libtype, dec.runner, dec.eager_solution) == ("tilelang", "tilelang runner", None)
+    assert dec.as_config()["eager_libtype"] == "tilelang"
 
 
 def test_tilelang_row_is_a_miss_where_tilelang_cannot_run(tilelang_rows, caplog):

@@ -10,9 +10,10 @@ TileLang pick for untuned decode shapes ran at 0.94x the op's existing default (
 M 1-256, H100; 0.75-0.87x at M 40-64: docs/exploration.md), so TileLang runs only where the tuner measured it
 faster. ``prepare`` compiles the shape's kernels
 (TileLang's disk cache makes that milliseconds after the first time; :func:`aiter_gemm.warmup` does it ahead of
-serving) and returns a runner that only launches. Its eager calls cost about what torch's block-scaled path costs
-(36 us against 51 us with a transposing copy of x_scale, H100 host), but the decode rows it wins are 6-15 us of GPU
-time, so outside CUDA graphs rows under ``eager_min_us`` run the cheap default instead, as cuBLASLt's do.
+serving) and returns a runner that only launches. Its eager calls cost no more host time than torch's block-scaled
+path, so eager calls keep its decisions (``cheap_launch``): on the H100 host an FP8Linear call whose row is TileLang
+took from 54 us less to 0.3 us more than on torch's runner with M-major scales (87-150 us against 100-169 us, M 1-64;
+benchmarks/results/fp8/heldout_h100_4e1cb94/host_fp8_h100_77b2710.csv), 15 us less with row-major scales.
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ def solution_of(cfg: TileLangConfig) -> Solution:
 class BlockscaleTileLangBackend(Backend):
     name = NAME
     x_scale_m_major = False  # both layouts compiled; tuned on row-major
-    # Host-bound eager calls: with its 6-15 us decode rows, the Qwen3-8B-FP8 loop's eager decode at batch 8-64 ran
-    # 0.95-0.97x the arm on torch's block-scaled matmul (H200, 100 rounds; graph decode 1.05-1.09x); a call this
-    # short gains less GPU time than a host-time difference of a few us costs. Rows from 150 us keep TileLang.
-    eager_min_us = 150.0
     def unavailable_reason(self) -> str | None:
         return tl_impl.unavailable_reason()
 
