@@ -8,20 +8,24 @@
 # a8w8_blockscale_untuned_gemm.csv, tune.log, a8w8_blockscale_tuned_gemm.csv + JSON, measure.log, results.json,
 # results.md, rounds.csv).
 #
-#   OUT=/tmp/hf8 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_fp8_h100.sh      # ~6 min budget
+#   OUT=/tmp/hf8 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_fp8_h100.sh      # ~5 min on an H100
 #
-# LAYERS (default 8: the per-layer GEMM shapes are the full model's, the step is shorter), STEPS (default "capture tune
-# measure"), TUNE_ARGS (default "--quick --libtype triton,torch"), TUNE_LIMIT_S (150), MEASURE_ARGS (default
-# "--rounds 5 --eager-rounds 20 --decode-steps 16").
+# The default tune includes TileLang, which must import: TL_PACK=<pack.tar.xz> unpacks its offline pack here
+# (docs/tilelang.md), or pass TUNE_ARGS without it. LAYERS (default 4: the per-layer GEMM shapes are the full
+# model's, the step is shorter), STEPS (default "capture tune measure"), TUNE_ARGS (default "--quick --libtype
+# triton,torch,tilelang"), TUNE_LIMIT_S (170: the 32 shapes took 116 s), MEASURE_ARGS (default "--rounds 5
+# --eager-rounds 100 --decode-steps 16 --control": the control arm is a second torch_blockwise arm, the A/A bound of
+# the host-bound eager rows).
 set -u
 OUT=${OUT:?set OUT to an output folder}
 D="$OUT/hf_fp8"
 mkdir -p "$D"
 . benchmarks/device/common.sh
 need_wheels transformers
+need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
 python -m aiter_gemm.eager_ext > "$D/build.log" 2>&1
 env_header "$D/env.txt"
-L=${LAYERS:-8}
+L=${LAYERS:-4}
 {
   python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1
   echo "steps ${STEPS:-capture tune measure}; layers $L"
@@ -33,12 +37,12 @@ for step in ${STEPS:-capture tune measure}; do
     capture)
       $HF --mode capture > "$D/capture.log" 2>&1 ;;
     tune)
-      timeout -s TERM "${TUNE_LIMIT_S:-150}" python -m gradlib.tune_a8w8_blockscale \
+      timeout -s TERM "${TUNE_LIMIT_S:-170}" python -m gradlib.tune_a8w8_blockscale \
         -i "$D/a8w8_blockscale_untuned_gemm.csv" -o "$D/a8w8_blockscale_tuned_gemm.csv" \
-        ${TUNE_ARGS:---quick --libtype triton,torch} > "$D/tune.log" 2>&1 ;;
+        ${TUNE_ARGS:---quick --libtype triton,torch,tilelang} > "$D/tune.log" 2>&1 ;;
     measure)
       $HF --mode measure --tuned "$D/a8w8_blockscale_tuned_gemm.csv" \
-        ${MEASURE_ARGS:---rounds 5 --eager-rounds 20 --decode-steps 16} > "$D/measure.log" 2>&1 ;;
+        ${MEASURE_ARGS:---rounds 5 --eager-rounds 100 --decode-steps 16 --control} > "$D/measure.log" 2>&1 ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - s )) s" >> "$D/env.txt"
 done
