@@ -45,6 +45,12 @@ class TorchBlockwise:
         return {"libtype": LIBTYPE, "kernelName": NAME}
 
     @classmethod
+    def from_name(cls, name: str) -> "TorchBlockwise":
+        if name.strip() != NAME:
+            raise ValueError(f"libtype {LIBTYPE!r} rows name {NAME!r}, got {name!r}")
+        return cls()
+
+    @classmethod
     def from_json(cls, entry: dict[str, object]) -> "TorchBlockwise":
         if entry != {"libtype": LIBTYPE, "kernelName": NAME}:
             raise ValueError(f"a libtype {LIBTYPE!r} entry must be exactly {{'libtype': {LIBTYPE!r}, "

@@ -40,8 +40,7 @@ from typing import Any
 import torch
 
 from aiter_gemm import eager_ext, sglang_tilelang
-from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
-from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
+from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
@@ -83,24 +82,18 @@ _OUT_DTYPES = triton_backend.OUT_DTYPES
 # ------------------------------------------------------------------------------------------------ choices
 
 
+#: libtype -> the choice class whose ``from_name`` / ``from_json`` parse its kernelNames and JSON entries.
+CHOICES: dict[str, type] = {LIBTYPE: BlockscaleConfig, torch_impl.LIBTYPE: TorchBlockwise,
+                            TileLangConfig.libtype: TileLangConfig}
+
+
 def parse_choice(name: str) -> Choice:
     """The choice a ``kernelName`` names (torch's :data:`~aiter_gemm.kernels.a8w8_blockscale_torch.NAME`, a TileLang
     config name ``<type>-BM.._BN.._BK.._S.._T.._SK..``, or a Triton config name ``<variant>-BM.._BN.._BK.._GM..``:
     the two grammars differ after ``BK``); ValueError saying what is wrong."""
     if name.strip() == torch_impl.NAME:
         return TorchBlockwise()
-    if tilelang_impl.is_config_name(name):
-        return TileLangConfig.from_name(name)
-    return BlockscaleConfig.from_name(name)
-
-
-def solution_of(choice: Choice) -> Solution:
-    """The dispatcher's / tuner's solution for a choice."""
-    if isinstance(choice, TorchBlockwise):
-        return torch_backend.SOLUTION
-    if isinstance(choice, TileLangConfig):
-        return tilelang_backend.solution_of(choice)
-    return triton_backend.solution_of(choice)
+    return (TileLangConfig if tilelang_impl.is_config_name(name) else BlockscaleConfig).from_name(name)
 
 
 def choice_of(solution: Solution) -> Choice:
@@ -127,13 +120,8 @@ def _row_solution(row: TunedRow) -> Solution:
         raise ConfigError(row.source, row.line, "libtype", f"{KIND} rows must have libtype in {LIBTYPES}, got "
                           f"{libtype!r}")
     name = row.values["kernelName"]
-    if libtype == torch_impl.LIBTYPE:
-        if name != torch_impl.NAME:
-            raise ConfigError(row.source, row.line, "kernelName",
-                              f"libtype {libtype!r} rows name {torch_impl.NAME!r}, got {name!r}")
-        return Solution(libtype, row.values["kernelId"], 0, name)
     try:
-        cfg = TileLangConfig.from_name(name) if libtype == TileLangConfig.libtype else BlockscaleConfig.from_name(name)
+        cfg = CHOICES[libtype].from_name(name)
     except ValueError as exc:
         raise ConfigError(row.source, row.line, "kernelName", str(exc)) from None
     split = row.values["splitK"]
@@ -144,11 +132,9 @@ def _row_solution(row: TunedRow) -> Solution:
 
 
 def _choice_from_json(entry: Mapping[str, Any]) -> Choice:
+    """A JSON entry's choice: by its ``libtype`` (our Triton configs' entries, AITER-style, have none)."""
     entry = dict(entry)
-    if entry.get("libtype") == TileLangConfig.libtype:
-        return TileLangConfig.from_json(entry)
-    return TorchBlockwise.from_json(entry) if entry.get("libtype") == torch_impl.LIBTYPE \
-        else BlockscaleConfig.from_json(entry)
+    return CHOICES.get(entry.get("libtype"), BlockscaleConfig).from_json(entry)
 
 
 def _describe(solution: Solution) -> dict[str, Any]:

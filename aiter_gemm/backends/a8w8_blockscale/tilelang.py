@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
@@ -28,11 +29,6 @@ from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 NAME = TileLangConfig.libtype
 FP8_IN = (torch.float8_e4m3fn,)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def solution_of(cfg: TileLangConfig) -> Solution:
-    """The solution (and tuned-row fields) naming ``cfg``."""
-    return Solution(NAME, -1, cfg.split_k if cfg.split_k > 1 else 0, cfg.name)
 
 
 class BlockscaleTileLangBackend(Backend):

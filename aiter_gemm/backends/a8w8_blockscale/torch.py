@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 
-SOLUTION = Solution(torch_impl.LIBTYPE, -1, 0, torch_impl.NAME)
+SOLUTION = solution_of(torch_impl.TorchBlockwise())
 
 
 def _torch_device(device: DeviceIdentity) -> torch.device:

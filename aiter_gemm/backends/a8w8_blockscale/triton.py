@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
 from aiter_gemm.kernels.a8w8_blockscale import (
@@ -30,11 +31,6 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 #: ``run(XQ, WQ, x_scale, w_scale, dtype) -> out``: the block-scale op's runner.
 BlockscaleRunner = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
-
-
-def solution_of(cfg: BlockscaleConfig) -> Solution:
-    """The solution (and tuned-row fields) naming ``cfg``."""
-    return Solution(NAME, -1, cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, cfg.name)
 
 
 def _arch(device: DeviceIdentity) -> str:
