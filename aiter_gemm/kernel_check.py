@@ -42,11 +42,10 @@ from aiter_gemm.registry import op_spec
 PROG = "python -m aiter_gemm.kernel_check"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 WARMUP, ITERS = 10, 50
-#: --op -> (the op's name, its backend package, the libtypes checked here; None: every backend of the package).
-OPS: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
-    "a16w16": ("gemm_a16w16", "aiter_gemm.backends", None),
-    "a8w8_blockscale": ("gemm_a8w8_blockscale", "aiter_gemm.backends.a8w8_blockscale", ("triton", "tilelang",
-                                                                                         "torch")),
+#: --op -> (the op's name, the libtypes checked here; None: every backend of the op's package).
+OPS: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "a16w16": ("gemm_a16w16", None),
+    "a8w8_blockscale": ("gemm_a8w8_blockscale", ("triton", "tilelang", "torch")),
 }
 _SOLUTION_KEYS = {f.name for f in fields(Solution)}
 NO_CUDA = "--bench: times with CUDA events and needs a CUDA GPU; this machine has none"
@@ -111,7 +110,8 @@ def _problem(args: argparse.Namespace, op: str) -> GemmProblem:
 def _libtype(args: argparse.Namespace) -> tuple[str, Any]:
     from aiter_gemm.registry import get_backend, known_backends
 
-    op, package, allowed = OPS[args.op]
+    op, allowed = OPS[args.op]
+    package = op_spec(op).backends
     known = allowed or tuple(known_backends(package))
     if args.libtype not in known:
         raise UsageError(f"--libtype {args.libtype!r}: not a backend of {op} here (one of {', '.join(known)})")

@@ -160,12 +160,9 @@ class TileLangConfig:
             return f"{self.kernel_type} needs split_k >= 2, got {self.split_k}"
         if self.kernel_type not in SPLIT and self.split_k != 1:
             return f"{self.kernel_type} has split_k 1, got {self.split_k}"
-        if not 1 <= self.num_stages <= 16:
-            return f"num_stages={self.num_stages} must be 1..16"
-        if self.smem_bytes() > _SMEM_BYTES:
-            return f"needs {self.smem_bytes()} bytes of shared memory, more than {_SMEM_BYTES}"
-        if self.swizzle < 0:
-            return f"swizzle={self.swizzle} must be >= 0"
+        why = self._pipeline_problem(1)
+        if why is not None:
+            return why
         if self.b_scale_shm and not self.swapped:
             return "b_scale_shm applies to the swapped types (token scales of the B operand)"
         if self.a_scale_shm and self.swapped:
@@ -190,8 +187,12 @@ class TileLangConfig:
             return f"ws has split_k 1, got {self.split_k}"
         if self.a_scale_shm or self.b_scale_shm:
             return "ws always stages the scales in shared memory: a_scale_shm / b_scale_shm do not apply"
-        if not 2 <= self.num_stages <= 16:
-            return f"num_stages={self.num_stages} must be 2..16"
+        return self._pipeline_problem(2)
+
+    def _pipeline_problem(self, min_stages: int) -> str | None:
+        """The rule every type shares: ``min_stages``..16 stages, shared memory within the SM's, swizzle >= 0."""
+        if not min_stages <= self.num_stages <= 16:
+            return f"num_stages={self.num_stages} must be {min_stages}..16"
         if self.smem_bytes() > _SMEM_BYTES:
             return f"needs {self.smem_bytes()} bytes of shared memory, more than {_SMEM_BYTES}"
         if self.swizzle < 0:

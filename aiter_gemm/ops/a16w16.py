@@ -321,15 +321,7 @@ def gemm_a16w16(
     fast = _CALLS.get(key)
     if fast is None:
         fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
-    # run_linear_entry's body, inlined: one Python call less per eager call without the C++ entry. This entry was
-    # +0.38 us over 904a048's (median of 4 alternated CPU rounds, overhead/cpu_ab_904a048_vs_277f223, rounds 5-8)
-    # with the call; inlined, +0.20 us over 8 rounds (overhead/cpu_ab_904a048_vs_f082b1f), within their spread.
-    runner, out_dtype, shape2d, out_shape, capturing = fast
-    if runner is None or (capturing is not None and not capturing()):
-        return _linear(A, B, bias)
-    if shape2d is None:
-        return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
-    return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
+    return run_linear_entry(fast, A, B, bias, scale_a, scale_b, scale_c)
 
 
 def _gemm_a16w16_traced(A, B, bias=None, otype=None, scale_a=None, scale_b=None, scale_c=None):
