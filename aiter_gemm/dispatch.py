@@ -376,13 +376,14 @@ class Dispatcher:
     def _eager_choice(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
                       row: TunedRow | None) -> tuple[Solution, Any] | None:
         """What eager (non-capturing) calls run instead of ``sol``, or None for ``sol`` itself: on a GPU, a backend
-        whose launches cost more host time than the library call's (``cheap_launch`` False, or a row faster than the
-        backend's ``eager_min_us``) keeps only rows timed eagerly; otherwise the default among cheap-launch backends
-        runs (docs/eager_path.md)."""
+        whose launches cost more host time than the library call's (``cheap_launch`` False, a row faster than the
+        backend's ``eager_min_us``, or M above its ``eager_max_m``) keeps only rows timed eagerly; otherwise the
+        default among cheap-launch backends runs (docs/eager_path.md)."""
         if not device.is_gpu:
             return None
         backend = self.backend(sol.libtype)
-        if backend.cheap_launch and (row is None or row.us >= backend.eager_min_us):
+        if (backend.cheap_launch and (row is None or row.us >= backend.eager_min_us)
+                and not (backend.eager_max_m and problem.M > backend.eager_max_m)):
             return None
         if row is not None and row.values.get("timing") == "eager":
             return None

@@ -95,26 +95,51 @@ def call_internals_error(own: list[str], glob: dict[str, object]) -> str | None:
     return None
 
 
-def _setup_c_call():
-    """The extension's ``call`` (module(input) without nn.Module.__call__'s two Python frames), once the installed
-    torch's hook stores are checked to be the ones it knows (:func:`call_internals_error`) and handed over; None
-    without the extension or on a torch whose internals differ (``Module.__call__`` then runs every call)."""
-    if _EAGER_EXT is None:
-        return None
+def _setup_call_entry():
+    """(the extension's ``call``, torch's global hook stores the entry checks): the call entry (module(input) without
+    nn.Module.__call__'s two Python frames) once the installed torch's hook stores are checked to be the ones it knows
+    (:func:`call_internals_error`); the C++ ``call`` is None without the extension (TunedLinear then checks the same
+    stores in Python), both None on a torch whose internals differ (``Module.__call__`` then runs every call)."""
     own, glob = hook_stores()
     why = call_internals_error(own, glob)
-    if why is None:
+    stores = None if why is not None else tuple(glob[name] for name in CALL_HOOKS)
+    if stores is not None and _EAGER_EXT is not None:
         try:
-            _EAGER_EXT.setup_call(CALL_HOOKS, tuple(glob[name] for name in CALL_HOOKS))
+            _EAGER_EXT.setup_call(CALL_HOOKS, stores)
         except (TypeError, ValueError) as exc:
-            why = str(exc)
+            why, stores = str(exc), None
     if why is not None:
         log.info("aiter_gemm: TunedLinear calls go through nn.Module.__call__ (%s)", why)
+        return None, None
+    return (None if _EAGER_EXT is None else _EAGER_EXT.call), stores
+
+
+def _python_call_entry(global_stores: tuple | None) -> Callable | None:
+    """The call entry's Python form (a ``__call__`` for nn.Module subclasses: TunedLinear without the extension, the
+    FP8Linear twin always), making the C++ entry's checks on the same stores: ``self.forward(input)`` where
+    ``nn.Module.__call__`` would call just that, else ``nn.Module.__call__``. None where the set-up check failed."""
+    if global_stores is None:
         return None
-    return _EAGER_EXT.call
+    g_fwd, g_pre, g_bwd, g_bpre = global_stores  # torch's dicts, filled in place as hooks are registered
+    n_fwd, n_pre, n_bwd, n_bpre = CALL_HOOKS
+    tracing = torch._C._get_tracing_state
+
+    def __call__(self, *args, **kwargs):
+        d = self.__dict__  # a store missing here (not a regular module): _ABSENT is true, Module.__call__ decides
+        if (len(args) == 1 and not kwargs and not _is_compiling() and not (g_fwd or g_pre or g_bwd or g_bpre)
+                and not (d.get(n_fwd, _ABSENT) or d.get(n_pre, _ABSENT) or d.get(n_bwd, _ABSENT)
+                         or d.get(n_bpre, _ABSENT))
+                and "forward" not in d and d.get("_compiled_call_impl") is None and not tracing()):
+            return self.forward(args[0])
+        return _Module.__call__(self, *args, **kwargs)
+
+    return __call__
 
 
-_c_call = _setup_c_call()
+_c_call, _GLOBAL_CALL_HOOKS = _setup_call_entry()
+python_call = _python_call_entry(_GLOBAL_CALL_HOOKS)
+
+
 # Float dtypes gemm_a16w16 takes without scales (fp8 needs them; integer dtypes are not GEMM inputs here).
 _DISPATCH_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64})
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
@@ -148,19 +173,22 @@ class TunedLinear(nn.Linear):
     """``nn.Linear`` whose forward runs ``aiter_gemm.gemm_a16w16``: same parameters, state-dict keys and results (up
     to the chosen kernel's rounding), so models and checkpoints need no change. Build one with :meth:`from_linear`."""
 
-    if _c_call is not None:  # without the C++ entry, nn.Module.__call__ itself: no extra frame (0.4 us on CPU)
+    # nn.Module.__call__ runs _wrapped_call_impl and _call_impl (two Python frames, eight hook checks) before forward:
+    # 1.0 us of a 6.4 us TunedLinear call on this project's CPU, about twice that on the H100 host, where an eager
+    # decode step of Llama-3.1-8B makes 225 linear calls. The call entry makes the same checks (no hooks here or
+    # global, forward not replaced on the instance, no Module.compile(), no JIT trace) and runs forward itself: in
+    # C++ where the extension is built (which also runs the cached plain decision), else in Python (TunedLinear 0.45
+    # us below nn.Module.__call__'s path on CPU). Every other call is nn.Module.__call__'s (looked up now: torch.fx
+    # patches it).
+    if _c_call is not None:
         def __call__(self, *args, **kwargs):
-            # nn.Module.__call__ runs _wrapped_call_impl and _call_impl (two Python frames, eight hook checks) before
-            # forward: 1.0 us of a 6.4 us TunedLinear call on this project's CPU, about twice that on the H100 host,
-            # where an eager decode step of Llama-3.1-8B makes 225 linear calls. The C++ entry makes the same checks
-            # (no hooks here or global, forward not replaced on the instance, no Module.compile(), no JIT trace) and
-            # runs the cached plain decision; every other call is nn.Module.__call__'s (looked up now: torch.fx
-            # patches it).
             if len(args) == 1 and not kwargs and not _is_compiling():
                 out = _c_call(self, args[0])
                 if out is not None:
                     return out
             return _Module.__call__(self, *args, **kwargs)
+    elif python_call is not None:
+        __call__ = python_call
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         # The C++ eager fast path (aiter_gemm/eager_ext.py): the cached plain F.linear case of the entry below, or

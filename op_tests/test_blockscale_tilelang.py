@@ -250,9 +250,11 @@ def test_dispatcher_takes_a_tilelang_row(tilelang_rows):
 
 
 @pytest.mark.parametrize("us", [6.5, 150.0])
-def test_tilelang_rows_serve_eager_calls_too(clean_runtime, tmp_path, us):
-    """TileLang launches cost no more host time than torch's block-scaled matmul (H100 host, FP8Linear calls: 54 us
-    less to 0.3 us more), so its rows, short ones included, run in eager calls even where torch's could run."""
+@pytest.mark.parametrize("M,eager", [(1, None), (16, None), (17, "torch"), (64, "torch"), (4100, "torch")])
+def test_tilelang_rows_serve_eager_calls_up_to_m16(clean_runtime, tmp_path, us, M, eager):
+    """TileLang rows, short ones included, run in eager calls up to M = 16 (``eager_max_m``: above it, in a model's
+    eager step, the cuBLASLt call after a TileLang launch cost more than TileLang saved); above, eager calls run
+    torch's block-scaled matmul and captured ones the row's kernel."""
     import op_tests.fake_scaled_mm as fake
 
     mp = clean_runtime
@@ -261,16 +263,17 @@ def test_tilelang_rows_serve_eager_calls_too(clean_runtime, tmp_path, us):
     fake.install()
     cfg = TileLangConfig("splitK_swapAB", 64, 16, num_stages=4, split_k=4)
     path = tmp_path / "bs.csv"
-    path.write_text(render_csv(BLOCKSCALE_TUNED_COLUMNS, [csv_row(IDENT, 16, 4096, 7168, cfg, us, kernel_id=3)]))
+    path.write_text(render_csv(BLOCKSCALE_TUNED_COLUMNS, [csv_row(IDENT, M, 4096, 7168, cfg, us, kernel_id=3)]))
     mp.setenv("AITER_CONFIG_GEMM_A8W8_BLOCKSCALE", str(path))
     mp.setenv("AITER_GEMM_TRITON_CONFIGS", str(tmp_path))
     mp.setattr(tl, "unavailable_reason", lambda device=None: None)
     mp.setattr(tl, "launcher", lambda N, K, c, dtype: "tilelang runner")
     aiter_gemm.reload_configs()
     disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
-    dec = disp._decide(GemmProblem(16, 4096, 7168, False, torch.float8_e4m3fn, torch.bfloat16), IDENT)
-    assert (dec.solution.libtype, dec.runner, dec.eager_solution) == ("tilelang", "tilelang runner", None)
-    assert dec.as_config()["eager_libtype"] == "tilelang"
+    dec = disp._decide(GemmProblem(M, 4096, 7168, False, torch.float8_e4m3fn, torch.bfloat16), IDENT)
+    assert (dec.solution.libtype, dec.runner) == ("tilelang", "tilelang runner")
+    assert (dec.eager_solution.libtype if dec.eager_solution else None) == eager
+    assert dec.as_config()["eager_libtype"] == (eager or "tilelang")
 
 
 def test_tilelang_row_is_a_miss_where_tilelang_cannot_run(tilelang_rows, caplog):

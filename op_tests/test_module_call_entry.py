@@ -1,5 +1,6 @@
-"""The C++ nn.Module call entry against the installed torch (issue 35): the hook stores come from torch itself, the
-set-up check refuses stores it does not know, and for every store the entry behaves as ``nn.Module.__call__``."""
+"""The nn.Module call entry (C++, or Python without the extension) against the installed torch (issue 35): the hook
+stores come from torch itself, the set-up check refuses stores it does not know, and for every store the entry
+behaves as ``nn.Module.__call__``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import types
 import pytest
 
 from aiter_gemm import nn as agnn
-from op_tests.test_eager_ext import built, run  # noqa: F401 (the fixture is used by name)
+from op_tests.test_eager_ext import built, run  # noqa: F401 (the fixture is requested by name)
 
 
 def test_installed_torch_hook_stores_are_the_known_ones():
@@ -41,22 +42,42 @@ def test_set_up_check_refuses_unknown_or_missing_stores(change, needle):
     assert why is not None and needle in why
 
 
-def test_entry_matches_module_call_for_every_hook_store_of_this_torch(built):  # noqa: F811
+@pytest.mark.parametrize("impl", ["cpp", "python"])
+def test_entry_matches_module_call_for_every_hook_store_of_this_torch(impl, request):
     """For each hook store torch's nn.Module has (enumerated from torch, per module and global), one entry put in
-    it: TunedLinear's call (the C++ entry where it serves) and ``nn.Module.__call__`` give the same output, the same
-    gradient and call the entry the same number of times; with every store empty the C++ entry serves the call."""
+    it: TunedLinear's call (the call entry, C++ or without the extension Python, where it serves) and
+    ``nn.Module.__call__`` give the same output, the same gradient and call the entry the same number of times; with
+    every store empty the entry serves the call (nn.Module.__call__ not run)."""
+    env = {}
+    if impl == "cpp":
+        request.getfixturevalue("built")
+    else:
+        env["AITER_GEMM_EAGER_EXT"] = "off"
     out = run("""
         import torch
         from torch.nn.modules import module as impl
         import aiter_gemm.nn as agnn
         from aiter_gemm.nn import TunedLinear
-        assert agnn._c_call is not None, "the C++ call entry is set up on this torch"
+        assert agnn._GLOBAL_CALL_HOOKS is not None, "the call entry is set up on this torch"
         own, glob = agnn.hook_stores()
         tl = TunedLinear.from_linear(torch.nn.Linear(8, 16))
         x = torch.randn(2, 3, 8)
+        module_call, module_calls = torch.nn.Module.__call__, []
+
+        def counting(*args, **kwargs):
+            module_calls.append(1)
+            return module_call(*args, **kwargs)
+
         with torch.no_grad():
             tl(x)                                                   # decided: plain F.linear on CPU
-            assert agnn._c_call(tl, x) is not None                  # bare: the C++ entry serves it
+            if agnn._c_call is not None:
+                assert agnn._c_call(tl, x) is not None              # bare: the C++ entry serves it
+            torch.nn.Module.__call__ = counting
+            try:
+                tl(x)
+            finally:
+                torch.nn.Module.__call__ = module_call
+            assert not module_calls, "a bare call went through nn.Module.__call__"
 
         def run_once(call, calls):
             xi = x.clone().requires_grad_()
@@ -93,7 +114,7 @@ def test_entry_matches_module_call_for_every_hook_store_of_this_torch(built):  #
             (ya, ga, na), (yb, gb, nb) = results
             assert torch.equal(ya, yb) and torch.equal(ga, gb) and na == nb, (where, name, na, nb)
             checked.append(name)
-        print(len(checked), len(own) + len(glob))
-    """)
-    done, total = map(int, out.split())
-    assert done == total and total >= 8
+        print(len(checked), len(own) + len(glob), agnn._c_call is not None)
+    """, **env)
+    done, total, cpp = out.split()
+    assert done == total and int(total) >= 8 and cpp == str(impl == "cpp")

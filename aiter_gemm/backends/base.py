@@ -104,6 +104,10 @@ class Backend:
     #: whose (graph-timed) ``us`` is below this give way to the cheap default in eager calls too, since a call that
     #: short is host-bound and the extra host time shows (0: never).
     eager_min_us: float = 0.0
+    #: For cheap-launch backends: on a GPU, calls with M above this give way to the cheap default in eager calls
+    #: (0: never), where a whole model's eager step measured slower with this backend's launches among the
+    #: library's than with the library's alone.
+    eager_max_m: int = 0
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine at all (dependency missing, wrong vendor); None if it can."""
