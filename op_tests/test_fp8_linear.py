@@ -336,8 +336,8 @@ def test_twin_call_entry_matches_module_call_for_every_hook_store(clean_runtime)
             for call in (mod, lambda xi: module_call(mod, xi)):
                 hits = []
 
-                def entry(*args, **kwargs):
-                    hits.append(1)
+                def entry(*args, _hits=hits, **kwargs):
+                    _hits.append(1)
 
                 if isinstance(old, dict):
                     old[10**9] = entry
