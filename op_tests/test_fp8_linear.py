@@ -267,6 +267,39 @@ def test_x_scale_layout_follows_the_decisions_eager_plan(clean_runtime, tmp_path
         16, 512, 1024, torch.bfloat16, cuda) is True  # decided again: the default's eager plan
 
 
+def test_twin_quantizes_m_major_outside_capture_and_per_decision_while_capturing(clean_runtime, tmp_path,
+                                                                              monkeypatch):
+    """Eager calls quantize x_scale M-major whatever the row (every eager runner takes it without a copy, and the
+    layout lookup costs host time); while a CUDA graph is captured the twin follows x_scale_m_major (a Triton row:
+    row-major, what its kernel was tuned on). Both give the reference's result."""
+    from aiter_gemm import cudagraph
+
+    cu = aiter_gemm.current_device_identity(False).cu_num
+    _block_table(clean_runtime, tmp_path,
+                 f"cpu,{cu},8,128,512,triton,0,0,5.0,swapAB-BM16_BN64_BK128_GM1_SK1_W4_S6_TMA,1,1,0\n")
+    seen = []
+    quant = fp8_linear.per_token_group_quant_fp8
+
+    def spy(x, m_major=False):
+        seen.append(m_major)
+        return quant(x, m_major)
+
+    monkeypatch.setattr(fp8_linear, "per_token_group_quant_fp8", spy)
+    mod = fp8_linear.from_fp8_linear(FP8Linear(512, 128, block_size=(128, 128)), "m")
+    mod.weight.data = (torch.randn(128, 512) / 4).to(torch.float8_e4m3fn)
+    mod.weight_scale_inv.data = torch.rand(1, 4) + 0.5
+    x = torch.randn(8, 512)
+    xq, xs = per_token_group_quant_fp8_ref(x)
+    ref = gemm_a8w8_blockscale_ref(xq, mod.weight, xs, mod.weight_scale_inv, torch.float32)
+    assert aiter_gemm.get_GEMM_A8W8_BLOCKSCALE_config(8, 128, 512)["libtype"] == "triton"
+    with torch.no_grad():
+        eager = mod(x)
+        monkeypatch.setattr(cudagraph.capture_state, "depth", 1)
+        captured = mod(x)
+    assert seen == [True, False]
+    assert rel_err(eager, ref) <= TOL["same_quantization"] and rel_err(captured, ref) <= TOL["same_quantization"]
+
+
 def test_twin_hands_torch_its_quantized_scales_without_a_copy(clean_runtime, tmp_path, monkeypatch):
     """A patched FP8Linear whose shape runs torch's block-scaled matmul quantizes x_scale M-major, so the matmul
     gets the quantizer's own buffer (no transposing copy); the result matches the reference. An explicit
