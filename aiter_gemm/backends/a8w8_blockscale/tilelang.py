@@ -10,12 +10,12 @@ TileLang pick for untuned decode shapes ran at 0.94x the op's existing default (
 M 1-256, H100; 0.75-0.87x at M 40-64: docs/exploration.md), so TileLang runs only where the tuner measured it
 faster. ``prepare`` compiles the shape's kernels
 (TileLang's disk cache makes that milliseconds after the first time; :func:`aiter_gemm.warmup` does it ahead of
-serving) and returns a runner that only launches. Outside CUDA graphs its rows serve calls up to M = 16 only
+serving) and returns a runner that only launches. Outside CUDA graphs its rows serve calls up to M = 4 only
 (``eager_max_m``; above it torch's block-scaled matmul runs them). A TileLang call on its own costs no more host time
-than torch's path (an FP8Linear call 54 us less to 0.3 us more, M 1-64, H100 host), but in a model the cuBLASLt
-call after it takes 15-27 us more host time (torch profiler, Qwen3-8B-FP8 eager decode at batch 64), and the eager
-step measured against the same step with TileLang's calls on torch's path ran 1.11x at M = 1 (torch's path pads M),
-1.01x at M = 8, even at M = 32, 0.97x at M = 64 and 0.99x at M = 128 (H100; docs/exploration.md).
+than torch's path (an FP8Linear call 54 us less to 0.3 us more, M 1-64, H100 host), but in a model the cuBLASLt call
+after it takes 15-27 us more host time (torch profiler, Qwen3-8B-FP8 eager decode at batch 64). Against torch's path
+for TileLang's calls, the eager step ran 1.07-1.10x at M = 1 (torch's path pads M to 4: copy launches), 0.979-1.021x
+at M = 8 over four runs, even at M = 32, 0.97x at M = 64 and 0.99x at M = 128 (H100; docs/exploration.md).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 class BlockscaleTileLangBackend(Backend):
     name = NAME
     x_scale_m_major = False  # both layouts compiled; tuned on row-major
-    eager_max_m = 16  # eager calls above run torch's matmul (the module docstring has the measurements)
+    eager_max_m = 4  # eager calls above run torch's matmul (the module docstring has the measurements)
     def unavailable_reason(self) -> str | None:
         return tl_impl.unavailable_reason()
 
