@@ -19,8 +19,11 @@ alternating (without, with, then with, without, ...: ``gradlib.timing.interleave
 one timing is ``--decode-steps`` steps (``--prefill-steps`` prefills) between two CUDA events. Eager steps are
 host-bound and the hosts here run in slow phases (a CPU-only run of a tiny model: 18 ms steps, then a second of 26-40
 ms ones; H100 host: one eager decode step 26-150 ms within a run), so an eager timing is one step (``--eager-steps``)
-right after the switch to its arm (the same module objects every time: nothing to warm up) and the arms alternate
-step by step, ``--eager-rounds`` times, Python's garbage collector paused: the two steps of a pair are tens of
+after the switch to its arm and ``--eager-warm`` untimed steps of it (default 1: a step right after another arm's
+can run slower, the host's caches holding the other arm's code; in three H100 runs of the FP8 loop without it, the
+tuned arm read lower in the rounds where it followed the bf16 arm than where it followed torch_blockwise on 20 of 21
+eager rows, by 0.2% (median) to 3.1%), and the arms alternate
+step by step, ``--eager-rounds`` times, Python's garbage collector paused: the steps of a round are tens of
 milliseconds apart, inside the same phase. The speedup is the median of the per-round ratios (adjacent timings of the
 two arms); the report also gives medians and min/max over rounds, and the ratio of the medians, which pairs timings
 of different rounds and, within the rounds' spread, can even disagree with the speedup in direction. ``--control``
@@ -143,7 +146,7 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                         else:
                             for _ in range(2):  # warm-up: decisions, compilation
                                 step()
-                            fns[arm] = _eager_timer(state, arm, step, n, cuda)
+                            fns[arm] = _eager_timer(state, arm, step, n, cuda, args.eager_warm)
                     state.set_arm(base)
                     t0 = time.perf_counter()
                     gc.collect()
@@ -192,10 +195,12 @@ def notes(summary: list[dict[str, Any]], decisions: list[dict[str, Any]], args: 
     return out
 
 
-def _eager_timer(state: PatchState, arm: str, step: Callable[[], object], n: int,
-                 cuda: bool) -> Callable[[], float]:
+def _eager_timer(state: PatchState, arm: str, step: Callable[[], object], n: int, cuda: bool,
+                 warm: int = 1) -> Callable[[], float]:
     def measure() -> float:
-        state.set_arm(arm)  # the same module objects every time: nothing to warm up after a switch
+        state.set_arm(arm)
+        for _ in range(warm):  # untimed: the host's caches then hold this arm's code, not the previous arm's
+            step()
         return time_steps(step, n, cuda)
 
     return measure
@@ -326,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="timed rounds per arm in eager mode, arms alternating (default 100)")
     ap.add_argument("--eager-steps", type=int, default=1,
                     help="decode steps per eager round (default 1; an eager prefill round is one prefill)")
+    ap.add_argument("--eager-warm", type=int, default=1,
+                    help="untimed steps of an arm before each of its eager timings (default 1)")
     ap.add_argument("--control", action="store_true", help="time a second unpatched arm ('control') in the same "
                     "rounds: without / control is the A/A ratio, the method's own noise")
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per arm, arms alternating in order (default 6)")
