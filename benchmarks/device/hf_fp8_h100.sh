@@ -8,14 +8,14 @@
 # a8w8_blockscale_untuned_gemm.csv, tune.log, a8w8_blockscale_tuned_gemm.csv + JSON, measure.log, results.json,
 # results.md, rounds.csv).
 #
-#   OUT=/tmp/hf8 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_fp8_h100.sh      # ~5 min on an H100
+#   OUT=/tmp/hf8 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_fp8_h100.sh      # ~8 min on an H100
 #
 # The default tune includes TileLang, which must import: TL_PACK=<pack.tar.xz> unpacks its offline pack here
 # (docs/tilelang.md), or pass TUNE_ARGS without it. LAYERS (default 4: the per-layer GEMM shapes are the full
 # model's, the step is shorter), STEPS (default "capture tune measure"), TUNE_ARGS (default "--quick --libtype
-# triton,torch,tilelang"), TUNE_LIMIT_S (170: the 32 shapes took 116 s), MEASURE_ARGS (default "--rounds 5
-# --eager-rounds 100 --decode-steps 16 --control": the control arm is a second torch_blockwise arm, the A/A bound of
-# the host-bound eager rows).
+# triton,torch,tilelang"), TUNE_LIMIT_S (170: the 32 shapes took 96-116 s), MEASURE_ARGS (default "--rounds 5
+# --eager-rounds 200 --decode-steps 16 --control": the control arm is a second torch_blockwise arm, the A/A bound of
+# the host-bound eager rows; each eager timing follows one untimed step of its arm; measure ~290 s).
 set -u
 OUT=${OUT:?set OUT to an output folder}
 D="$OUT/hf_fp8"
@@ -42,7 +42,7 @@ for step in ${STEPS:-capture tune measure}; do
         ${TUNE_ARGS:---quick --libtype triton,torch,tilelang} > "$D/tune.log" 2>&1 ;;
     measure)
       $HF --mode measure --tuned "$D/a8w8_blockscale_tuned_gemm.csv" \
-        ${MEASURE_ARGS:---rounds 5 --eager-rounds 100 --decode-steps 16 --control} > "$D/measure.log" 2>&1 ;;
+        ${MEASURE_ARGS:---rounds 5 --eager-rounds 200 --decode-steps 16 --control} > "$D/measure.log" 2>&1 ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - s )) s" >> "$D/env.txt"
 done
