@@ -338,16 +338,14 @@ def test_twin_call_entry_matches_module_call_for_every_hook_store(clean_runtime)
     """The twin's call entry (aiter_gemm.nn's Python one): with one entry in any hook store torch's nn.Module has
     (enumerated from torch, per module and global) the twin's call and ``nn.Module.__call__`` give the same output and
     run the hook as often; with every store empty it runs forward without ``nn.Module.__call__``."""
-    from torch.nn.modules import module as impl
-
     from aiter_gemm import nn as agnn
+    from op_tests.hook_stores import every_store, hook_in
 
     assert type(fp8_linear.from_fp8_linear(_fp8(), "m")).__call__ is agnn.python_call
     model, _ = tiny_fp8_model()
     patch_linear(model)
     mod = model.get_submodule("model.layers.0.self_attn.q_proj")
     x = torch.randn(3, 256)
-    own, glob = agnn.hook_stores()
     module_call, calls = nn.Module.__call__, []
 
     def counting(*args, **kwargs):
@@ -362,33 +360,14 @@ def test_twin_call_entry_matches_module_call_for_every_hook_store(clean_runtime)
         finally:
             nn.Module.__call__ = module_call
         assert not calls
-        for where, name in [("module", n) for n in own] + [("global", n) for n in glob]:
-            holder = mod.__dict__ if where == "module" else vars(impl)
-            attr = name if where == "module" else "_global" + name
-            old, results = holder[attr], []
+        for name, holder, attr in every_store(mod):
+            results = []
             for call in (mod, lambda xi: module_call(mod, xi)):
                 hits = []
-
-                def entry(*args, _hits=hits, **kwargs):
-                    _hits.append(1)
-
-                if isinstance(old, dict):
-                    old[10**9] = entry
-                elif isinstance(old, (set, list)):
-                    (old.add if isinstance(old, set) else old.append)(entry)
-                else:
-                    holder[attr] = True
-                try:
+                with hook_in(holder, attr, lambda *args, _hits=hits, **kwargs: _hits.append(1)):
                     results.append((call(x), len(hits)))
-                finally:
-                    if isinstance(old, dict):
-                        del old[10**9]
-                    elif isinstance(old, (set, list)):
-                        old.remove(entry)
-                    else:
-                        holder[attr] = old
             (ya, na), (yb, nb) = results
-            assert torch.equal(ya, yb) and na == nb, (where, name, na, nb)
+            assert torch.equal(ya, yb) and na == nb, (name, na, nb)
 
 
 # CUDA-graph replay of a patched FP8 model: test_hf_patch.py::test_cuda_graph_replay_of_a_patched_decode_step[fp8]

@@ -55,9 +55,9 @@ def test_entry_matches_module_call_for_every_hook_store_of_this_torch(impl, requ
         env["AITER_GEMM_EAGER_EXT"] = "off"
     out = run("""
         import torch
-        from torch.nn.modules import module as impl
         import aiter_gemm.nn as agnn
         from aiter_gemm.nn import TunedLinear
+        from op_tests.hook_stores import every_store, hook_in
         assert agnn._GLOBAL_CALL_HOOKS is not None, "the call entry is set up on this torch"
         own, glob = agnn.hook_stores()
         tl = TunedLinear.from_linear(torch.nn.Linear(8, 16))
@@ -86,33 +86,14 @@ def test_entry_matches_module_call_for_every_hook_store_of_this_torch(impl, requ
             return y.detach(), xi.grad, len(calls)
 
         checked = []
-        for where, name in [("module", n) for n in own] + [("global", n) for n in glob]:
-            holder = tl.__dict__ if where == "module" else vars(impl)
-            attr = name if where == "module" else "_global" + name
-            old = holder[attr]
+        for name, holder, attr in every_store(tl):
             results = []
             for call in (tl.__call__, lambda xi: torch.nn.Module.__call__(tl, xi)):
                 calls = []
-                def entry(*args, **kwargs):
-                    calls.append(args)
-                    return None
-                if isinstance(old, dict):                           # in place, as registering a hook does
-                    old[10**9] = entry
-                elif isinstance(old, (set, list)):
-                    (old.add if isinstance(old, set) else old.append)(entry)
-                else:                                               # a flag (None / bool)
-                    holder[attr] = True
-                try:
+                with hook_in(holder, attr, lambda *args, _calls=calls, **kwargs: _calls.append(args)):
                     results.append(run_once(call, calls))
-                finally:
-                    if isinstance(old, dict):
-                        del old[10**9]
-                    elif isinstance(old, (set, list)):
-                        old.remove(entry)
-                    else:
-                        holder[attr] = old
             (ya, ga, na), (yb, gb, nb) = results
-            assert torch.equal(ya, yb) and torch.equal(ga, gb) and na == nb, (where, name, na, nb)
+            assert torch.equal(ya, yb) and torch.equal(ga, gb) and na == nb, (name, na, nb)
             checked.append(name)
         print(len(checked), len(own) + len(glob), agnn._c_call is not None)
     """, **env)
