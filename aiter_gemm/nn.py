@@ -177,16 +177,16 @@ class TunedLinear(nn.Linear):
     # 1.0 us of a 6.4 us TunedLinear call on this project's CPU, about twice that on the H100 host, where an eager
     # decode step of Llama-3.1-8B makes 225 linear calls. The call entry makes the same checks (no hooks here or
     # global, forward not replaced on the instance, no Module.compile(), no JIT trace) and runs forward itself: in
-    # C++ where the extension is built (which also runs the cached plain decision), else in Python (TunedLinear 0.45
-    # us below nn.Module.__call__'s path on CPU). Every other call is nn.Module.__call__'s (looked up now: torch.fx
-    # patches it).
+    # C++ where the extension is built (which also runs the cached plain decision; a call it declines, e.g. another
+    # decision, goes on to the Python form), else in Python (TunedLinear 0.45 us below nn.Module.__call__'s path on
+    # CPU). Every other call is nn.Module.__call__'s (looked up per call: torch.fx patches it).
     if _c_call is not None:
         def __call__(self, *args, **kwargs):
             if len(args) == 1 and not kwargs and not _is_compiling():
                 out = _c_call(self, args[0])
                 if out is not None:
                     return out
-            return _Module.__call__(self, *args, **kwargs)
+            return python_call(self, *args, **kwargs)
     elif python_call is not None:
         __call__ = python_call
 

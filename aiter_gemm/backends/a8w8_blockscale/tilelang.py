@@ -37,6 +37,7 @@ class BlockscaleTileLangBackend(Backend):
     name = NAME
     x_scale_m_major = False  # both layouts compiled; tuned on row-major
     eager_max_m = 4  # eager calls above run torch's matmul (the module docstring has the measurements)
+
     def unavailable_reason(self) -> str | None:
         return tl_impl.unavailable_reason()
 
