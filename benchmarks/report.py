@@ -16,8 +16,11 @@ by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json``. Tables (``--
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import math
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -175,6 +178,36 @@ def overhead(rows: Sequence[dict]) -> str:
                   ("---", "---", "---", "---:", "---:", "---:"), body)
 
 
+_AB_FILE = re.compile(r"^([AB])_(ext|python)_(\d+)_")
+
+
+def overhead_ab(folders: Sequence[str | Path]) -> str:
+    """The A/B of ``benchmarks/overhead_ab.sh``: per path (C++ ``ext`` / ``python``) and case, the median over the
+    rounds of the host time added over the library call, [min-max], for checkout A and checkout B."""
+    added: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("[AB]_*.csv")):
+            m = _AB_FILE.match(path.name)
+            if m is None:
+                continue
+            side, mode = m.group(1), m.group(2)
+            for r in load_rows(path):
+                if r["bench"] == "overhead":
+                    added.setdefault((mode, r["label"], r["provider"]), {}).setdefault(side, []).append(
+                        _num(r["added_us"]))
+    if not added:
+        raise ValueError(f"no <A|B>_<ext|python>_<round>_*.csv overhead files in {', '.join(map(str, folders))}")
+
+    def cell(xs: list[float] | None) -> str:
+        return "" if not xs else f"{statistics.median(xs):+.2f} [{min(xs):+.2f} {max(xs):+.2f}]"
+
+    order = {"ext": 0, "python": 1}
+    body = [(mode, label, provider, len(sides.get("A", [])), cell(sides.get("A")), cell(sides.get("B")))
+            for (mode, label, provider), sides in sorted(added.items(), key=lambda kv: order[kv[0][0]])]
+    return _table(("path", "case", "ours", "rounds", "A: added us", "B: added us"),
+                  ("---", "---", "---", "---:", "---:", "---:"), body)
+
+
 def layer(rows: Sequence[dict]) -> str:
     by: dict[tuple, dict] = {}
     for r in select(rows, "dispatch", "flinear"):
@@ -218,6 +251,34 @@ def hf(paths: Sequence[str | Path]) -> str:
                                                    f"{s['round_ratio_max']:.3f}]", _aa(s)]
         body.append(row)
     return _table(header, ("---:", "---", *("---:",) * (len(header) - 2)), body)
+
+
+def hf_rounds(path: str | Path) -> list[dict]:
+    """The per-round timings of an ``hf_decode`` results.json: inline (``rounds``) or in the gzipped CSV it names
+    (``rounds_file``, beside it)."""
+    path = Path(path)
+    res = json.loads(path.read_text())
+    if "rounds" in res:
+        return res["rounds"]
+    with gzip.open(path.parent / res["rounds_file"], "rt", newline="") as f:
+        return [{**r, "batch": int(r["batch"]), "ms": float(r["ms"])} for r in csv.DictReader(f)]
+
+
+def hf_pooled(paths: Sequence[str | Path]) -> str:
+    """Runs of the same ``hf_decode`` configurations pooled: per (batch, phase, mode) the median per-round ratio over
+    the rounds of every run (each run's rounds paired as in that run), its A/A, and each run's own median."""
+    from aiter_gemm.examples.hf_decode import summarize
+
+    runs = [hf_rounds(p) for p in paths]
+    pooled = {(s["batch"], s["phase"], s["mode"]): s for s in summarize([r for run in runs for r in run], 1)}
+    each = [{(s["batch"], s["phase"], s["mode"]): s for s in summarize(run, 1)} for run in runs]
+    body = [(b, phase, mode, s["rounds"], f"{s['speedup']:.4f}",
+             "" if "aa_ratio" not in s else f"{s['aa_ratio']:.4f}",
+             " / ".join(f"{e[k]['speedup']:.3f}" if k in e else "-" for e in each))
+            for k, s in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "prefill", kv[0][2]))
+            for b, phase, mode in [k]]
+    return _table(("batch", "phase", "mode", "rounds", "pooled speedup", "pooled A/A", "per run"),
+                  ("---:", "---", "---", "---:", "---:", "---:", "---"), body)
 
 
 def _aa(s: dict) -> str:

@@ -6,7 +6,8 @@
         --baselines torch_blockscale,flinear --out $OUT
     python -m benchmarks.run --bench overhead --out $OUT     # host time the dispatch adds (tiny shapes)
     python -m benchmarks.run --bench layer --set llama3_8b --m 1,8,32,128,2048 --out $OUT
-    python -m benchmarks.run report FILE [--table summary|mclass|bym|matrix|overhead|layer|host|hf] ...
+    python -m benchmarks.run report FILE [--table summary|mclass|bym|matrix|overhead|overhead_ab|layer|host|hf|
+        hf_pooled] ...
     python -m benchmarks.run plot FILE --out DIR --stem NAME
     python -m benchmarks.run tables BENCHMARKS.md [--write]  # check (or regenerate) every table it quotes
     python -m benchmarks.run list                            # providers and shape sets
@@ -139,7 +140,8 @@ def report_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run report", description=rep.__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="harness CSVs, raw files of the replaced scripts, or results.json")
     ap.add_argument("--table", default="summary",
-                    choices=("summary", "mclass", "bym", "matrix", "overhead", "layer", "host", "hf"))
+                    choices=("summary", "mclass", "bym", "matrix", "overhead", "overhead_ab", "layer", "host", "hf",
+                             "hf_pooled"))
     ap.add_argument("--provider", default="dispatch")
     ap.add_argument("--vs", default="flinear")
     ap.add_argument("--mode", default="graph")
@@ -156,6 +158,10 @@ def render(argv: list[str], root: Path | None = None) -> str:
     files = [str(Path(root, f)) if root is not None else f for f in args.files]
     if args.table == "hf":
         return rep.hf(files)
+    if args.table == "hf_pooled":
+        return rep.hf_pooled(files)
+    if args.table == "overhead_ab":
+        return rep.overhead_ab(files)
     rows = [r for f in files for r in rep.load_rows(f)]
     if args.set:
         keep = set(args.set.split(","))

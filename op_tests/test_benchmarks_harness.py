@@ -165,6 +165,23 @@ def test_overhead_bench_cpu_restores_the_environment(tmp_path, clean_runtime):
     assert "AITER_CONFIG_GEMM_BF16" not in os.environ
 
 
+def test_overhead_ab_table(tmp_path):
+    """``--table overhead_ab``: medians [min max] over the rounds of overhead_ab.sh's files, per path and side; other
+    files in the folder are ignored, an empty folder is an error naming it."""
+    head = "bench,mode,label,provider,vs,vs_us,us,added_us\n"
+    for side, mode, rnd, added in [("A", "ext", 1, 0.5), ("A", "ext", 2, 0.1), ("A", "ext", 3, 0.3),
+                                   ("B", "ext", 1, -0.2), ("B", "ext", 2, 0.0), ("B", "python", 1, 1.5)]:
+        row = f"overhead,host,exact,dispatch,flinear,5,5,{added}\n"
+        (tmp_path / f"{side}_{mode}_{rnd}_cpu.csv").write_text(head + row)
+    (tmp_path / "A_ext_1_cpu_env.json").write_text("{}")
+    assert report.overhead_ab([tmp_path]).splitlines()[2:] == [
+        "| ext | exact | dispatch | 3 | +0.30 [+0.10 +0.50] | -0.10 [-0.20 +0.00] |",
+        "| python | exact | dispatch | 0 |  | +1.50 [+1.50 +1.50] |"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty"):
+        report.overhead_ab([tmp_path / "empty"])
+
+
 def test_layer_bench(tmp_path, clean_runtime):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(TINY_MODEL))
@@ -270,3 +287,28 @@ def test_benchmarks_md_tables_come_from_the_committed_raw_files():
     text = (REPO / "BENCHMARKS.md").read_text()
     assert text.count("<!-- report: ") >= 10
     assert main(["tables", str(REPO / "BENCHMARKS.md")]) == 0
+
+
+def test_hf_pooled_table(tmp_path):
+    """``--table hf_pooled``: the rounds of two runs (one inline in results.json, one in its gzipped rounds file)
+    paired within each run and pooled: medians over all rounds, and each run's own."""
+    import csv
+    import gzip
+
+    def rounds(ratios):
+        out = []
+        for i, ratio in enumerate(ratios):
+            out += [{"model": "m", "batch": 8, "mode": "eager", "phase": "decode", "arm": arm, "round": i,
+                     "ms": ms} for arm, ms in (("without", 10.0 * ratio), ("with", 10.0), ("control", 10.0))]
+        return out
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text(json.dumps({"rounds": rounds([0.9, 1.0, 1.1])}))
+    (tmp_path / "b").mkdir()
+    with gzip.open(tmp_path / "b" / "r.csv.gz", "wt", newline="") as f:
+        w = csv.DictWriter(f, ["model", "batch", "mode", "phase", "arm", "round", "ms"])
+        w.writeheader()
+        w.writerows(rounds([1.2, 1.3]))
+    (tmp_path / "b" / "results.json").write_text(json.dumps({"rounds_file": "r.csv.gz"}))
+    table = report.hf_pooled([tmp_path / "a" / "results.json", tmp_path / "b" / "results.json"])
+    assert table.splitlines()[2] == "| 8 | decode | eager | 5 | 1.1000 | 1.1000 | 1.000 / 1.250 |"

@@ -527,3 +527,15 @@ def test_cuda_graph_replay_of_a_patched_decode_step(clean_runtime, kind):
         torch.cuda.synchronize()
         assert int(steps.cache.get_seq_length()) == 10, "each replay resets the write position"
         torch.testing.assert_close(out, eager)
+
+
+def test_hf_decode_phases_option():
+    """``--phases decode`` measures decode steps only (the cache is filled at set-up); anything else is refused."""
+    from aiter_gemm.examples.hf_decode import build_parser
+
+    ap = build_parser()
+    assert ap.parse_args([]).phases == ["prefill", "decode"]
+    assert ap.parse_args(["--phases", "decode"]).phases == ["decode"]
+    assert ap.parse_args(["--phases", "decode,prefill,decode"]).phases == ["decode", "prefill"]
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--phases", "warmup"])

@@ -120,7 +120,7 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
         print(f"measure: {var}={os.environ.get(var) or '(shipped default)'}")
         for b in args.batch:
             steps = StaticSteps(model, b, args.prompt_len, device)
-            for phase in ("prefill", "decode"):
+            for phase in args.phases:
                 step = steps.prefill if phase == "prefill" else steps.decode
                 # Same inputs and cache for both arms: their outputs must agree (rounding of the kernels aside).
                 outs = {}
@@ -310,6 +310,13 @@ def int_list(text: str) -> list[int]:
     return vals
 
 
+def phase_list(text: str) -> list[str]:
+    vals = [v.strip() for v in text.split(",") if v.strip()]
+    if not vals or any(v not in ("prefill", "decode") for v in vals):
+        raise argparse.ArgumentTypeError(f"expected prefill and/or decode separated by commas, got {text!r}")
+    return list(dict.fromkeys(vals))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line; its help is the module docstring's first paragraph and its three-step example."""
     summary, example = __doc__.split("\n\n")[:2]
@@ -340,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="capture the GEMM shapes, measure, or both (default all)")
     ap.add_argument("--exec", type=lambda s: [m for m in s.split(",") if m], default=["eager", "graph"],
                     help="execution modes to measure (default eager,graph; graph needs CUDA)")
+    ap.add_argument("--phases", type=phase_list, default=["prefill", "decode"],
+                    help="phases to measure, comma list of prefill,decode (default both)")
     ap.add_argument("--out", default="hf_decode_out", help="output folder (default hf_decode_out)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="model dtype (default bf16)")
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
