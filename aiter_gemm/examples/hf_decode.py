@@ -310,11 +310,15 @@ def int_list(text: str) -> list[int]:
     return vals
 
 
-def phase_list(text: str) -> list[str]:
-    vals = [v.strip() for v in text.split(",") if v.strip()]
-    if not vals or any(v not in ("prefill", "decode") for v in vals):
-        raise argparse.ArgumentTypeError(f"expected prefill and/or decode separated by commas, got {text!r}")
-    return list(dict.fromkeys(vals))
+def choice_list(*choices: str) -> Callable[[str], list[str]]:
+    """An argparse type: a comma list of ``choices`` (each once, in the order given)."""
+    def parse(text: str) -> list[str]:
+        vals = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in vals if v not in choices]
+        if not vals or bad:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(choices)}, got {text!r}")
+        return list(dict.fromkeys(vals))
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -345,9 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per arm, arms alternating in order (default 6)")
     ap.add_argument("--mode", choices=("capture", "measure", "all"), default="all",
                     help="capture the GEMM shapes, measure, or both (default all)")
-    ap.add_argument("--exec", type=lambda s: [m for m in s.split(",") if m], default=["eager", "graph"],
+    ap.add_argument("--exec", type=choice_list("eager", "graph"), default=["eager", "graph"],
                     help="execution modes to measure (default eager,graph; graph needs CUDA)")
-    ap.add_argument("--phases", type=phase_list, default=["prefill", "decode"],
+    ap.add_argument("--phases", type=choice_list("prefill", "decode"), default=["prefill", "decode"],
                     help="phases to measure, comma list of prefill,decode (default both)")
     ap.add_argument("--out", default="hf_decode_out", help="output folder (default hf_decode_out)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="model dtype (default bf16)")
@@ -386,12 +390,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    bad = [m for m in args.exec if m not in ("eager", "graph")]
-    if bad:
-        ap.error(f"--exec: unknown modes {bad} (eager, graph)")
-    return args
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
