@@ -152,7 +152,7 @@ def test_shape_rule_rejects(M, N, K, text):
     assert why is not None and text in why
 
 
-@pytest.mark.parametrize("M", [1, 3, 17, 97, 255, 1000, 5000])
+@pytest.mark.parametrize("M", [1, 3, 17, 97, 136, 255, 1000, 5000])
 @pytest.mark.parametrize("N,K", [(1040, 4096), (4096, 7168), (7168, 2048), (2112, 7168), (24576, 1536)])
 def test_config_space_holds_only_what_runs(M, N, K):
     space = config_space(M, N, K)
@@ -164,6 +164,9 @@ def test_config_space_holds_only_what_runs(M, N, K):
     # decode shapes get the swapped types, M >= 64 the warp-specialised kernel
     kinds = {c.kernel_type for c in space}
     assert ("swapAB" in kinds) == (M <= 256) and (("ws" in kinds) == (M >= 64))
+    # one 192-token tile where two 128-token tiles would be mostly padding, in the quick space too
+    tall = {c for c in quick if c.kernel_type == "ws" and c.block_M == 192}
+    assert bool(tall) == (128 < M <= 192)
 
 
 @pytest.mark.parametrize("M", [1, 16, 64, 4096])

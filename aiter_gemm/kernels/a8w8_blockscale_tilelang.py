@@ -273,6 +273,11 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
         # no longer timed there; 64-wide weight tiles win where 128-wide ones leave SMs idle (M <= 256).
         add("ws", 128, 64, num_stages=4, threads=384)
         add("ws", 128, 128, num_stages=4, threads=384)
+        if 128 < M <= 192:
+            # one 192-token tile where 128-token ones take two, each mostly padding: at M = 136 ws-BM192_BN96 ran
+            # 54.8 us against the quick-tuned row's 67.9 on (24576, 4096), 30.4 against 32.0 on (10240, 5120)
+            # (H100, benchmarks/results/fp8/decode_limits_h100/ws.csv; no gain on the 6 other held-out weights)
+            add("ws", 192, 96, num_stages=4, threads=512)
         if not quick:
             add("ws", 128, 128, num_stages=4, threads=384, swizzle=8)
             add("ws", 128, 192, num_stages=4, threads=384)
