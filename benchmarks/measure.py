@@ -191,6 +191,11 @@ def decision_columns(op: str, p: GemmProblem) -> dict[str, str]:
             "matched": cfg.get("matched", "")}
 
 
+def _err_text(err: float) -> str:
+    """The ``rel_err`` cell: blank for a floor provider (its output is not compared)."""
+    return "" if math.isnan(err) else f"{err:.2e}"
+
+
 @dataclass
 class GemmBench:
     """One GEMM benchmark run: ``shapes`` x ``providers`` x ``modes``, ratios against each of ``baselines``."""
@@ -248,7 +253,8 @@ class GemmBench:
                     ctx = Context(p, self.op, sets, self.ident, self.device, mode, self.options)
                     built[key] = provider.build(ctx, arg)
                 call = built[key]
-                err = rel_err(call(0), ref)
+                out = call(0)
+                err = math.nan if provider.floor else rel_err(out, ref)  # a floor's output is not a GEMM's
             except Unavailable as exc:
                 self.rows.append({**base, "provider": s, "note": f"unavailable: {exc}"})
                 continue
@@ -256,7 +262,7 @@ class GemmBench:
                 log.warning("%s on M=%d N=%d K=%d: %s: %s", s, p.M, p.N, p.K, type(exc).__name__, exc)
                 self.rows.append({**base, "provider": s, "note": f"error: {type(exc).__name__}: {exc}"[:300]})
                 continue
-            if not err <= MAX_REL_ERR:
+            if not provider.floor and not err <= MAX_REL_ERR:
                 self.rows.append({**base, "provider": s, "rel_err": f"{err:.2e}", "note": "wrong result: not timed"})
                 continue
             calls[s], errs[s] = call, err
@@ -276,12 +282,12 @@ class GemmBench:
             except Exception as exc:  # e.g. a capture that fails: say so for every provider of this shape and mode
                 log.warning("timing M=%d N=%d K=%d %s failed: %s: %s", p.M, p.N, p.K, mode, type(exc).__name__, exc)
                 note = f"timing failed: {type(exc).__name__}: {exc}"[:300]
-                self.rows += [{**base, "provider": k, "rel_err": f"{errs[k]:.2e}", "note": note} for k in calls]
+                self.rows += [{**base, "provider": k, "rel_err": _err_text(errs[k]), "note": note} for k in calls]
                 return
         info = decision_columns(self.op, p)
         for s, got in samples.items():
             us = statistics.median(got)
-            row = {**base, "provider": s, "us": f"{us:.4f}", "rounds": len(got), "rel_err": f"{errs[s]:.2e}",
+            row = {**base, "provider": s, "us": f"{us:.4f}", "rounds": len(got), "rel_err": _err_text(errs[s]),
                    **(info if s == "dispatch" else {})}
             if s in gpu:
                 row["gpu_us"] = f"{gpu[s]:.4f}"

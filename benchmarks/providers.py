@@ -8,8 +8,9 @@ dequantized operands: what FP8 must beat), ``dispatch`` (the op's public functio
 ``default`` (the runtime's heuristic default, tuned tables ignored) and one provider per backend of the op
 (``torch``, ``cublaslt``, ``triton``, ``skinny``; the block-scale op's ``triton`` and ``torch``) taking a kernelName
 as ``arg`` (without one: the backend's own default for the shape). Besides: ``maxautotune``
-(``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only) and ``torch_blockscale`` (the plain
-per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it).
+(``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only), ``torch_blockscale`` (the plain
+per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it) and, for both ops,
+``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` against it is the fraction of that floor).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Provider:
     op: str
     doc: str
     build: Callable[[Context, str], Call]
+    #: Times a floor, not the op (``weight_read``): its output is not a GEMM's and is not compared.
+    floor: bool = False
 
 
 _REGISTRY: dict[tuple[str, str], Provider] = {}
@@ -192,6 +195,23 @@ def _register_backends(op: str) -> None:
             register_provider(_backend_provider(op, libtype))
 
 
+def _weight_read(ctx: Context, arg: str) -> Call:
+    """Streaming the shape's weight once, no math (:mod:`benchmarks.read_floor`): the attainable floor of a
+    memory-bound call at this weight size."""
+    from benchmarks.read_floor import read_weight, words
+
+    if arg:
+        raise Unavailable(f"weight_read takes no argument (got {arg!r})")
+    weights = [s[1] for s in ctx.sets]  # both ops' input sets hold the weight second
+    try:
+        for w in weights:
+            words(w)
+    except ValueError as exc:
+        raise Unavailable(str(exc)) from None
+    out = read_weight(weights[0])
+    return lambda i: read_weight(weights[i], out)
+
+
 # ---- gemm_a16w16 -----------------------------------------------------------------------------------------------------
 def _flinear(ctx: Context, arg: str) -> Call:
     if arg:
@@ -241,6 +261,8 @@ for _op in (A16W16, BLOCKSCALE):
     register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default))
     register_provider(Provider("baseline", _op, "the op as an earlier configs/ copy decides it, without TileLang "
                                "(baseline:<DIR>)", _baseline))
+    register_provider(Provider("weight_read", _op, "streaming the weight's bytes once, no math: the memory-bound "
+                               "floor", _weight_read, floor=True))
 register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no-cudagraphs of F.linear (GPU)",
                            _maxautotune))
 register_provider(Provider("torch_blockscale", BLOCKSCALE, "plain per-call F.scaled_mm with block scales",

@@ -120,6 +120,40 @@ def test_fp8_bench_against_two_baselines(tmp_path, clean_runtime):
     assert float(disp[0]["rel_err"]) < 1e-2 and disp[0]["libtype"] == "triton"
 
 
+def test_weight_read_floor_is_timed_not_checked(tmp_path, clean_runtime):
+    """``weight_read`` (reading the weight once) is a floor: timed beside the op, its output never compared, and the
+    op's ratio against it is the fraction of that floor the op reaches."""
+    timer = FakeTimer({"weight_read": 4.0, "dispatch": 5.0})
+    assert main(["--bench", "fp8", "--set", "tiny", "--m", "3", "--providers", "dispatch,weight_read", "--baselines",
+                 "weight_read", "--timing", "graph", "--device", "cpu", "--out", str(tmp_path)], timer) == 0
+    rows = _rows(tmp_path / "fp8_cpu.csv")
+    floor = [r for r in rows if r["provider"] == "weight_read"]
+    assert floor and all(r["rel_err"] == "" and r["note"] == "" and float(r["us"]) == 4.0 for r in floor)
+    assert {(r["vs"], r["ratio"]) for r in rows if r["provider"] == "dispatch"} == {("weight_read", "0.8000")}
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16])
+@pytest.mark.parametrize("N,K", [(1, 128), (3, 256), (17, 384), (97, 4100), (4100, 128)])
+def test_weight_read_kernel_reads_every_byte(N, K, dtype):
+    from benchmarks.read_floor import read_weight, read_weight_ref
+
+    w = torch.randn(N, K).to(dtype)
+    got = read_weight(w)
+    assert torch.equal(got, read_weight_ref(w))
+    w2 = w.clone()
+    w2.view(torch.uint8).view(-1)[-1] ^= 1  # the last byte is read too
+    assert not torch.equal(read_weight(w2), got)
+
+
+def test_weight_read_rejects_what_it_cannot_stream():
+    from benchmarks.read_floor import read_weight
+
+    with pytest.raises(ValueError, match=r"shape \(8, 64\) dtype torch.bfloat16 stride \(1, 8\)"):
+        read_weight(torch.zeros(64, 8, dtype=torch.bfloat16).t())
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
+        read_weight(torch.zeros(3, 1, dtype=torch.float8_e4m3fn))
+
+
 def test_bad_arguments_exit_2_naming_the_problem(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--bench", "bf16", "--providers", "flinear,nosuch", "--device", "cpu", "--out", str(tmp_path)])
