@@ -146,6 +146,7 @@ def report_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vs", default="flinear")
     ap.add_argument("--mode", default="graph")
     ap.add_argument("--set", default=None, help="comma list: only these sets")
+    ap.add_argument("--max-m", type=int, default=None, help="only shapes with M up to this (e.g. 256: decode)")
     ap.add_argument("--cell", choices=("ratio", "ratio+lib", "us", "roof"), default="ratio")
     ap.add_argument("--bars", default="graph=0.98,eager=0.97")
     ap.add_argument("--identical", action="store_true", help="summary: add the identical-calls spread")
@@ -166,6 +167,8 @@ def render(argv: list[str], root: Path | None = None) -> str:
     if args.set:
         keep = set(args.set.split(","))
         rows = [r for r in rows if r["set"] in keep]
+    if args.max_m is not None:
+        rows = [r for r in rows if int(r["M"]) <= args.max_m]
     if args.table == "summary":
         bars = {k: float(v) for k, v in (b.split("=") for b in args.bars.split(",") if b)}
         return rep.summary(rows, args.provider, bars, args.identical)

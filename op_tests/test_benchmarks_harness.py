@@ -316,6 +316,17 @@ def test_tables_check_and_rewrite(tmp_path, capsys):
     assert main(["tables", str(md)]) == 0
 
 
+def test_report_max_m_keeps_decode_shapes(tmp_path):
+    """``--max-m 256`` drops the prefill columns (a floor meant for decode says nothing about M = 300)."""
+    from benchmarks.run import render
+
+    (tmp_path / "r.csv").write_text(",".join(ROWS[0]) + "\n" + "\n".join(",".join(r.get(k, "") for k in ROWS[0])
+                                                                        for r in ROWS) + "\n")
+    assert "M=300" in render([str(tmp_path / "r.csv"), "--table", "matrix"])
+    assert render([str(tmp_path / "r.csv"), "--table", "matrix", "--max-m", "256"]).splitlines()[::2] == [
+        "| label | N | K | M=1 |", "| m | 64 | 32 | 1.200 |"]
+
+
 def test_benchmarks_md_tables_come_from_the_committed_raw_files():
     """Every table BENCHMARKS.md quotes is what ``report`` renders from the committed raw file it names."""
     text = (REPO / "BENCHMARKS.md").read_text()
