@@ -264,21 +264,48 @@ def hf_rounds(path: str | Path) -> list[dict]:
         return [{**r, "batch": int(r["batch"]), "ms": float(r["ms"])} for r in csv.DictReader(f)]
 
 
+def median_ci(xs: Sequence[float], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A bootstrap confidence interval of the median of ``xs`` (percentile method, fixed seed: the same table every
+    time): how far a pooled per-round ratio can be trusted when single rounds swing by 0.2-4x."""
+    import numpy as np
+
+    a = np.asarray(xs, dtype=float)
+    rng = np.random.default_rng(seed)
+    meds = np.median(a[rng.integers(0, len(a), (resamples, len(a)))], axis=1)
+    lo, hi = np.percentile(meds, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def _round_ratios(runs: Sequence[Sequence[dict]], base: str = "without", main: str = "with"
+                  ) -> dict[tuple, list[float]]:
+    """Per (batch, phase, mode) the per-round ratios ``base`` / ``main`` of every run, paired within each run."""
+    out: dict[tuple, list[float]] = {}
+    for run in runs:
+        arms: dict[tuple, dict[str, list[float]]] = {}
+        for r in run:
+            arms.setdefault((r["batch"], r["phase"], r["mode"]), {}).setdefault(r["arm"], []).append(r["ms"])
+        for k, a in arms.items():
+            out.setdefault(k, []).extend(x / y for x, y in zip(a[base], a[main]))
+    return out
+
+
 def hf_pooled(paths: Sequence[str | Path]) -> str:
     """Runs of the same ``hf_decode`` configurations pooled: per (batch, phase, mode) the median per-round ratio over
-    the rounds of every run (each run's rounds paired as in that run), its A/A, and each run's own median."""
+    the rounds of every run (each run's rounds paired as in that run) with its 95% bootstrap interval, its A/A, and
+    each run's own median."""
     from aiter_gemm.examples.hf_decode import summarize
 
     runs = [hf_rounds(p) for p in paths]
     pooled = {(s["batch"], s["phase"], s["mode"]): s for s in summarize([r for run in runs for r in run], 1)}
     each = [{(s["batch"], s["phase"], s["mode"]): s for s in summarize(run, 1)} for run in runs]
-    body = [(b, phase, mode, s["rounds"], f"{s['speedup']:.4f}",
+    ratios = _round_ratios(runs)
+    body = [(b, phase, mode, s["rounds"], f"{s['speedup']:.4f}", "[{:.4f}, {:.4f}]".format(*median_ci(ratios[k])),
              "" if "aa_ratio" not in s else f"{s['aa_ratio']:.4f}",
              " / ".join(f"{e[k]['speedup']:.3f}" if k in e else "-" for e in each))
             for k, s in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "prefill", kv[0][2]))
             for b, phase, mode in [k]]
-    return _table(("batch", "phase", "mode", "rounds", "pooled speedup", "pooled A/A", "per run"),
-                  ("---:", "---", "---", "---:", "---:", "---:", "---"), body)
+    return _table(("batch", "phase", "mode", "rounds", "pooled speedup", "95% interval", "pooled A/A", "per run"),
+                  ("---:", "---", "---", "---:", "---:", "---", "---:", "---"), body)
 
 
 def _aa(s: dict) -> str:

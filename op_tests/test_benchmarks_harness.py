@@ -356,4 +356,17 @@ def test_hf_pooled_table(tmp_path):
         w.writerows(rounds([1.2, 1.3]))
     (tmp_path / "b" / "results.json").write_text(json.dumps({"rounds_file": "r.csv.gz"}))
     table = report.hf_pooled([tmp_path / "a" / "results.json", tmp_path / "b" / "results.json"])
-    assert table.splitlines()[2] == "| 8 | decode | eager | 5 | 1.1000 | 1.1000 | 1.000 / 1.250 |"
+    cells = table.splitlines()[2].split(" | ")
+    assert cells[:5] + cells[6:] == ["| 8", "decode", "eager", "5", "1.1000", "1.1000", "1.000 / 1.250 |"]
+    lo, hi = (float(x) for x in cells[5].strip("[]").split(", "))
+    assert 0.9 <= lo < 1.1 < hi <= 1.3  # the median's bootstrap interval brackets it, within the data
+
+
+def test_median_interval():
+    assert report.median_ci([1.0] * 9) == (1.0, 1.0)
+    assert report.median_ci([0.9, 1.1] * 50) == report.median_ci([0.9, 1.1] * 50)  # a fixed seed: one table
+    xs = list(range(1, 102))
+    lo, hi = report.median_ci(xs)
+    assert 40 <= lo < 51 < hi <= 62
+    wide = report.median_ci(xs[::10])  # the same spread in 11 rounds: a wider interval
+    assert wide[1] - wide[0] > hi - lo
