@@ -70,6 +70,7 @@ SPREAD = [
     TileLangConfig("ws", 128, 64, num_stages=2, threads=384),
     TileLangConfig("ws", 128, 192, num_stages=4, threads=384),
     TileLangConfig("ws", 192, 128, num_stages=3, threads=512),
+    TileLangConfig("ws", 192, 96, num_stages=4, threads=512),  # the spaces' one-tile config at 128 < M <= 192
 ]
 
 
