@@ -211,13 +211,21 @@ def seed_buckets(best: Mapping[int, Choice], times: Mapping[int, Mapping[str, fl
 
 
 def best_tilelang(outcome: ShapeOutcome) -> Candidate | None:
-    """The TileLang config this run found fastest for the shape: the winner when it is one (as confirmed), else the
-    fastest correct TileLang candidate of the full search (SGLang runs only TileLang: its file wants the best TileLang
-    config at every tuned M, also where torch's or Triton won here)."""
-    if outcome.winner is not None and outcome.winner.solution.libtype == TileLangConfig.libtype:
+    """The config for SGLang's file of the shape: the winner when SGLang's kernels run it (as confirmed), else the
+    fastest correct candidate of the full search they run (SGLang runs only TileLang, and of it only its four types
+    with one scale group a stage: :attr:`TileLangConfig.runs_in_sglang`), also where torch's, Triton or this
+    project's own TileLang kernels won here."""
+    def sglang_runs(c: Candidate) -> bool:
+        if c.solution.libtype != TileLangConfig.libtype:
+            return False
+        try:
+            return TileLangConfig.from_name(c.solution.kernelName).runs_in_sglang
+        except ValueError:
+            return False
+
+    if outcome.winner is not None and sglang_runs(outcome.winner):
         return outcome.winner
-    found = [c for c in outcome.candidates if c.phase == "full" and c.result.ok and c.eligible
-             and c.solution.libtype == TileLangConfig.libtype]
+    found = [c for c in outcome.candidates if c.phase == "full" and c.result.ok and c.eligible and sglang_runs(c)]
     return min(found, key=lambda c: c.us, default=None)
 
 

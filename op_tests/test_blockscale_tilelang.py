@@ -65,6 +65,9 @@ SPREAD = [
     TileLangConfig("swapAB", 128, 32, num_stages=4),
     TileLangConfig("splitK_swapAB", 64, 16, num_stages=4, split_k=4),
     TileLangConfig("splitK_swapAB", 64, 32, num_stages=2, split_k=2, b_scale_shm=True),
+    # stages of 4 and 2 scale groups (block_K 512 / 256), one with split-K and staged token scales
+    TileLangConfig("swapAB", 64, 16, 512, num_stages=3),
+    TileLangConfig("splitK_swapAB", 64, 32, 256, num_stages=4, split_k=2, b_scale_shm=True),
     # hand-scheduled warp specialisation: 2 and 3 math warpgroups, 64-wide and scale-block-crossing 192-wide tiles
     TileLangConfig("ws", 128, 128, num_stages=4, threads=384, swizzle=8),
     TileLangConfig("ws", 128, 64, num_stages=2, threads=384),
@@ -132,6 +135,10 @@ def test_sglang_published_config_values_parse():
     (dict(kernel_type="ws", block_M=128, block_N=128, threads=384, split_k=2), "split_k 1"),
     (dict(kernel_type="ws", block_M=128, block_N=128, threads=384, a_scale_shm=True), "do not apply"),
     (dict(kernel_type="ws", block_M=128, block_N=192, threads=384, num_stages=6), "shared memory"),
+    (dict(kernel_type="swapAB", block_M=64, block_N=16, block_K=640), "block_K must be 128 times 1..4"),
+    (dict(kernel_type="base", block_M=64, block_N=64, block_K=256), "wider stages"),
+    (dict(kernel_type="ws", block_M=128, block_N=128, block_K=256, threads=384), "wider stages"),
+    (dict(kernel_type="swapAB", block_M=64, block_N=64, block_K=512, num_stages=4), "shared memory"),
 ])
 def test_config_rule_rejects(kwargs, text):
     with pytest.raises(ValueError, match=text):
@@ -151,6 +158,18 @@ def test_shape_rule_rejects(M, N, K, text):
     problem = GemmProblem(M, N, K, False, torch.float8_e4m3fn, torch.bfloat16)
     why = get_backend("tilelang", PACKAGE).why_not(problem, solution_of(cfg), DeviceIdentity("sm_90", 132, "cuda"))
     assert why is not None and text in why
+
+
+@pytest.mark.parametrize("cfg,K,ok", [
+    (TileLangConfig("swapAB", 64, 16, 512, num_stages=3), 4096, True),
+    (TileLangConfig("swapAB", 64, 16, 512, num_stages=3), 4224, False),  # 33 K blocks: no whole 4-group stages
+    (TileLangConfig("splitK_swapAB", 64, 32, 256, num_stages=4, split_k=2), 1536, True),
+    (TileLangConfig("splitK_swapAB", 64, 32, 256, num_stages=4, split_k=2), 1280, False),  # 10 blocks, 2 x 2 groups
+])
+def test_wide_stages_take_whole_stages_of_k(cfg, K, ok):
+    why = shape_error(cfg, 16, 4096, K)
+    assert (why is None) == ok and (ok or f"whole {cfg.block_K}-wide stages" in why)
+    assert cfg.groups == cfg.block_K // 128 and TileLangConfig.from_name(cfg.name) == cfg
 
 
 @pytest.mark.parametrize("M", [1, 3, 17, 97, 136, 255, 1000, 5000])

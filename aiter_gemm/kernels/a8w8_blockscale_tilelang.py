@@ -33,6 +33,10 @@ from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import build_ws
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import math_registers as ws_math_registers
 
 SCALE_BLOCK = 128
+#: Scale groups one pipeline stage of the swapped types may hold (``block_K`` up to 512): each weight row then streams
+#: 512 contiguous bytes a stage instead of 128, which took M <= 16 decode from 0.73-0.94 to 0.85-1.01 of the weight
+#: read on the H100 (benchmarks/results/fp8/decode_limits_h100/wide.csv).
+MAX_GROUPS = 4
 #: SGLang's kernel types, then ``ws`` (hand-scheduled warp specialisation, DeepGEMM's design:
 #: :mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang_ws`); the first word of a config name.
 SGLANG_KERNEL_TYPES = ("base", "swapAB", "splitK", "splitK_swapAB")
@@ -54,8 +58,9 @@ class TileLangConfig:
     """One kernel: SGLang's config keys (``kernel_type``, ``block_M``, ``block_N``, ``block_K``, ``num_stages``,
     ``threads``, ``split_k``, ``c_scale_local``, ``b_scale_shm``, ``a_scale_shm``) plus ``swizzle``, the L2
     rasterization panel (``T.use_swizzle``; 0 = launch order). In the swapped types ``block_M`` counts weight rows
-    and ``block_N`` tokens, as in SGLang. ``*_scale_shm``: the token scales are staged in shared memory by the
-    producer (cp.async) before the math warpgroup multiplies them in.
+    and ``block_N`` tokens, as in SGLang, and ``block_K`` may hold up to :data:`MAX_GROUPS` scale groups a pipeline
+    stage (each multiplied and promoted with its own scales; SGLang's kernels take 128 only). ``*_scale_shm``: the
+    token scales are staged in shared memory by the producer (cp.async) before the math warpgroup multiplies them in.
 
     ``c_scale_local`` is read from SGLang's files and not used: the combined per-row scales always live in the math
     threads' registers. TileLang 0.1.15 releases a pipeline stage before the promotion reads scales staged there in
@@ -83,6 +88,17 @@ class TileLangConfig:
     @property
     def swapped(self) -> bool:
         return self.kernel_type in SWAPPED
+
+    @property
+    def runs_in_sglang(self) -> bool:
+        """Whether SGLang's own kernels run this config: its four types with one scale group a stage (``ws`` and
+        wider stages are this project's; ``swizzle`` is an extra key SGLang ignores)."""
+        return self.kernel_type in SGLANG_KERNEL_TYPES and self.block_K == SCALE_BLOCK
+
+    @property
+    def groups(self) -> int:
+        """Scale groups (128-wide K blocks, each with its own scales and promotion) a pipeline stage holds."""
+        return self.block_K // SCALE_BLOCK
 
     @property
     def NUM_KSPLIT(self) -> int:  # the op's split-count surface, shared with the Triton configs
@@ -136,8 +152,12 @@ class TileLangConfig:
         """Why this config cannot be built for any shape (None if it can)."""
         if self.kernel_type not in KERNEL_TYPES:
             return f"kernel_type {self.kernel_type!r} is not one of {KERNEL_TYPES}"
-        if self.block_K != SCALE_BLOCK:
-            return f"block_K must be {SCALE_BLOCK} (one scale per K block), got {self.block_K}"
+        if self.block_K % SCALE_BLOCK or not SCALE_BLOCK <= self.block_K <= MAX_GROUPS * SCALE_BLOCK:
+            return (f"block_K must be {SCALE_BLOCK} times 1..{MAX_GROUPS} (scale groups a pipeline stage), "
+                    f"got {self.block_K}")
+        if self.block_K != SCALE_BLOCK and self.kernel_type not in SWAPPED:
+            return (f"{self.kernel_type} stages one scale group (block_K {SCALE_BLOCK}); wider stages are built "
+                    f"for the swapped types")
         if self.kernel_type == "ws":
             return self._ws_problem()
         if self.threads not in (128, 256, 384):
@@ -232,8 +252,9 @@ def shape_error(cfg: TileLangConfig, M: int, N: int, K: int) -> str | None:
     if N % 16:
         return f"N={N} is not a multiple of 16 (TMA rows of the output)"
     kb = K // SCALE_BLOCK
-    if kb % cfg.split_k:
-        return f"K/{SCALE_BLOCK}={kb} K blocks do not split into {cfg.split_k} equal parts"
+    if kb % (cfg.split_k * cfg.groups):
+        return (f"K/{SCALE_BLOCK}={kb} K blocks do not split into {cfg.split_k} equal parts of whole "
+                f"{cfg.block_K}-wide stages")
     return None
 
 
@@ -264,6 +285,11 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
             for st in (8,) if quick else (4, 8):
                 for bm in (64,) if quick else (64, 128):
                     add("swapAB", bm, bn, num_stages=st)
+            if M <= 64:
+                # four scale groups a stage: 512 contiguous bytes of each weight row a stage, 1.03-1.19x the 8-stage
+                # swapAB at M 1 and 16 on 6 held-out weights (H100, decode_limits_h100/wide.csv)
+                for bk, st in ((512, 3),) if quick else ((512, 3), (512, 4), (256, 4), (256, 6)):
+                    add("swapAB", 64, bn, block_K=bk, num_stages=st)
             for sk in (2, 4) if quick else (2, 4, 8):
                 if kb and kb % sk == 0:
                     for st in (4,) if quick else (4, 8):
@@ -300,7 +326,7 @@ def build_normal(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat16
     T = _tl()
     M = T.dynamic("m")
     BM, BN, BK, split = cfg.block_M, cfg.block_N, cfg.block_K, cfg.split_k
-    KB = K // BK
+    KB = K // SCALE_BLOCK
     k_iters = KB // split
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
@@ -339,12 +365,13 @@ def build_normal(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat16
 
 def build_swapped(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat16", mmajor: bool = False):
     """``swapAB`` / ``splitK_swapAB``: CTA (bx, by, bz) computes weight rows [by*BM, +BM) x tokens [bx*BN, +BN)
-    (wgmma's M side holds the weight) over K split bz, and stores the tile transposed into out (M, N)."""
+    (wgmma's M side holds the weight) over K split bz, and stores the tile transposed into out (M, N). A stage holds
+    ``cfg.groups`` scale groups (``block_K`` K columns), multiplied and promoted one group at a time."""
     T = _tl()
     M = T.dynamic("m")
-    BM, BN, BK, split = cfg.block_M, cfg.block_N, cfg.block_K, cfg.split_k
-    KB = K // BK
-    k_iters = KB // split
+    BM, BN, BK, split, G = cfg.block_M, cfg.block_N, cfg.block_K, cfg.split_k, cfg.groups
+    KB = K // SCALE_BLOCK
+    k_iters = KB // (split * G)  # stages per split
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
 
@@ -352,29 +379,37 @@ def build_swapped(N: int, K: int, cfg: TileLangConfig, out_dtype: str = "bfloat1
         return SA[k, m] if mmajor else SA[m, k]
 
     @T.macro
+    def step(W, X, SA, SB, C_l, Sc, Sx, C_acc, bx, by, k):  # one scale group: its scales, wgmma, promotion
+        if cfg.b_scale_shm:
+            for j in T.Parallel(BN):
+                Sx[j] = sa_at(SA, bx * BN + j, k)
+            for j in T.Parallel(BN):
+                Sc[j] = Sx[j] * SB[by * BM // SCALE_BLOCK, k]
+        else:
+            for j in T.Parallel(BN):
+                Sc[j] = sa_at(SA, bx * BN + j, k) * SB[by * BM // SCALE_BLOCK, k]
+        T.gemm(W, X, C_l, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(BM, BN):
+            C_acc[j, i] += C_l[i, j] * Sc[j]
+
+    @T.macro
     def mainloop(A, B, SA, SB, C_acc, bx, by, bz):
         W_s = T.alloc_shared((BM, BK), fp8)
         X_s = T.alloc_shared((BN, BK), fp8)
         C_l = T.alloc_fragment((BM, BN), f32)
         Sc = T.alloc_fragment((BN,), f32)
-        if cfg.b_scale_shm:
-            Sx = T.alloc_shared((BN,), f32)
+        Sx = T.alloc_shared((BN,), f32) if cfg.b_scale_shm else None
         T.clear(C_acc)
         for ko in T.Pipelined(k_iters, num_stages=cfg.num_stages):
-            k = bz * k_iters + ko
-            T.copy(B[by * BM, k * BK], W_s)
-            T.copy(A[bx * BN, k * BK], X_s)
-            if cfg.b_scale_shm:
-                for j in T.Parallel(BN):
-                    Sx[j] = sa_at(SA, bx * BN + j, k)
-                for j in T.Parallel(BN):
-                    Sc[j] = Sx[j] * SB[by * BM // SCALE_BLOCK, k]
+            k0 = (bz * k_iters + ko) * G
+            T.copy(B[by * BM, k0 * SCALE_BLOCK], W_s)
+            T.copy(A[bx * BN, k0 * SCALE_BLOCK], X_s)
+            if G == 1:  # SGLang's kernel as it was measured (an unrolled one-step loop lowers differently)
+                step(W_s, X_s, SA, SB, C_l, Sc, Sx, C_acc, bx, by, k0)
             else:
-                for j in T.Parallel(BN):
-                    Sc[j] = sa_at(SA, bx * BN + j, k) * SB[by * BM // SCALE_BLOCK, k]
-            T.gemm(W_s, X_s, C_l, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(BM, BN):
-                C_acc[j, i] += C_l[i, j] * Sc[j]
+                for g in T.unroll(G):
+                    sl = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
+                    step(W_s[:, sl], X_s[:, sl], SA, SB, C_l, Sc, Sx, C_acc, bx, by, k0 + g)
 
     # weight rows on the wgmma's M side: grid (M tiles, N tiles), the (BN, BM) tile stored at out[bx*BN, by*BM]
     return _kernel(T, M, N, K, cfg, out_dtype, sa_shape, mainloop, swapped=True)
@@ -385,7 +420,7 @@ def _kernel(T, M, N: int, K: int, cfg: TileLangConfig, out_dtype: str, sa_shape,
     partials P (split, M, N) then the deterministic reduce. ``swapped``: the grid's x walks tokens and the tile is
     (tokens, weight rows), as the swapped types' mainloop accumulates it."""
     BM, BN, split = cfg.block_M, cfg.block_N, cfg.split_k
-    KB = K // cfg.block_K
+    KB = K // SCALE_BLOCK
     f32, fp8 = "float32", "float8_e4m3fn"
     regs = _math_registers(cfg.threads)
     grid = (T.ceildiv(M, BN), T.ceildiv(N, BM)) if swapped else (T.ceildiv(N, BN), T.ceildiv(M, BM))
