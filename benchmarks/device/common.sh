@@ -42,3 +42,16 @@ env_header() {
     echo "commit ${COMMIT:-unknown}"
   } >> "$1"
 }
+
+# fp8_setup: the start of the FP8 scripts: $OUT made, $LOG ($OUT/record.log) emptied and headed (env_header), the
+# TileLang pack ($TL_PACK) unpacked unless tilelang imports, BEFORE = the configs of the op before TileLang.
+fp8_setup() {
+  OUT=${OUT:?set OUT to an output folder}
+  mkdir -p "$OUT"
+  LOG="$OUT/record.log"
+  export COMMIT=${COMMIT:-unknown} TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
+  need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
+  : > "$LOG"
+  env_header "$LOG"
+  BEFORE=benchmarks/results/fp8/configs_before_tilelang
+}

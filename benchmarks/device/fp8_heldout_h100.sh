@@ -14,15 +14,9 @@
 # (reconfirmed_gemm.csv). Writes under $OUT: record.log, a8w8_blockscale_tuned_gemm.csv (+ the per-(N, K) JSON files
 # in json/), fp8_heldout_tuned_<GPU>.csv (+ _env.json).
 set -u
-OUT=${OUT:?set OUT to an output folder}
-mkdir -p "$OUT/json"
-LOG="$OUT/record.log"
-export COMMIT=${COMMIT:-unknown} TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
 . benchmarks/device/common.sh
-need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
-: > "$LOG"
-env_header "$LOG"
-BEFORE=benchmarks/results/fp8/configs_before_tilelang
+fp8_setup
+mkdir -p "$OUT/json"
 TUNED="$OUT/a8w8_blockscale_tuned_gemm.csv"
 python - "$OUT/decode_shapes.csv" "${RESUME:-}" "$TUNED" "${DROP_M:-}" <<'PY'
 import csv, sys

@@ -12,15 +12,8 @@
 # Writes under $OUT: record.log (every step's output), configs.tar (the retuned CSV and per-(N, K) JSON files, to copy over
 # configs/), fp8_tilelang_<GPU>.csv (+ _env.json), fp8_tilelang_eager_<GPU>.csv, record.log. STEPS picks steps.
 set -u
-OUT=${OUT:?set OUT to an output folder}
-mkdir -p "$OUT"
-LOG="$OUT/record.log"
-export COMMIT=${COMMIT:-unknown} TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
 . benchmarks/device/common.sh
-need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
-: > "$LOG"
-env_header "$LOG"
-BEFORE=benchmarks/results/fp8/configs_before_tilelang
+fp8_setup
 step tests 130 python -m pytest -q -m gpu op_tests/test_blockscale_tilelang.py
 python - > /tmp/shipped_shapes.csv <<'PY'
 import csv
