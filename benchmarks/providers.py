@@ -198,18 +198,16 @@ def _register_backends(op: str) -> None:
 def _weight_read(ctx: Context, arg: str) -> Call:
     """Streaming the shape's weight once, no math (:mod:`benchmarks.read_floor`): the attainable floor of a
     memory-bound call at this weight size."""
-    from benchmarks.read_floor import read_weight, words
+    from benchmarks.read_floor import bind, folds
 
     if arg:
         raise Unavailable(f"weight_read takes no argument (got {arg!r})")
-    weights = [s[1] for s in ctx.sets]  # both ops' input sets hold the weight second
+    out = folds(ctx.device)  # one output for every input set
     try:
-        for w in weights:
-            words(w)
+        reads = [bind(s[1], out) for s in ctx.sets]  # both ops' input sets hold the weight second
     except ValueError as exc:
         raise Unavailable(str(exc)) from None
-    out = read_weight(weights[0])
-    return lambda i: read_weight(weights[i], out)
+    return lambda i: reads[i]()
 
 
 # ---- gemm_a16w16 -----------------------------------------------------------------------------------------------------
