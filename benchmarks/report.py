@@ -279,13 +279,12 @@ def median_ci(xs: Sequence[float], level: float = 0.95, resamples: int = 2000, s
 def _round_ratios(runs: Sequence[Sequence[dict]], base: str = "without", main: str = "with"
                   ) -> dict[tuple, list[float]]:
     """Per (batch, phase, mode) the per-round ratios ``base`` / ``main`` of every run, paired within each run."""
+    from aiter_gemm.examples.hf_decode import arm_times
+
     out: dict[tuple, list[float]] = {}
     for run in runs:
-        arms: dict[tuple, dict[str, list[float]]] = {}
-        for r in run:
-            arms.setdefault((r["batch"], r["phase"], r["mode"]), {}).setdefault(r["arm"], []).append(r["ms"])
-        for k, a in arms.items():
-            out.setdefault(k, []).extend(x / y for x, y in zip(a[base], a[main]))
+        for (_, b, mode, phase), a in arm_times(run).items():
+            out.setdefault((b, phase, mode), []).extend(x / y for x, y in zip(a[base], a[main]))
     return out
 
 

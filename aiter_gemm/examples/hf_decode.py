@@ -232,15 +232,20 @@ def dispatch_decisions(arch: Any, state: PatchState, args: argparse.Namespace,
     return out
 
 
+def arm_times(rounds: list[dict[str, Any]]) -> dict[tuple, dict[str, list[float]]]:
+    """Per configuration (model, batch, mode, phase), each arm's timings in round order (rounds pair by position)."""
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for r in rounds:
+        groups.setdefault((r["model"], r["batch"], r["mode"], r["phase"]), {}).setdefault(r["arm"], []).append(r["ms"])
+    return groups
+
+
 def summarize(rounds: list[dict[str, Any]], prompt_len: int, base: str = "without",
               main: str = "with") -> list[dict[str, Any]]:
     """Per configuration: ``base`` and ``main`` as the columns "without" and "with" (their names in ``arm_without`` /
     ``arm_with``), the control's A/A ratio, and for any other arm X ``vs_X``: median per-round ratio X / main."""
-    groups: dict[tuple, dict[str, list[float]]] = {}
-    for r in rounds:
-        groups.setdefault((r["model"], r["batch"], r["mode"], r["phase"]), {}).setdefault(r["arm"], []).append(r["ms"])
     out = []
-    for (model, b, mode, phase), arms in groups.items():
+    for (model, b, mode, phase), arms in arm_times(rounds).items():
         tokens = b * prompt_len if phase == "prefill" else b
         wo, wi = arms[base], arms[main]
         ratios = [a / c for a, c in zip(wo, wi)]
