@@ -55,3 +55,16 @@ fp8_setup() {
   env_header "$LOG"
   BEFORE=benchmarks/results/fp8/configs_before_tilelang
 }
+
+# fp8_warmup SETS: step "warmup": every kernel the block-scale op's decisions name for the shapes of SETS (a comma list
+# of benchmarks/shapes.py sets) compiled in parallel (aiter_gemm.warmup), as a server would at start-up, so the
+# benchmark loads them from TileLang's disk cache.
+fp8_warmup() {
+  step warmup 120 python -c "
+import sys
+import aiter_gemm
+from benchmarks.shapes import build_sets
+ident = aiter_gemm.get_dispatcher('gemm_a8w8_blockscale').device(True)
+shapes = [p for _, (_, p) in build_sets('gemm_a8w8_blockscale', sys.argv[1], None, ident)]
+print(aiter_gemm.warmup(('gemm_a8w8_blockscale',), shapes={'gemm_a8w8_blockscale': shapes}))" "$1"
+}

@@ -50,13 +50,7 @@ if [ -n "${RECONFIRM:-}" ]; then
   TUNED="$OUT/reconfirmed_gemm.csv"
 fi
 export AITER_CONFIG_GEMM_A8W8_BLOCKSCALE="$TUNED:$PWD/configs/a8w8_blockscale_tuned_gemm.csv"
-step warmup 120 python -c "
-import aiter_gemm
-import torch
-from benchmarks.shapes import build_sets
-ident = aiter_gemm.get_dispatcher('gemm_a8w8_blockscale').device(True)
-shapes = [p for _, (_, p) in build_sets('gemm_a8w8_blockscale', 'heldout_fp8', None, ident)]
-print(aiter_gemm.warmup(('gemm_a8w8_blockscale',), shapes={'gemm_a8w8_blockscale': shapes}))"
+fp8_warmup heldout_fp8
 step bench 300 python -m benchmarks.run --bench fp8 --out "$OUT" --name fp8_heldout_tuned --set heldout_fp8 \
   --providers torch_blockscale,dispatch,default,baseline:$BEFORE,weight_read \
   --baselines torch_blockscale,baseline:$BEFORE,weight_read --pairs 7 --deadline_s ${BENCH_DEADLINE_S:-280}

@@ -29,14 +29,7 @@ step retune 300 python -m gradlib.tune_a8w8_blockscale -i /tmp/shipped_shapes.cs
   --all --compare --update_improved --libtype tilelang --json_dir configs/triton --quick
 tar -cf "$OUT/configs.tar" configs/a8w8_blockscale_tuned_gemm.csv configs/triton/*A8W8_BLOCKSCALE*.json
 R="python -m benchmarks.run --bench fp8 --out $OUT"
-# Every kernel the benchmarked shapes' decisions name compiled in parallel first (aiter_gemm.warmup), as a server
-# would at start-up: the benchmark then loads them from TileLang's disk cache.
-step warmup 120 python -c "
-import aiter_gemm, torch
-from benchmarks.shapes import build_sets
-ident = aiter_gemm.get_dispatcher('gemm_a8w8_blockscale').device(True)
-shapes = [p for _, (_, p) in build_sets('gemm_a8w8_blockscale', 'shipped,heldout_fp8,deepgemm', None, ident)]
-print(aiter_gemm.warmup(('gemm_a8w8_blockscale',), shapes={'gemm_a8w8_blockscale': shapes}))"
+fp8_warmup shipped,heldout_fp8,deepgemm
 step bench 250 $R --name fp8_tilelang --set shipped,heldout_fp8,deepgemm \
   --providers torch_blockscale,dispatch,baseline:$BEFORE,flinear --baselines torch_blockscale,baseline:$BEFORE --pairs 11 \
   --deadline_s ${BENCH_DEADLINE_S:-230}
