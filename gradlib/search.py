@@ -399,9 +399,13 @@ class ShapeSearch:
 
     def _confirm_jobs(self) -> list[_Job]:
         """One job per M with something to compare: alternating rounds of winner, default and baseline (forward,
-        then reversed)."""
+        then reversed), every timing's graph as long as the others' (calls sized from the winner's full-phase time,
+        :attr:`gradlib.timing.TimingConfig.per_call_us`)."""
         o, p = self.opts, self.problem
-        kw = {"timing": o.confirm, "check": True, "max_err": o.err_ratio}
+        timing = o.confirm
+        if math.isfinite(self._pick.us) and self._pick.us > 0:
+            timing = replace(o.confirm, per_call_us=self._pick.us)
+        kw = {"timing": timing, "check": True, "max_err": o.err_ratio}
         jobs = []
         for m in self._confirm_ms():
             order = self._confirm_order(m)

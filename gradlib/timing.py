@@ -45,6 +45,12 @@ class TimingConfig:
     target_us: float
     use_graph: bool = True
     budget_s: float = 2.0
+    #: > 0: size the calls per repetition from this time (one for every candidate of a comparison) instead of the
+    #: candidate's own warm-up estimate, which is eager time, host cost included. A graph replay's fixed start-up is
+    #: spread over its calls, so a candidate with a costlier host launch (Triton's) got fewer calls and read slower:
+    #: on the H100 the confirmation passed (5, 10240, 5120)'s TileLang row by 2% twice, and paired replays of equal
+    #: length (the benchmark's method) timed it 3.5% slower than the Triton default (BENCHMARKS.md, held-out shapes).
+    per_call_us: float = 0.0
 
 
 # Phase 1 (BLASLt screening): AITER's reduced warm-up; accuracy is not checked.
@@ -133,8 +139,15 @@ def _warm_up(call: Callable[[int], object], n_sets: int, cfg: TimingConfig, stre
         end.record(stream)
     end.synchronize()
     est_us = max(start.elapsed_time(end) * 1e3 / n_sets, 0.1)
-    calls = max(1, min(2000, math.ceil(cfg.target_us / est_us)))
-    return est_us, max(n_sets, calls - calls % n_sets)
+    return est_us, calls_per_rep(est_us, n_sets, cfg)
+
+
+def calls_per_rep(est_us: float, n_sets: int, cfg: TimingConfig) -> int:
+    """Calls one timed repetition runs: enough to last ``target_us`` at ``cfg.per_call_us`` if set, else at the
+    candidate's estimate ``est_us`` (at most 2000), a multiple of ``n_sets`` so every set is read equally."""
+    basis = cfg.per_call_us if cfg.per_call_us > 0 else est_us
+    calls = max(1, min(2000, math.ceil(cfg.target_us / max(basis, 0.1))))
+    return max(n_sets, calls - calls % n_sets)
 
 
 def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) -> Timing:

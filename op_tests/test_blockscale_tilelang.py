@@ -74,6 +74,12 @@ SPREAD = [
     TileLangConfig("ws", 128, 192, num_stages=4, threads=384),
     TileLangConfig("ws", 192, 128, num_stages=3, threads=512),
     TileLangConfig("ws", 192, 96, num_stages=4, threads=512),  # the spaces' one-tile config at 128 < M <= 192
+    # K split over 2, 3 and 4 math warpgroups, stages of 1 and 2 scale groups, 16-128 tokens
+    TileLangConfig("ws_swapAB", 64, 16, 256, num_stages=6, threads=384),
+    TileLangConfig("ws_swapAB", 64, 64, num_stages=8, threads=384),
+    TileLangConfig("ws_swapAB", 64, 32, num_stages=6, threads=512),
+    TileLangConfig("ws_swapAB", 64, 16, num_stages=4, threads=640),
+    TileLangConfig("ws_swapAB", 64, 128, num_stages=6, threads=384),
 ]
 
 
@@ -139,6 +145,15 @@ def test_sglang_published_config_values_parse():
     (dict(kernel_type="base", block_M=64, block_N=64, block_K=256), "wider stages"),
     (dict(kernel_type="ws", block_M=128, block_N=128, block_K=256, threads=384), "wider stages"),
     (dict(kernel_type="swapAB", block_M=64, block_N=64, block_K=512, num_stages=4), "shared memory"),
+    (dict(kernel_type="ws_swapAB", block_M=128, block_N=32, threads=384, num_stages=4), "64 weight rows"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=32, threads=256, num_stages=4), "threads 384, 512 or 640"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=24, threads=384, num_stages=4), "multiple of 16"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=96, threads=640, num_stages=4), "registers"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=32, threads=512, num_stages=4), "multiple of its 3"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=32, threads=384, num_stages=4, split_k=2), "split_k 1"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=32, threads=384, num_stages=4, swizzle=8), "_SW"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=128, block_K=256, threads=384, num_stages=6),
+     "shared memory"),
 ])
 def test_config_rule_rejects(kwargs, text):
     with pytest.raises(ValueError, match=text):
@@ -184,6 +199,8 @@ def test_config_space_holds_only_what_runs(M, N, K):
     # decode shapes get the swapped types, M >= 64 the warp-specialised kernel
     kinds = {c.kernel_type for c in space}
     assert ("swapAB" in kinds) == (M <= 256) and (("ws" in kinds) == (M >= 64))
+    # K split over the math warpgroups up to M = 128, in the quick space too
+    assert ("ws_swapAB" in kinds) == ("ws_swapAB" in {c.kernel_type for c in quick}) == (M <= 128)
     # one 192-token tile where two 128-token tiles would be mostly padding, in the quick space too
     tall = {c for c in quick if c.kernel_type == "ws" and c.block_M == 192}
     assert bool(tall) == (128 < M <= 192)
@@ -194,6 +211,17 @@ def test_tilelang_is_never_the_default(M):
     """Untuned shapes keep the op's existing default (a TileLang pick measured slower: docs/exploration.md)."""
     problem = GemmProblem(M, 4096, 7168, False, torch.float8_e4m3fn, torch.bfloat16)
     assert get_backend("tilelang", PACKAGE).default_for(problem, IDENT) is None
+
+
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_math_registers_fit_the_launch_pool(groups):
+    """setmaxnreg only moves registers inside the pool the CTA launched with (65536 / threads a thread, in steps of
+    8): the math warpgroups' increase must fit it beside the 24-register producer, or it never returns."""
+    threads = 128 * (groups + 1)
+    pool = threads * (65536 // threads // 8 * 8)
+    regs = ws_math_registers(groups)
+    assert regs % 8 == 0 and 128 * groups * regs + 128 * 24 <= pool
+    assert 128 * groups * (regs + 8) + 128 * 24 > pool or regs == 240  # and takes all of it
 
 
 def test_reference_orders_sums_as_the_kernels_do():
@@ -222,9 +250,11 @@ def test_every_variant_lowers_for_sm90a(cfg, mmajor):
     src = _lower(cfg, mmajor)
     assert "wgmma" in src and "tma_load" in src  # Hopper tensor cores fed by the bulk copy engine
     assert "int m" in src  # M is a runtime argument: one kernel serves every M
-    if cfg.kernel_type == "ws":  # our producer/consumer split: setmaxnreg per role, no block-wide barrier between
-        regs = ws_math_registers(cfg.block_M // 64)
-        assert src.count(f"warpgroup_reg_alloc<{regs}>") == cfg.block_M // 64 and "warpgroup_reg_dealloc<24>" in src
+    if cfg.kernel_type in tl.HAND_SCHEDULED:  # our producer/consumer split: setmaxnreg per role, no block-wide
+        # barrier between the roles; ws: a math warpgroup per 64 token rows, ws_swapAB: threads / 128 - 1 split K
+        groups = cfg.block_M // 64 if cfg.kernel_type == "ws" else cfg.threads // 128 - 1
+        regs = ws_math_registers(groups)
+        assert src.count(f"warpgroup_reg_alloc<{regs}>") == groups and "warpgroup_reg_dealloc<24>" in src
         assert src.count("__syncthreads()") == 1  # after the barriers' initialisation only: more would deadlock
         assert src.count(".arrive()") >= 2  # full (producer) and empty (math) barriers
     elif cfg.threads > 128:  # registers moved to the two math warpgroups (TileLang may add it at 128 on its own)
@@ -366,6 +396,17 @@ def test_gpu_matches_reference_at_odd_shapes(compiled_spread, cfg, N, K, mmajor)
         assert out.shape == (M, N) and torch.isfinite(out).all(), (cfg.name, M)
         assert _rel_err(out, ref) < TOLERANCE[torch.bfloat16], (cfg.name, M, _rel_err(out, ref))
         assert torch.equal(run(XQ, WQ, xs, ws), out), (cfg.name, M)  # deterministic: no race, no atomics
+
+
+@gpu
+@needs_hopper
+@pytest.mark.parametrize("K", [256, 384])
+def test_gpu_ws_swapab_with_fewer_stages_than_warpgroups(K):
+    """ws_swapAB with 4 math warpgroups on 2 or 3 K blocks: the idle warpgroups hand over zero tiles."""
+    cfg = TileLangConfig("ws_swapAB", 64, 16, num_stages=4, threads=640)
+    XQ, WQ, xs, ws = _inputs(17, 1040, K, "cuda")
+    out = tl.launcher(1040, K, cfg, torch.bfloat16)(XQ, WQ, xs, ws)
+    assert _rel_err(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.float32)) < TOLERANCE[torch.bfloat16]
 
 
 @gpu

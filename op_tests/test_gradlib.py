@@ -420,6 +420,22 @@ def test_confirmation_keeps_a_winner_that_holds_and_records_its_padding_range():
     assert o.pad_m_min == 768  # held at 993 and 768 (5 us against 10); lost at 513 (11 against 10)
 
 
+def test_confirmation_times_every_candidate_in_graphs_of_the_same_length():
+    """Each confirmation timing's calls per replay come from the winner's full-phase time, not the candidate's own
+    eager estimate: a replay's fixed start-up spread over fewer calls read a costlier-to-launch default slower."""
+    from gradlib.timing import CONFIRM, calls_per_rep
+
+    s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
+    tasks = _confirm_drive(s, _times(PROBES_1024, lambda m: 5.0, 10.0, 10.0))
+    confirm = [t for t in tasks if t.kind == TIME and len(t.items) == 6]
+    assert confirm and {t.timing.per_call_us for t in confirm} == {5.0}  # the full phase's winner: 5 us
+    assert {t.timing.per_call_us for t in tasks if t.kind == TIME and t not in confirm} == {0.0}
+    cfg = replace(CONFIRM, per_call_us=5.0)
+    assert calls_per_rep(3.0, 4, cfg) == calls_per_rep(40.0, 4, cfg) == 100  # 500 us at 5 us a call
+    assert calls_per_rep(3.0, 4, CONFIRM) == 164 and calls_per_rep(40.0, 4, CONFIRM) == 12  # own estimates
+    assert calls_per_rep(0.01, 3, CONFIRM) == 1998 and calls_per_rep(1e6, 3, CONFIRM) == 3  # capped, >= the sets
+
+
 def test_confirmation_pad_range_stops_at_the_first_probe_that_loses():
     s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
     _confirm_drive(s, _times(PROBES_1024, lambda m: 12.0 if m == 768 else 5.0, 10.0, 10.0))

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import (
+    HAND_SCHEDULED,
     KERNEL_TYPES,
     MAX_GROUPS,
     SCALE_BLOCK,
@@ -42,13 +43,13 @@ from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import (
     shape_error,
 )
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import PASS_CONFIGS as _WS_PASS_CONFIGS
-from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import build_ws
+from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import build_ws, build_ws_swapped
 
 #: Public names, those of the configs (:mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang_config`) among them: callers
 #: take a config and its kernel from this one module.
-__all__ = ["KERNEL_TYPES", "MAX_GROUPS", "SCALE_BLOCK", "SGLANG_KERNEL_TYPES", "SPLIT", "SWAPPED", "TARGET",
-           "TESTED_VERSION", "TileLangConfig", "build", "build_normal", "build_swapped", "compiled", "config_name",
-           "config_space", "gemm_a8w8_blockscale_tilelang_ref", "is_config_name", "launcher", "pass_configs",
+__all__ = ["HAND_SCHEDULED", "KERNEL_TYPES", "MAX_GROUPS", "SCALE_BLOCK", "SGLANG_KERNEL_TYPES", "SPLIT", "SWAPPED",
+           "TARGET", "TESTED_VERSION", "TileLangConfig", "build", "build_normal", "build_swapped", "compiled",
+           "config_name", "config_space", "gemm_a8w8_blockscale_tilelang_ref", "is_config_name", "launcher", "pass_configs",
            "precompile", "shape_error", "unavailable_reason"]
 
 _OUT_TL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -248,13 +249,13 @@ def _combine_macro(T, M, N: int, split: int, out_dtype: str):
 
 
 BUILDERS = {"base": build_normal, "splitK": build_normal, "swapAB": build_swapped, "splitK_swapAB": build_swapped,
-            "ws": build_ws}
+            "ws": build_ws, "ws_swapAB": build_ws_swapped}
 
 
 def pass_configs(cfg: TileLangConfig) -> dict[str, Any]:
-    """TileLang pass settings of ``cfg``'s kernel: the hand-scheduled ``ws`` kernel turns the automatic warp
-    specialisation and barrier insertion off; the SGLang types use TileLang's defaults."""
-    return dict(_WS_PASS_CONFIGS) if cfg.kernel_type == "ws" else {}
+    """TileLang pass settings of ``cfg``'s kernel: the hand-scheduled types (``ws``, ``ws_swapAB``) turn the automatic
+    warp specialisation and barrier insertion off; the SGLang types use TileLang's defaults."""
+    return dict(_WS_PASS_CONFIGS) if cfg.kernel_type in HAND_SCHEDULED else {}
 
 
 def build(N: int, K: int, cfg: TileLangConfig, out_dtype: torch.dtype = torch.bfloat16, mmajor: bool = False):
@@ -327,7 +328,7 @@ def precompile(jobs: list[tuple[int, int, TileLangConfig, torch.dtype]], workers
         except Exception as exc:  # noqa: BLE001 - a config TileLang cannot lower is a failed job, not a crash
             failed[(N, K, cfg, dt)] = f"{type(exc).__name__}: {exc}"
     for ws in (False, True):  # one parallel compile per pass setting
-        group = [(job, f) for job, f in zip(built, funcs) if (job[2].kernel_type == "ws") == ws]
+        group = [(job, f) for job, f in zip(built, funcs) if (job[2].kernel_type in HAND_SCHEDULED) == ws]
         if not group:
             continue
         kernels = tilelang.par_compile([f for _, f in group], target=TARGET, num_workers=workers or os.cpu_count() or 1,

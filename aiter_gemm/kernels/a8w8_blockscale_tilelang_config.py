@@ -13,18 +13,21 @@ SCALE_BLOCK = 128
 #: 512 contiguous bytes a stage instead of 128, which took M <= 16 decode from 0.73-0.94 to 0.85-1.01 of the weight
 #: read on the H100 (benchmarks/results/fp8/decode_limits_h100/wide.csv).
 MAX_GROUPS = 4
-#: SGLang's kernel types, then ``ws`` (hand-scheduled warp specialisation, DeepGEMM's design:
-#: :mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang_ws`); the first word of a config name.
+#: SGLang's kernel types, then the hand-scheduled warp-specialised ones (:mod:`aiter_gemm.kernels.
+#: a8w8_blockscale_tilelang_ws`): ``ws`` (DeepGEMM's design) and ``ws_swapAB`` (K split over the math warpgroups);
+#: the first word of a config name.
 SGLANG_KERNEL_TYPES = ("base", "swapAB", "splitK", "splitK_swapAB")
-KERNEL_TYPES = (*SGLANG_KERNEL_TYPES, "ws")
-SWAPPED = frozenset({"swapAB", "splitK_swapAB"})
+KERNEL_TYPES = (*SGLANG_KERNEL_TYPES, "ws", "ws_swapAB")
+SWAPPED = frozenset({"swapAB", "splitK_swapAB", "ws_swapAB"})
+#: Types built with TileLang's automatic warp specialisation and barrier insertion off (their own schedule).
+HAND_SCHEDULED = frozenset({"ws", "ws_swapAB"})
 SPLIT = frozenset({"splitK", "splitK_swapAB"})
 #: wgmma needs 64 rows per math warpgroup on its M side; N side multiples of 8 up to 256.
 _WGMMA_M = 64
 #: Shared memory per CTA on sm_90 (227 KB usable), minus what TileLang keeps for barriers and scale staging.
 _SMEM_BYTES = 227 * 1024 - 2 * 1024
 
-_NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
+_NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws|ws_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
                       r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?")
 
 
@@ -135,6 +138,8 @@ class TileLangConfig:
                     f"for the swapped types")
         if self.kernel_type == "ws":
             return self._ws_problem()
+        if self.kernel_type == "ws_swapAB":
+            return self._ws_swapped_problem()
         if self.threads not in (128, 256, 384):
             return f"threads must be 128, 256 or 384 (math warpgroups), got {self.threads}"
         mma_m, mma_n = self.block_M, self.block_N
@@ -184,6 +189,28 @@ class TileLangConfig:
             return "ws always stages the scales in shared memory: a_scale_shm / b_scale_shm do not apply"
         return self._pipeline_problem(2)
 
+    def _ws_swapped_problem(self) -> str | None:
+        """The ``ws_swapAB`` kernel's rule: 64 weight rows, 16..128 tokens, 2-4 math warpgroups splitting K plus the
+        producer warpgroup, a stage count that is a multiple of the math warpgroups (a ring slot serves one)."""
+        groups = self.threads // 128 - 1
+        if self.block_M != _WGMMA_M:
+            return f"ws_swapAB has {_WGMMA_M} weight rows a CTA (block_M), got {self.block_M}"
+        if self.threads % 128 or not 2 <= groups <= 4:
+            return f"ws_swapAB runs 2-4 math warpgroups and a producer: threads 384, 512 or 640, got {self.threads}"
+        if self.block_N % 16 or not 16 <= self.block_N <= 128:
+            return f"ws_swapAB block_N={self.block_N} (tokens) must be a multiple of 16 in 16..128"
+        # partial + accumulator tiles: block_N / 2 registers a math thread each, within 240 / 160 / 112
+        if self.block_N + 32 > ws_math_registers(groups):
+            return (f"ws_swapAB block_N={self.block_N} needs {self.block_N + 32} registers a math thread, more than "
+                    f"{ws_math_registers(groups)} with {groups} math warpgroups")
+        if self.num_stages % groups:
+            return f"ws_swapAB num_stages={self.num_stages} must be a multiple of its {groups} math warpgroups"
+        if self.split_k != 1:
+            return f"ws_swapAB has split_k 1 (K is split over its math warpgroups), got {self.split_k}"
+        if self.a_scale_shm or self.b_scale_shm or self.swizzle:
+            return "ws_swapAB always stages the scales in shared memory and runs in launch order: no _AS/_BS/_SW"
+        return self._pipeline_problem(groups)
+
     def _pipeline_problem(self, min_stages: int) -> str | None:
         """The rule every type shares: ``min_stages``..16 stages, shared memory within the SM's, swizzle >= 0."""
         if not min_stages <= self.num_stages <= 16:
@@ -197,10 +224,14 @@ class TileLangConfig:
     def smem_bytes(self) -> int:
         """Shared memory: the staged fp8 tiles or the output tile, whichever is larger (TileLang places the output
         tile over the stages, whose lifetime has ended: float32 for split-K partials, else at most 2 bytes counted
-        as 4 to leave room for an fp32 output), plus the staged scales. ``ws`` keeps no output tile."""
+        as 4 to leave room for an fp32 output), plus the staged scales. ``ws`` keeps no output tile; ``ws_swapAB``
+        keeps the accumulators its math warpgroups 1..G-1 hand to warpgroup 0."""
         stages = self.num_stages * (self.block_M + self.block_N) * self.block_K
         if self.kernel_type == "ws":
             return stages + self.num_stages * (self.block_M + 4) * 4
+        if self.kernel_type == "ws_swapAB":  # + the parked accumulators of math warpgroups 1..G-1, the scales
+            parked = (self.threads // 128 - 2) * self.block_N * self.block_M * 4
+            return stages + parked + self.num_stages * self.groups * (self.block_N + 1) * 4
         return max(stages, self.block_M * self.block_N * 4) + 8 * (self.block_M + self.block_N) * self.num_stages
 
 
@@ -269,6 +300,16 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
                 if kb and kb % sk == 0:
                     for st in (4,) if quick else (4, 8):
                         add("splitK_swapAB", 64, bn, num_stages=st, split_k=sk)
+    if M <= 128:
+        # ws_swapAB, K split over 2 math warpgroups: at M 40 and 64 it ran 1.08-1.28x the quick-tuned row on 5 of 8
+        # held-out weights (up to 0.90 of the weight read), 0.94-1.00x on the 3 widest; at M 16 and 100 up to 1.17x
+        # (H100, benchmarks/results/fp8/ws_swapab_h100/wsk.csv). Both token tiles: the half won on 4096-row weights.
+        for bn in _token_tiles(M):
+            for bk, st in ((256, 6), (128, 8) if bn <= 64 else (128, 6)):
+                add("ws_swapAB", 64, bn, block_K=bk, num_stages=st, threads=384)
+            if not quick:
+                for bk, st, th in ((128, 6, 512), (256, 6, 512), (128, 12, 384), (128, 4, 384)):
+                    add("ws_swapAB", 64, bn, block_K=bk, num_stages=st, threads=th)
     if M >= 64:
         # ws: 1.0-1.8x base-BM128_BN128_T256 at M 128-4096 on 8 weights (H100, docs/exploration.md), so base is
         # no longer timed there; 64-wide weight tiles win where 128-wide ones leave SMs idle (M <= 256).

@@ -1,5 +1,6 @@
-"""The ``ws`` kernel type of the TileLang FP8 block-scale GEMM: hand-scheduled warp specialisation, DeepGEMM's
-design for M >= 64 (config, name and support rule: :mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang`).
+"""The hand-scheduled warp-specialised kernel types of the TileLang FP8 block-scale GEMM (configs, names and their
+support rule: :mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang_config`): ``ws``, DeepGEMM's design for M >= 64, and
+``ws_swapAB``, the decode form that splits K over its math warpgroups (:func:`build_ws_swapped`).
 
 One producer warpgroup (24 registers a thread after ``setmaxnreg``) issues the TMA loads of each 128-wide K block
 of XQ and WQ into a ``num_stages`` ring and stages that block's token and weight scales in shared memory (read
@@ -26,8 +27,12 @@ PASS_CONFIGS = {"tl.disable_warp_specialized": True, "tl.disable_thread_storage_
 
 
 def math_registers(groups: int) -> int:
-    """Registers a math thread may take beside the 24-register producer (240 for 2 groups, 160 for 3)."""
-    return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * groups) // 8 * 8)
+    """Registers a math thread may take beside the 24-register producer: 240 for 2 math warpgroups, 160 for 3, 112
+    for 4. setmaxnreg only moves registers inside the pool the CTA launched with (65536 / threads a thread, in steps
+    of 8), and an increase the pool cannot cover never returns: 120 at 4 groups hung the H100."""
+    threads = 128 * (groups + 1)
+    pool = threads * min(255, 65536 // threads // 8 * 8)
+    return min(240, (pool - 128 * PRODUCER_REGS) // (128 * groups) // 8 * 8)
 
 
 def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = False):
@@ -138,3 +143,137 @@ def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = Fa
                     math(A_s, B_s, SA_s, SB_s, full, empty, C, 2, bx, by)
 
     return ws
+
+
+def build_ws_swapped(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = False):
+    """``ws_swapAB``: CTA (bx, by) computes tokens [bx*BN, +BN) x weight rows [by*64, +64) (the weight on wgmma's M
+    side, as ``swapAB``) with K split over its ``threads / 128 - 1`` math warpgroups.
+
+    The producer warpgroup fills a ``num_stages`` ring in K order, ``block_K / 128`` scale groups a stage (TMA loads,
+    the stage's token and weight scales staged as in ``ws``); math warpgroup g takes stages g, g + G, ... (the stage
+    count is a multiple of G, so a ring slot always serves one warpgroup) into its own float32 accumulator. At the end
+    warpgroups 1..G-1 park their accumulators in shared memory and warpgroup 0 adds them and stores the tile. Why:
+    at decode M 17-256 one warpgroup's K loop (wait for the stage, wgmma, wait, promote) is latency-bound (tensor pipe
+    23-41% busy, DRAM 0.9-1.3 TB/s on the H100); G loops of K / G blocks run side by side and one's promotion overlaps
+    the others' wgmmas, with no second kernel and no float32 partials in HBM (what ``splitK_swapAB`` pays)."""
+    import tilelang.language as T  # here: aiter_gemm imports without tilelang
+
+    M = T.dynamic("m")
+    BW, BT, GK, stages = cfg.block_M, cfg.block_N, cfg.groups, cfg.num_stages
+    G = cfg.threads // 128 - 1
+    BK = SCALE_BLOCK * GK
+    KB = K // SCALE_BLOCK
+    KS = KB // GK  # ring stages in all
+    NB = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
+    tok_per_thread = (BT + 127) // 128
+    fp8, f32 = "float8_e4m3fn", "float32"
+    sa_shape = (KB, M) if mmajor else (M, KB)
+    regs = math_registers(G)
+    PF = PREFETCH
+
+    def sa_at(SA, m, k):
+        return SA[k, m] if mmajor else SA[m, k]
+
+    @T.macro
+    def math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, g, bx, by):
+        C_l = T.alloc_fragment((BW, BT), f32)
+        C_acc = T.alloc_fragment((BT, BW), f32)  # (tokens, weight rows): stored as out's tile
+        Sc = T.alloc_fragment((BT,), f32)
+        T.clear(C_acc)
+        for kk in T.serial((KS - g + G - 1) // G):
+            ks = kk * G + g
+            s = ks % stages
+            T.mbarrier_wait_parity(full[s], (ks // stages) & 1)
+            for q in T.unroll(GK):
+                for j in T.Parallel(BT):
+                    Sc[j] = SA_s[s, q * BT + j] * SB_s[s, q]
+                T.wgmma_gemm(W_s[s, :, q * SCALE_BLOCK:(q + 1) * SCALE_BLOCK],
+                             X_s[s, :, q * SCALE_BLOCK:(q + 1) * SCALE_BLOCK], C_l, transpose_B=True,
+                             clear_accum=True)
+                T.wait_wgmma(0)
+                if q == GK - 1:  # the stage's operands and scales are read: the producer may refill it
+                    T.mbarrier_arrive(empty[s])
+                for i, j in T.Parallel(BW, BT):
+                    C_acc[j, i] += C_l[i, j] * Sc[j]
+        if g > 0:
+            T.copy(C_acc, R_s[g - 1, :, :])
+            T.mbarrier_arrive(done[0])
+        else:
+            if G > 1:
+                T.mbarrier_wait_parity(done[0], 0)
+                for r in T.unroll(G - 1):
+                    for j, i in T.Parallel(BT, BW):
+                        C_acc[j, i] += R_s[r, j, i]
+            T.copy(C_acc, C[bx * BT, by * BW])
+
+    @T.macro
+    def produce(A, B, SA, SB, W_s, X_s, SA_s, SB_s, full, empty, i, bx, by):
+        wb = by * BW // SCALE_BLOCK
+        pf = T.alloc_local((PF * GK * tok_per_thread,), f32)  # token scales, PF stages ahead
+        pfb = T.alloc_local((PF * GK,), f32)  # the weight block's scales
+        for d in T.unroll(PF):
+            for q in T.unroll(GK):
+                kq = T.min(d * GK + q, KB - 1)
+                pfb[d * GK + q] = SB[wb, kq]
+                for r in T.unroll(tok_per_thread):
+                    row = bx * BT + i + 128 * r
+                    pf[(d * GK + q) * tok_per_thread + r] = 0.0
+                    if row < M and i + 128 * r < BT:
+                        pf[(d * GK + q) * tok_per_thread + r] = sa_at(SA, row, kq)
+        for k0 in T.serial((KS + PF - 1) // PF):
+            for d in T.unroll(PF):
+                ks = k0 * PF + d
+                if ks < KS:
+                    s = ks % stages
+                    T.mbarrier_wait_parity(empty[s], ((ks // stages) & 1) ^ 1)
+                    T.tma_copy(B[by * BW:(by + 1) * BW, ks * BK:(ks + 1) * BK], W_s[s, :, :], barrier=full[s])
+                    T.tma_copy(A[bx * BT:(bx + 1) * BT, ks * BK:(ks + 1) * BK], X_s[s, :, :], barrier=full[s])
+                    for q in T.unroll(GK):
+                        for r in T.unroll(tok_per_thread):
+                            if i + 128 * r < BT:
+                                SA_s[s, q * BT + i + 128 * r] = pf[(d * GK + q) * tok_per_thread + r]
+                        if i == 0:
+                            SB_s[s, q] = pfb[d * GK + q]
+                    T.mbarrier_arrive(full[s])
+                    if ks + PF < KS:
+                        for q in T.unroll(GK):
+                            kq = (ks + PF) * GK + q
+                            pfb[d * GK + q] = SB[wb, kq]
+                            for r in T.unroll(tok_per_thread):
+                                row = bx * BT + i + 128 * r
+                                if row < M and i + 128 * r < BT:
+                                    pf[(d * GK + q) * tok_per_thread + r] = sa_at(SA, row, kq)
+
+    @T.prim_func
+    def ws_swap_ab(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
+                   SA: T.Tensor(sa_shape, f32), SB: T.Tensor((NB, KB), f32)):
+        # tokens on the grid's x: the CTAs sharing a weight tile run side by side and meet its bytes in L2
+        with T.Kernel(T.ceildiv(M, BT), T.ceildiv(N, BW), threads=128 * (G + 1)) as (bx, by):
+            W_s = T.alloc_shared((stages, BW, BK), fp8)
+            X_s = T.alloc_shared((stages, BT, BK), fp8)
+            SA_s = T.alloc_shared((stages, GK * BT), f32)
+            SB_s = T.alloc_shared((stages, GK), f32)
+            R_s = T.alloc_shared((G - 1, BT, BW), f32)
+            full = T.alloc_barrier([128] * stages)  # the producer's 128 threads (+ the TMA bytes)
+            empty = T.alloc_barrier([128] * stages)  # the one math warpgroup the slot serves
+            done = T.alloc_barrier([128 * (G - 1)])  # warpgroups 1..G-1 have parked their accumulators
+            tx = T.get_thread_binding()
+            with T.ws(G):
+                T.set_max_nreg(PRODUCER_REGS, 0)
+                produce(A, B, SA, SB, W_s, X_s, SA_s, SB_s, full, empty, tx - 128 * G, bx, by)
+            with T.ws(0):
+                T.set_max_nreg(regs, 1)
+                math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 0, bx, by)
+            with T.ws(1):
+                T.set_max_nreg(regs, 1)
+                math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 1, bx, by)
+            if G >= 3:
+                with T.ws(2):
+                    T.set_max_nreg(regs, 1)
+                    math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 2, bx, by)
+            if G >= 4:
+                with T.ws(3):
+                    T.set_max_nreg(regs, 1)
+                    math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 3, bx, by)
+
+    return ws_swap_ab

@@ -11,7 +11,8 @@
 # RESUME=<tuned CSV>: start from those rows (the tuner times only shapes without one); DROP_M=<lo>-<hi> drops the rows
 # with M in [lo, hi] from it first (to retune them after a change of the space there). RECONFIRM=1: re-time every
 # row against the default and torch's kernel before the benchmark, which then serves only the rows that still win
-# (reconfirmed_gemm.csv). Writes under $OUT: record.log, a8w8_blockscale_tuned_gemm.csv (+ the per-(N, K) JSON files
+# (reconfirmed_gemm.csv). STEPS (common.sh) picks steps (tune reconfirm warmup bench); TUNE_S / RECONFIRM_S: their
+# limits in seconds (200 / 240). Writes under $OUT: record.log, a8w8_blockscale_tuned_gemm.csv (+ the per-(N, K) JSON files
 # in json/), fp8_heldout_tuned_<GPU>.csv (+ _env.json).
 set -u
 . benchmarks/device/common.sh
@@ -40,12 +41,12 @@ if resume:
         w.writerows(keep)
     print(f"resumed from {resume}: {len(keep)} of {len(rows)} rows kept (dropped M {drop or 'none'})")
 PY
-step tune 200 python -m gradlib.tune_a8w8_blockscale -i "$OUT/decode_shapes.csv" -o "$TUNED" --quick \
+step tune "${TUNE_S:-200}" python -m gradlib.tune_a8w8_blockscale -i "$OUT/decode_shapes.csv" -o "$TUNED" --quick \
   --libtype triton,torch,tilelang --json_dir "$OUT/json"
 if [ -n "${RECONFIRM:-}" ]; then
   # every row's own solution against the op's default and torch's kernel again, in alternating rounds (no search):
   # only rows that still win by --min_gain are written, and the benchmark serves those
-  step reconfirm 240 python -m gradlib.tune_a8w8_blockscale -i "$OUT/decode_shapes.csv" --candidates_from "$TUNED" \
+  step reconfirm "${RECONFIRM_S:-240}" python -m gradlib.tune_a8w8_blockscale -i "$OUT/decode_shapes.csv" --candidates_from "$TUNED" \
     -o "$OUT/reconfirmed_gemm.csv" --libtype triton,torch,tilelang --json_dir "$OUT/json_reconfirmed"
   TUNED="$OUT/reconfirmed_gemm.csv"
 fi
