@@ -49,8 +49,8 @@ from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import build_ws, build_ws_sw
 #: take a config and its kernel from this one module.
 __all__ = ["HAND_SCHEDULED", "KERNEL_TYPES", "MAX_GROUPS", "SCALE_BLOCK", "SGLANG_KERNEL_TYPES", "SPLIT", "SWAPPED",
            "TARGET", "TESTED_VERSION", "TileLangConfig", "build", "build_normal", "build_swapped", "compiled",
-           "config_name", "config_space", "gemm_a8w8_blockscale_tilelang_ref", "is_config_name", "launcher", "pass_configs",
-           "precompile", "shape_error", "unavailable_reason"]
+           "config_name", "config_space", "gemm_a8w8_blockscale_tilelang_ref", "is_config_name", "launcher",
+           "pass_configs", "precompile", "shape_error", "unavailable_reason"]
 
 _OUT_TL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
