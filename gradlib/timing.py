@@ -48,8 +48,9 @@ class TimingConfig:
     #: > 0: size the calls per repetition from this time (one for every candidate of a comparison) instead of the
     #: candidate's own warm-up estimate, which is eager time, host cost included. A graph replay's fixed start-up is
     #: spread over its calls, so a candidate with a costlier host launch (Triton's) got fewer calls and read slower:
-    #: on the H100 the confirmation passed (5, 10240, 5120)'s TileLang row by 2% twice, and paired replays of equal
-    #: length (the benchmark's method) timed it 3.5% slower than the Triton default (BENCHMARKS.md, held-out shapes).
+    #: on the H100 the confirmation passed (5, 10240, 5120)'s TileLang row by 2% twice, paired replays of equal
+    #: length (the benchmark's method) timed it 3.5% slower than the Triton default, and re-confirmed with equal
+    #: lengths it lost to that default (BENCHMARKS.md, held-out FP8 shapes).
     per_call_us: float = 0.0
 
 
