@@ -265,9 +265,12 @@ def test_every_variant_lowers_for_sm90a(cfg, mmajor):
 
 
 @needs_tilelang
+@pytest.mark.parametrize("cfg", [TileLangConfig("swapAB", 64, 16, num_stages=4),
+                                 TileLangConfig("ws_swapAB", 64, 32, 256, num_stages=6, threads=384)],
+                         ids=lambda c: c.kernel_type)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_output_dtypes_lower(dtype):
-    src = _lower(TileLangConfig("swapAB", 64, 16, num_stages=4), False, dtype)
+def test_output_dtypes_lower(dtype, cfg):
+    src = _lower(cfg, False, dtype)
     assert ("half_t" if dtype == torch.float16 else "float") in src
 
 

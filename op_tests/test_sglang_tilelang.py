@@ -348,16 +348,18 @@ def test_tuner_writes_sglang_files_that_the_runtime_reads_back(sglang_env, tmp_p
 
 
 def test_sglang_files_get_only_what_sglang_runs(sglang_env, tmp_path):
-    """Where this project's own TileLang kernels win (``ws``, stages of several scale groups), SGLang's file gets the
-    fastest config of SGLang's four types with one scale group a stage: what SGLang's kernels can run."""
+    """Where this project's own TileLang kernels win (``ws``, ``ws_swapAB``, stages of several scale groups), SGLang's
+    file gets the fastest config of SGLang's four types with one scale group a stage: what SGLang's kernels can run."""
     from gradlib.blockscale import JsonSidecar, best_tilelang
 
     ws = TileLangConfig("ws", 128, 64, num_stages=4, threads=384)
     wide = TileLangConfig("swapAB", 64, 16, 512, num_stages=3)
+    ksplit = TileLangConfig("ws_swapAB", 64, 16, 256, num_stages=6, threads=384)
     plain = TileLangConfig("swapAB", 64, 16)
-    assert not ws.runs_in_sglang and not wide.runs_in_sglang and plain.runs_in_sglang
-    cands = [_candidate(wide, 7.0), _candidate(plain, 9.0), _candidate(ws, 6.0)]
+    assert not ws.runs_in_sglang and not wide.runs_in_sglang and not ksplit.runs_in_sglang and plain.runs_in_sglang
+    cands = [_candidate(wide, 7.0), _candidate(plain, 9.0), _candidate(ws, 6.0), _candidate(ksplit, 5.0)]
     assert best_tilelang(_outcome(16, _candidate(wide, 7.0, "confirm"), cands)).solution.kernelName == plain.name
+    assert best_tilelang(_outcome(16, _candidate(ksplit, 5.0, "confirm"), cands)).solution.kernelName == plain.name
     assert best_tilelang(_outcome(16, _candidate(ws, 6.0, "confirm"), cands[::2])) is None
     out_dir = tmp_path / "sg"
     out_dir.mkdir()
