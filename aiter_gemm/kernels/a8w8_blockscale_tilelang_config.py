@@ -179,10 +179,9 @@ class TileLangConfig:
                     f"got {self.threads}")
         if self.block_N % 8 or not 8 <= self.block_N <= 256 or (self.block_N > 128 and self.block_N % 64):
             return f"ws block_N={self.block_N} must be a multiple of 8 up to 128, or 192 or 256"
-        # partial + accumulator tiles: 2 * block_N / 2 registers a math thread, within 240 (2 groups) or 160 (3)
-        if self.block_N + 32 > ws_math_registers(self.block_M // 64):
-            return (f"ws block_N={self.block_N} needs {self.block_N + 32} registers a math thread, more than "
-                    f"{ws_math_registers(self.block_M // 64)} with {self.block_M // 64} math warpgroups")
+        why = self._register_problem(self.block_M // 64)
+        if why is not None:
+            return why
         if self.split_k != 1:
             return f"ws has split_k 1, got {self.split_k}"
         if self.a_scale_shm or self.b_scale_shm:
@@ -199,10 +198,9 @@ class TileLangConfig:
             return f"ws_swapAB runs 2-4 math warpgroups and a producer: threads 384, 512 or 640, got {self.threads}"
         if self.block_N % 16 or not 16 <= self.block_N <= 128:
             return f"ws_swapAB block_N={self.block_N} (tokens) must be a multiple of 16 in 16..128"
-        # partial + accumulator tiles: block_N / 2 registers a math thread each, within 240 / 160 / 112
-        if self.block_N + 32 > ws_math_registers(groups):
-            return (f"ws_swapAB block_N={self.block_N} needs {self.block_N + 32} registers a math thread, more than "
-                    f"{ws_math_registers(groups)} with {groups} math warpgroups")
+        why = self._register_problem(groups)
+        if why is not None:
+            return why
         if self.num_stages % groups:
             return f"ws_swapAB num_stages={self.num_stages} must be a multiple of its {groups} math warpgroups"
         if self.split_k != 1:
@@ -210,6 +208,16 @@ class TileLangConfig:
         if self.a_scale_shm or self.b_scale_shm or self.swizzle:
             return "ws_swapAB always stages the scales in shared memory and runs in launch order: no _AS/_BS/_SW"
         return self._pipeline_problem(groups)
+
+    def _register_problem(self, groups: int) -> str | None:
+        """The hand-scheduled types' register rule: a math thread holds a float32 partial and an accumulator tile of
+        64 x block_N (block_N / 2 registers each) and ~32 more, within what setmaxnreg gives it beside the producer
+        (240 / 160 / 112 for 2 / 3 / 4 math warpgroups)."""
+        have = ws_math_registers(groups)
+        if self.block_N + 32 > have:
+            return (f"{self.kernel_type} block_N={self.block_N} needs {self.block_N + 32} registers a math thread, "
+                    f"more than {have} with {groups} math warpgroups")
+        return None
 
     def _pipeline_problem(self, min_stages: int) -> str | None:
         """The rule every type shares: ``min_stages``..16 stages, shared memory within the SM's, swizzle >= 0."""

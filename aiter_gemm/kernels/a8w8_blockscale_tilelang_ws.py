@@ -56,30 +56,32 @@ def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = Fa
 
     @T.macro
     def math(A_s, B_s, SA_s, SB_s, full, empty, C, g, bx, by):
-        C_l = T.alloc_fragment((H, BN), f32)
-        C_acc = T.alloc_fragment((H, BN), f32)
-        Sc = T.alloc_fragment((H,), f32)
-        Sc1 = T.alloc_fragment((H,), f32)
-        first = (bx * BN // SCALE_BLOCK + 1) * SCALE_BLOCK - bx * BN  # columns below use the first scale block
-        T.clear(C_acc)
-        for k in T.serial(KB):
-            s = k % stages
-            T.mbarrier_wait_parity(full[s], (k // stages) & 1)
-            for i in T.Parallel(H):
-                Sc[i] = SA_s[s, g * H + i] * SB_s[s, 0]
-            if crosses:
+        with T.ws(g):  # math warpgroup g: its threads, its registers
+            T.set_max_nreg(regs, 1)
+            C_l = T.alloc_fragment((H, BN), f32)
+            C_acc = T.alloc_fragment((H, BN), f32)
+            Sc = T.alloc_fragment((H,), f32)
+            Sc1 = T.alloc_fragment((H,), f32)
+            first = (bx * BN // SCALE_BLOCK + 1) * SCALE_BLOCK - bx * BN  # columns below use the first scale block
+            T.clear(C_acc)
+            for k in T.serial(KB):
+                s = k % stages
+                T.mbarrier_wait_parity(full[s], (k // stages) & 1)
                 for i in T.Parallel(H):
-                    Sc1[i] = SA_s[s, g * H + i] * SB_s[s, 1]
-            T.wgmma_gemm(A_s[s, g * H:(g + 1) * H, :], B_s[s, :, :], C_l, transpose_B=True, clear_accum=True)
-            T.wait_wgmma(0)
-            T.mbarrier_arrive(empty[s])
-            if crosses:
-                for i, j in T.Parallel(H, BN):
-                    C_acc[i, j] += C_l[i, j] * T.if_then_else(j < first, Sc[i], Sc1[i])
-            else:
-                for i, j in T.Parallel(H, BN):
-                    C_acc[i, j] += C_l[i, j] * Sc[i]
-        T.copy(C_acc, C[by * BM + g * H, bx * BN])
+                    Sc[i] = SA_s[s, g * H + i] * SB_s[s, 0]
+                if crosses:
+                    for i in T.Parallel(H):
+                        Sc1[i] = SA_s[s, g * H + i] * SB_s[s, 1]
+                T.wgmma_gemm(A_s[s, g * H:(g + 1) * H, :], B_s[s, :, :], C_l, transpose_B=True, clear_accum=True)
+                T.wait_wgmma(0)
+                T.mbarrier_arrive(empty[s])
+                if crosses:
+                    for i, j in T.Parallel(H, BN):
+                        C_acc[i, j] += C_l[i, j] * T.if_then_else(j < first, Sc[i], Sc1[i])
+                else:
+                    for i, j in T.Parallel(H, BN):
+                        C_acc[i, j] += C_l[i, j] * Sc[i]
+            T.copy(C_acc, C[by * BM + g * H, bx * BN])
 
     @T.prim_func
     def ws(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
@@ -131,16 +133,10 @@ def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = Fa
                                     row = by * BM + i + 128 * r
                                     if row < M and i + 128 * r < BM:
                                         pf[d * rows_per_thread + r] = sa_at(SA, row, k + PREFETCH)
-            with T.ws(0):
-                T.set_max_nreg(regs, 1)
-                math(A_s, B_s, SA_s, SB_s, full, empty, C, 0, bx, by)
-            with T.ws(1):
-                T.set_max_nreg(regs, 1)
-                math(A_s, B_s, SA_s, SB_s, full, empty, C, 1, bx, by)
+            math(A_s, B_s, SA_s, SB_s, full, empty, C, 0, bx, by)
+            math(A_s, B_s, SA_s, SB_s, full, empty, C, 1, bx, by)
             if groups == 3:
-                with T.ws(2):
-                    T.set_max_nreg(regs, 1)
-                    math(A_s, B_s, SA_s, SB_s, full, empty, C, 2, bx, by)
+                math(A_s, B_s, SA_s, SB_s, full, empty, C, 2, bx, by)
 
     return ws
 
@@ -176,35 +172,36 @@ def build_ws_swapped(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: b
 
     @T.macro
     def math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, g, bx, by):
-        C_l = T.alloc_fragment((BW, BT), f32)
-        C_acc = T.alloc_fragment((BT, BW), f32)  # (tokens, weight rows): stored as out's tile
-        Sc = T.alloc_fragment((BT,), f32)
-        T.clear(C_acc)
-        for kk in T.serial((KS - g + G - 1) // G):
-            ks = kk * G + g
-            s = ks % stages
-            T.mbarrier_wait_parity(full[s], (ks // stages) & 1)
-            for q in T.unroll(GK):
-                for j in T.Parallel(BT):
-                    Sc[j] = SA_s[s, q * BT + j] * SB_s[s, q]
-                T.wgmma_gemm(W_s[s, :, q * SCALE_BLOCK:(q + 1) * SCALE_BLOCK],
-                             X_s[s, :, q * SCALE_BLOCK:(q + 1) * SCALE_BLOCK], C_l, transpose_B=True,
-                             clear_accum=True)
-                T.wait_wgmma(0)
-                if q == GK - 1:  # the stage's operands and scales are read: the producer may refill it
-                    T.mbarrier_arrive(empty[s])
-                for i, j in T.Parallel(BW, BT):
-                    C_acc[j, i] += C_l[i, j] * Sc[j]
-        if g > 0:
-            T.copy(C_acc, R_s[g - 1, :, :])
-            T.mbarrier_arrive(done[0])
-        else:
-            if G > 1:
+        with T.ws(g):  # math warpgroup g: its threads, its registers
+            T.set_max_nreg(regs, 1)
+            C_l = T.alloc_fragment((BW, BT), f32)
+            C_acc = T.alloc_fragment((BT, BW), f32)  # (tokens, weight rows): stored as out's tile
+            Sc = T.alloc_fragment((BT,), f32)
+            T.clear(C_acc)
+            for kk in T.serial((KS - g + G - 1) // G):
+                ks = kk * G + g
+                s = ks % stages
+                T.mbarrier_wait_parity(full[s], (ks // stages) & 1)
+                for q in T.unroll(GK):
+                    for j in T.Parallel(BT):
+                        Sc[j] = SA_s[s, q * BT + j] * SB_s[s, q]
+                    T.wgmma_gemm(W_s[s, :, q * SCALE_BLOCK:(q + 1) * SCALE_BLOCK],
+                                 X_s[s, :, q * SCALE_BLOCK:(q + 1) * SCALE_BLOCK], C_l, transpose_B=True,
+                                 clear_accum=True)
+                    T.wait_wgmma(0)
+                    if q == GK - 1:  # the stage's operands and scales are read: the producer may refill it
+                        T.mbarrier_arrive(empty[s])
+                    for i, j in T.Parallel(BW, BT):
+                        C_acc[j, i] += C_l[i, j] * Sc[j]
+            if g > 0:
+                T.copy(C_acc, R_s[g - 1, :, :])
+                T.mbarrier_arrive(done[0])
+            else:  # G >= 2 (the config rule)
                 T.mbarrier_wait_parity(done[0], 0)
                 for r in T.unroll(G - 1):
                     for j, i in T.Parallel(BT, BW):
                         C_acc[j, i] += R_s[r, j, i]
-            T.copy(C_acc, C[bx * BT, by * BW])
+                T.copy(C_acc, C[bx * BT, by * BW])
 
     @T.macro
     def produce(A, B, SA, SB, W_s, X_s, SA_s, SB_s, full, empty, i, bx, by):
@@ -261,19 +258,11 @@ def build_ws_swapped(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: b
             with T.ws(G):
                 T.set_max_nreg(PRODUCER_REGS, 0)
                 produce(A, B, SA, SB, W_s, X_s, SA_s, SB_s, full, empty, tx - 128 * G, bx, by)
-            with T.ws(0):
-                T.set_max_nreg(regs, 1)
-                math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 0, bx, by)
-            with T.ws(1):
-                T.set_max_nreg(regs, 1)
-                math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 1, bx, by)
+            math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 0, bx, by)
+            math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 1, bx, by)
             if G >= 3:
-                with T.ws(2):
-                    T.set_max_nreg(regs, 1)
-                    math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 2, bx, by)
+                math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 2, bx, by)
             if G >= 4:
-                with T.ws(3):
-                    T.set_max_nreg(regs, 1)
-                    math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 3, bx, by)
+                math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, 3, bx, by)
 
     return ws_swap_ab
