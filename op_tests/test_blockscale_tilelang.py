@@ -80,6 +80,10 @@ SPREAD = [
     TileLangConfig("ws_swapAB", 64, 32, num_stages=6, threads=512),
     TileLangConfig("ws_swapAB", 64, 16, num_stages=4, threads=640),
     TileLangConfig("ws_swapAB", 64, 128, num_stages=6, threads=384),
+    # token tiles fitted to M (one of 144 tokens, two of 80) and two CTAs an SM (104 registers, half the shared memory)
+    TileLangConfig("ws_swapAB", 64, 144, num_stages=6, threads=384),
+    TileLangConfig("ws_swapAB", 64, 80, num_stages=8, threads=384),
+    TileLangConfig("ws_swapAB", 64, 48, num_stages=6, threads=384, min_blocks=2),
 ]
 
 
@@ -154,6 +158,16 @@ def test_sglang_published_config_values_parse():
     (dict(kernel_type="ws_swapAB", block_M=64, block_N=32, threads=384, num_stages=4, swizzle=8), "_SW"),
     (dict(kernel_type="ws_swapAB", block_M=64, block_N=128, block_K=256, threads=384, num_stages=6),
      "shared memory"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=224, threads=384, num_stages=4), "16..208"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=144, threads=512, num_stages=3), "registers"),
+    # two CTAs an SM: ws_swapAB only, 104 registers a math thread, half the SM's shared memory
+    (dict(kernel_type="swapAB", block_M=64, block_N=16, min_blocks=2), "min_blocks=2"),
+    (dict(kernel_type="ws", block_M=128, block_N=64, threads=384, min_blocks=2), "min_blocks=2"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=32, threads=384, num_stages=4, min_blocks=3), "min_blocks=3"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=80, threads=384, num_stages=4, min_blocks=2),
+     "112 registers .* more than 104 .* 2 CTA"),
+    (dict(kernel_type="ws_swapAB", block_M=64, block_N=64, threads=384, num_stages=6, min_blocks=2),
+     "shared memory, more than 113664"),
 ])
 def test_config_rule_rejects(kwargs, text):
     with pytest.raises(ValueError, match=text):
@@ -199,8 +213,9 @@ def test_config_space_holds_only_what_runs(M, N, K):
     # decode shapes get the swapped types, M >= 64 the warp-specialised kernel
     kinds = {c.kernel_type for c in space}
     assert ("swapAB" in kinds) == (M <= 256) and (("ws" in kinds) == (M >= 64))
-    # K split over the math warpgroups up to M = 128, in the quick space too
-    assert ("ws_swapAB" in kinds) == ("ws_swapAB" in {c.kernel_type for c in quick}) == (M <= 128)
+    # K split over the math warpgroups up to M = 256, in the quick space too; two CTAs an SM at 16 < M <= 160
+    assert ("ws_swapAB" in kinds) == ("ws_swapAB" in {c.kernel_type for c in quick}) == (M <= 256)
+    assert any(c.min_blocks == 2 for c in quick) == any(c.min_blocks == 2 for c in space) == (16 < M <= 160)
     # one 192-token tile where two 128-token tiles would be mostly padding, in the quick space too
     tall = {c for c in quick if c.kernel_type == "ws" and c.block_M == 192}
     assert bool(tall) == (128 < M <= 192)
@@ -213,15 +228,24 @@ def test_tilelang_is_never_the_default(M):
     assert get_backend("tilelang", PACKAGE).default_for(problem, IDENT) is None
 
 
+@pytest.mark.parametrize("min_blocks", [1, 2])
 @pytest.mark.parametrize("groups", [2, 3, 4])
-def test_math_registers_fit_the_launch_pool(groups):
-    """setmaxnreg only moves registers inside the pool the CTA launched with (65536 / threads a thread, in steps of
-    8): the math warpgroups' increase must fit it beside the 24-register producer, or it never returns."""
+def test_math_registers_fit_the_launch_pool(groups, min_blocks):
+    """setmaxnreg only moves registers inside the pool the CTA launched with (65536 / CTAs an SM / threads a thread,
+    in steps of 8): the math warpgroups' increase must fit it beside the 24-register producer, or it never returns."""
     threads = 128 * (groups + 1)
-    pool = threads * (65536 // threads // 8 * 8)
-    regs = ws_math_registers(groups)
+    pool = threads * (65536 // min_blocks // threads // 8 * 8)
+    regs = ws_math_registers(groups, min_blocks)
     assert regs % 8 == 0 and 128 * groups * regs + 128 * 24 <= pool
     assert 128 * groups * (regs + 8) + 128 * 24 > pool or regs == 240  # and takes all of it
+
+
+@pytest.mark.parametrize("M,tiles", [(1, {16}), (40, {32, 48, 64}), (100, {64, 112, 128}), (136, {80, 144}),
+                                     (200, {112, 208}), (256, {128})])
+def test_ws_swapab_token_tiles_fit_m(M, tiles):
+    """ws_swapAB's token tiles (one CTA an SM) hold M in one or two CTAs with little padding, within 208 tokens."""
+    quick = config_space(M, 4096, 4096, quick=True)
+    assert {c.block_N for c in quick if c.kernel_type == "ws_swapAB" and c.min_blocks == 1} == tiles
 
 
 def test_reference_orders_sums_as_the_kernels_do():
@@ -253,8 +277,9 @@ def test_every_variant_lowers_for_sm90a(cfg, mmajor):
     if cfg.kernel_type in tl.HAND_SCHEDULED:  # our producer/consumer split: setmaxnreg per role, no block-wide
         # barrier between the roles; ws: a math warpgroup per 64 token rows, ws_swapAB: threads / 128 - 1 split K
         groups = cfg.block_M // 64 if cfg.kernel_type == "ws" else cfg.threads // 128 - 1
-        regs = ws_math_registers(groups)
+        regs = ws_math_registers(groups, cfg.min_blocks)
         assert src.count(f"warpgroup_reg_alloc<{regs}>") == groups and "warpgroup_reg_dealloc<24>" in src
+        assert f"__launch_bounds__({cfg.threads}, {cfg.min_blocks})" in src
         assert src.count("__syncthreads()") == 1  # after the barriers' initialisation only: more would deadlock
         assert src.count(".arrive()") >= 2  # full (producer) and empty (math) barriers
     elif cfg.threads > 128:  # registers moved to the two math warpgroups (TileLang may add it at 128 on its own)

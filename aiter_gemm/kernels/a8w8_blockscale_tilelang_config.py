@@ -26,9 +26,12 @@ SPLIT = frozenset({"splitK", "splitK_swapAB"})
 _WGMMA_M = 64
 #: Shared memory per CTA on sm_90 (227 KB usable), minus what TileLang keeps for barriers and scale staging.
 _SMEM_BYTES = 227 * 1024 - 2 * 1024
+#: Shared memory of one SM (228 KB, 1 KB of it kept by the driver per resident CTA): a CTA of ``min_blocks`` 2 gets
+#: half, less the same 2 KB of margin.
+_SM_SMEM_BYTES = 228 * 1024
 
 _NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws|ws_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
-                      r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?")
+                      r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?(?:_MB(?P<mb>\d+))?")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class TileLangConfig:
     b_scale_shm: bool = False
     a_scale_shm: bool = False
     swizzle: int = 0
+    min_blocks: int = 1
 
     libtype = "tilelang"
 
@@ -84,7 +88,7 @@ class TileLangConfig:
 
     @property
     def name(self) -> str:
-        """The CSV ``kernelName``: ``<type>-BM<>_BN<>_BK<>_S<stages>_T<threads>_SK<split>[_BS][_AS][_SW<n>]``
+        """The CSV ``kernelName``: ``<type>-BM<>_BN<>_BK<>_S<stages>_T<threads>_SK<split>[_BS][_AS][_SW<n>][_MB<n>]``
         (``c_scale_local`` is always true, so the name does not carry it)."""
         return config_name(asdict(self))
 
@@ -93,16 +97,19 @@ class TileLangConfig:
         m = _NAME_RE.fullmatch(name.strip())
         if m is None:
             raise ValueError(f"{name!r} is not a TileLang config name (<type>-BM<m>_BN<n>_BK<k>_S<stages>_T<threads>"
-                             f"_SK<split>[_BS][_AS][_SW<panel>], type one of {', '.join(KERNEL_TYPES)})")
+                             f"_SK<split>[_BS][_AS][_SW<panel>][_MB<ctas>], type one of {', '.join(KERNEL_TYPES)})")
         return cls(m["kt"], int(m["bm"]), int(m["bn"]), int(m["bk"]), int(m["st"]), int(m["th"]), int(m["sk"]),
-                   True, m["bs"] is not None, m["as"] is not None, int(m["sw"] or 0))
+                   True, m["bs"] is not None, m["as"] is not None, int(m["sw"] or 0), int(m["mb"] or 1))
 
     def to_json(self) -> dict[str, Any]:
-        """The config as SGLang's JSON value holds it (plus ``libtype`` and, when set, ``swizzle``)."""
+        """The config as SGLang's JSON value holds it (plus ``libtype`` and, when set, ``swizzle`` and
+        ``min_blocks``)."""
         out: dict[str, Any] = {"libtype": self.libtype, **asdict(self)}
         for key in ("swizzle", "a_scale_shm", "b_scale_shm"):
             if not out[key]:
                 del out[key]
+        if self.min_blocks == 1:
+            del out["min_blocks"]
         return out
 
     @classmethod
@@ -133,6 +140,8 @@ class TileLangConfig:
         if self.block_K % SCALE_BLOCK or not SCALE_BLOCK <= self.block_K <= MAX_GROUPS * SCALE_BLOCK:
             return (f"block_K must be {SCALE_BLOCK} times 1..{MAX_GROUPS} (scale groups a pipeline stage), "
                     f"got {self.block_K}")
+        if self.min_blocks not in (1, 2) or (self.min_blocks != 1 and self.kernel_type != "ws_swapAB"):
+            return f"min_blocks={self.min_blocks}: 1, or 2 for ws_swapAB (two CTAs an SM)"
         if self.block_K != SCALE_BLOCK and self.kernel_type not in SWAPPED:
             return (f"{self.kernel_type} stages one scale group (block_K {SCALE_BLOCK}); wider stages are built "
                     f"for the swapped types")
@@ -189,15 +198,16 @@ class TileLangConfig:
         return self._pipeline_problem(2)
 
     def _ws_swapped_problem(self) -> str | None:
-        """The ``ws_swapAB`` kernel's rule: 64 weight rows, 16..128 tokens, 2-4 math warpgroups splitting K plus the
-        producer warpgroup, a stage count that is a multiple of the math warpgroups (a ring slot serves one)."""
+        """The ``ws_swapAB`` kernel's rule: 64 weight rows, 16..208 tokens (within the registers), 2-4 math warpgroups
+        splitting K plus the producer warpgroup, a stage count that is a multiple of the math warpgroups (a ring slot
+        serves one)."""
         groups = self.threads // 128 - 1
         if self.block_M != _WGMMA_M:
             return f"ws_swapAB has {_WGMMA_M} weight rows a CTA (block_M), got {self.block_M}"
         if self.threads % 128 or not 2 <= groups <= 4:
             return f"ws_swapAB runs 2-4 math warpgroups and a producer: threads 384, 512 or 640, got {self.threads}"
-        if self.block_N % 16 or not 16 <= self.block_N <= 128:
-            return f"ws_swapAB block_N={self.block_N} (tokens) must be a multiple of 16 in 16..128"
+        if self.block_N % 16 or not 16 <= self.block_N <= 208:
+            return f"ws_swapAB block_N={self.block_N} (tokens) must be a multiple of 16 in 16..208"
         why = self._register_problem(groups)
         if why is not None:
             return why
@@ -212,19 +222,21 @@ class TileLangConfig:
     def _register_problem(self, groups: int) -> str | None:
         """The hand-scheduled types' register rule: a math thread holds a float32 partial and an accumulator tile of
         64 x block_N (block_N / 2 registers each) and ~32 more, within what setmaxnreg gives it beside the producer
-        (240 / 160 / 112 for 2 / 3 / 4 math warpgroups)."""
-        have = ws_math_registers(groups)
+        (240 / 160 / 112 for 2 / 3 / 4 math warpgroups; 104 for 2 at two CTAs an SM)."""
+        have = ws_math_registers(groups, self.min_blocks)
         if self.block_N + 32 > have:
             return (f"{self.kernel_type} block_N={self.block_N} needs {self.block_N + 32} registers a math thread, "
-                    f"more than {have} with {groups} math warpgroups")
+                    f"more than {have} with {groups} math warpgroups and {self.min_blocks} CTA(s) an SM")
         return None
 
     def _pipeline_problem(self, min_stages: int) -> str | None:
         """The rule every type shares: ``min_stages``..16 stages, shared memory within the SM's, swizzle >= 0."""
         if not min_stages <= self.num_stages <= 16:
             return f"num_stages={self.num_stages} must be {min_stages}..16"
-        if self.smem_bytes() > _SMEM_BYTES:
-            return f"needs {self.smem_bytes()} bytes of shared memory, more than {_SMEM_BYTES}"
+        have = min(_SMEM_BYTES, _SM_SMEM_BYTES // self.min_blocks - 3 * 1024)
+        if self.smem_bytes() > have:
+            return (f"needs {self.smem_bytes()} bytes of shared memory, more than {have} "
+                    f"({self.min_blocks} CTA(s) an SM)")
         if self.swizzle < 0:
             return f"swizzle={self.swizzle} must be >= 0"
         return None
@@ -249,7 +261,8 @@ def config_name(values: dict[str, Any]) -> str:
     v = {f.name: f.default for f in fields(TileLangConfig) if f.name != "kernel_type"} | values
     return (f"{v['kernel_type']}-BM{v['block_M']}_BN{v['block_N']}_BK{v['block_K']}_S{v['num_stages']}"
             f"_T{v['threads']}_SK{v['split_k']}" + ("_BS" if v["b_scale_shm"] else "")
-            + ("_AS" if v["a_scale_shm"] else "") + (f"_SW{v['swizzle']}" if v["swizzle"] else ""))
+            + ("_AS" if v["a_scale_shm"] else "") + (f"_SW{v['swizzle']}" if v["swizzle"] else "")
+            + (f"_MB{v['min_blocks']}" if v["min_blocks"] != 1 else ""))
 
 
 def is_config_name(name: str) -> bool:
@@ -279,6 +292,20 @@ def _token_tiles(M: int) -> tuple[int, ...]:
     return tuple(t for t in (tile, tile // 2) if t >= 16)
 
 
+def _fit_tile(M: int, most: int) -> int:
+    """The smallest multiple of 16 that splits M into as few token tiles as a tile of at most ``most`` tokens can."""
+    per_tile = -(-M // -(-M // most))  # ceil(M / the fewest tiles)
+    return -(-per_tile // 16) * 16
+
+
+def _ws_token_tiles(M: int) -> tuple[int, ...]:
+    """``ws_swapAB`` token tiles (one CTA an SM) at M: up to M = 128 those of :func:`_token_tiles`, and the tiles
+    fitted to M in one CTA (up to 208 tokens, the registers' limit) or two (up to 128): M = 100 one tile of 112
+    tokens, M = 136 one of 144 or two of 80, where 128-token tiles left 46-88% of a CTA padding."""
+    fits = [t for t in (_fit_tile(M, 208), _fit_tile(-(-M // 2), 128)) if -(-M // t) <= 2]
+    return tuple(dict.fromkeys([*(_token_tiles(M) if M <= 128 else ()), *fits]))
+
+
 def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangConfig]:
     """Configs the tuner times for (M, N, K), each valid there (:func:`shape_error`). Measured on the H100
     (8 weights of 16-131 MB, M 1-4096): swapped types win up to M = 64-128 (split-K where N / 64 tiles leave SMs
@@ -286,13 +313,17 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
     kb = K // SCALE_BLOCK if K % SCALE_BLOCK == 0 else 0
     out: list[TileLangConfig] = []
 
-    def add(*args, **kw) -> None:
+    def add(*args, **kw) -> bool:
+        """Add the config if it builds and runs (M, N, K); whether it does."""
         try:
             cfg = TileLangConfig(*args, **kw)
         except ValueError:  # e.g. 128x128 tiles in 8 stages overflow shared memory: not a candidate
-            return
-        if shape_error(cfg, M, N, K) is None:
+            return False
+        if shape_error(cfg, M, N, K) is not None:
+            return False
+        if cfg not in out:
             out.append(cfg)
+        return True
 
     if M <= 256:
         for bn in _token_tiles(M)[:1] if quick else _token_tiles(M):
@@ -308,16 +339,25 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
                 if kb and kb % sk == 0:
                     for st in (4,) if quick else (4, 8):
                         add("splitK_swapAB", 64, bn, num_stages=st, split_k=sk)
-    if M <= 128:
+    if M <= 256:
         # ws_swapAB, K split over 2 math warpgroups: at M 40 and 64 it ran 1.08-1.28x the quick-tuned row on 5 of 8
-        # held-out weights (up to 0.90 of the weight read), 0.94-1.00x on the 3 widest; at M 16 and 100 up to 1.17x
-        # (H100, benchmarks/results/fp8/ws_swapab_h100/wsk.csv). Both token tiles: the half won on 4096-row weights.
-        for bn in _token_tiles(M):
-            for bk, st in ((256, 6), (128, 8) if bn <= 64 else (128, 6)):
-                add("ws_swapAB", 64, bn, block_K=bk, num_stages=st, threads=384)
-            if not quick:
+        # held-out weights (up to 0.90 of the weight read); at M 100-136 token tiles fitted to M (one tile of
+        # 112 or 144 tokens, two of 80) ran 1.08-1.29x the tuned row on 6 of 8 (H100,
+        # benchmarks/results/fp8/ws_swapab_h100/ and ws_swapab2_h100/wsk2.csv); at M 256 it won one weight.
+        for bn in _ws_token_tiles(M):
+            add("ws_swapAB", 64, bn, block_K=256, num_stages=6, threads=384)
+            any(add("ws_swapAB", 64, bn, num_stages=st, threads=384) for st in (8, 6, 4))  # the most that fit
+            if not quick and M <= 128:
                 for bk, st, th in ((128, 6, 512), (256, 6, 512), (128, 12, 384), (128, 4, 384)):
                     add("ws_swapAB", 64, bn, block_K=bk, num_stages=st, threads=th)
+        if 16 < M <= 160:
+            # two CTAs an SM (104 registers a math thread: at most 64 tokens), the tile fitted to M: where the grid
+            # passes the SMs one CTA's ramp and epilogue overlap the other's stream ((40|64, 10240, 5120): 1.13x
+            # the best one-CTA config; (136, 5120, 8192) 1.2x the tuned row)
+            bn = _fit_tile(M, 64)
+            any(add("ws_swapAB", 64, bn, num_stages=st, threads=384, min_blocks=2) for st in (6, 4))
+            if not quick:
+                add("ws_swapAB", 64, bn, block_K=256, num_stages=2, threads=384, min_blocks=2)
     if M >= 64:
         # ws: 1.0-1.8x base-BM128_BN128_T256 at M 128-4096 on 8 weights (H100, docs/exploration.md), so base is
         # no longer timed there; 64-wide weight tiles win where 128-wide ones leave SMs idle (M <= 256).

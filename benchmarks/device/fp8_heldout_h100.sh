@@ -8,9 +8,9 @@
 #
 #   OUT=/tmp/heldout TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_heldout_h100.sh
 #
-# RESUME=<tuned CSV>: start from those rows (the tuner times only shapes without one); DROP_M=<lo>-<hi> drops the rows
-# with M in [lo, hi] from it first (to retune them after a change of the space there). RECONFIRM=1: re-time every
-# row against the default and torch's kernel before the benchmark, which then serves only the rows that still win
+# RESUME=<tuned CSV>: start from those rows (the tuner times only shapes without one); DROP_M=<lo>-<hi>[,<lo>-<hi>...]
+# drops the rows with M in those ranges from it first (to retune them after a change of the space there).
+# RECONFIRM=1: re-time every row against the default and torch's kernel before the benchmark, which then serves only the rows that still win
 # (reconfirmed_gemm.csv). STEPS (common.sh) picks steps (tune reconfirm warmup bench); TUNE_S / RECONFIRM_S: their
 # limits in seconds (200 / 240). Writes under $OUT: record.log, a8w8_blockscale_tuned_gemm.csv (+ the per-(N, K) JSON files
 # in json/), fp8_heldout_tuned_<GPU>.csv (+ _env.json).
@@ -31,10 +31,10 @@ shapes = sorted({(p.M, p.N, p.K) for _, (_, p) in build_sets("gemm_a8w8_blocksca
 with open(shapes_out, "w") as f:
     f.write("M,N,K\n" + "".join(f"{m},{n},{k}\n" for m, n, k in shapes))
 if resume:
-    lo, hi = (int(x) for x in drop.split("-")) if drop else (1, 0)
+    ranges = [tuple(int(x) for x in part.split("-")) for part in drop.split(",")] if drop else []
     with open(resume, newline="") as f:
         rows = list(csv.DictReader(f))
-    keep = [r for r in rows if not lo <= int(r["M"]) <= hi]
+    keep = [r for r in rows if not any(lo <= int(r["M"]) <= hi for lo, hi in ranges)]
     with open(tuned, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
