@@ -213,9 +213,9 @@ def test_config_space_holds_only_what_runs(M, N, K):
     # decode shapes get the swapped types, M >= 64 the warp-specialised kernel
     kinds = {c.kernel_type for c in space}
     assert ("swapAB" in kinds) == (M <= 256) and (("ws" in kinds) == (M >= 64))
-    # K split over the math warpgroups up to M = 256, in the quick space too; two CTAs an SM at 16 < M <= 256
+    # K split over the math warpgroups up to M = 256, in the quick space too; two CTAs an SM at 16 < M <= 160
     assert ("ws_swapAB" in kinds) == ("ws_swapAB" in {c.kernel_type for c in quick}) == (M <= 256)
-    assert any(c.min_blocks == 2 for c in quick) == any(c.min_blocks == 2 for c in space) == (16 < M <= 256)
+    assert any(c.min_blocks == 2 for c in quick) == any(c.min_blocks == 2 for c in space) == (16 < M <= 160)
     # one 192-token tile where two 128-token tiles would be mostly padding, in the quick space too
     tall = {c for c in quick if c.kernel_type == "ws" and c.block_M == 192}
     assert bool(tall) == (128 < M <= 192)

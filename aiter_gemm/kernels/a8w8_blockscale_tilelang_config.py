@@ -350,7 +350,7 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
             if not quick and M <= 128:
                 for bk, st, th in ((128, 6, 512), (256, 6, 512), (128, 12, 384), (128, 4, 384)):
                     add("ws_swapAB", 64, bn, block_K=bk, num_stages=st, threads=th)
-        if 16 < M <= 256:
+        if 16 < M <= 160:
             # two CTAs an SM (104 registers a math thread: at most 64 tokens), the tile fitted to M: where the grid
             # passes the SMs one CTA's ramp and epilogue overlap the other's stream ((40|64, 10240, 5120): 1.13x
             # the best one-CTA config; (136, 5120, 8192) 1.2x the tuned row)
