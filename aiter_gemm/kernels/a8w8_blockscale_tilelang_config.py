@@ -342,7 +342,7 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
     if M <= 256:
         # ws_swapAB, K split over 2 math warpgroups: at M 40 and 64 it ran 1.08-1.28x the quick-tuned row on 5 of 8
         # held-out weights (up to 0.90 of the weight read); at M 100-136 token tiles fitted to M (one tile of
-        # 112 or 144 tokens, two of 80) ran 1.08-1.29x the tuned row on 6 of 8 (H100,
+        # 112 or 144 tokens, two of 80) ran 1.08-1.29x the tuned row on 5 of 8 (H100,
         # benchmarks/results/fp8/ws_swapab_h100/ and ws_swapab2_h100/wsk2.csv); at M 256 it won one weight.
         for bn in _ws_token_tiles(M):
             add("ws_swapAB", 64, bn, block_K=256, num_stages=6, threads=384)
