@@ -56,6 +56,18 @@ def test_every_shipped_row_parses_and_its_backend_accepts_its_shape(op):
             assert why is None, where
 
 
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+def test_device_exact_shipped_rows_keep_a_row_for_the_device_class(op):
+    """A shipped row tuned for one device (``device_name``, e.g. the H100) sits beside the row of its key that serves
+    every device of its ``gfx`` and ``cu_num`` (the H200 is sm_90 / 132 too): an exact row never takes a tuned row
+    away from the devices it was not measured on."""
+    rows = _rows(op)
+    generic = {(r.gfx, r.cu_num, r.key) for r in rows if r.device_name is None}
+    for row in rows:
+        if row.device_name is not None:
+            assert (row.gfx, row.cu_num, row.key) in generic, f"{FILES[op.name]}:{row.line} ({row.device_name})"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
 def test_gpu_every_shipped_row_runs_its_shape_against_the_reference(op, clean_runtime):
