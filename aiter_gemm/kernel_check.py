@@ -37,6 +37,7 @@ import torch
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.fileio import atomic_write_text
 from aiter_gemm.registry import op_spec
 
 PROG = "python -m aiter_gemm.kernel_check"
@@ -293,8 +294,10 @@ def run_ncu(argv: Sequence[str], args: argparse.Namespace, check: Check) -> int:
     if rc != 0:
         print(f"{PROG}: ncu exited with status {rc}: {' '.join(profile)}", file=sys.stderr)
         return rc
-    with open(csv_path, "w") as out:
-        rc = subprocess.run(export, stdout=out, check=False).returncode
+    exported = subprocess.run(export, stdout=subprocess.PIPE, text=True, check=False)
+    rc = exported.returncode
+    if rc == 0:  # the CSV written whole (temp + rename), never a half export
+        atomic_write_text(csv_path, exported.stdout)
     if rc != 0:
         print(f"{PROG}: ncu --import exited with status {rc}: {' '.join(export)}", file=sys.stderr)
         return rc

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import aiter_gemm
+from aiter_gemm.fileio import atomic_write_text
 
 if TYPE_CHECKING:
     from aiter_gemm.examples.hf_model import PatchState
@@ -137,7 +138,7 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                                   "AITER_TUNE_GEMM_FLUSH_S": "3600"}
     if not args.capture_misses_only:  # capture every shape, not only those the tuned tables miss
         empty = out / "empty_tuned_gemm.csv"
-        empty.write_text("")
+        atomic_write_text(empty, "")
         env["AITER_CONFIG_GEMM_BF16"] = str(empty)
         if fp8:
             env["AITER_CONFIG_GEMM_A8W8_BLOCKSCALE"] = str(empty)
@@ -200,7 +201,7 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
         "captured_vs_gradlib_models": compare(got, fused),
     }
     print_capture(result, arch)
-    (out / "capture_check.json").write_text(json.dumps(result, indent=1, default=str))
+    atomic_write_text(out / "capture_check.json", json.dumps(result, indent=1, default=str))
     return result
 
 

@@ -34,7 +34,6 @@ adds a second unpatched arm to the same rounds: its ratio to "without" is what t
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import logging
@@ -72,6 +71,7 @@ from aiter_gemm.examples.hf_model import (  # noqa: E402  (also the names script
     resolve_config,
 )
 from aiter_gemm.examples.hf_profile import profile_decode  # noqa: E402
+from aiter_gemm.fileio import atomic_write_text, render_csv  # noqa: E402
 
 CONTROL = "control"  # with --control: a second unpatched arm; without / control is the method's A/A noise floor
 
@@ -450,12 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         meta["measure_s"] = time.perf_counter() - t1
         if device.type == "cuda":
             meta["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-        with open(out / "rounds.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(res["rounds"][0]))
-            w.writeheader()
-            w.writerows(res["rounds"])
+        # every output file written whole (temp + rename): a run killed mid-write leaves the earlier file, not half
+        atomic_write_text(out / "rounds.csv", render_csv(list(res["rounds"][0]), res["rounds"]))
         table = markdown(res["summary"])
-        (out / "results.md").write_text(table + "\n")
+        atomic_write_text(out / "results.md", table + "\n")
         counts: dict[str, int] = {}
         for d in res["decisions"]:
             key = f"{d['matched']}:{d['libtype']}"
@@ -470,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["total_s"] = time.perf_counter() - t0
     written = [f"{CAPTURE_FILE}, capture_check.json"] if "capture" in report else []
     if "summary" in report:  # a capture-only run leaves an earlier measurement's results alone
-        (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
+        atomic_write_text(out / "results.json", json.dumps(report, indent=1, default=str))
         written.append("results.json, rounds.csv, results.md" + (", trace_*.json" if report["profile"] else ""))
     print(f"\nwrote {', '.join(written)} in {out}/ ({meta['total_s']:.0f} s)")
     return rc
