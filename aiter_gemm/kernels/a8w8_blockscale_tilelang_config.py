@@ -301,7 +301,8 @@ def _fit_tile(M: int, most: int) -> int:
 def _ws_token_tiles(M: int) -> tuple[int, ...]:
     """``ws_swapAB`` token tiles (one CTA an SM) at M: up to M = 128 those of :func:`_token_tiles`, and the tiles
     fitted to M in one CTA (up to 208 tokens, the registers' limit) or two (up to 128): M = 100 one tile of 112
-    tokens, M = 136 one of 144 or two of 80, where 128-token tiles left 46-88% of a CTA padding."""
+    tokens, M = 136 one of 144 or two of 80, where 128-token tiles are 22% (M 100) and 47% (M 136: the second CTA
+    94%) padding."""
     fits = [t for t in (_fit_tile(M, 208), _fit_tile(-(-M // 2), 128)) if -(-M // t) <= 2]
     return tuple(dict.fromkeys([*(_token_tiles(M) if M <= 128 else ()), *fits]))
 
@@ -339,7 +340,6 @@ def config_space(M: int, N: int, K: int, quick: bool = False) -> list[TileLangCo
                 if kb and kb % sk == 0:
                     for st in (4,) if quick else (4, 8):
                         add("splitK_swapAB", 64, bn, num_stages=st, split_k=sk)
-    if M <= 256:
         # ws_swapAB, K split over 2 math warpgroups: at M 40 and 64 it ran 1.08-1.28x the quick-tuned row on 5 of 8
         # held-out weights (up to 0.90 of the weight read); at M 100-136 token tiles fitted to M (one tile of
         # 112 or 144 tokens, two of 80) ran 1.08-1.29x the tuned row on 5 of 8 (H100,
