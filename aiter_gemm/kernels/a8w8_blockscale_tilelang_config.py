@@ -27,7 +27,7 @@ _WGMMA_M = 64
 #: Shared memory per CTA on sm_90 (227 KB usable), minus what TileLang keeps for barriers and scale staging.
 _SMEM_BYTES = 227 * 1024 - 2 * 1024
 #: Shared memory of one SM (228 KB, 1 KB of it kept by the driver per resident CTA): a CTA of ``min_blocks`` 2 gets
-#: half, less the same 2 KB of margin.
+#: half, less the driver's 1 KB and the same 2 KB of margin (113664 bytes).
 _SM_SMEM_BYTES = 228 * 1024
 
 _NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws|ws_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
