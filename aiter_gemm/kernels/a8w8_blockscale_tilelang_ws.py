@@ -36,6 +36,24 @@ def math_registers(groups: int, min_blocks: int = 1) -> int:
     return min(240, (pool - 128 * PRODUCER_REGS) // (128 * groups) // 8 * 8)
 
 
+def _token_scales(T, M, rows: int, mmajor: bool):
+    """The producers' read of one stage's token scales (both kernels, prologue and refill): producer thread ``i``
+    reads x_scale of tokens row0 + i + 128 r of a ``rows``-token tile at K block ``k`` into ``pf[base + r]``; past M
+    it reads nothing (``clear``: the slot is zeroed first; ``ok``: one more guard, the prologue's K bound)."""
+    per_thread = (rows + 127) // 128
+
+    @T.macro
+    def load(SA, pf, base, row0, i, k, clear, ok):
+        for r in T.unroll(per_thread):
+            row = row0 + i + 128 * r
+            if clear:
+                pf[base + r] = 0.0
+            if row < M and ok and i + 128 * r < rows:
+                pf[base + r] = SA[k, row] if mmajor else SA[row, k]
+
+    return load, per_thread
+
+
 def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = False):
     """``ws``: CTA (bx, by) computes tokens [by*BM, +BM) x weight rows [bx*BN, +BN); M symbolic."""
     import tilelang.language as T  # here: aiter_gemm imports without tilelang
@@ -45,15 +63,13 @@ def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = Fa
     groups = cfg.block_M // H
     BM = cfg.block_M
     KB = K // BK
-    rows_per_thread = (BM + 127) // 128
     crosses = BN > SCALE_BLOCK or SCALE_BLOCK % BN != 0
     NB = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
     regs = math_registers(groups)
 
-    def sa_at(SA, m, k):
-        return SA[k, m] if mmajor else SA[m, k]
+    load_sa, rows_per_thread = _token_scales(T, M, BM, mmajor)
 
     @T.macro
     def math(A_s, B_s, SA_s, SB_s, full, empty, C, g, bx, by):
@@ -107,11 +123,7 @@ def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = Fa
                 for d in T.unroll(PREFETCH):
                     pfb[2 * d] = SB[b0, T.min(d, KB - 1)]
                     pfb[2 * d + 1] = SB[b1, T.min(d, KB - 1)]
-                    for r in T.unroll(rows_per_thread):
-                        row = by * BM + i + 128 * r
-                        pf[d * rows_per_thread + r] = 0.0
-                        if row < M and d < KB and i + 128 * r < BM:
-                            pf[d * rows_per_thread + r] = sa_at(SA, row, d)
+                    load_sa(SA, pf, d * rows_per_thread, by * BM, i, d, True, d < KB)
                 for k0 in T.serial(T.ceildiv(KB, PREFETCH)):
                     for d in T.unroll(PREFETCH):
                         k = k0 * PREFETCH + d
@@ -130,10 +142,7 @@ def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = Fa
                             if k + PREFETCH < KB:
                                 pfb[2 * d] = SB[b0, k + PREFETCH]
                                 pfb[2 * d + 1] = SB[b1, k + PREFETCH]
-                                for r in T.unroll(rows_per_thread):
-                                    row = by * BM + i + 128 * r
-                                    if row < M and i + 128 * r < BM:
-                                        pf[d * rows_per_thread + r] = sa_at(SA, row, k + PREFETCH)
+                                load_sa(SA, pf, d * rows_per_thread, by * BM, i, k + PREFETCH, False, True)
             math(A_s, B_s, SA_s, SB_s, full, empty, C, 0, bx, by)
             math(A_s, B_s, SA_s, SB_s, full, empty, C, 1, bx, by)
             if groups == 3:
@@ -165,14 +174,12 @@ def build_ws_swapped(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: b
     KB = K // SCALE_BLOCK
     KS = KB // GK  # ring stages in all
     NB = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
-    tok_per_thread = (BT + 127) // 128
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
     regs = math_registers(G, cfg.min_blocks)
     PF = PREFETCH
 
-    def sa_at(SA, m, k):
-        return SA[k, m] if mmajor else SA[m, k]
+    load_sa, tok_per_thread = _token_scales(T, M, BT, mmajor)
 
     @T.macro
     def math(W_s, X_s, SA_s, SB_s, full, empty, R_s, done, C, g, bx, by):
@@ -216,11 +223,7 @@ def build_ws_swapped(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: b
             for q in T.unroll(GK):
                 kq = T.min(d * GK + q, KB - 1)
                 pfb[d * GK + q] = SB[wb, kq]
-                for r in T.unroll(tok_per_thread):
-                    row = bx * BT + i + 128 * r
-                    pf[(d * GK + q) * tok_per_thread + r] = 0.0
-                    if row < M and i + 128 * r < BT:
-                        pf[(d * GK + q) * tok_per_thread + r] = sa_at(SA, row, kq)
+                load_sa(SA, pf, (d * GK + q) * tok_per_thread, bx * BT, i, kq, True, True)
         for k0 in T.serial((KS + PF - 1) // PF):
             for d in T.unroll(PF):
                 ks = k0 * PF + d
@@ -240,10 +243,7 @@ def build_ws_swapped(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: b
                         for q in T.unroll(GK):
                             kq = (ks + PF) * GK + q
                             pfb[d * GK + q] = SB[wb, kq]
-                            for r in T.unroll(tok_per_thread):
-                                row = bx * BT + i + 128 * r
-                                if row < M and i + 128 * r < BT:
-                                    pf[(d * GK + q) * tok_per_thread + r] = sa_at(SA, row, kq)
+                            load_sa(SA, pf, (d * GK + q) * tok_per_thread, bx * BT, i, kq, False, True)
 
     @T.prim_func
     def ws_swap_ab(A: T.Tensor((M, K), fp8), B: T.Tensor((N, K), fp8), C: T.Tensor((M, N), out_dtype),
