@@ -22,6 +22,7 @@ tuner's tolerance for the dtypes, :data:`gradlib.accuracy.TOLERANCES`), ``TFLOPS
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -308,26 +309,31 @@ def run_ncu(argv: Sequence[str], args: argparse.Namespace, check: Check) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    out = sys.stdout
     try:
-        if not (args.verify or args.bench or args.ncu or args.profile_calls):
-            raise UsageError("nothing to do: give --verify, --bench and/or --ncu DIR")
-        check = resolve(args)
-        if args.ncu and shutil.which("ncu") is None:
-            raise UsageError(NO_NCU)
-        if args.bench and check.device.type != "cuda":
-            raise UsageError(NO_CUDA)
-        runner, inputs = prepare(check, args.seed)
-        if args.profile_calls:
-            profile_window(check, runner, inputs, args.profile_calls)
-            return EXIT_OK
-        if args.verify:
-            passed, max_err = verify(check, runner, inputs)
-            print("VERIFY: PASS" if passed else f"VERIFY: FAIL max_abs_err={max_err:.6g}", flush=True)
-            if not passed:
-                return EXIT_FAIL
-        if args.bench:
-            tflops, ms = bench(check, runner, inputs)
-            print(f"TFLOPS: {tflops:.2f} time_ms: {ms:.5f}", flush=True)
+        # Standard output holds only the result lines (parsed by scripts, as AITER's are): whatever the kernels'
+        # libraries print while building or compiling (TileLang logs each compile through tqdm.write to stdout)
+        # goes to standard error.
+        with contextlib.redirect_stdout(sys.stderr):
+            if not (args.verify or args.bench or args.ncu or args.profile_calls):
+                raise UsageError("nothing to do: give --verify, --bench and/or --ncu DIR")
+            check = resolve(args)
+            if args.ncu and shutil.which("ncu") is None:
+                raise UsageError(NO_NCU)
+            if args.bench and check.device.type != "cuda":
+                raise UsageError(NO_CUDA)
+            runner, inputs = prepare(check, args.seed)
+            if args.profile_calls:
+                profile_window(check, runner, inputs, args.profile_calls)
+                return EXIT_OK
+            if args.verify:
+                passed, max_err = verify(check, runner, inputs)
+                print("VERIFY: PASS" if passed else f"VERIFY: FAIL max_abs_err={max_err:.6g}", file=out, flush=True)
+                if not passed:
+                    return EXIT_FAIL
+            if args.bench:
+                tflops, ms = bench(check, runner, inputs)
+                print(f"TFLOPS: {tflops:.2f} time_ms: {ms:.5f}", file=out, flush=True)
         if args.ncu:
             return run_ncu(argv, args, check)
     except UsageError as exc:

@@ -5,7 +5,8 @@ Each provider builds, once per shape, a call ``call(i)`` that runs it on the op'
 the tuner times on: :attr:`gradlib.tune_ops.TuneOp.make_inputs`), or raises :class:`Unavailable` saying why it cannot
 run that shape here. Registered for both ops: ``flinear`` (bf16 ``F.linear``; for the block-scale op, of the
 dequantized operands: what FP8 must beat), ``dispatch`` (the op's public function: the whole dispatch path),
-``default`` (the runtime's heuristic default, tuned tables ignored) and one provider per backend of the op
+``default`` (the runtime's heuristic default, tuned tables ignored), ``baseline:<DIR>`` / ``configs:<DIR>`` (the op
+as another copy of ``configs/`` decides it, without / with TileLang) and one provider per backend of the op
 (``torch``, ``cublaslt``, ``triton``, ``skinny``; the block-scale op's ``triton`` and ``torch``) taking a kernelName
 as ``arg`` (without one: the backend's own default for the shape). Besides: ``maxautotune``
 (``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only), ``torch_blockscale`` (the plain
@@ -114,33 +115,49 @@ def _default(ctx: Context, arg: str) -> Call:
     return _runner_call(ctx, dec.runner)
 
 
-def _baseline(ctx: Context, arg: str) -> Call:
-    """``baseline:<DIR>``: the op as an earlier commit shipped it, before the TileLang backend: decisions from the
-    tuned CSV and ``triton/`` JSON files in DIR (a copy of that commit's ``configs/``), by a dispatcher of its own
-    on which the ``tilelang`` backend is unavailable. Graph timing runs the decision's runner, as ``dispatch`` does
-    inside a captured graph."""
+def configs_dispatcher(op: str, folder: str | Path, name: str, tilelang: bool) -> Any:
+    """A dispatcher of ``op`` deciding from a copy of ``configs/`` in ``folder`` (its tuned CSV and ``triton/`` JSON
+    files) instead of the runtime's tables; ``tilelang`` unavailable on it unless ``tilelang``."""
     from aiter_gemm.backends.base import UnavailableBackend
     from aiter_gemm.dispatch import Dispatcher
     from aiter_gemm.settings import CONFIG_KINDS, load_settings
 
-    if not arg:
-        raise Unavailable("baseline needs the folder of an earlier configs/ (baseline:<DIR>)")
-    folder = Path(arg)
-    spec = op_spec(ctx.op)
-    shipped = folder / SHIPPED_FILE_NAMES[ctx.op]
+    folder = Path(folder)
+    spec = op_spec(op)
+    shipped = folder / SHIPPED_FILE_NAMES[op]
     if not shipped.is_file():
-        raise Unavailable(f"baseline: {shipped} not found")
+        raise Unavailable(f"{name}: {shipped} not found")
     env = {CONFIG_KINDS[spec.kind][0]: str(shipped), "AITER_GEMM_TRITON_CONFIGS": str(folder / "triton")}
 
-    class Before(Dispatcher):
+    class Copy(Dispatcher):
         def backend(self, libtype: str):
-            if libtype == "tilelang":
-                return UnavailableBackend(libtype, "not in the baseline")
+            if libtype == "tilelang" and not tilelang:
+                return UnavailableBackend(libtype, f"not in the {name}")
             return super().backend(libtype)
 
-    dec = Before(spec, load_settings(env)).decide(ctx.problem, ctx.device.type == "cuda")
+    return Copy(spec, load_settings(env))
+
+
+def _from_configs(ctx: Context, arg: str, name: str, tilelang: bool) -> Call:
+    """The op as the ``configs/`` copy in the folder ``arg`` decides it (:func:`configs_dispatcher`). Graph timing runs
+    the decision's runner, as ``dispatch`` does inside a captured graph."""
+    if not arg:
+        raise Unavailable(f"{name} needs the folder of a configs/ copy ({name}:<DIR>)")
+    dec = configs_dispatcher(ctx.op, arg, name, tilelang).decide(ctx.problem, ctx.device.type == "cuda")
     runner = dec.call_runner if ctx.mode != "graph" else dec.runner
     return _runner_call(ctx, runner)
+
+
+def _baseline(ctx: Context, arg: str) -> Call:
+    """``baseline:<DIR>``: the op as an earlier commit shipped it, before the TileLang backend (DIR a copy of that
+    commit's ``configs/``; TileLang off)."""
+    return _from_configs(ctx, arg, "baseline", tilelang=False)
+
+
+def _configs(ctx: Context, arg: str) -> Call:
+    """``configs:<DIR>``: the op as another ``configs/`` copy decides it, every backend on (an earlier table beside
+    the one in use: the rows a device ran before its own were added)."""
+    return _from_configs(ctx, arg, "configs", tilelang=True)
 
 
 def _runner_call(ctx: Context, runner: Callable) -> Call:
@@ -259,6 +276,8 @@ for _op in (A16W16, BLOCKSCALE):
     register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default))
     register_provider(Provider("baseline", _op, "the op as an earlier configs/ copy decides it, without TileLang "
                                "(baseline:<DIR>)", _baseline))
+    register_provider(Provider("configs", _op, "the op as another configs/ copy decides it, every backend "
+                               "(configs:<DIR>)", _configs))
     register_provider(Provider("weight_read", _op, "streaming the weight's bytes once, no math: the memory-bound "
                                "floor", _weight_read, floor=True))
 register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no-cudagraphs of F.linear (GPU)",

@@ -16,7 +16,7 @@ from aiter_gemm.device import DeviceIdentity
 from benchmarks import legacy, providers, report
 from benchmarks.providers import A16W16, BLOCKSCALE, Provider
 from benchmarks.run import main
-from benchmarks.shapes import build_sets
+from benchmarks.shapes import build_sets, problem
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H100 80GB HBM3")
@@ -370,3 +370,24 @@ def test_median_interval():
     assert 40 <= lo < 51 < hi <= 62
     wide = report.median_ci(xs[::10])  # the same spread in 11 rounds: a wider interval
     assert wide[1] - wide[0] > hi - lo
+
+
+@pytest.mark.parametrize("name,tilelang", [("configs", True), ("baseline", False)])
+def test_configs_copy_decides_from_its_folder(tmp_path, name, tilelang):
+    """``configs:<DIR>`` / ``baseline:<DIR>`` decide from the copy of ``configs/`` in DIR: a row naming the H200 serves
+    the H200 only and the class row the H100; ``baseline`` runs without TileLang, ``configs`` keeps it."""
+    head = ("gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio,pad_m_min,timing,device_name\n")
+    (tmp_path / "triton").mkdir()
+    (tmp_path / providers.SHIPPED_FILE_NAMES[BLOCKSCALE]).write_text(
+        head + "sm_90,132,64,8192,8192,torch,-1,0,32.4,scaled_mm_blockwise,0,0,0.0,64,graph,\n"
+        "sm_90,132,64,8192,8192,tilelang,5,0,20.8,ws_swapAB-BM64_BN64_BK128_S8_T384_SK1,0,0,0.0,33,graph,NVIDIA_H200\n")
+    disp = providers.configs_dispatcher(BLOCKSCALE, tmp_path, name, tilelang)
+    key = disp.op.row_key(problem(BLOCKSCALE, 64, 8192, 8192))
+    h200 = disp.table().lookup("sm_90", 132, key, "NVIDIA H200")
+    h100 = disp.table().lookup("sm_90", 132, key, H100.device_name)
+    assert (h200.fields["libtype"], h200.line) == ("tilelang", 3)
+    assert (h100.fields["libtype"], h100.line) == ("torch", 2)
+    why = disp.backend("tilelang").unavailable_reason()
+    assert (why == f"not in the {name}") is not tilelang
+    with pytest.raises(providers.Unavailable, match=f"{name}: .* not found"):
+        providers.configs_dispatcher(BLOCKSCALE, tmp_path / "missing", name, tilelang)

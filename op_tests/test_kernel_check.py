@@ -89,6 +89,20 @@ def test_a_wrong_runner_fails_verification(runtime, capsys, monkeypatch, op, lib
     assert 0.45 <= float(m[1]) <= 0.55
 
 
+def test_library_output_goes_to_stderr(runtime, capsys, monkeypatch):
+    """What a kernel's library prints while the runner is built or run (TileLang logs each compile to stdout) lands
+    on stderr: stdout holds the result lines alone."""
+    real = kernel_check.prepare
+
+    def noisy(check, seed=0):
+        print("compiling kernel ...")
+        return real(check, seed)
+
+    monkeypatch.setattr(kernel_check, "prepare", noisy)
+    rc, out, err = run(capsys, "--op", "a16w16", "--libtype", "torch", "--shape", "5,48,64", "--verify")
+    assert (rc, out, err) == (0, PASS, "compiling kernel ...\n")
+
+
 @pytest.mark.parametrize("argv,field", [
     (["--op", "a16w16", "--libtype", "torch", "--shape", "5,48", "--verify"], "--shape"),
     (["--op", "a16w16", "--libtype", "torch", "--shape", "0,48,64", "--verify"], "--shape"),

@@ -75,6 +75,12 @@ def test_gpu_every_shipped_row_runs_its_shape_against_the_reference(op, clean_ru
     rows = [r for r in _rows(op) if r.cu_num == ident.cu_num and r.gfx in (None, ident.gfx)]
     if not rows:
         pytest.skip(f"no shipped {op.name} rows for {ident.gfx}/{ident.cu_num}")
+    # A row whose backend cannot run here (cublaslt without nvmath-python) is a miss by design, not a broken row.
+    dispatcher = aiter_gemm.get_dispatcher(op.name)
+    missing = {lib for lib in {r.fields["libtype"] for r in rows} if not dispatcher.backend(lib).is_available()}
+    rows = [r for r in rows if r.fields["libtype"] not in missing]
+    if not rows:
+        pytest.skip(f"the backends of every shipped {op.name} row are unavailable here: {sorted(missing)}")
     from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
     from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
 
