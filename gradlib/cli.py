@@ -146,6 +146,15 @@ def add_confirm_arguments(group: argparse._ArgumentGroup) -> None:
                        "(eager: includes each backend's launch cost, for deployments without graphs)")
 
 
+def add_output_arguments(group: argparse._ArgumentGroup, all_help: str) -> None:
+    """``--all`` and ``--keep_class_rows``: which rows of the tuned file a new row replaces (every tuner)."""
+    group.add_argument("--all", action="store_true", help=all_help)
+    group.add_argument("--keep_class_rows", action="store_true", help="write this device's rows (device_name) "
+                       "beside the rows naming no device, which serve every device of their gfx and cu_num (another "
+                       "GPU of the class, the H100 for an H200), instead of replacing them (--all) or leaving the "
+                       "shape alone")
+
+
 def add_candidates_from_argument(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--candidates_from", metavar="TUNED_CSV", help="no search: time each shape's solution from "
                        "this tuned file (and the library call), confirm it as a new winner would be, and write it "

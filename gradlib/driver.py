@@ -50,6 +50,8 @@ class TuneJob:
     tuned_file: str
     batch: int = 8
     retune: bool = False  # --all: retune shapes the tuned file has and replace their rows
+    #: --keep_class_rows: this device's rows go beside the rows naming no device (the shapes they serve are tuned)
+    keep_class_rows: bool = False
     split_shapes: bool = False  # split each shape's candidates over every worker (chunks = workers)
     #: Fixed candidates per (shape, device) (skips enumeration; the op's baseline is still timed beside them); an
     #: empty tuple: nothing can run that shape.
@@ -255,7 +257,8 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         file_rows = device_rows(job.rows_of, ident, spec.op) if job.rows_of else None
         problems = job.problems if file_rows is None else list(dict.fromkeys(spec.key_problem(r.key)
                                                                             for r in file_rows))
-        done = set() if job.retune or job.run_config else tuned_keys(job.tuned_file, ident, spec.op)
+        done = set() if job.retune or job.run_config else tuned_keys(
+            job.tuned_file, ident, spec.op, exact_only=job.keep_class_rows and bool(ident.device_name))
         # What runs each shape today: its row (compare: in the tuned file; run_config: in the file timed).
         rows_now: dict[tuple, TunedRow] = {}
         if job.compare is not None:
@@ -289,7 +292,7 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         return verdicts[o.shape_id].write if job.compare is not None else True
 
     writer = CheckpointWriter(job.tuned_file, ident, job.batch, job.retune, job.profile_file, job.summary_file, roof,
-                              spec, sidecar, accept)
+                              spec, sidecar, accept, keep_class_rows=job.keep_class_rows)
     writers = [writer]
     if job.compare is not None and job.compare.candidate_file:
         seed_candidate(job.tuned_file, job.compare.candidate_file)

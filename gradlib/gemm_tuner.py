@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="CSV receiving every candidate's result (phase, time, err_ratio, error)")
     out.add_argument("--summary_file", help="CSV receiving one row per shape: winner, time, TFLOP/s, %% of roofline, "
                      "torch time and speedup, candidate counts, wall time")
-    out.add_argument("--all", action="store_true", help="retune shapes the tuned file already has (and replace "
-                     "them); with -i and -o the same file: retune its rows for this device in place")
+    cli.add_output_arguments(out, "retune shapes the tuned file already has (and replace them); with -i and -o the "
+                             "same file: retune its rows for this device in place")
     out.add_argument("--batch", type=positive_int, default=1, help="write the tuned file after every this many "
                      "shapes (1, as AITER's gemm tuner; it never limits how many shapes run at once)")
     srch = ap.add_argument_group("search")
@@ -235,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            **with_iterations(cli.timing_configs(args.timing), args))
     spec = tune_op("gemm_a16w16")
     job = TuneJob(PROG, spec, problems, search, args.tuned_file, args.batch, args.all,
+                  keep_class_rows=args.keep_class_rows,
                   candidates=cli.candidates_from(args.candidates_from, "gemm_a16w16") if args.candidates_from
                   else None, profile_file=args.profile_file, summary_file=args.summary_file,
                   peak_tflops=args.peak_tflops, peak_bw=args.peak_bw, verbose=args.verbose,

@@ -162,11 +162,12 @@ def device_rows(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> l
     return sorted(rows, key=lambda row: row.line)
 
 
-def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> set[tuple]:
+def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str, exact_only: bool = False) -> set[tuple]:
     """Table keys ``path`` already has a tuned row for on ``identity`` (the resume set; rows :func:`stale_reason`
-    rejects do not count)."""
+    rejects do not count; with ``exact_only``, neither do rows naming no device)."""
     known = known_libtypes(op)
-    return {row.key for row in device_rows(path, identity, op) if stale_reason(op, row.fields, known) is None}
+    return {row.key for row in device_rows(path, identity, op) if stale_reason(op, row.fields, known) is None
+            and not (exact_only and row.device_name is None)}
 
 
 def sort_tuned_file(path: str | os.PathLike, spec: TuneOp) -> None:
@@ -259,7 +260,7 @@ class CheckpointWriter:
                  replace_existing: bool, profile_file: str | os.PathLike | None = None,
                  summary_file: str | os.PathLike | None = None, roofline: Roofline | None = None,
                  spec: TuneOp | None = None, sidecar: Sidecar | None = None,
-                 accept: Callable[[ShapeOutcome], bool] | None = None) -> None:
+                 accept: Callable[[ShapeOutcome], bool] | None = None, keep_class_rows: bool = False) -> None:
         if batch < 1:
             raise ValueError(f"--batch must be >= 1, got {batch}")
         if spec is None:
@@ -274,7 +275,10 @@ class CheckpointWriter:
         self._stale: list[tuple[dict[str, str], str]] = []  # rows replaced because they were not usable
         self.stale_replaced = 0
         self._known: frozenset[str] | None = None  # the op's libtypes, listed at the first comparison
-        key = row_key(spec.op, device_name=identity.device_name)
+        # A row naming no device is this device's for the replace rule, unless it is to be kept beside this
+        # device's rows (--keep_class_rows): then it keeps a key of its own.
+        keep_class_rows = keep_class_rows and bool(identity.device_name)  # an unnamed device writes class rows
+        key = row_key(spec.op, device_name=None if keep_class_rows else identity.device_name)
         self.tuned = _Output(self.tuned_file, spec.tuned_columns, key, self._replace)
         self.profile = None if profile_file is None else _Output(
             str(profile_file), profile_columns(spec), row_key(spec.op, _PROFILE_KEY_TAIL), lambda o, n: True)

@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--buckets", choices=("fine", "seed"), default="fine",
                      help="JSON M buckets: one per tuned M (fine) or the named small/medium/large_M (seed)")
     out.add_argument("-o2", "--profile_file", help="CSV receiving every candidate's result")
-    out.add_argument("--all", action="store_true", help="retune shapes the tuned file already has (replace them)")
+    cli.add_output_arguments(out, "retune shapes the tuned file already has (replace them)")
     out.add_argument("--batch", type=positive_int, default=4, help="checkpoint every this many shapes (4)")
     srch = ap.add_argument_group("search")
     srch.add_argument("--quick", action="store_true", help="a short hand-picked config list per M class")
@@ -273,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spec = tune_op(BLOCKSCALE)
     job = TuneJob(PROG, spec, problems, search, args.tuned_file, args.batch, args.all,
+                  keep_class_rows=args.keep_class_rows,
                   split_shapes=not args.shape_grouped, candidates=fixed if args.candidates else
                   cli.candidates_from(args.candidates_from, BLOCKSCALE) if args.candidates_from else None,
                   profile_file=args.profile_file, verbose=args.verbose,

@@ -347,3 +347,16 @@ def test_gpu_tuner_writes_rows_the_op_replays(tmp_path, clean_runtime):
         got = get_GEMM_A8W8_BLOCKSCALE_config(int(r["M"]), 1024, 1024, on_gpu=True)
         assert (got["matched"], got["kernelName"]) == ("exact", r["kernelName"])
     assert len(list(jdir.glob(f"{rows[0]['gfx']}-GEMM-A8W8_BLOCKSCALE-N=1024-K=1024.json"))) == 1
+
+
+def test_keep_class_rows_tunes_beside_the_class_row(tmp_path, capsys):
+    """The block-scale tuner's ``--keep_class_rows``: a shape served by a row naming no device is tuned on this
+    device and written beside it."""
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text("gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio,pad_m_min,timing,"
+                     f"device_name\ncpu,{os.cpu_count()},1,128,128,triton,0,0,5.0,{SWAP16},0,0,0.0,1,graph,\n")
+    args = ("--nk", "128,128", "--m", "1", "--candidates", SWAP16, "-o", tuned, "--json_dir", tmp_path / "json")
+    assert _run(*args) == 0 and "0 tuned, 1 skipped" in capsys.readouterr().out
+    assert _run(*args, "--keep_class_rows") == 0 and "1 tuned, 0 skipped" in capsys.readouterr().out
+    rows = read_csv_rows(tuned)[1]
+    assert [(r["device_name"], r["us"] == "5.0") for r in rows] == [("", True), ("cpu", False)]

@@ -381,3 +381,29 @@ def test_sigterm_checkpoints_like_ctrl_c_with_progress_lines(tmp_path):
     assert "interrupted (SIGTERM)" in err and "rerun the same command" in err
     got = [int(r["M"]) for r in read_csv_rows(tuned)[1]]
     assert 2 <= len(got) < 8 and got == sorted(got)
+
+
+def test_keep_class_rows_writes_this_devices_row_beside_the_class_row(tmp_path, capsys):
+    """A row naming no device serves every device of its class (the H100's rows on an H200): ``--keep_class_rows``
+    tunes its shape on this device and writes the result beside it, with or without ``--all``; ``--all`` alone
+    replaces it, as AITER's tuner does."""
+    cu = os.cpu_count()
+    tuned = tmp_path / "tuned.csv"
+    tuned.write_text("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,"
+                     f"device_name\ncpu,{cu},1,64,32,False,torch.bfloat16,torch.bfloat16,False,False,torch,0,0,"
+                     "5.0,F.linear,\n")
+    untuned = _untuned(tmp_path, "M,N,K\n1,64,32\n")
+
+    def rows() -> list[tuple[str, str]]:
+        return [(r["device_name"], r["us"] if not r["device_name"] else "timed") for r in read_csv_rows(tuned)[1]]
+
+    assert _run("-i", untuned, "-o", tuned, "--libtype", "torch") == 0  # the class row serves this device
+    assert "0 tuned, 1 skipped" in capsys.readouterr().out and rows() == [("", "5.0")]
+    assert _run("-i", untuned, "-o", tuned, "--libtype", "torch", "--keep_class_rows") == 0
+    assert "1 tuned, 0 skipped" in capsys.readouterr().out and rows() == [("", "5.0"), ("cpu", "timed")]
+    assert _run("-i", untuned, "-o", tuned, "--libtype", "torch", "--keep_class_rows") == 0  # this device's row: resume
+    assert "0 tuned, 1 skipped" in capsys.readouterr().out
+    assert _run("-i", untuned, "-o", tuned, "--libtype", "torch", "--keep_class_rows", "--all") == 0
+    assert rows() == [("", "5.0"), ("cpu", "timed")]
+    assert _run("-i", untuned, "-o", tuned, "--libtype", "torch", "--all") == 0
+    assert rows() == [("cpu", "timed")]

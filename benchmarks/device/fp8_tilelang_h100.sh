@@ -28,29 +28,10 @@ PY
 # Every shipped row in TileLang's --quick space (2-5 configs a shape; 128 s on the H100 for the 70 rows, the full
 # space over them outran 200 s of parallel compiling): a row changes only where TileLang is >= 3% faster.
 STEPS=${STEPS:-tests retune warmup bench bench_eager}
-cp configs/a8w8_blockscale_tuned_gemm.csv /tmp/shipped_before.csv
+# The tuner writes this GPU's winners as device-exact rows (device_name) beside the rows of the device class they
+# beat (--keep_class_rows): those keep serving the other devices of the class (op_tests/test_shipped_configs.py).
 step retune "${RETUNE_S:-300}" python -m gradlib.tune_a8w8_blockscale -i /tmp/shipped_shapes.csv -o configs/a8w8_blockscale_tuned_gemm.csv \
-  --all --compare --update_improved --libtype tilelang --json_dir configs/triton --quick
-# The tuner writes this GPU's winners as device-exact rows (device_name) in place of the rows they beat; the shipped
-# file keeps those rows beside them, for the other devices of the class (op_tests/test_shipped_configs.py).
-python - <<'PY'
-import csv
-path = "configs/a8w8_blockscale_tuned_gemm.csv"
-before = list(csv.DictReader(open("/tmp/shipped_before.csv")))
-after = list(csv.DictReader(open(path)))
-cols = list(after[0])
-key = lambda r: (r["gfx"], r["cu_num"], r["M"], r["N"], r["K"], r.get("device_name") or "")
-have = {key(r) for r in after}
-back = [r for r in before if not r.get("device_name") and key(r) not in have]
-rows = sorted(after + back, key=lambda r: (int(r["M"]), int(r["N"]), int(r["K"]), r.get("device_name") or ""))
-with open(path + ".tmp", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n", restval="")
-    w.writeheader()
-    w.writerows(rows)
-import os
-os.replace(path + ".tmp", path)
-print(f"{len(back)} row(s) of the device class kept beside this GPU's new rows")
-PY
+  --all --keep_class_rows --compare --update_improved --libtype tilelang --json_dir configs/triton --quick
 tar -cf "$OUT/configs.tar" configs/a8w8_blockscale_tuned_gemm.csv configs/triton/*A8W8_BLOCKSCALE*.json
 R="python -m benchmarks.run --bench fp8 --out $OUT"
 fp8_warmup shipped,heldout_fp8,deepgemm
