@@ -231,13 +231,15 @@ def best_tilelang(outcome: ShapeOutcome) -> Candidate | None:
 
 class JsonSidecar(Sidecar):
     """Rewrites the JSON file of each (N, K) once every shape of that (N, K) in this run is finished (or skipped),
-    from every row of the tuned file for that (N, K) on this device; with ``sglang_dir``, also merges this run's
+    from every row of the tuned file for that (N, K) on this device (``class_only``: from the rows naming no device
+    alone, since the JSON file is read by every device of the arch); with ``sglang_dir``, also merges this run's
     TileLang configs (:func:`best_tilelang`) into SGLang's file of that (N, K) for this device's name."""
 
     def __init__(self, identity: DeviceIdentity, tuned_file: str | os.PathLike, problems: Sequence[GemmProblem],
                  json_dir: str | os.PathLike | None = None, bucket_mode: str = "fine",
-                 sglang_dir: str | os.PathLike | None = None) -> None:
+                 sglang_dir: str | os.PathLike | None = None, class_only: bool = False) -> None:
         self.identity, self.tuned_file, self.bucket_mode = identity, str(tuned_file), bucket_mode
+        self.class_only = class_only
         self.json_dir = Path(json_dir or Path(tuned_file).resolve().parent)
         self.sglang_dir = Path(sglang_dir) if sglang_dir else None
         self._sglang: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
@@ -317,6 +319,8 @@ class JsonSidecar(Sidecar):
             if (gfx or self.identity.gfx) != self.identity.gfx or cu_num != self.identity.cu_num \
                     or name not in (None, self.identity.device_name) or (row_n, row_k) != (n, k):
                 continue
+            if name is not None and self.class_only:
+                continue  # --keep_class_rows: this device's rows stay out of the arch's file
             if name is None and m in exact:
                 continue  # this device's own row for M wins, as at run time
             stale = stale_reason(BLOCKSCALE, r, known)

@@ -279,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   profile_file=args.profile_file, verbose=args.verbose,
                   sidecar=None if args.run_config else partial(_sidecar, tuned_file=args.tuned_file,
                                                                json_dir=args.json_dir, bucket_mode=args.buckets,
-                                                               sglang_dir=args.sglang_dir),
+                                                               sglang_dir=args.sglang_dir,
+                                                               class_only=args.keep_class_rows),
                   rows_of=rows_of, compare=None if args.run_config else compare_options(args, args.tuned_file),
                   output_dirs=tuple((flag, d) for flag, d in (("--json_dir", args.json_dir),
                                                               ("--sglang_dir", args.sglang_dir)) if d),
@@ -289,8 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _sidecar(identity: DeviceIdentity, problems: list[GemmProblem], tuned_file: str, json_dir: str | None,
-             bucket_mode: str, sglang_dir: str | None = None) -> JsonSidecar:
-    return JsonSidecar(identity, tuned_file, problems, json_dir, bucket_mode, sglang_dir)
+             bucket_mode: str, sglang_dir: str | None = None, class_only: bool = False) -> JsonSidecar:
+    return JsonSidecar(identity, tuned_file, problems, json_dir, bucket_mode, sglang_dir, class_only)
 
 
 if __name__ == "__main__":

@@ -351,12 +351,20 @@ def test_gpu_tuner_writes_rows_the_op_replays(tmp_path, clean_runtime):
 
 def test_keep_class_rows_tunes_beside_the_class_row(tmp_path, capsys):
     """The block-scale tuner's ``--keep_class_rows``: a shape served by a row naming no device is tuned on this
-    device and written beside it."""
-    tuned = tmp_path / "tuned.csv"
+    device and written beside it; the (N, K)'s JSON file, which every device of the arch reads, is built from the
+    class rows alone (without the flag, ``--all`` replaces the row and the JSON follows this device's winner)."""
+    tuned, jdir = tmp_path / "tuned.csv", tmp_path / "json"
     tuned.write_text("gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio,pad_m_min,timing,"
-                     f"device_name\ncpu,{os.cpu_count()},1,128,128,triton,0,0,5.0,{SWAP16},0,0,0.0,1,graph,\n")
-    args = ("--nk", "128,128", "--m", "1", "--candidates", SWAP16, "-o", tuned, "--json_dir", tmp_path / "json")
+                     f"device_name\ncpu,{os.cpu_count()},1,128,128,triton,0,0,5.0,{BASE64},0,0,0.0,1,graph,\n")
+    args = ("--nk", "128,128", "--m", "1", "--candidates", SWAP16, "-o", tuned, "--json_dir", jdir)
+
+    def state() -> tuple[list[tuple[str, str]], str]:
+        rows = [(r["device_name"], r["kernelName"]) for r in read_csv_rows(tuned)[1]]
+        body = json.loads((jdir / "cpu-GEMM-A8W8_BLOCKSCALE-N=128-K=128.json").read_text())
+        return rows, body["M_LEQ_1"]["variant"]
+
     assert _run(*args) == 0 and "0 tuned, 1 skipped" in capsys.readouterr().out
     assert _run(*args, "--keep_class_rows") == 0 and "1 tuned, 0 skipped" in capsys.readouterr().out
-    rows = read_csv_rows(tuned)[1]
-    assert [(r["device_name"], r["us"] == "5.0") for r in rows] == [("", True), ("cpu", False)]
+    assert state() == ([("", BASE64), ("cpu", SWAP16)], "base")
+    assert _run(*args, "--all") == 0
+    assert state() == ([("cpu", SWAP16)], "swapAB")

@@ -11,9 +11,8 @@
 #
 # Writes under $OUT: record.log (every step's output), configs.tar (the retuned CSV and per-(N, K) JSON files, to copy over
 # configs/), fp8_tilelang_<GPU>.csv (+ _env.json), fp8_tilelang_eager_<GPU>.csv, record.log. STEPS picks steps;
-# RETUNE_S the retune's limit in seconds (300). Any sm_90 GPU: its winners are rows for its device_name; the JSON
-# files are keyed by arch alone (every sm_90 device reads them), so copy them over configs/ only from the GPU the
-# shipped ones were tuned on (the H100).
+# RETUNE_S the retune's limit in seconds (300). Any sm_90 GPU: its winners are rows for its device_name, and the JSON
+# files (keyed by arch alone: every sm_90 device reads them) are rebuilt from the class rows only (--keep_class_rows).
 set -u
 . benchmarks/device/common.sh
 fp8_setup
