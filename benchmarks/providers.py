@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,18 +149,6 @@ def _from_configs(ctx: Context, arg: str, name: str, tilelang: bool) -> Call:
     return _runner_call(ctx, runner)
 
 
-def _baseline(ctx: Context, arg: str) -> Call:
-    """``baseline:<DIR>``: the op as an earlier commit shipped it, before the TileLang backend (DIR a copy of that
-    commit's ``configs/``; TileLang off)."""
-    return _from_configs(ctx, arg, "baseline", tilelang=False)
-
-
-def _configs(ctx: Context, arg: str) -> Call:
-    """``configs:<DIR>``: the op as another ``configs/`` copy decides it, every backend on (an earlier table beside
-    the one in use: the rows a device ran before its own were added)."""
-    return _from_configs(ctx, arg, "configs", tilelang=True)
-
-
 def _runner_call(ctx: Context, runner: Callable) -> Call:
     from gradlib.tune_ops import tune_op
 
@@ -274,10 +263,12 @@ for _op in (A16W16, BLOCKSCALE):
     register_provider(Provider("flinear", _op, "bf16 F.linear (block-scale op: of the dequantized operands)", _flinear))
     register_provider(Provider("dispatch", _op, f"aiter_gemm.{_op}: the whole dispatch path", _dispatch))
     register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default))
+    # baseline: an earlier commit's configs/ before the TileLang backend; configs: any copy (the rows a device ran
+    # before its own were added).
     register_provider(Provider("baseline", _op, "the op as an earlier configs/ copy decides it, without TileLang "
-                               "(baseline:<DIR>)", _baseline))
+                               "(baseline:<DIR>)", partial(_from_configs, name="baseline", tilelang=False)))
     register_provider(Provider("configs", _op, "the op as another configs/ copy decides it, every backend "
-                               "(configs:<DIR>)", _configs))
+                               "(configs:<DIR>)", partial(_from_configs, name="configs", tilelang=True)))
     register_provider(Provider("weight_read", _op, "streaming the weight's bytes once, no math: the memory-bound "
                                "floor", _weight_read, floor=True))
 register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no-cudagraphs of F.linear (GPU)",

@@ -257,8 +257,8 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         file_rows = device_rows(job.rows_of, ident, spec.op) if job.rows_of else None
         problems = job.problems if file_rows is None else list(dict.fromkeys(spec.key_problem(r.key)
                                                                             for r in file_rows))
-        done = set() if job.retune or job.run_config else tuned_keys(
-            job.tuned_file, ident, spec.op, exact_only=job.keep_class_rows and bool(ident.device_name))
+        done = set() if job.retune or job.run_config else tuned_keys(job.tuned_file, ident, spec.op,
+                                                                     exact_only=job.keep_class_rows)
         # What runs each shape today: its row (compare: in the tuned file; run_config: in the file timed).
         rows_now: dict[tuple, TunedRow] = {}
         if job.compare is not None:

@@ -164,8 +164,10 @@ def device_rows(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> l
 
 def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str, exact_only: bool = False) -> set[tuple]:
     """Table keys ``path`` already has a tuned row for on ``identity`` (the resume set; rows :func:`stale_reason`
-    rejects do not count; with ``exact_only``, neither do rows naming no device)."""
+    rejects do not count; with ``exact_only`` (``--keep_class_rows``), neither do rows naming no device, unless
+    ``identity`` has no name: its own rows are then class rows)."""
     known = known_libtypes(op)
+    exact_only = exact_only and bool(identity.device_name)
     return {row.key for row in device_rows(path, identity, op) if stale_reason(op, row.fields, known) is None
             and not (exact_only and row.device_name is None)}
 
@@ -276,8 +278,7 @@ class CheckpointWriter:
         self.stale_replaced = 0
         self._known: frozenset[str] | None = None  # the op's libtypes, listed at the first comparison
         # A row naming no device is this device's for the replace rule, unless it is to be kept beside this
-        # device's rows (--keep_class_rows): then it keeps a key of its own.
-        keep_class_rows = keep_class_rows and bool(identity.device_name)  # an unnamed device writes class rows
+        # device's rows (--keep_class_rows): then it keeps a key of its own (an unnamed device's rows have that key).
         key = row_key(spec.op, device_name=None if keep_class_rows else identity.device_name)
         self.tuned = _Output(self.tuned_file, spec.tuned_columns, key, self._replace)
         self.profile = None if profile_file is None else _Output(

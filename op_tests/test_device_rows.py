@@ -114,3 +114,15 @@ def test_tuner_keeps_other_devices_rows_and_writes_its_own(tmp_path):
     generic = dict(_outcome_row(h100, "g"), device_name="")
     assert key(generic) == key(_outcome_row(h100, "x")) != key(_outcome_row(h200, "x"))
     assert "device_name" in BF16_TUNED_COLUMNS
+
+
+def test_resume_with_keep_class_rows_counts_only_this_devices_rows(tmp_path):
+    """``--keep_class_rows`` (``exact_only``): a class row no longer marks its shape done for a named device, so the
+    shape is tuned for it; an unnamed device's own rows are class rows, so for it they still count."""
+    from gradlib.results import tuned_keys
+
+    path = _csv(tmp_path, [("", "g", 1.0)])
+    named, unnamed = DeviceIdentity("sm_90", 132, "cuda", H200), DeviceIdentity("sm_90", 132, "cuda", "")
+    assert tuned_keys(path, named, "gemm_a16w16") == {KEY}
+    assert tuned_keys(path, named, "gemm_a16w16", exact_only=True) == set()
+    assert tuned_keys(path, unnamed, "gemm_a16w16", exact_only=True) == {KEY}
