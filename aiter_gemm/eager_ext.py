@@ -3,10 +3,12 @@ extension builder, loaded at import when built; without it the Python path runs 
 
 Why: an eager call whose cached decision is plain ``F.linear`` costs the Python wrapper 1.1-2.3 us on the H100 host
 where ``F.linear`` takes ~15 us per call, and a host-bound model (eager decode) pays that on every linear. The C++
-functions do the same cache lookups on the same objects and call ``at::linear`` directly; anything else (a new
-shape, a non-plain decision, autocast, gradients, tensor subclasses, a TorchFunctionMode) returns None and the
-Python path runs as before. ``gemm_a8w8_blockscale`` has an entry too, which remembers every decision of that op
-(its runner, and the capture probe where the capture-time choice differs) and calls it from C++.
+functions do the same cache lookups on the same objects and call ``at::linear`` directly (which autograd records and
+autocast casts as it does F.linear); anything else (a new shape, a non-plain decision, tensor subclasses, a
+TorchFunctionMode) returns None and the Python path runs as before (it runs the custom op, whose backward is
+registered, for a non-plain decision's call that wants a gradient). ``gemm_a8w8_blockscale`` has an entry too, which
+remembers every decision of that op (its runner, and the capture probe where the capture-time choice differs) and
+calls it from C++.
 
 ``AITER_GEMM_EAGER_EXT`` (read once, at import): ``auto`` (default) loads a built copy and never compiles on a GEMM
 call; ``build`` also builds it at import when missing (once, ~30-60 s, g++ and ninja needed); ``0`` / ``off``: the

@@ -50,7 +50,6 @@ Selector = str | Iterable[str] | Callable[[str, nn.Module], bool] | None
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
 _is_compiling = torch.compiler.is_compiling
-_grad_enabled = torch.is_grad_enabled
 _ABSENT = object()
 _c_linear = None if _EAGER_EXT is None else _EAGER_EXT.linear
 _Module = nn.Module
@@ -207,13 +206,13 @@ class TunedLinear(nn.Linear):
         compiling = _is_compiling()  # first: dynamo folds it, and traces none of the eager-only lookup
         # gemm_a16w16's own cache entry, under its one key (shapes, dtypes and devices of input, weight and bias): an
         # entry exists only for operands that passed its checks, so a hit leaves the checks gemm_a16w16 does not
-        # make (tensor subclasses, fp8 weights, device types, autocast, gradients). A reload, a converted
-        # parameter, another input shape, dtype or device: another key, decided on its first call below.
+        # make (tensor subclasses, fp8 weights, device types, autocast). A reload, a converted parameter, another
+        # input shape, dtype or device: another key, decided on its first call below. A call wanting gradients
+        # runs the entry too: run_linear_entry sends it to the custom op where the decision is not plain F.linear.
         if not compiling and type(input) is _Tensor and (type(weight) is _Parameter or type(weight) is _Tensor):
             entry = _CALLS.get(_call_key(input, weight, bias, None, None, None, None))
             if (entry is not None and weight.dtype in _DISPATCH_DTYPES and (input.is_cuda or input.is_cpu)
-                    and not _any_autocast() and not (_grad_enabled() and (
-                        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))):
+                    and not _any_autocast()):
                 return _run_linear_entry(entry, input, weight, bias)
         # The checks of _unsupported, cheapest form first.
         if ((type(weight) is _Parameter or type(weight) is _Tensor) and type(input) is _Tensor
@@ -224,10 +223,6 @@ class TunedLinear(nn.Linear):
         else:
             reason = _unsupported(input, weight, bias)
         if reason is None:
-            if _grad_enabled() and (input.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
-                # The eager fast path has no autograd (custom kernels); the custom op registers the gradient.
-                return torch.ops.aiter_gemm.gemm_a16w16(input, weight, bias)
             if compiling:
                 return gemm_a16w16(input, weight, bias)
             return _run_linear_entry(_linear_entry(input, weight, bias), input, weight, bias)

@@ -376,9 +376,9 @@ def test_compile_traces_the_custom_op_and_import_stays_light(built):
 
 
 def test_python_path_suite_without_the_extension(built):
-    """The dispatch and module tests, again with the extension off: the Python hot path stays tested."""
+    """The dispatch, module and gradient tests, again with the extension off: the Python hot path stays tested."""
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                          "op_tests/test_gemm_a16w16.py", "op_tests/test_hf_patch.py"],
+                          "op_tests/test_gemm_a16w16.py", "op_tests/test_hf_patch.py", "op_tests/test_gradients.py"],
                          cwd=ROOT, env={**os.environ, "AITER_GEMM_EAGER_EXT": "0"}, capture_output=True, text=True,
                          timeout=1800)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

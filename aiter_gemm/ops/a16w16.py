@@ -4,7 +4,8 @@ process-wide functions every op shares (``reload_configs``, ``get_config_table``
 
 Eager calls go straight to the dispatcher's per-call cache (a ``torch.library.custom_op`` costs ~16 us per eager call
 on CPU, more than a decode GEMM on an H100); only code being traced by ``torch.compile`` / ``torch.export`` goes
-through the op, whose fake implementation lets ``fullgraph=True`` compile a model that calls it.
+through the op, whose fake implementation lets ``fullgraph=True`` compile a model that calls it, and eager calls that
+want a gradient where the decision is not plain ``F.linear`` (the op's registered backward gives it).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def clear_config_cache() -> None:
 _DISPATCHER = dispatcher_for(GEMM_A16W16)
 _CALLS = _DISPATCHER.cache.calls  # the op's per-call cache: cleared in place on reload (DecisionCache)
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _linear = torch.nn.functional.linear
 # The C++ eager fast path (aiter_gemm/eager_ext.py), or None: the Python hot path below does the same work.
 EAGER_EXT = eager_ext.load()
@@ -187,10 +189,15 @@ def linear_entry(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) ->
 def run_linear_entry(entry: CallEntry, A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None,
                      scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
                      scale_c: torch.Tensor | None = None) -> torch.Tensor:
-    """``gemm_a16w16(A, B, bias, ...)`` through its cache entry (the hot path of gemm_a16w16 and TunedLinear)."""
+    """``gemm_a16w16(A, B, bias, ...)`` through its cache entry (the hot path of gemm_a16w16 and TunedLinear). A plain
+    decision is ``F.linear``, which autograd records; the other runners (Triton, skinny, ...) record nothing, so a
+    call that wants a gradient of A, B or bias runs the custom op, whose backward is registered (its implementation
+    calls back here with grad mode off)."""
     runner, out_dtype, shape2d, out_shape, capturing = entry
     if runner is None or (capturing is not None and not capturing()):
         return _linear(A, B, bias)
+    if _grad_enabled() and (A.requires_grad or B.requires_grad or (bias is not None and bias.requires_grad)):
+        return _gemm_a16w16_op(A, B, bias, None if out_dtype == A.dtype else out_dtype, scale_a, scale_b, scale_c)
     if shape2d is None:
         return runner(A, B, bias, out_dtype, scale_a, scale_b, scale_c)
     return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
