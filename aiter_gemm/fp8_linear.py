@@ -10,7 +10,9 @@ launch (:func:`~aiter_gemm.kernels.act_quant.per_token_group_quant_fp8`), runs
 activation scales leave the module alone (:func:`unsupported_reason`, one warning each). Under ``torch.compile`` the
 forward is the custom op ``aiter_gemm::fp8_block_linear`` (a fake implementation, no graph break); there is no host
 sync, so it runs in CUDA graphs. Calls that want an input gradient, or whose input the op cannot take, run the
-module's own forward, warned once per module and reason.
+module's own forward, warned once per module and reason; so do calls after the weight stopped being fp8 or its scale
+float32 (``model.to(torch.bfloat16)`` casts the fp8 weight). Twins pickle (``torch.save(model)``) and unpickle into
+twins of the same class, still undone by :func:`~aiter_gemm.nn.unpatch_linear`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = ["BlockGemm", "TunedFP8Mixin", "fp8_block_linear", "fp8_linear_class",
 BlockGemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _Tensor = torch.Tensor
+_F32 = torch.float32
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -135,6 +138,7 @@ class TunedFP8Mixin:
     pick another GEMM, as benchmarks do to put every layer on one implementation."""
 
     _aiter_fp8_swapped = True  # aiter_gemm.nn recognises the modules it made by this class attribute
+    _aiter_base: type  # the FP8Linear class the twin class derives from (set by _twin_class)
     _aiter_gemm: BlockGemm | None = None
     _aiter_m_major: bool | None = None
     if python_call is not None:  # the call entry (aiter_gemm.nn): forward without nn.Module.__call__'s two frames
@@ -143,12 +147,17 @@ class TunedFP8Mixin:
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         params = self._parameters
         weight, scale, bias = params["weight"], params["weight_scale_inv"], params.get("bias")
-        gemm = self.__dict__.get("_aiter_gemm")
-        if _is_compiling() and gemm is None:  # first: dynamo folds it and traces only the custom op
-            return torch.ops.aiter_gemm.fp8_block_linear(input, weight, scale, bias)
-        reason = _input_reason(input, weight, bias)
-        if reason is None:
-            return fp8_block_linear(input, weight, scale, bias, gemm, self.__dict__.get("_aiter_m_major"))
+        # The dtypes patch_linear checked can change under the twin (``model.to(torch.bfloat16)`` casts the fp8
+        # weight): FP8Linear's own forward then runs, as it would unpatched. Two dtype reads per call.
+        if weight.dtype == FP8 and scale.dtype == _F32:
+            gemm = self.__dict__.get("_aiter_gemm")
+            if _is_compiling() and gemm is None:  # first: dynamo folds it and traces only the custom op
+                return torch.ops.aiter_gemm.fp8_block_linear(input, weight, scale, bias)
+            reason = _input_reason(input, weight, bias)
+            if reason is None:
+                return fp8_block_linear(input, weight, scale, bias, gemm, self.__dict__.get("_aiter_m_major"))
+        else:
+            reason = unsupported_reason(self)
         if not _is_compiling():
             warned = self.__dict__.setdefault("_aiter_warned", set())
             if reason not in warned:
@@ -158,15 +167,29 @@ class TunedFP8Mixin:
                             reason)
         return super().forward(input)
 
+    def __reduce_ex__(self, protocol: int):
+        # The twin class is made at run time (no module attribute names it), so pickle finds it by its base class:
+        # unpickling makes the same twin class of the base and restores the state (the original module included,
+        # so unpatch_linear still puts it back).
+        return _new_twin, (self._aiter_base,), self.__getstate__()
+
 
 _CLASSES: dict[type, type] = {}
 
 
 def _twin_class(base: type) -> type:
+    """``Tuned<base>``, the one twin class of an ``FP8Linear`` class (made once per base)."""
     cls = _CLASSES.get(base)
     if cls is None:
-        cls = _CLASSES[base] = type(f"Tuned{base.__name__}", (TunedFP8Mixin, base), {"__module__": __name__})
+        cls = _CLASSES[base] = type(f"Tuned{base.__name__}", (TunedFP8Mixin, base),
+                                    {"__module__": __name__, "_aiter_base": base})
     return cls
+
+
+def _new_twin(base: type) -> nn.Module:
+    """An empty twin of ``base``, whose state unpickling then sets (``TunedFP8Mixin.__reduce_ex__``)."""
+    cls = _twin_class(base)
+    return cls.__new__(cls)
 
 
 def from_fp8_linear(module: nn.Module, name: str | None = None, gemm: BlockGemm | None = None,

@@ -418,3 +418,70 @@ def test_hf_decode_fp8_loop_on_cpu(clean_runtime, tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "median ms torch_blockwise" in table and "bf16/tuned: median per-round ratio" in table
     assert {d["libtype"] for d in res["decisions"] if d["N"] != 128} == {"triton"}, "CPU: the op's Triton default"
+
+
+# ---- conversions and pickling (issue 47) -------------------------------------------------------------------------
+
+
+def test_twin_runs_fp8linears_forward_once_its_weight_is_cast(clean_runtime, caplog):
+    """``model.to(torch.bfloat16)`` casts the fp8 weights: the twins ran the block-scale op anyway, which raised a
+    TypeError naming no module; now each runs FP8Linear's own forward (its bf16 fallback, as unpatched), warned
+    once per module with the reason."""
+    ref_model, _ = tiny_fp8_model()
+    ref_model.to(torch.bfloat16)
+    model, _ = tiny_fp8_model()
+    patch_linear(model)
+    model.to(torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 5))
+    ref = logits(ref_model, ids)
+    with caplog.at_level(logging.WARNING, logger="aiter_gemm"):
+        got = logits(model, ids)
+        logits(model, ids)
+    assert torch.equal(got, ref)
+    msgs = [r.getMessage() for r in caplog.records if "own forward" in r.getMessage()]
+    assert sorted(m.split()[1] for m in msgs) == sorted(FP8_NAMES), "one warning per module, naming it"
+    assert all("weight is torch.bfloat16" in m for m in msgs)
+
+
+def test_twin_runs_fp8linears_forward_once_its_scale_is_not_float32(clean_runtime, caplog, monkeypatch):
+    mod = fp8_linear.from_fp8_linear(_fp8(), "proj")
+    ran = []
+    monkeypatch.setattr(FP8Linear, "forward", lambda self, x: ran.append(x.shape) or x.new_zeros(3, 128))
+    mod.weight_scale_inv.data = mod.weight_scale_inv.data.double()
+    with caplog.at_level(logging.WARNING, logger="aiter_gemm"), torch.no_grad():
+        mod(torch.randn(3, 256))
+    assert ran == [(3, 256)]
+    assert [r.getMessage() for r in caplog.records if "proj runs FP8Linear's own forward" in r.getMessage()
+            and "weight_scale_inv is torch.float64" in r.getMessage()]
+
+
+def test_patched_fp8_model_pickles(clean_runtime):
+    """The twin classes are made at run time: torch.save(model) failed (no attribute names the class). Saved and
+    loaded, the patched model runs as before, and unpatch_linear still puts the FP8Linear modules back."""
+    import copy
+    import io
+    import pickle
+
+    model, _ = tiny_fp8_model()
+    names = patch_linear(model)
+    ids = torch.randint(0, 128, (2, 5))
+    ref = logits(model, ids)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    twins = {n: m for n, m in loaded.named_modules() if n in FP8_NAMES}
+    assert all(type(m) is type(model.get_submodule(n)) for n, m in twins.items())
+    assert torch.equal(logits(loaded, ids), ref)
+    assert torch.equal(logits(copy.deepcopy(model), ids), ref)
+    assert unpatch_linear(loaded) == names
+    for n, twin in twins.items():
+        back = loaded.get_submodule(n)
+        assert type(back) is FP8Linear and back.weight is twin.weight and back.weight_scale_inv is twin.weight_scale_inv
+    # pickle itself: torch's own unpickling of fp8 tensors fails (UntypedStorage has no dtype), so a model whose
+    # weights were cast (no fp8 tensor left) makes the plain-pickle round trip
+    model.to(torch.bfloat16)
+    again = pickle.loads(pickle.dumps(model))
+    assert type(again.get_submodule(FP8_NAMES[0])) is type(model.get_submodule(FP8_NAMES[0]))
+    assert torch.equal(logits(again, ids), logits(model, ids))
+    assert unpatch_linear(again) == names

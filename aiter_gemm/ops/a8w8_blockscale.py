@@ -287,7 +287,7 @@ def gemm_a8w8_blockscale(
     devices), so a call hits the cache only with operands a validated call had (0.9 us of key against 3 us of
     checks on CPU: the eager path stays close to torch's own block-scaled call). Where the C++ extension is built,
     ``gemm_a8w8_blockscale`` is its entry, keyed on the same properties; this function runs the calls it has not
-    seen, and calls with ``config``."""
+    seen, and calls with ``config``. No gradient: an operand requiring grad gets none (docs/fp8_models.md)."""
     if config is None:
         try:
             key = call_key(XQ, WQ, x_scale, w_scale, dtype)
