@@ -91,6 +91,24 @@ def test_demo_prints_its_table_whole_and_counts_the_misses(tmp_path, clean_runti
     assert (logger.handlers, logger.level, logger.propagate) == before  # the library's logging left as it was
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["--shapes", "{tmp}/missing.csv"], "--shapes {tmp}/missing.csv: not found"),
+    (["--shapes", "{tmp}/bad.csv"], "--shapes {tmp}/bad.csv:2, column 'dtype': bad value 'torch.float64'"),
+    (["--max-m", "0"], "argument --max-m: must be an integer >= 1, got '0'"),
+    (["--device", "cuda:99"], "argument --device: cuda:99: this "),
+])
+def test_demo_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, expected):
+    """Issue 47: a missing or malformed shape list and a GPU this machine lacks were tracebacks."""
+    from aiter_gemm import demo
+
+    (tmp_path / "bad.csv").write_text("M,N,K,dtype\n1,64,32,torch.float64\n")
+    with pytest.raises(SystemExit) as e:
+        demo.main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ")
+    assert err.splitlines()[-1].startswith(f"python -m aiter_gemm.demo: error: {expected.format(tmp=tmp_path)}")
+
+
 # ---- layering -------------------------------------------------------------------------------------------------
 def _imports(path: Path) -> set[str]:
     """Every module ``path`` imports, at any depth of the file (functions and ``TYPE_CHECKING`` blocks included)."""
