@@ -24,6 +24,7 @@ import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.fileio import file_problem
 from aiter_gemm.registry import op_spec
 from gradlib.pool import Executor, PoolError, ProcessPool
 from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
@@ -95,6 +96,14 @@ fraction = _number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
 gain = _number(float, lambda v: 1 <= v and math.isfinite(v), "a number >= 1.0")
 
 
+def existing_file(text: str) -> str:
+    """argparse type: a path to a readable file (a missing one is refused when parsed, not after a run of failures)."""
+    why = file_problem(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {why}")
+    return text
+
+
 def int_list(text: str) -> list[int]:
     """argparse type: comma- or space-separated integers."""
     try:
@@ -156,9 +165,10 @@ def add_output_arguments(group: argparse._ArgumentGroup, all_help: str) -> None:
 
 
 def add_candidates_from_argument(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--candidates_from", metavar="TUNED_CSV", help="no search: time each shape's solution from "
-                       "this tuned file (and the library call), confirm it as a new winner would be, and write it "
-                       "with its checked padding range (re-confirming a shipped or stale file cheaply)")
+    group.add_argument("--candidates_from", metavar="TUNED_CSV", type=existing_file, help="no search: time each "
+                       "shape's solution from this tuned file (and the library call), confirm it as a new winner "
+                       "would be, and write it with its checked padding range (re-confirming a shipped or stale file "
+                       "cheaply)")
 
 
 def candidates_from(path: str, op: str) -> Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]]:
