@@ -17,7 +17,8 @@ tuner's tolerance for the dtypes, :data:`gradlib.accuracy.TOLERANCES`), ``TFLOPS
 (``--set full``, only the kernel calls inside a profiler window) into ``DIR/<name>.ncu-rep`` and exports it with
 ``ncu --import ... --csv --page raw`` into ``DIR/<name>.csv``. Every argument is checked before anything runs (the
 dtypes against the op's rule, the shape against the device's memory, ``--ncu`` DIR writable, ``--config`` through the
-op's parsers). Exit status: 0 done (verified), 1 verification failed, 2 bad arguments or a config that cannot run here
+op's parsers). Without a CUDA GPU, ``--bench`` beside ``--verify`` or ``--ncu`` is skipped with one line on stderr
+saying why. Exit status: 0 done (verified), 1 verification failed, 2 bad arguments or a config that cannot run here
 (one line naming the argument).
 """
 
@@ -368,7 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.ncu and shutil.which("ncu") is None:
                 raise UsageError(NO_NCU)
             if args.bench and check.device.type != "cuda":
-                raise UsageError(NO_CUDA)
+                if not (args.verify or args.ncu):
+                    raise UsageError(NO_CUDA)
+                print(f"{PROG}: skipping {NO_CUDA}", file=sys.stderr)
+                args.bench = False
             runner, inputs = prepare(check, args.seed)
             if args.profile_calls:
                 profile_window(check, runner, inputs, args.profile_calls)

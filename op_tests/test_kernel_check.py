@@ -178,6 +178,13 @@ def test_ncu_into_a_file_exits_2_before_anything_runs(runtime, capsys, tmp_path,
     assert (rc, out, called) == (2, "", []) and err.count("\n") == 1 and "--ncu" in err and "not a folder" in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer to --verify --bench")
+def test_verify_and_bench_on_cpu_verifies_and_says_why_bench_is_skipped(runtime, capsys):
+    rc, out, err = run(capsys, *A16, "--libtype", "torch", "--bench")
+    assert (rc, out) == (0, PASS)
+    assert err == f"{kernel_check.PROG}: skipping {kernel_check.NO_CUDA}\n"
+
+
 def test_unknown_op_is_argparses_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         kernel_check.main(["--op", "a4w4", "--libtype", "torch", "--shape", "1,2,3", "--verify"])
