@@ -187,11 +187,13 @@ def candidates_from(path: str, op: str) -> Callable[[GemmProblem, DeviceIdentity
     return fixed
 
 
-def timing_configs(mode: str, cpu_fallback: TimingConfig | None = None) -> dict[str, TimingConfig]:
-    """The screen / full / confirm timing configs for ``--timing`` (``cpu_fallback`` for all three when given)."""
+def timing_configs(mode: str, cpu_fallback: TimingConfig | None = None, on_gpu: bool = True
+                   ) -> dict[str, TimingConfig]:
+    """The screen / full / confirm timing configs for ``--timing`` (``cpu_fallback`` for all three when given). Not
+    ``on_gpu`` there are no CUDA graphs: calls are timed one by one, as eager calls, and rows say ``timing=eager``."""
     if cpu_fallback is not None:
         return {"screen": cpu_fallback, "full": cpu_fallback, "confirm": cpu_fallback}
-    graph = mode == "graph"
+    graph = mode == "graph" and on_gpu
     return {k: replace(v, use_graph=graph) for k, v in (("screen", SCREEN), ("full", FULL), ("confirm", CONFIRM))}
 
 

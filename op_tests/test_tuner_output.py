@@ -357,6 +357,17 @@ def test_a_stale_row_spelled_0_and_bf16_is_replaced_not_duplicated(inline, tmp_p
     assert "0 tuned, 2 skipped" in capsys.readouterr().out and len(read_csv_rows(out)[1]) == 2
 
 
+@pytest.mark.parametrize("timing", [[], ["--timing", "graph"], ["--timing", "eager"]])
+def test_cpu_tuned_rows_say_they_were_timed_eagerly(inline, tmp_path, timing):
+    """Issue 47: CPU rows were written ``timing=graph``, though a CPU has no CUDA graphs (each call is timed on its
+    own, host cost included): the honest value of the ``timing`` column, which the runtime reads, is ``eager``."""
+    out = tmp_path / "tuned.csv"
+    assert run("-i", untuned(tmp_path, (1, 2)), "-o", out, "--libtype", "torch", *FAST, *timing) == 0
+    rows = read_csv_rows(out)[1]
+    assert [(r["gfx"], r["timing"]) for r in rows] == [("cpu", "eager"), ("cpu", "eager")]
+    assert {row.values["timing"] for row in load_table("GEMM_BF16", [out])} == {"eager"}
+
+
 # ---- what the console says -----------------------------------------------------------------------------------------
 def test_a_shape_too_large_for_memory_says_so(inline, tmp_path, monkeypatch, capsys):
     from gradlib import tasks
