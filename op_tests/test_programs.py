@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import ast
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -107,6 +108,33 @@ def test_demo_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, expecte
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("usage: ")
     assert err.splitlines()[-1].startswith(f"python -m aiter_gemm.demo: error: {expected.format(tmp=tmp_path)}")
+
+
+# ---- installed ------------------------------------------------------------------------------------------------
+def test_the_benchmark_harness_runs_from_another_folder_once_installed(tmp_path):
+    """Issue 47: ``benchmarks`` was not installed, so ``python -m benchmarks.run`` worked only from the checkout's
+    root. The package installed (a non-editable copy of this tree in a temp folder) runs it from anywhere."""
+    import shutil
+
+    src, site, elsewhere = tmp_path / "src", tmp_path / "site", tmp_path / "elsewhere"
+    skip = shutil.ignore_patterns("__pycache__", "results", "*.egg-info", "build")
+    for name in ("aiter_gemm", "gradlib", "benchmarks", "configs"):
+        shutil.copytree(REPO / name, src / name, ignore=skip)
+    shutil.copy(REPO / "setup.py", src / "setup.py")
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--no-compile", "--target", str(site), str(src)], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    res = subprocess.run([sys.executable, "-m", "benchmarks.run", "list"], cwd=elsewhere, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "--bench bf16 (gemm_a16w16) providers:" in lines and any(line.split()[:1] == ["shipped"] for line in lines)
+    where = subprocess.run([sys.executable, "-c", "import benchmarks; print(benchmarks.__file__)"], cwd=elsewhere,
+                           env=env, capture_output=True, text=True, timeout=60).stdout.strip()
+    assert Path(where).is_relative_to(site)  # the installed copy ran, not this checkout
 
 
 # ---- layering -------------------------------------------------------------------------------------------------
