@@ -111,6 +111,18 @@ def test_demo_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, expecte
 
 
 # ---- installed ------------------------------------------------------------------------------------------------
+def test_readme_installs_what_ci_installs():
+    """Issue 47: README installed ``.[test]`` and .ci/run ``.[test,ray,hf,tilelang]``, so a newcomer following the
+    README skipped the tests of three extras; README's test command now installs CI's extras and says what they add."""
+    import re
+
+    extras = re.search(r'pip install -q "\.\[([a-z,]+)\]"', (REPO / ".ci" / "run").read_text()).group(1)
+    readme = (REPO / "README.md").read_text()
+    assert f'pip install -e ".[{extras}]"' in readme
+    for extra in extras.split(","):
+        assert extra == "test" or f"`{extra}` (" in readme, extra
+
+
 def test_the_benchmark_harness_runs_from_another_folder_once_installed(tmp_path):
     """Issue 47: ``benchmarks`` was not installed, so ``python -m benchmarks.run`` worked only from the checkout's
     root. The package installed (a non-editable copy of this tree in a temp folder) runs it from anywhere."""
