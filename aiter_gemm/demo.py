@@ -13,8 +13,8 @@ import time
 import torch
 
 import aiter_gemm
+from aiter_gemm.cliargs import device_arg, positive_int
 from aiter_gemm.configs import ConfigError, load_untuned
-from aiter_gemm.device import device_arg
 from aiter_gemm.dispatch import MISS_MESSAGE
 from aiter_gemm.fileio import file_problem
 from aiter_gemm.logs import PrefixFormatter
@@ -45,20 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every shape of a model's shape list through gemm_a16w16 once and print what each "
                     "dispatched to: libtype, how it matched, the source.")
     ap.add_argument("--shapes", default=str(default_config_dir() / DEFAULT_SHAPES), help="untuned shape CSV")
-    ap.add_argument("--max-m", type=_positive_int, default=64, help="skip shapes with a larger M (CPU time)")
+    ap.add_argument("--max-m", type=positive_int, default=64, help="skip shapes with a larger M (CPU time)")
     ap.add_argument("--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the GEMMs run")
     return ap
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ heuristics assume when they must reason about a GPU they are not running on (the
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
 
@@ -99,20 +98,3 @@ def apply_overrides(ident: DeviceIdentity, arch: str | None, cu_num: int | None,
     return DeviceIdentity(arch or ident.gfx, ident.cu_num if cu_num is None else cu_num, ident.kind,
                           name or ident.name)
 
-
-def device_arg(text: str) -> torch.device:
-    """argparse type of the programs' ``--device``: ``cpu``, or ``cuda[:N]`` naming a GPU this process sees (an
-    ArgumentTypeError saying why not, so a missing GPU is a usage error, not a traceback at the first tensor)."""
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
-    if device.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA GPU (use --device cpu)")
-        if device.index is not None and device.index >= n:
-            raise argparse.ArgumentTypeError(f"{text}: this process sees {n} CUDA GPU(s), cuda:0 to cuda:{n - 1}")
-    return device

@@ -34,14 +34,13 @@ from pathlib import Path
 import torch
 
 import aiter_gemm
-from aiter_gemm.device import device_arg
+from aiter_gemm.cliargs import device_arg, non_negative_float, positive_int
 from aiter_gemm.fileio import atomic_write_text, file_problem, render_csv, write_error
 from benchmarks import env as envmod
 from benchmarks import report as rep
 from benchmarks.measure import COLUMNS, EAGER_PAIRS, GRAPH_PAIRS, DeviceTimer, GemmBench, Timer
 from benchmarks.providers import BENCH_OPS, providers_for, resolve
 from benchmarks.shapes import _SETS, build_sets
-from gradlib.cli import non_negative_float, positive_int
 
 log = logging.getLogger("benchmarks")
 BENCHES = (*BENCH_OPS, "overhead", "layer")

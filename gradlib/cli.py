@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -23,8 +22,18 @@ from dataclasses import replace
 import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.cliargs import (  # noqa: F401 - the tuners' argparse types, shared with every program
+    existing_file,
+    fraction,
+    gain,
+    int_list,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_int_list,
+)
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.fileio import file_problem
 from aiter_gemm.registry import op_spec
 from gradlib.pool import Executor, PoolError, ProcessPool
 from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
@@ -71,53 +80,6 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def interrupt_status(exc: KeyboardInterrupt) -> int:
     """130 for Ctrl-C (SIGINT), 143 (128 + 15) for SIGTERM, as a shell reports a process those signals killed."""
     return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
-
-
-def _number(convert: Callable[[str], float], ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return value
-
-    parse.__name__ = what  # argparse names the type in some messages
-    return parse
-
-
-#: argparse types that refuse values no run can use (exit 2 naming the flag), instead of failing later.
-positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-non_negative_float = _number(float, lambda v: v >= 0 and math.isfinite(v), "a number >= 0")
-positive_float = _number(float, lambda v: v > 0 and math.isfinite(v), "a number > 0")
-fraction = _number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
-gain = _number(float, lambda v: 1 <= v and math.isfinite(v), "a number >= 1.0")
-
-
-def existing_file(text: str) -> str:
-    """argparse type: a path to a readable file (a missing one is refused when parsed, not after a run of failures)."""
-    why = file_problem(text)
-    if why is not None:
-        raise argparse.ArgumentTypeError(f"{text}: {why}")
-    return text
-
-
-def int_list(text: str) -> list[int]:
-    """argparse type: comma- or space-separated integers."""
-    try:
-        return [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def positive_int_list(text: str) -> list[int]:
-    """argparse type: comma- or space-separated integers >= 1 (token counts, batch sizes)."""
-    values = int_list(text)
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
 
 
 def name_list(text: str) -> list[str]:

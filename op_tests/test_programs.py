@@ -110,6 +110,30 @@ def test_demo_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, expecte
     assert err.splitlines()[-1].startswith(f"python -m aiter_gemm.demo: error: {expected.format(tmp=tmp_path)}")
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["--config", "nosuch"], "--config nosuch: no config.json there and no shipped model of that name"),
+    (["--out", "{tmp}/a_file"], "--out {tmp}/a_file: {tmp}/a_file is not a folder"),
+    (["--tuned", "{tmp}/missing.csv:@shipped"], "--tuned {tmp}/missing.csv: not found"),
+    (["--device", "cuda:99"], "argument --device: cuda:99: this "),
+    (["--layers", "0"], "argument --layers: must be an integer >= 1, got '0'"),
+    (["--rounds", "0"], "argument --rounds: must be an integer >= 1, got '0'"),
+])
+def test_hf_decode_bad_arguments_exit_2_before_the_model_is_built(tmp_path, capsys, argv, expected):
+    """A missing model config exited 1 after the output folder was made; a file as --out, a missing --tuned file, a
+    GPU this machine lacks were tracebacks (or, --tuned, a measurement without the table); --layers 0 ran on."""
+    from aiter_gemm.examples import hf_decode
+
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        hf_decode.parse_args([*(a.format(tmp=tmp_path) for a in argv), "--out", str(tmp_path / "out")]
+                             if "--out" not in argv else [a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ")
+    assert err.splitlines()[-1].startswith(f"python -m aiter_gemm.examples.hf_decode: error: "
+                                           f"{expected.format(tmp=tmp_path)}"), err
+    assert not (tmp_path / "out").exists()
+
+
 # ---- installed ------------------------------------------------------------------------------------------------
 def test_readme_installs_what_ci_installs():
     """Issue 47: README installed ``.[test]`` and .ci/run ``.[test,ray,hf,tilelang]``, so a newcomer following the
