@@ -1,4 +1,5 @@
-"""Install ``aiter_gemm`` (runtime) and ``gradlib`` (tuner); ``configs/`` ships as ``aiter_gemm/configs``."""
+"""Install ``aiter_gemm`` (runtime), ``gradlib`` (tuner) and ``benchmarks`` (the harness, ``python -m benchmarks.run``;
+its raw results stay in the checkout); ``configs/`` ships as ``aiter_gemm/configs``."""
 
 from setuptools import find_packages, setup
 
@@ -7,7 +8,8 @@ setup(
     version="0.1.0",
     description="Tuned-GEMM dispatch runtime and tuner for LLM inference (AITER-compatible configs)",
     python_requires=">=3.10",
-    packages=find_packages(include=["aiter_gemm", "aiter_gemm.*", "gradlib", "gradlib.*"]) + ["aiter_gemm.configs"],
+    packages=find_packages(include=["aiter_gemm", "aiter_gemm.*", "gradlib", "gradlib.*", "benchmarks"])
+    + ["aiter_gemm.configs"],
     package_dir={"aiter_gemm.configs": "configs"},
     package_data={"aiter_gemm.configs": ["*.csv", "*.json", "*/*.csv", "*/*.json", "*/*/*.json", "*/*/*.csv"],
                   # the C++ eager fast path's source, built after install (aiter_gemm/eager_ext.py)
@@ -21,7 +23,8 @@ setup(
         "filelock",
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff", "matplotlib", "ninja"],  # matplotlib: the benchmark suite's plots
+        # matplotlib: the benchmark suite's plots; setuptools: a test installs the package into a temp folder
+        "test": ["pytest>=7", "ruff", "matplotlib", "ninja", "setuptools"],
         "ext": ["ninja"],  # torch's C++ extension builder needs it (aiter-gemm-build-ext); plus g++
         "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
         "ray": ["ray>=2.9"],  # tested with 2.60.0; a ray:// client driver also needs ray[client]

@@ -5,7 +5,9 @@ Pending shapes are flushed by a timer (``AITER_TUNE_GEMM_FLUSH_S`` after the fir
 a file lock, merged with the rows already in the file (kept as they are) and written by atomic rename, so
 tensor-parallel ranks can share one file. The file is never inside the package, and never a tuned config (a file with
 tuned columns such as ``libtype`` or ``us`` is refused, at reload and at every write). One recorder per op: the op
-says which columns its untuned file has (:class:`~aiter_gemm.ops.spec.OpSpec`).
+says which columns its untuned file has (:class:`~aiter_gemm.ops.spec.OpSpec`). Only shapes the tuner can read are
+written: a row that the op table's key parser (the one ``load_untuned``, and so the tuner, reads it with) refuses,
+such as a float64 GEMM's (no CSV dtype name), is left out with one warning per refused value.
 
 Nothing recorded is lost without a word: a shape leaves the pending list only once it is in the file, so the exit
 flush sees every shape a timer flush has not finished writing; the exit flush waits for the lock (another rank may
@@ -50,6 +52,12 @@ def row_key_of(spec: TableSpec, columns: Sequence[str]) -> Callable[[dict[str, s
     return key
 
 
+def row_reader_of(spec: TableSpec) -> Callable[[dict[str, str]], Hashable]:
+    """The typed key of an untuned row as the tuner reads it (:func:`~aiter_gemm.configs.typed_key`, which
+    ``load_untuned`` uses); ConfigError naming the column when it cannot: what the recorder checks before writing."""
+    return lambda row: typed_key(spec, row, "captured row")
+
+
 def tuned_columns_of(spec: TableSpec) -> frozenset[str]:
     """Columns only a tuned file of ``spec`` has: a capture target with one of them is a tuned config."""
     return frozenset({spec.time_column, "cu_num", "libtype", *(c.name for c in spec.values)})
@@ -68,7 +76,8 @@ class ShapeRecorder:
 
     def __init__(self, path: str, columns: Sequence[str], row_of: Callable[[GemmProblem], dict[str, str]],
                  key_of: Callable[[dict[str, str]], Hashable], flush_s: float = 30.0,
-                 tuned_columns: Collection[str] = (), exit_wait_s: float = EXIT_WAIT_S) -> None:
+                 tuned_columns: Collection[str] = (), exit_wait_s: float = EXIT_WAIT_S,
+                 read_key: Callable[[dict[str, str]], Hashable] | None = None) -> None:
         problem = file_problem(path)
         if problem is not None and not problem.startswith(("not found", "a dangling symlink")):
             # Created on the first flush: a missing file or folder, or a link's missing target, is fine; a directory
@@ -82,7 +91,7 @@ class ShapeRecorder:
                                  "shapes are never written there: point AITER_UNTUNED_GEMM_FILE at a working "
                                  "directory")
         self.path = str(resolved)
-        self.columns, self._row_of, self._key_of = tuple(columns), row_of, key_of
+        self.columns, self._row_of, self._key_of, self._read_key = tuple(columns), row_of, key_of, read_key
         self.flush_s, self.exit_wait_s = flush_s, exit_wait_s
         self._tuned_columns = frozenset(tuned_columns)
         self._check_header(read_csv_rows(self.path)[0])  # refuse a tuned file now, not at the first write
@@ -100,15 +109,34 @@ class ShapeRecorder:
         refuse_tuned_header(self.path, header, self._tuned_columns)
 
     def record(self, problem: GemmProblem) -> None:
-        """Remember a shape (once); schedule a flush if none is pending. Empty GEMMs are not shapes to tune."""
+        """Remember a shape (once); schedule a flush if none is pending. Empty GEMMs are not shapes to tune, nor
+        are shapes whose row the tuner cannot read (``read_key`` refuses it: warned once per refused value)."""
         if problem.M < 1 or problem.N < 1 or problem.K < 1:
             return
         with self._lock:
             if problem in self._seen or self._closed:
                 return
             self._seen.add(problem)
-            self._pending.append(problem)
-            self._schedule()
+            refused = self._refused(problem)
+            if refused is None:
+                self._pending.append(problem)
+                self._schedule()
+        if refused is not None:
+            column, value, why = refused
+            self._warn(("refused", column, value), "aiter_gemm: not capturing M=%d N=%d K=%d (nor other shapes "
+                       "with %s %s) into %s: the tuner could not read its row (%s)", problem.M, problem.N,
+                       problem.K, column, value, self.path, why)
+
+    def _refused(self, problem: GemmProblem) -> tuple[str, str, str] | None:
+        """(column, value, why) when ``read_key`` refuses the problem's untuned row, else None."""
+        if self._read_key is None:
+            return None
+        row = self._row_of(problem)
+        try:
+            self._read_key(row)
+        except ConfigError as exc:
+            return str(exc.column), str(row.get(exc.column or "", "")), str(exc).split(": ", 1)[-1]
+        return None
 
     def _schedule(self) -> None:
         """Start the flush timer unless one is pending (call with ``_lock`` held)."""

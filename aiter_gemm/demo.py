@@ -13,8 +13,10 @@ import time
 import torch
 
 import aiter_gemm
-from aiter_gemm.configs import load_untuned
+from aiter_gemm.cliargs import device_arg, positive_int
+from aiter_gemm.configs import ConfigError, load_untuned
 from aiter_gemm.dispatch import MISS_MESSAGE
+from aiter_gemm.fileio import file_problem
 from aiter_gemm.logs import PrefixFormatter
 from aiter_gemm.settings import default_config_dir
 
@@ -43,15 +45,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every shape of a model's shape list through gemm_a16w16 once and print what each "
                     "dispatched to: libtype, how it matched, the source.")
     ap.add_argument("--shapes", default=str(default_config_dir() / DEFAULT_SHAPES), help="untuned shape CSV")
-    ap.add_argument("--max-m", type=int, default=64, help="skip shapes with a larger M (CPU time)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the GEMMs run")
+    ap.add_argument("--max-m", type=positive_int, default=64, help="skip shapes with a larger M (CPU time)")
+    ap.add_argument("--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the GEMMs run")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    keys = [k for k in load_untuned(args.shapes) if k[0] <= args.max_m]
-    ident = aiter_gemm.current_device_identity(on_gpu=args.device != "cpu")
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    missing = file_problem(args.shapes)
+    if missing is not None:
+        ap.error(f"--shapes {args.shapes}: {missing}")
+    try:  # a shape list that cannot be read is a usage error naming file, line and column
+        keys = [k for k in load_untuned(args.shapes) if k[0] <= args.max_m]
+    except ConfigError as exc:
+        ap.error(f"--shapes {exc}")
+    ident = aiter_gemm.current_device_identity(on_gpu=args.device.type != "cpu")
     units = "SMs/CUs" if ident.is_gpu else "cores"
     logger = logging.getLogger("aiter_gemm")
     misses, saved = _MissLines(), (logger.handlers[:], logger.level, logger.propagate)

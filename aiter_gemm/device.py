@@ -97,3 +97,4 @@ def apply_overrides(ident: DeviceIdentity, arch: str | None, cu_num: int | None,
     """Replace gfx, cu_num and/or the device name by the environment overrides, keeping the real vendor kind."""
     return DeviceIdentity(arch or ident.gfx, ident.cu_num if cu_num is None else cu_num, ident.kind,
                           name or ident.name)
+

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiter_gemm import cudagraph, jsonconfigs, registry
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
-from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
+from aiter_gemm.capture import ShapeRecorder, row_key_of, row_reader_of, tuned_columns_of
 from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow, load_table
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
 from aiter_gemm.dtypes import dtype_name
@@ -180,7 +180,8 @@ class Dispatcher:
                 spec = self.op.table_spec
                 self._recorder = ShapeRecorder(path, self.op.untuned_columns, self.op.untuned_row,
                                                row_key_of(spec, self.op.untuned_columns),
-                                               self.settings.capture_flush_s, tuned_columns_of(spec))
+                                               self.settings.capture_flush_s, tuned_columns_of(spec),
+                                               read_key=row_reader_of(spec))
             # The op's table loads now, not at the first GEMM, so a first GEMM inside CUDA graph capture does no
             # file I/O. A config file that cannot be used is skipped with a warning naming file, line and column
             # (load_table strict=False): `import aiter_gemm`, and so gemm-tuner, must survive a broken one.

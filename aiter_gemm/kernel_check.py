@@ -15,8 +15,11 @@ Output, exactly: ``VERIFY: PASS`` or ``VERIFY: FAIL max_abs_err=<v>`` (``--verif
 tuner's tolerance for the dtypes, :data:`gradlib.accuracy.TOLERANCES`), ``TFLOPS: <v> time_ms: <v>`` (``--bench``:
 10 warm-up calls, then 50 timed between two CUDA events). ``--ncu DIR`` runs this command again under ``ncu``
 (``--set full``, only the kernel calls inside a profiler window) into ``DIR/<name>.ncu-rep`` and exports it with
-``ncu --import ... --csv --page raw`` into ``DIR/<name>.csv``. Exit status: 0 done (verified), 1 verification failed,
-2 bad arguments or a config that cannot run here (the message names the argument).
+``ncu --import ... --csv --page raw`` into ``DIR/<name>.csv``. Every argument is checked before anything runs (the
+dtypes against the op's rule, the shape against the device's memory, ``--ncu`` DIR writable, ``--config`` through the
+op's parsers). Without a CUDA GPU, ``--bench`` beside ``--verify`` or ``--ncu`` is skipped with one line on stderr
+saying why. Exit status: 0 done (verified), 1 verification failed, 2 bad arguments or a config that cannot run here
+(one line naming the argument).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
-from aiter_gemm.fileio import atomic_write_text
+from aiter_gemm.fileio import atomic_write_text, write_error
 from aiter_gemm.registry import op_spec
 
 PROG = "python -m aiter_gemm.kernel_check"
@@ -106,7 +109,33 @@ def _problem(args: argparse.Namespace, op: str) -> GemmProblem:
             otype = parse_dtype(args.outdtype) if args.outdtype else dtype
     except (ValueError, KeyError) as exc:
         raise UsageError(f"--dtype/--outdtype: {exc}") from None
+    why = _dtype_error(op, dtype, otype)
+    if why is not None:
+        raise UsageError(f"--dtype/--outdtype: {why}")
     return GemmProblem(M, N, K, False, dtype, otype)
+
+
+def _dtype_error(op: str, dtype: torch.dtype, otype: torch.dtype) -> str | None:
+    """The op's own dtype rule (what its public function refuses), then the tuner's tolerance table (what
+    ``--verify`` compares with)."""
+    if op == "gemm_a8w8_blockscale":
+        from aiter_gemm.backends.a8w8_blockscale.triton import OUT_DTYPES
+
+        if otype not in OUT_DTYPES:
+            return f"{otype} output is not supported (one of {', '.join(map(str, OUT_DTYPES))})"
+    else:
+        from aiter_gemm.ops.a16w16 import dtype_error
+
+        why = dtype_error(dtype, otype)
+        if why is not None:
+            return why
+    from gradlib.accuracy import tolerance_for
+
+    try:
+        tolerance_for(dtype, otype)
+    except KeyError as exc:
+        return str(exc.args[0])
+    return None
 
 
 def _libtype(args: argparse.Namespace) -> tuple[str, Any]:
@@ -161,6 +190,10 @@ def _json_solution(op: str, libtype: str, problem: GemmProblem, text: str) -> So
     if not isinstance(entry, dict):
         raise UsageError(f"--config: a JSON object expected, got {type(entry).__name__}")
     if set(entry) <= _SOLUTION_KEYS:
+        for key, kind in (("libtype", str), ("solidx", int), ("splitK", int), ("kernelName", str)):
+            if key in entry and (not isinstance(entry[key], kind) or isinstance(entry[key], bool)):
+                raise UsageError(f"--config {text}: {key} must be a JSON {'string' if kind is str else 'integer'}, "
+                                 f"got {entry[key]!r}")
         return _same_libtype(Solution(**{"libtype": libtype, **entry}), libtype, text)
     try:
         level = op_spec(op).json  # an entry as the op's JSON files hold one (its JsonLevel parses it)
@@ -186,14 +219,23 @@ def _same_libtype(sol: Solution, libtype: str, text: str) -> Solution:
 def resolve(args: argparse.Namespace) -> Check:
     """Every argument checked and resolved (UsageError naming the one that is wrong)."""
     from aiter_gemm import current_device_identity
+    from gradlib.tasks import inputs_memory
 
     op, backend = _libtype(args)
     problem = _problem(args, op)
     on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    fits, need = inputs_memory(problem, device)
+    if not fits:
+        raise UsageError(f"--shape {args.shape}: {need}")
     identity = current_device_identity(on_gpu)
-    sol = resolve_solution(op, args.libtype, backend, problem, identity, args.config)
-    return Check(op, problem, sol, identity, torch.device("cuda", torch.cuda.current_device()) if on_gpu
-                 else torch.device("cpu"))
+    try:
+        sol = resolve_solution(op, args.libtype, backend, problem, identity, args.config)
+    except UsageError:
+        raise
+    except ValueError as exc:  # a parser's ConfigError or ValueError (a kernelName out of range, malformed)
+        raise UsageError(f"--config {args.config}: {exc}") from None
+    return Check(op, problem, sol, identity, device)
 
 
 def prepare(check: Check, seed: int = 0):
@@ -201,7 +243,10 @@ def prepare(check: Check, seed: int = 0):
     from gradlib.tasks import prepare_runner
     from gradlib.tune_ops import tune_op
 
-    runner, _, why = prepare_runner(check.op, check.problem, check.solution, check.identity)
+    try:
+        runner, _, why = prepare_runner(check.op, check.problem, check.solution, check.identity)
+    except ValueError as exc:  # a parser's ConfigError or ValueError, raised while building the runner
+        raise UsageError(f"--config {check.solution.kernelName or check.solution.solidx}: {exc}") from None
     if runner is None:
         raise UsageError(f"--config: {why}")
     return runner, tune_op(check.op).make_inputs(check.problem, seed, check.device, 0, {})
@@ -317,11 +362,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             if not (args.verify or args.bench or args.ncu or args.profile_calls):
                 raise UsageError("nothing to do: give --verify, --bench and/or --ncu DIR")
+            unwritable = write_error(args.ncu, folder=True) if args.ncu else None
+            if unwritable is not None:
+                raise UsageError(f"--ncu {args.ncu}: {unwritable}")
             check = resolve(args)
             if args.ncu and shutil.which("ncu") is None:
                 raise UsageError(NO_NCU)
             if args.bench and check.device.type != "cuda":
-                raise UsageError(NO_CUDA)
+                if not (args.verify or args.ncu):
+                    raise UsageError(NO_CUDA)
+                print(f"{PROG}: skipping {NO_CUDA}", file=sys.stderr)
+                args.bench = False
             runner, inputs = prepare(check, args.seed)
             if args.profile_calls:
                 profile_window(check, runner, inputs, args.profile_calls)

@@ -2,5 +2,6 @@
 dispatch, each backend, max-autotune, torch's block-scaled matmul) and named shape sets, timed with the tuner's method
 (:mod:`gradlib.timing`: CUDA graphs over rotating inputs larger than the L2, alternating order, paired ratios), one
 CSV per benchmark and GPU plus its environment; ``report`` and ``plot`` render BENCHMARKS.md's tables and figures
-from those files. Not part of the installed package: run it from a checkout (README, BENCHMARKS.md).
+from those files. Installed with the package (``python -m benchmarks.run`` runs from any folder); the raw results
+BENCHMARKS.md quotes (``benchmarks/results/``) and the device scripts stay in the checkout.
 """

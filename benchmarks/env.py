@@ -20,6 +20,7 @@ import torch
 from aiter_gemm.fileio import atomic_write_text
 from aiter_gemm.settings import default_config_dir
 
+#: The checkout the harness runs from (its commit goes into the environment); an installed copy has none.
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -38,6 +39,8 @@ def output_paths(out_dir: str | Path, bench: str, device: torch.device) -> tuple
 
 
 def _run(cmd: list[str]) -> str:
+    if cmd[0] == "git" and not (REPO / ".git").exists():  # installed: site-packages' enclosing repo is not ours
+        return ""
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -1,17 +1,18 @@
 """Providers: the things a benchmark times on a shape, registered per op (``gemm_a16w16``, ``gemm_a8w8_blockscale``).
 
-A provider spec is ``name`` or ``name:arg`` (``skinny:gemv_BN1_BK2048_SK1_W4_S1_EF``, ``cublaslt:v130100:<hex>``).
-Each provider builds, once per shape, a call ``call(i)`` that runs it on the op's rotating input set ``i`` (the sets
-the tuner times on: :attr:`gradlib.tune_ops.TuneOp.make_inputs`), or raises :class:`Unavailable` saying why it cannot
-run that shape here. Registered for both ops: ``flinear`` (bf16 ``F.linear``; for the block-scale op, of the
-dequantized operands: what FP8 must beat), ``dispatch`` (the op's public function: the whole dispatch path),
-``default`` (the runtime's heuristic default, tuned tables ignored), ``baseline:<DIR>`` / ``configs:<DIR>`` (the op
-as another copy of ``configs/`` decides it, without / with TileLang) and one provider per backend of the op
-(``torch``, ``cublaslt``, ``triton``, ``skinny``; the block-scale op's ``triton`` and ``torch``) taking a kernelName
-as ``arg`` (without one: the backend's own default for the shape). Besides: ``maxautotune``
-(``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only), ``torch_blockscale`` (the plain
-per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it) and, for both ops,
-``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` against it is the fraction of that floor).
+A provider spec is ``name`` or ``name:arg`` (``skinny:gemv_BN1_BK2048_SK1_W4_S1_EF``, ``cublaslt:v130100:<hex>``). Each
+provider builds, once per shape, a call ``call(i)`` that runs it on the op's rotating input set ``i`` (the sets the
+tuner times on: :attr:`gradlib.tune_ops.TuneOp.make_inputs`), or raises :class:`Unavailable` saying why it cannot run
+that shape here; an ``arg`` no shape can use (an argument to a provider taking none, a ``configs:`` folder without the
+op's table) is refused by :func:`resolve`, before anything runs. Registered for both ops: ``flinear`` (bf16
+``F.linear``; for the block-scale op, of the dequantized operands: what FP8 must beat), ``dispatch`` (the op's public
+function: the whole dispatch path), ``default`` (the runtime's heuristic default, tuned tables ignored),
+``baseline:<DIR>`` / ``configs:<DIR>`` (the op as another copy of ``configs/`` decides it, without / with TileLang) and
+one provider per backend of the op (``torch``, ``cublaslt``, ``triton``, ``skinny``; the block-scale op's ``triton`` and
+``torch``) taking a kernelName as ``arg`` (without one: the backend's own default for the shape). Besides:
+``maxautotune`` (``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only), ``torch_blockscale``
+(the plain per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it) and, for both
+ops, ``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` against it is the fraction of that floor).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 import aiter_gemm
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.fileio import file_problem
 from aiter_gemm.registry import get_backend, known_backends, op_spec
 
 A16W16 = "gemm_a16w16"
@@ -68,6 +70,8 @@ class Provider:
     build: Callable[[Context, str], Call]
     #: Times a floor, not the op (``weight_read``): its output is not a GEMM's and is not compared.
     floor: bool = False
+    #: ``(op, arg) -> why no shape can use arg`` (None: it may), asked by :func:`resolve`; None: any arg.
+    check: Callable[[str, str], str | None] | None = None
 
 
 _REGISTRY: dict[tuple[str, str], Provider] = {}
@@ -85,20 +89,26 @@ def providers_for(op: str) -> list[Provider]:
 
 
 def resolve(op: str, spec: str) -> tuple[Provider, str]:
-    """(provider, arg) of a spec ``name[:arg]``; ValueError naming the known providers if there is none."""
+    """(provider, arg) of a spec ``name[:arg]``; ValueError naming the known providers if there is none, or saying
+    why its ``arg`` cannot be used (:attr:`Provider.check`)."""
     name, _, arg = spec.partition(":")
     _register_backends(op)
     provider = _REGISTRY.get((op, name))
     if provider is None:
         known = ", ".join(p.name for p in providers_for(op))
         raise ValueError(f"no provider {name!r} for {op} (known: {known})")
+    why = provider.check(op, arg) if provider.check is not None else None
+    if why is not None:
+        raise ValueError(f"provider {spec!r}: {why}")
     return provider, arg
+
+
+def _no_argument(op: str, arg: str) -> str | None:
+    return f"takes no argument (got {arg!r})" if arg else None
 
 
 # ---- shared by both ops ----------------------------------------------------------------------------------------------
 def _dispatch(ctx: Context, arg: str) -> Call:
-    if arg:
-        raise Unavailable(f"dispatch takes no argument (got {arg!r})")
     sets, p = ctx.sets, ctx.problem
     if ctx.op == A16W16:
         return lambda i: aiter_gemm.gemm_a16w16(sets[i][0], sets[i][1], sets[i][2], p.otype, sets[i][3], sets[i][4])
@@ -110,8 +120,6 @@ def _dispatch(ctx: Context, arg: str) -> Call:
 def _default(ctx: Context, arg: str) -> Call:
     """The runtime's heuristic default for the shape (tuned rows and JSON ignored), as eager calls see it in eager
     timing: what a shape without a row runs."""
-    if arg:
-        raise Unavailable(f"default takes no argument (got {arg!r})")
     dec = aiter_gemm.get_dispatcher(ctx.op).default_decision(ctx.problem, ctx.ident, eager=ctx.mode != "graph")
     return _runner_call(ctx, dec.runner)
 
@@ -125,9 +133,10 @@ def configs_dispatcher(op: str, folder: str | Path, name: str, tilelang: bool) -
 
     folder = Path(folder)
     spec = op_spec(op)
+    why = configs_error(op, str(folder), name)
+    if why is not None:
+        raise Unavailable(f"{name}: {why}")
     shipped = folder / SHIPPED_FILE_NAMES[op]
-    if not shipped.is_file():
-        raise Unavailable(f"{name}: {shipped} not found")
     env = {CONFIG_KINDS[spec.kind][0]: str(shipped), "AITER_GEMM_TRITON_CONFIGS": str(folder / "triton")}
 
     class Copy(Dispatcher):
@@ -139,11 +148,19 @@ def configs_dispatcher(op: str, folder: str | Path, name: str, tilelang: bool) -
     return Copy(spec, load_settings(env))
 
 
+def configs_error(op: str, folder: str, name: str) -> str | None:
+    """Why ``folder`` is no ``configs/`` copy a ``baseline:`` / ``configs:`` provider can decide from (no folder
+    given, or no op's tuned CSV in it), or None."""
+    if not folder:
+        return f"needs the folder of a configs/ copy ({name}:<DIR>)"
+    shipped = Path(folder) / SHIPPED_FILE_NAMES[op]
+    problem = file_problem(shipped)
+    return None if problem is None else f"{shipped} {problem}"
+
+
 def _from_configs(ctx: Context, arg: str, name: str, tilelang: bool) -> Call:
     """The op as the ``configs/`` copy in the folder ``arg`` decides it (:func:`configs_dispatcher`). Graph timing runs
     the decision's runner, as ``dispatch`` does inside a captured graph."""
-    if not arg:
-        raise Unavailable(f"{name} needs the folder of a configs/ copy ({name}:<DIR>)")
     dec = configs_dispatcher(ctx.op, arg, name, tilelang).decide(ctx.problem, ctx.device.type == "cuda")
     runner = dec.call_runner if ctx.mode != "graph" else dec.runner
     return _runner_call(ctx, runner)
@@ -206,8 +223,6 @@ def _weight_read(ctx: Context, arg: str) -> Call:
     memory-bound call at this weight size."""
     from benchmarks.read_floor import bind, folds
 
-    if arg:
-        raise Unavailable(f"weight_read takes no argument (got {arg!r})")
     out = folds(ctx.device)  # one output for every input set
     try:
         reads = [bind(s[1], out) for s in ctx.sets]  # both ops' input sets hold the weight second
@@ -218,8 +233,6 @@ def _weight_read(ctx: Context, arg: str) -> Call:
 
 # ---- gemm_a16w16 -----------------------------------------------------------------------------------------------------
 def _flinear(ctx: Context, arg: str) -> Call:
-    if arg:
-        raise Unavailable(f"flinear takes no argument (got {arg!r})")
     sets, p = ctx.sets, ctx.problem
     if ctx.op == BLOCKSCALE:  # bf16 F.linear of the dequantized operands: the baseline FP8 must beat
         from aiter_gemm.kernels.a8w8_blockscale import dequantize_blockscale
@@ -260,18 +273,22 @@ def _torch_blockscale(ctx: Context, arg: str) -> Call:
 
 
 for _op in (A16W16, BLOCKSCALE):
-    register_provider(Provider("flinear", _op, "bf16 F.linear (block-scale op: of the dequantized operands)", _flinear))
-    register_provider(Provider("dispatch", _op, f"aiter_gemm.{_op}: the whole dispatch path", _dispatch))
-    register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default))
+    register_provider(Provider("flinear", _op, "bf16 F.linear (block-scale op: of the dequantized operands)", _flinear,
+                               check=_no_argument))
+    register_provider(Provider("dispatch", _op, f"aiter_gemm.{_op}: the whole dispatch path", _dispatch,
+                               check=_no_argument))
+    register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default,
+                               check=_no_argument))
     # baseline: an earlier commit's configs/ before the TileLang backend; configs: any copy (the rows a device ran
     # before its own were added).
-    register_provider(Provider("baseline", _op, "the op as an earlier configs/ copy decides it, without TileLang "
-                               "(baseline:<DIR>)", partial(_from_configs, name="baseline", tilelang=False)))
-    register_provider(Provider("configs", _op, "the op as another configs/ copy decides it, every backend "
-                               "(configs:<DIR>)", partial(_from_configs, name="configs", tilelang=True)))
+    for _name, _tilelang, _doc in (("baseline", False, "an earlier configs/ copy decides it, without TileLang"),
+                                   ("configs", True, "another configs/ copy decides it, every backend")):
+        register_provider(Provider(_name, _op, f"the op as {_doc} ({_name}:<DIR>)",
+                                   partial(_from_configs, name=_name, tilelang=_tilelang),
+                                   check=partial(configs_error, name=_name)))
     register_provider(Provider("weight_read", _op, "streaming the weight's bytes once, no math: the memory-bound "
-                               "floor", _weight_read, floor=True))
+                               "floor", _weight_read, floor=True, check=_no_argument))
 register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no-cudagraphs of F.linear (GPU)",
-                           _maxautotune))
+                           _maxautotune, check=_no_argument))
 register_provider(Provider("torch_blockscale", BLOCKSCALE, "plain per-call F.scaled_mm with block scales",
-                           _torch_blockscale))
+                           _torch_blockscale, check=_no_argument))

@@ -15,7 +15,9 @@
 ``--bench bf16`` / ``fp8`` time every provider of ``--providers`` on every shape of ``--set`` in each mode of
 ``--timing`` (``graph``: CUDA-graph replays; ``eager``: loops of calls, host cost included; ``host``: host and GPU
 time per call), paired against each of ``--baselines`` (default: the first provider); see
-:mod:`benchmarks.providers`, :mod:`benchmarks.shapes` and :mod:`benchmarks.measure`.
+:mod:`benchmarks.providers`, :mod:`benchmarks.shapes` and :mod:`benchmarks.measure`. Arguments are checked before
+anything runs (``--out`` a folder that can be written, ``--device`` one this machine has, the providers' arguments,
+the sets' files, positive counts): exit 2 with the usage and one line naming the problem.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from pathlib import Path
 import torch
 
 import aiter_gemm
-from aiter_gemm.fileio import atomic_write_text, render_csv
+from aiter_gemm.cliargs import device_arg, non_negative_float, positive_int
+from aiter_gemm.fileio import atomic_write_text, file_problem, render_csv, write_error
 from benchmarks import env as envmod
 from benchmarks import report as rep
 from benchmarks.measure import COLUMNS, EAGER_PAIRS, GRAPH_PAIRS, DeviceTimer, GemmBench, Timer
@@ -68,28 +71,48 @@ def bench_parser() -> argparse.ArgumentParser:
                     "eager on CPU)")
     ap.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     ap.add_argument("--name", default=None, help="file stem: <name>_<gpu>.csv (default: the --bench name)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--pairs", type=int, default=GRAPH_PAIRS, help=f"graph rounds per shape (default {GRAPH_PAIRS})")
-    ap.add_argument("--eager_pairs", type=int, default=EAGER_PAIRS,
+    ap.add_argument("--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--pairs", type=positive_int, default=GRAPH_PAIRS,
+                    help=f"graph rounds per shape (default {GRAPH_PAIRS})")
+    ap.add_argument("--eager_pairs", type=positive_int, default=EAGER_PAIRS,
                     help=f"eager rounds per shape (default {EAGER_PAIRS})")
-    ap.add_argument("--deadline_s", type=float, default=math.inf, help="start no new shape after this many seconds")
-    ap.add_argument("--compile_budget_s", type=float, default=math.inf,
+    ap.add_argument("--deadline_s", type=non_negative_float, default=math.inf,
+                    help="start no new shape after this many seconds")
+    ap.add_argument("--compile_budget_s", type=non_negative_float, default=math.inf,
                     help="maxautotune: compile no more after this many seconds of the run")
-    ap.add_argument("--calls", type=int, default=20000, help="overhead: calls per loop")
-    ap.add_argument("--repeats", type=int, default=21, help="overhead: loops per case")
+    ap.add_argument("--calls", type=positive_int, default=20000, help="overhead: calls per loop")
+    ap.add_argument("--repeats", type=positive_int, default=21, help="overhead: loops per case")
     return ap
 
 
 def run_bench(argv: list[str], timer: Timer | None = None) -> int:
     ap = bench_parser()
     args = ap.parse_args(argv)
-    device = torch.device(args.device)
+    device = args.device
+    unwritable = write_error(args.out, folder=True)
+    if unwritable is not None:
+        ap.error(f"--out {args.out}: {unwritable}")
     modes = (args.timing or ("graph" if device.type == "cuda" else "eager")).split(",")
     bad = [m for m in modes if m not in MODES]
     if bad:
         ap.error(f"--timing {','.join(bad)}: not one of {', '.join(MODES)}")
     if device.type != "cuda" and timer is None and set(modes) & {"graph", "host"}:
         ap.error("--timing graph and host need a CUDA device (CPU runs time eagerly: --timing eager)")
+    if args.bench in BENCH_OPS:  # providers, baselines and shape sets checked before anything is written
+        op = BENCH_OPS[args.bench]
+        default = "torch_blockscale,flinear,dispatch" if op == BENCH_OPS["fp8"] else "flinear,dispatch"
+        providers = [p.strip() for p in (args.providers or default).split(",") if p.strip()]
+        baselines = [p.strip() for p in (args.baselines or providers[0]).split(",") if p.strip()]
+        try:
+            for spec in providers:
+                resolve(op, spec)
+            ident = aiter_gemm.current_device_identity(on_gpu=device.type == "cuda")
+            shapes = build_sets(op, args.set or "shipped", args.m, ident)
+        except ValueError as exc:
+            ap.error(str(exc))
+        missing = [b for b in baselines if b not in providers]
+        if missing:
+            ap.error(f"--baselines {','.join(missing)}: not among --providers")
     torch.backends.cuda.matmul.allow_tf32 = False
     timer = timer or DeviceTimer(device, args.pairs, args.eager_pairs)
     csv_path, env_path = envmod.output_paths(args.out, args.name or args.bench, device)
@@ -110,20 +133,6 @@ def run_bench(argv: list[str], timer: Timer | None = None) -> int:
             rows += run_layer(name, int(tp or 1), args.m or [1, 8, 32, 128, 2048], modes, device, timer)
         atomic_write_text(csv_path, render_csv(COLUMNS, rows))
     else:
-        op = BENCH_OPS[args.bench]
-        default = "torch_blockscale,flinear,dispatch" if op == BENCH_OPS["fp8"] else "flinear,dispatch"
-        providers = [p.strip() for p in (args.providers or default).split(",") if p.strip()]
-        baselines = [p.strip() for p in (args.baselines or providers[0]).split(",") if p.strip()]
-        try:
-            for spec in providers:
-                resolve(op, spec)
-            ident = aiter_gemm.current_device_identity(on_gpu=device.type == "cuda")
-            shapes = build_sets(op, args.set or "shipped", args.m, ident)
-        except ValueError as exc:
-            ap.error(str(exc))
-        missing = [b for b in baselines if b not in providers]
-        if missing:
-            ap.error(f"--baselines {','.join(missing)}: not among --providers")
         bench = GemmBench(args.bench, op, shapes, providers, baselines, modes, device, ident, timer, str(csv_path),
                           args.deadline_s, {"compile_budget_s": args.compile_budget_s})
         rows = bench.run()
@@ -154,9 +163,19 @@ def report_parser() -> argparse.ArgumentParser:
 
 
 def render(argv: list[str], root: Path | None = None) -> str:
-    """The markdown table ``report`` prints for ``argv`` (file paths relative to ``root`` when given)."""
-    args = report_parser().parse_args(argv)
+    """The markdown table ``report`` prints for ``argv`` (file paths relative to ``root`` when given); a file that
+    is missing (a folder, for ``overhead_ab``), or that the table cannot read, is a usage error naming it."""
+    ap = report_parser()
+    args = ap.parse_args(argv)
     files = [str(Path(root, f)) if root is not None else f for f in args.files]
+    _check_inputs(ap, files, folders=args.table == "overhead_ab")
+    try:
+        return _table(args, files)
+    except ValueError as exc:  # a file of another kind, or without the rows the table needs
+        ap.error(str(exc))
+
+
+def _table(args: argparse.Namespace, files: list[str]) -> str:
     if args.table == "hf":
         return rep.hf(files)
     if args.table == "hf_pooled":
@@ -179,6 +198,14 @@ def render(argv: list[str], root: Path | None = None) -> str:
     return {"overhead": rep.overhead, "layer": rep.layer, "host": rep.host}[args.table](rows)
 
 
+def _check_inputs(ap: argparse.ArgumentParser, paths: list[str], folders: bool = False) -> None:
+    """``ap.error`` naming the first of ``paths`` that is not a readable file (a folder, with ``folders``)."""
+    for path in paths:
+        why = (None if Path(path).is_dir() else "is not a folder") if folders else file_problem(path)
+        if why is not None:
+            ap.error(f"{path}: {why}")
+
+
 def run_report(argv: list[str]) -> int:
     print(render(argv))
     return 0
@@ -195,6 +222,7 @@ def run_tables(argv: list[str]) -> int:
     ap.add_argument("markdown", help="e.g. BENCHMARKS.md")
     ap.add_argument("--write", action="store_true", help="rewrite the blocks in place (atomically)")
     args = ap.parse_args(argv)
+    _check_inputs(ap, [args.markdown])
     path = Path(args.markdown)
     lines = path.read_text().split("\n")
     out, stale, i = [], [], 0
@@ -230,6 +258,7 @@ def run_plot(argv: list[str]) -> int:
     ap.add_argument("--mode", default="graph")
     ap.add_argument("--set", default=None, help="comma list: only these sets")
     args = ap.parse_args(argv)
+    _check_inputs(ap, args.files)
     rows = [r for f in args.files for r in rep.load_rows(f)
             if not args.set or r["set"] in args.set.split(",")]
     for path in plot(rows, args.out, args.provider, args.vs, args.mode, args.stem):

@@ -19,6 +19,7 @@ import torch
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import load_table, load_untuned
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.fileio import file_problem
 from aiter_gemm.settings import default_config_dir
 from benchmarks.providers import A16W16, BLOCKSCALE
 from gradlib.models import load_arch, model_problems, projections
@@ -167,6 +168,9 @@ def _model(op: str, spec: str, ms: Sequence[int] | None) -> list[Shape]:
 
 
 def _csv(op: str, path: str, ms: Sequence[int] | None) -> list[Shape]:
+    missing = file_problem(path)
+    if missing is not None:
+        raise ValueError(f"set {path!r}: CSV {missing}")
     label = Path(path).stem
     return [(label, problem(op, *key[:3]) if op == BLOCKSCALE else GemmProblem(*key)) for key in load_untuned(path)
             if not ms or key[0] in ms]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -23,6 +22,17 @@ from dataclasses import replace
 import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.cliargs import (  # noqa: F401 - the tuners' argparse types, shared with every program
+    existing_file,
+    fraction,
+    gain,
+    int_list,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_int_list,
+)
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.registry import op_spec
 from gradlib.pool import Executor, PoolError, ProcessPool
@@ -72,45 +82,6 @@ def interrupt_status(exc: KeyboardInterrupt) -> int:
     return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 
 
-def _number(convert: Callable[[str], float], ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return value
-
-    parse.__name__ = what  # argparse names the type in some messages
-    return parse
-
-
-#: argparse types that refuse values no run can use (exit 2 naming the flag), instead of failing later.
-positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-non_negative_float = _number(float, lambda v: v >= 0 and math.isfinite(v), "a number >= 0")
-positive_float = _number(float, lambda v: v > 0 and math.isfinite(v), "a number > 0")
-fraction = _number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
-gain = _number(float, lambda v: 1 <= v and math.isfinite(v), "a number >= 1.0")
-
-
-def int_list(text: str) -> list[int]:
-    """argparse type: comma- or space-separated integers."""
-    try:
-        return [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def positive_int_list(text: str) -> list[int]:
-    """argparse type: comma- or space-separated integers >= 1 (token counts, batch sizes)."""
-    values = int_list(text)
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
 def name_list(text: str) -> list[str]:
     """argparse type: comma-separated names."""
     return [v.strip() for v in text.split(",") if v.strip()]
@@ -156,9 +127,10 @@ def add_output_arguments(group: argparse._ArgumentGroup, all_help: str) -> None:
 
 
 def add_candidates_from_argument(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--candidates_from", metavar="TUNED_CSV", help="no search: time each shape's solution from "
-                       "this tuned file (and the library call), confirm it as a new winner would be, and write it "
-                       "with its checked padding range (re-confirming a shipped or stale file cheaply)")
+    group.add_argument("--candidates_from", metavar="TUNED_CSV", type=existing_file, help="no search: time each "
+                       "shape's solution from this tuned file (and the library call), confirm it as a new winner "
+                       "would be, and write it with its checked padding range (re-confirming a shipped or stale file "
+                       "cheaply)")
 
 
 def candidates_from(path: str, op: str) -> Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]]:
@@ -177,11 +149,13 @@ def candidates_from(path: str, op: str) -> Callable[[GemmProblem, DeviceIdentity
     return fixed
 
 
-def timing_configs(mode: str, cpu_fallback: TimingConfig | None = None) -> dict[str, TimingConfig]:
-    """The screen / full / confirm timing configs for ``--timing`` (``cpu_fallback`` for all three when given)."""
+def timing_configs(mode: str, cpu_fallback: TimingConfig | None = None, on_gpu: bool = True
+                   ) -> dict[str, TimingConfig]:
+    """The screen / full / confirm timing configs for ``--timing`` (``cpu_fallback`` for all three when given). Not
+    ``on_gpu`` there are no CUDA graphs: calls are timed one by one, as eager calls, and rows say ``timing=eager``."""
     if cpu_fallback is not None:
         return {"screen": cpu_fallback, "full": cpu_fallback, "confirm": cpu_fallback}
-    graph = mode == "graph"
+    graph = mode == "graph" and on_gpu
     return {k: replace(v, use_graph=graph) for k, v in (("screen", SCREEN), ("full", FULL), ("confirm", CONFIRM))}
 
 

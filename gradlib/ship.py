@@ -15,6 +15,8 @@
   arch file takes, per M, the config with the best geometric-mean slowdown over every (N, K).
 
 Rows are merged into ``--out`` under its lock with an atomic rename, replacing rows of the same key; other rows stay.
+Inputs, ``--out`` and ``--min_gain`` are checked before anything runs (exit 2 with the usage and one line naming the
+problem); ``rows`` needs a CUDA GPU.
 
     python -m gradlib.ship rows --results bf16_H100.csv --out configs/bf16_tuned_gemm.csv
     python -m gradlib.ship min-gain --tuned run.csv --summary run_summary.csv --out configs/bf16_tuned_gemm.csv
@@ -32,7 +34,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
-from aiter_gemm.fileio import atomic_write_text, merge_csv_rows, read_csv_rows
+from aiter_gemm.fileio import atomic_write_text, file_problem, merge_csv_rows, read_csv_rows, write_error
+from gradlib.cli import gain
 from gradlib.results import row_key
 
 log = logging.getLogger("gradlib")
@@ -181,20 +184,31 @@ def main(argv: list[str] | None = None) -> int:
     rows = sub.add_parser("rows", help="benchmark winners -> tuned rows (GPU)")
     rows.add_argument("--results", nargs="+", required=True, help="benchmark CSVs (python -m benchmarks.run)")
     rows.add_argument("--out", required=True, help="tuned CSV to merge into")
-    rows.add_argument("--min_gain", type=float, default=1.02)
+    rows.add_argument("--min_gain", type=gain, default=1.02)
     mg = sub.add_parser("min-gain", help="apply --min_gain to a tuner run's rows")
     mg.add_argument("--tuned", required=True)
     mg.add_argument("--summary", required=True, help="the run's --summary_file")
     mg.add_argument("--out", required=True)
-    mg.add_argument("--min_gain", type=float, default=1.02)
+    mg.add_argument("--min_gain", type=gain, default=1.02)
     tj = sub.add_parser("triton-json", help="benchmark CSVs of triton:<kernelName> providers -> JSON configs")
     tj.add_argument("--results", nargs="+", required=True)
     tj.add_argument("--arch", default="sm_90")
     tj.add_argument("--out", required=True, help="folder, e.g. configs/triton")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if getattr(args, "min_gain", 1.0) < 1.0:
-        ap.error("--min_gain must be >= 1")
+    inputs = [*getattr(args, "results", ()), *(getattr(args, n) for n in ("tuned", "summary") if hasattr(args, n))]
+    for path in inputs:
+        why = file_problem(path)
+        if why is not None:
+            ap.error(f"{path}: {why}")
+    why = write_error(args.out, folder=args.cmd == "triton-json")
+    if why is not None:
+        ap.error(f"--out {args.out}: {why}")
+    if args.cmd == "rows":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("rows measures each winner's err_ratio on a CUDA GPU; this machine has none")
     if args.cmd == "rows":
         return ship_rows(args.results, args.out, args.min_gain)
     if args.cmd == "min-gain":

@@ -238,14 +238,10 @@ class WorkerRuntime:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         p = task.problem
-        # Every op's inputs start as float32 A (M x K) and B (N x K) and end with a float32 reference (M x N): a lower
-        # bound of what they take, so a shape that cannot fit (M = 2**31: 137 GB for A alone) fails saying so, on
-        # every candidate (the console then shows it), instead of as one allocation error in the profile file.
-        need = 4 * (p.M * p.K + p.N * p.K + p.M * p.N)
-        have, how = device_memory(self.device)
-        too_large = (f"inputs need at least {need / 1e9:.1f} GB (float32 A, B and reference of M={p.M} N={p.N} "
-                     f"K={p.K}), {self.device.type} has {have / 1e9:.1f} GB {how}" if have is not None else None)
-        if have is not None and need > have:
+        # A shape that cannot fit (M = 2**31: 137 GB for A alone) fails saying so, on every candidate (the console
+        # then shows it), instead of as one allocation error in the profile file.
+        fits, too_large = inputs_memory(p, self.device)
+        if not fits:
             raise MemoryError(too_large)
         try:
             data = tune_op(task.op).make_inputs(p, task.seed, self.device, self.cache, dict(task.options))
@@ -256,6 +252,18 @@ class WorkerRuntime:
         data.key = key
         self._data = data
         return data
+
+
+def inputs_memory(p: GemmProblem, device: torch.device) -> tuple[bool, str | None]:
+    """(whether ``p``'s inputs can fit on ``device``, what they need against what it has; None where its memory is
+    unknown). Every op's inputs start as float32 A (M x K) and B (N x K) and end with a float32 reference (M x N): a
+    lower bound of what they take. The tuner's workers and ``kernel_check --shape`` check it before allocating."""
+    need = 4 * (p.M * p.K + p.N * p.K + p.M * p.N)
+    have, how = device_memory(device)
+    if have is None:
+        return True, None
+    return need <= have, (f"inputs need at least {need / 1e9:.1f} GB (float32 A, B and reference of M={p.M} "
+                          f"N={p.N} K={p.K}), {device.type} has {have / 1e9:.1f} GB {how}")
 
 
 def device_memory(device: torch.device) -> tuple[int | None, str]:

@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     package = GEMM_A8W8_BLOCKSCALE.backends
-    timing = with_iterations(cli.timing_configs(args.timing, None if on_gpu else CPU_TIMING), args)
+    timing = with_iterations(cli.timing_configs(args.timing, None if on_gpu else CPU_TIMING, on_gpu), args)
     search = SearchOptions(libtypes, err_ratio=args.errRatio, seed=args.seed, min_gain=args.min_gain,
                            confirm_rounds=0 if args.candidates else args.confirm_rounds,
                            pad_check=args.pad_check == "on", op=BLOCKSCALE,

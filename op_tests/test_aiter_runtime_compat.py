@@ -25,12 +25,14 @@ REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "aite
 F32 = torch.float32
 
 
+#: The trimmed fixtures (every clone), and the full reference copies beside the repository where they are.
+SOURCES = ["fixtures", *(["reference"] if REFERENCE.is_dir() else [])]
+
+
 def aiter_bf16_files(source: str) -> tuple[Path, list[Path]]:
     """AITER's shipped ``bf16_tuned_gemm.csv`` and its ``model_configs/*bf16_tuned_gemm*.csv``: the full reference
-    copies beside the repository, or the trimmed fixtures (CI)."""
+    copies beside the repository, or the trimmed fixtures."""
     if source == "reference":
-        if not REFERENCE.is_dir():
-            pytest.skip(f"full AITER reference configs absent at {REFERENCE}; the 'fixtures' case covers CI")
         return REFERENCE / "bf16_tuned_gemm.csv", sorted((REFERENCE / "model_configs").glob("*bf16_tuned_gemm*.csv"))
     return FIXTURES / "aiter_bf16_tuned_gemm.csv", sorted((FIXTURES / "aiter_model_configs").glob("*.csv"))
 
@@ -73,7 +75,7 @@ def assert_same_rows(paths: list[Path]) -> int:
     return sum(1 for rec in theirs.values() if float(rec["us"]) == 0)
 
 
-@pytest.mark.parametrize("source", ["fixtures", "reference"])
+@pytest.mark.parametrize("source", SOURCES)
 def test_aiter_bf16_csvs_load_with_the_rows_aiter_uses(source, tmp_path, monkeypatch):
     main, models = aiter_bf16_files(source)
     assert len(models) == 8  # AITER's eight model configs, so nine files with the main one

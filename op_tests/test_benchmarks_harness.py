@@ -169,6 +169,53 @@ def test_bad_arguments_exit_2_naming_the_problem(tmp_path, capsys):
     assert e.value.code == 2 and "not a registered set" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["--out", "{file}"], "--out {file}: {file} is not a folder"),
+    (["--set", "{tmp}/missing.csv"], "set '{tmp}/missing.csv': CSV not found"),
+    (["--device", "cuda:99"], "argument --device: cuda:99: this "),
+    (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
+    (["--eager_pairs", "0"], "argument --eager_pairs: must be an integer >= 1, got '0'"),
+    (["--pairs", "0"], "argument --pairs: must be an integer >= 1, got '0'"),
+    (["--deadline_s", "-1"], "argument --deadline_s: must be a number >= 0, got '-1'"),
+    (["--providers", "flinear,configs:{tmp}/nonexistent"],
+     "provider 'configs:{tmp}/nonexistent': {tmp}/nonexistent/bf16_tuned_gemm.csv not found"),
+    (["--providers", "flinear,configs"], "provider 'configs': needs the folder of a configs/ copy (configs:<DIR>)"),
+    (["--providers", "flinear,dispatch:x"], "provider 'dispatch:x': takes no argument (got 'x')"),
+    (["--bench", "overhead", "--calls", "0"], "argument --calls: must be an integer >= 1, got '0'"),
+])
+def test_bad_arguments_exit_2_before_anything_runs(tmp_path, capsys, argv, expected):
+    """Issue 47: each of these was a traceback (or, for the providers, a run whose every row read "unavailable",
+    exit 0) after the environment file was written; now argparse's usage and one line, and nothing written."""
+    file = tmp_path / "a_file"
+    file.write_text("x")
+    fmt = {"file": file, "tmp": tmp_path}
+    base = ["--bench", "bf16", "--set", "tiny", "--device", "cpu", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        main([*base, *(a.format(**fmt) for a in argv)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ")
+    assert err.splitlines()[-1].startswith(f"python -m benchmarks.run: error: {expected.format(**fmt)}"), err
+    assert not (tmp_path / "out").exists() and file.read_text() == "x"
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["report", "{tmp}/missing.csv"], "python -m benchmarks.run report: error: {tmp}/missing.csv: not found"),
+    (["report", "{tmp}/empty.csv"], "python -m benchmarks.run report: error: {tmp}/empty.csv: neither a harness CSV"),
+    (["report", "{tmp}/empty.csv", "--table", "overhead_ab"],
+     "python -m benchmarks.run report: error: {tmp}/empty.csv: is not a folder"),
+    (["plot", "{tmp}/missing.csv", "--out", "{tmp}", "--stem", "s"],
+     "python -m benchmarks.run plot: error: {tmp}/missing.csv: not found"),
+    (["tables", "{tmp}/missing.md"], "python -m benchmarks.run tables: error: {tmp}/missing.md: not found"),
+])
+def test_report_of_a_missing_file_says_not_found(tmp_path, capsys, argv, expected):
+    """``report missing.csv`` said "neither a harness CSV ... (header [])" in a traceback."""
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines()[-1].startswith(expected.format(tmp=tmp_path)), err
+
+
 def test_shape_sets(tmp_path):
     """The sets of record have the shapes BENCHMARKS.md counts (on the H100's identity)."""
     counts = {(op, s): len(build_sets(op, s, None, H100)) for op, s in

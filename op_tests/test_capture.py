@@ -221,6 +221,41 @@ def test_empty_gemms_are_not_captured(clean_runtime, tmp_path):
     assert load_untuned(out)  # the captured file stays loadable (M must be positive)
 
 
+def test_capture_writes_only_rows_the_tuner_reads(clean_runtime, tmp_path, caplog, capsys):
+    """Issue 47: a float64 call (the runtime runs it: F.linear) was captured as a ``torch.float64`` row, which the
+    tuner refuses (no CSV dtype name: exit 2), blocking every other captured shape. Capture now writes only rows the
+    table's key parser reads, as the tuner reads them, and warns once per refused value; the file tunes."""
+    from gradlib import gemm_tuner
+
+    out = tmp_path / "u.csv"
+    clean_runtime.setenv("AITER_TUNE_GEMM", "1")
+    clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(out))
+    aiter_gemm.reload_configs()
+    b64 = torch.randn(8, 16, dtype=torch.float64)
+    for m in (3, 4):
+        assert aiter_gemm.gemm_a16w16(torch.randn(m, 16, dtype=torch.float64), b64).dtype == torch.float64
+    aiter_gemm.gemm_a16w16(torch.randn(3, 16), torch.randn(8, 16))
+    aiter_gemm.get_dispatcher().flush_capture()
+    assert [(r["M"], r["dtype"]) for r in rows(out)] == [("3", "torch.float32")]
+    refused = [r.getMessage() for r in caplog.records if "not capturing" in r.getMessage()]
+    assert len(refused) == 1 and "dtype torch.float64" in refused[0] and "unknown dtype name" in refused[0]
+    capsys.readouterr()
+    assert gemm_tuner.main(["-i", str(out), "-o", str(tmp_path / "t.csv"), "--print_shapes"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["3,8,16,False,torch.float32,torch.float32,False,False"]
+
+
+def test_a_hand_written_row_the_tuner_cannot_read_stops_it_naming_the_row(tmp_path, capsys):
+    """The same rule for a row capture did not write: the tuner exits 2 naming file, line and column (docs/tuner.md)
+    rather than tuning a file other than the one given."""
+    from gradlib import gemm_tuner
+
+    shapes = tmp_path / "u.csv"
+    shapes.write_text("M,N,K,dtype\n3,8,16,torch.float32\n4,8,16,torch.float64\n")
+    assert gemm_tuner.main(["-i", str(shapes), "-o", str(tmp_path / "t.csv"), "--print_shapes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{shapes}:3, column 'dtype': bad value 'torch.float64'" in err
+
+
 RAGGED = ("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,note\n"
           "7,7,7\n"  # short: three cells
           '8,8,8,False,torch.float32,torch.float32,False,False,mine,"extra, cells",more\n'  # long

@@ -18,6 +18,7 @@ from op_tests.runtime_helpers import BF16_HEADER, bf16_row
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "reference" / "aiter_configs"
+FIXTURES = REPO / "op_tests" / "fixtures"
 KEY = (64, 96, 80, False, torch.float32, torch.float32, False, False)
 
 
@@ -268,14 +269,16 @@ def _sha(paths):
     return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths}
 
 
-def _reference_csvs():
-    if not SHARED.is_dir():
-        return []
-    return sorted(SHARED.rglob("*.csv"))
+def _reference_csvs() -> list[Path]:
+    """AITER's CSVs of every kind: the trimmed copies under op_tests/fixtures (every clone has them), and the full
+    reference files beside the repository where they are."""
+    fixtures = [FIXTURES / "aiter_bf16_tuned_gemm.csv", *sorted((FIXTURES / "aiter_model_configs").glob("*.csv")),
+                *sorted((FIXTURES / "aiter_configs").rglob("*.csv"))]
+    return fixtures + (sorted(SHARED.rglob("*.csv")) if SHARED.is_dir() else [])
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason=f"AITER reference configs not present at {SHARED}")
-@pytest.mark.parametrize("path", _reference_csvs(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _reference_csvs(),
+                         ids=lambda p: f"{'fixture' if FIXTURES in p.parents else 'reference'}:{p.name}")
 def test_every_aiter_reference_csv_loads_and_indexes(path):
     kind = ("GEMM_A8W8_BLOCKSCALE" if "blockscale" in path.name else "GEMM_A8W8" if "a8w8" in path.name
             else "GEMM_BF16")

@@ -105,6 +105,39 @@ def test_bad_min_gain_exits_2(tmp_path):
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["min-gain", "--tuned", "{tmp}/missing.csv", "--summary", "{tmp}/s.csv", "--out", "{tmp}/o.csv"],
+     "{tmp}/missing.csv: not found"),
+    (["triton-json", "--results", "{tmp}/s.csv", "{tmp}/missing.csv", "--out", "{tmp}/j"],
+     "{tmp}/missing.csv: not found"),
+    (["min-gain", "--tuned", "{tmp}/s.csv", "--summary", "{tmp}/s.csv", "--out", "{tmp}/s.csv/o.csv"],
+     "--out {tmp}/s.csv/o.csv: "),
+    (["triton-json", "--results", "{tmp}/s.csv", "--out", "{tmp}/s.csv"], "--out {tmp}/s.csv: {tmp}/s.csv is not a "
+     "folder"),
+    (["min-gain", "--tuned", "{tmp}/s.csv", "--summary", "{tmp}/s.csv", "--out", "{tmp}/o.csv", "--min_gain", "nan"],
+     "argument --min_gain: must be a number >= 1.0, got 'nan'"),
+])
+def test_bad_inputs_and_outputs_exit_2_before_anything_runs(tmp_path, capsys, argv, expected):
+    """Issue 47: a missing input was a traceback, an output that cannot be written failed after the work, and
+    ``--min_gain nan`` passed the ``< 1`` check."""
+    (tmp_path / "s.csv").write_text(HEADER)
+    with pytest.raises(SystemExit) as e:
+        ship.main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ")
+    prog, _, message = err.splitlines()[-1].partition(": error: ")  # the subcommand's parser: its own prog
+    assert prog.startswith("python -m gradlib.ship") and message.startswith(expected.format(tmp=tmp_path)), err
+    assert not (tmp_path / "o.csv").exists() and not (tmp_path / "j").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU's answer to rows")
+def test_rows_without_a_gpu_exits_2(tmp_path, capsys):
+    results = _bench_csv(tmp_path / "b.csv", ["bf16,s,l,1,64,32,False,flinear,graph,16.7,,"])
+    with pytest.raises(SystemExit) as e:
+        ship.main(["rows", "--results", results, "--out", str(tmp_path / "o.csv")])
+    assert e.value.code == 2 and "rows measures each winner's err_ratio on a CUDA GPU" in capsys.readouterr().err
+
+
 @pytest.mark.gpu
 def test_rows_ship_a_benchmark_winner_with_its_measured_error(tmp_path):
     """A gemv tile timed faster than F.linear and the dispatch becomes an exact-use row with err_ratio 0."""

@@ -128,6 +128,63 @@ def test_bad_arguments_exit_2_naming_the_field(runtime, capsys, argv, field):
     assert rc == 2 and out == "" and field in err and err.startswith(f"{kernel_check.PROG}: error:")
 
 
+A16 = ["--op", "a16w16", "--shape", "5,48,64", "--verify"]
+BS = ["--op", "a8w8_blockscale", "--libtype", "triton", "--shape", "5,256,256", "--verify"]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ([*A16, "--libtype", "torch", "--dtype", "int8"], "--dtype/--outdtype: torch.int8 inputs are not supported"),
+    ([*BS, "--outdtype", "int8"], "--dtype/--outdtype: torch.int8 output is not supported"),
+    ([*A16, "--libtype", "skinny", "--config", '{"solidx": "x"}'], "solidx must be a JSON integer, got 'x'"),
+    ([*A16, "--libtype", "triton", "--config", '{"kernelName": 5}'], "kernelName must be a JSON string, got 5"),
+    ([*BS, "--config", '{"kernelName": 5}'], "kernelName must be a JSON string, got 5"),
+    (["--op", "a16w16", "--libtype", "torch", "--shape", f"{2 ** 40},16,16", "--verify"],
+     f"--shape {2 ** 40},16,16: inputs need at least 140737.5 GB (float32 A, B and reference of M={2 ** 40} N=16 "
+     "K=16), "),
+])
+def test_arguments_that_used_to_raise_exit_2_with_one_line(runtime, capsys, monkeypatch, argv, expected):
+    """Issue 47: an integer dtype (a KeyError from the tolerance table), JSON solution fields of the wrong type (a
+    TypeError / AttributeError in the backend) and a shape no memory holds (an allocation error) were tracebacks."""
+    monkeypatch.setattr(tasks, "device_memory", lambda device: (64 * 10 ** 9, "in total"))
+    rc, out, err = run(capsys, *argv)
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"{kernel_check.PROG}: error: ") and expected in err, err
+
+
+@pytest.mark.parametrize("where", ["resolve", "prepare"])
+def test_a_parsers_config_error_exits_2_with_its_message(runtime, capsys, monkeypatch, where):
+    """A kernelName the shared parsers reject (out of range, malformed) raises ConfigError / ValueError wherever
+    the config is parsed: the CLI reports the parser's message as a --config usage error, not a traceback."""
+    from aiter_gemm.configs import ConfigError
+    from aiter_gemm.registry import get_backend
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("<kernelName>", 0, "kernelName", "num_stages=99 out of range 1..8")
+
+    if where == "resolve":
+        monkeypatch.setattr(type(get_backend("triton")), "candidates", refuse)
+    else:
+        monkeypatch.setattr(tasks, "prepare_runner", refuse)
+    rc, out, err = run(capsys, *A16, "--libtype", "triton", "--config", "BM16_BN32_BK32_GM1_SK1_W4_S99")
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"{kernel_check.PROG}: error: --config ") and "num_stages=99 out of range 1..8" in err
+
+
+def test_ncu_into_a_file_exits_2_before_anything_runs(runtime, capsys, tmp_path, monkeypatch):
+    called = []
+    monkeypatch.setattr(kernel_check, "prepare", lambda *a: called.append(a))
+    (tmp_path / "report").write_text("not a folder")
+    rc, out, err = run(capsys, *A16, "--libtype", "torch", "--ncu", str(tmp_path / "report"))
+    assert (rc, out, called) == (2, "", []) and err.count("\n") == 1 and "--ncu" in err and "not a folder" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer to --verify --bench")
+def test_verify_and_bench_on_cpu_verifies_and_says_why_bench_is_skipped(runtime, capsys):
+    rc, out, err = run(capsys, *A16, "--libtype", "torch", "--bench")
+    assert (rc, out) == (0, PASS)
+    assert err == f"{kernel_check.PROG}: skipping {kernel_check.NO_CUDA}\n"
+
+
 def test_unknown_op_is_argparses_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         kernel_check.main(["--op", "a4w4", "--libtype", "torch", "--shape", "1,2,3", "--verify"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import ast
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -89,6 +90,87 @@ def test_demo_prints_its_table_whole_and_counts_the_misses(tmp_path, clean_runti
     assert "not found tuned config" not in err  # not printed a second time
     assert not [r for r in caplog.records if r.msg == MISS_MESSAGE], "the demo's handler was the only one"
     assert (logger.handlers, logger.level, logger.propagate) == before  # the library's logging left as it was
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--shapes", "{tmp}/missing.csv"], "--shapes {tmp}/missing.csv: not found"),
+    (["--shapes", "{tmp}/bad.csv"], "--shapes {tmp}/bad.csv:2, column 'dtype': bad value 'torch.float64'"),
+    (["--max-m", "0"], "argument --max-m: must be an integer >= 1, got '0'"),
+    (["--device", "cuda:99"], "argument --device: cuda:99: this "),
+])
+def test_demo_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, expected):
+    """Issue 47: a missing or malformed shape list and a GPU this machine lacks were tracebacks."""
+    from aiter_gemm import demo
+
+    (tmp_path / "bad.csv").write_text("M,N,K,dtype\n1,64,32,torch.float64\n")
+    with pytest.raises(SystemExit) as e:
+        demo.main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ")
+    assert err.splitlines()[-1].startswith(f"python -m aiter_gemm.demo: error: {expected.format(tmp=tmp_path)}")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--config", "nosuch"], "--config nosuch: no config.json there and no shipped model of that name"),
+    (["--out", "{tmp}/a_file"], "--out {tmp}/a_file: {tmp}/a_file is not a folder"),
+    (["--tuned", "{tmp}/missing.csv:@shipped"], "--tuned {tmp}/missing.csv: not found"),
+    (["--device", "cuda:99"], "argument --device: cuda:99: this "),
+    (["--layers", "0"], "argument --layers: must be an integer >= 1, got '0'"),
+    (["--rounds", "0"], "argument --rounds: must be an integer >= 1, got '0'"),
+])
+def test_hf_decode_bad_arguments_exit_2_before_the_model_is_built(tmp_path, capsys, argv, expected):
+    """A missing model config exited 1 after the output folder was made; a file as --out, a missing --tuned file, a
+    GPU this machine lacks were tracebacks (or, --tuned, a measurement without the table); --layers 0 ran on."""
+    from aiter_gemm.examples import hf_decode
+
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        hf_decode.parse_args([*(a.format(tmp=tmp_path) for a in argv), "--out", str(tmp_path / "out")]
+                             if "--out" not in argv else [a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ")
+    assert err.splitlines()[-1].startswith(f"python -m aiter_gemm.examples.hf_decode: error: "
+                                           f"{expected.format(tmp=tmp_path)}"), err
+    assert not (tmp_path / "out").exists()
+
+
+# ---- installed ------------------------------------------------------------------------------------------------
+def test_readme_installs_what_ci_installs():
+    """Issue 47: README installed ``.[test]`` and .ci/run ``.[test,ray,hf,tilelang]``, so a newcomer following the
+    README skipped the tests of three extras; README's test command now installs CI's extras and says what they add."""
+    import re
+
+    extras = re.search(r'pip install -q "\.\[([a-z,]+)\]"', (REPO / ".ci" / "run").read_text()).group(1)
+    readme = (REPO / "README.md").read_text()
+    assert f'pip install -e ".[{extras}]"' in readme
+    for extra in extras.split(","):
+        assert extra == "test" or f"`{extra}` (" in readme, extra
+
+
+def test_the_benchmark_harness_runs_from_another_folder_once_installed(tmp_path):
+    """Issue 47: ``benchmarks`` was not installed, so ``python -m benchmarks.run`` worked only from the checkout's
+    root. The package installed (a non-editable copy of this tree in a temp folder) runs it from anywhere."""
+    import shutil
+
+    src, site, elsewhere = tmp_path / "src", tmp_path / "site", tmp_path / "elsewhere"
+    skip = shutil.ignore_patterns("__pycache__", "results", "*.egg-info", "build")
+    for name in ("aiter_gemm", "gradlib", "benchmarks", "configs"):
+        shutil.copytree(REPO / name, src / name, ignore=skip)
+    shutil.copy(REPO / "setup.py", src / "setup.py")
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--no-compile", "--target", str(site), str(src)], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    res = subprocess.run([sys.executable, "-m", "benchmarks.run", "list"], cwd=elsewhere, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "--bench bf16 (gemm_a16w16) providers:" in lines and any(line.split()[:1] == ["shipped"] for line in lines)
+    where = subprocess.run([sys.executable, "-c", "import benchmarks; print(benchmarks.__file__)"], cwd=elsewhere,
+                           env=env, capture_output=True, text=True, timeout=60).stdout.strip()
+    assert Path(where).is_relative_to(site)  # the installed copy ran, not this checkout
 
 
 # ---- layering -------------------------------------------------------------------------------------------------

@@ -247,6 +247,20 @@ def test_blockscale_json_dir_and_tuned_file_are_checked(no_workers, tmp_path, ca
     assert fileio.write_error(tmp_path / "new" / "json", folder=True) is None
 
 
+@pytest.mark.parametrize("module", ["gradlib.gemm_tuner", "gradlib.tune_a8w8_blockscale"])
+def test_a_missing_candidates_from_file_exits_2_when_parsed(no_workers, tmp_path, capsys, module):
+    """Issue 47: ``--candidates_from missing.csv`` ran every shape to "no winner" (exit 1) instead of saying so."""
+    import importlib
+
+    main_ = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as e:
+        main_(["--candidates_from", str(tmp_path / "missing.csv"), "-o", str(tmp_path / "t.csv")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines()[-1].endswith(
+        f"error: argument --candidates_from: {tmp_path / 'missing.csv'}: not found")
+    assert not (tmp_path / "t.csv").exists()
+
+
 def _disk_full_for(monkeypatch, failures: int | None, after: int = 0):
     """``fsync`` of a temp file fails with ENOSPC (as a write to a full disk does) ``failures`` times (None: always)
     once ``after`` calls went through."""
@@ -341,6 +355,17 @@ def test_a_stale_row_spelled_0_and_bf16_is_replaced_not_duplicated(inline, tmp_p
     assert {row.values["libtype"] for row in table} == {"torch"}
     assert run("-i", untuned(tmp_path, (1, 2)), "-o", out, "--libtype", "torch", *FAST) == 0
     assert "0 tuned, 2 skipped" in capsys.readouterr().out and len(read_csv_rows(out)[1]) == 2
+
+
+@pytest.mark.parametrize("timing", [[], ["--timing", "graph"], ["--timing", "eager"]])
+def test_cpu_tuned_rows_say_they_were_timed_eagerly(inline, tmp_path, timing):
+    """Issue 47: CPU rows were written ``timing=graph``, though a CPU has no CUDA graphs (each call is timed on its
+    own, host cost included): the honest value of the ``timing`` column, which the runtime reads, is ``eager``."""
+    out = tmp_path / "tuned.csv"
+    assert run("-i", untuned(tmp_path, (1, 2)), "-o", out, "--libtype", "torch", *FAST, *timing) == 0
+    rows = read_csv_rows(out)[1]
+    assert [(r["gfx"], r["timing"]) for r in rows] == [("cpu", "eager"), ("cpu", "eager")]
+    assert {row.values["timing"] for row in load_table("GEMM_BF16", [out])} == {"eager"}
 
 
 # ---- what the console says -----------------------------------------------------------------------------------------

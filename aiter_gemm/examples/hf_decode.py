@@ -51,6 +51,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built from a local 
 import torch  # noqa: E402
 
 import aiter_gemm  # noqa: E402
+from aiter_gemm.cliargs import (  # noqa: E402
+    device_arg,
+    non_negative_int,
+    positive_int,
+    positive_int_list,
+)
 from aiter_gemm.examples.hf_capture import (  # noqa: E402
     CAPTURE_FILE,
     DTYPES,
@@ -71,7 +77,7 @@ from aiter_gemm.examples.hf_model import (  # noqa: E402  (also the names script
     resolve_config,
 )
 from aiter_gemm.examples.hf_profile import profile_decode  # noqa: E402
-from aiter_gemm.fileio import atomic_write_text, render_csv  # noqa: E402
+from aiter_gemm.fileio import atomic_write_text, file_problem, render_csv, write_error  # noqa: E402
 
 CONTROL = "control"  # with --control: a second unpatched arm; without / control is the method's A/A noise floor
 
@@ -308,11 +314,9 @@ def markdown(summary: list[dict[str, Any]]) -> str:
 # main
 
 
-def int_list(text: str) -> list[int]:
-    vals = [int(v) for v in text.split(",") if v.strip()]
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
-    return vals
+def device_or_auto(text: str) -> str | torch.device:
+    """``auto`` (cuda when available, else cpu) or a device this process has (:func:`aiter_gemm.cliargs.device_arg`)."""
+    return text if text == "auto" else device_arg(text)  # "auto" stays a str
 
 
 def choice_list(*choices: str) -> Callable[[str], list[str]]:
@@ -335,23 +339,26 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=_HelpFormatter)
     ap.add_argument("--config", default="llama3_8b", help="shipped model name (configs/model_configs/<name>), a "
                     "folder with a config.json, or the config.json itself (default llama3_8b)")
-    ap.add_argument("--layers", type=int, default=None, help="cut num_hidden_layers to this (default: the config's)")
-    ap.add_argument("--batch", type=int_list, default=[1, 8, 32, 64], help="batch sizes (default 1,8,32,64)")
-    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence (default 128)")
-    ap.add_argument("--new-tokens", type=int, default=4,
+    ap.add_argument("--layers", type=positive_int, default=None,
+                    help="cut num_hidden_layers to this (default: the config's)")
+    ap.add_argument("--batch", type=positive_int_list, default=[1, 8, 32, 64], help="batch sizes (default 1,8,32,64)")
+    ap.add_argument("--prompt-len", type=positive_int, default=128, help="prompt tokens per sequence (default 128)")
+    ap.add_argument("--new-tokens", type=positive_int, default=4,
                     help="tokens generate() makes per sequence in capture (default 4)")
-    ap.add_argument("--decode-steps", type=int, default=32,
+    ap.add_argument("--decode-steps", type=positive_int, default=32,
                     help="decode steps (graph replays) per timed round (default 32)")
-    ap.add_argument("--prefill-steps", type=int, default=2, help="prefill forwards per timed round (default 2)")
-    ap.add_argument("--eager-rounds", type=int, default=100,
+    ap.add_argument("--prefill-steps", type=positive_int, default=2,
+                    help="prefill forwards per timed round (default 2)")
+    ap.add_argument("--eager-rounds", type=positive_int, default=100,
                     help="timed rounds per arm in eager mode, arms alternating (default 100)")
-    ap.add_argument("--eager-steps", type=int, default=1,
+    ap.add_argument("--eager-steps", type=positive_int, default=1,
                     help="decode steps per eager round (default 1; an eager prefill round is one prefill)")
-    ap.add_argument("--eager-warm", type=int, default=1,
+    ap.add_argument("--eager-warm", type=non_negative_int, default=1,
                     help="untimed steps of an arm before each of its eager timings (default 1)")
     ap.add_argument("--control", action="store_true", help="time a second unpatched arm ('control') in the same "
                     "rounds: without / control is the A/A ratio, the method's own noise")
-    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per arm, arms alternating in order (default 6)")
+    ap.add_argument("--rounds", type=positive_int, default=6,
+                    help="timed rounds per arm, arms alternating in order (default 6)")
     ap.add_argument("--mode", choices=("capture", "measure", "all"), default="all",
                     help="capture the GEMM shapes, measure, or both (default all)")
     ap.add_argument("--exec", type=choice_list("eager", "graph"), default=["eager", "graph"],
@@ -360,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="phases to measure, comma list of prefill,decode (default both)")
     ap.add_argument("--out", default="hf_decode_out", help="output folder (default hf_decode_out)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="model dtype (default bf16)")
-    ap.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
+    ap.add_argument("--device", type=device_or_auto, default="auto",
+                    help="cuda, cpu or auto (default: cuda when available)")
     ap.add_argument("--attn", default="sdpa", help="attn_implementation of the model (default sdpa)")
     ap.add_argument("--include", nargs="*", default=None, help="patch only modules matching these globs")
     ap.add_argument("--exclude", nargs="*", default=None, help="do not patch modules matching these globs "
@@ -395,7 +403,22 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    """The arguments, checked before anything runs (usage and one line, exit 2): ``--config`` names a model,
+    ``--out`` is a folder that can be written, every ``--tuned`` file exists."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        args.config_dir = resolve_config(args.config)
+    except ValueError as exc:
+        ap.error(str(exc))
+    why = write_error(args.out, folder=True)
+    if why is not None:
+        ap.error(f"--out {args.out}: {why}")
+    for path in (args.tuned or "").split(":"):
+        why = file_problem(path) if path and path != "@shipped" else None
+        if why is not None:
+            ap.error(f"--tuned {path}: {why}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,11 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from gradlib.models import ModelArch
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = (torch.device("cuda" if torch.cuda.is_available() else "cpu") if isinstance(args.device, str)
+              else args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config_dir = resolve_config(args.config)
+    config_dir = args.config_dir
     arch = ModelArch.from_config(json.loads((config_dir / "config.json").read_text()), str(config_dir))
     model_name = config_dir.name + (f"[{args.layers}L]" if args.layers else "")
     torch.manual_seed(args.seed)

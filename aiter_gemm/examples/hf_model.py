@@ -20,7 +20,7 @@ from aiter_gemm.nn import TunedLinear, patch_linear
 
 def resolve_config(spec: str) -> Path:
     """The folder holding ``config.json``: ``spec`` itself, the folder of a ``config.json`` path, or a shipped model
-    config (``configs/model_configs/<spec>``)."""
+    config (``configs/model_configs/<spec>``); ValueError naming the shipped ones if none."""
     path = Path(spec)
     if path.is_file() and path.name == "config.json":
         return path.parent
@@ -32,7 +32,7 @@ def resolve_config(spec: str) -> Path:
     if (shipped / "config.json").is_file():
         return shipped
     names = sorted(p.parent.name for p in (default_config_dir() / "model_configs").glob("*/config.json"))
-    raise SystemExit(f"--config {spec}: no config.json there and no shipped model of that name ({', '.join(names)})")
+    raise ValueError(f"--config {spec}: no config.json there and no shipped model of that name ({', '.join(names)})")
 
 
 def build_model(config_dir: Path, layers: int | None, dtype: torch.dtype, device: torch.device,
