@@ -15,6 +15,7 @@ import io
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -24,7 +25,7 @@ import torch
 
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.errors import ConfigError
-from aiter_gemm.fileio import file_problem, read_text
+from aiter_gemm.fileio import csv_records, file_problem, read_text
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +41,58 @@ BF16_TUNED_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS,
 TIMING_MODES = ("graph", "eager")
 
 
-def parse_int(text: str) -> int:
+#: Most digits an integer of config text may have: below 2**63, far above any GEMM size or kernel parameter.
+MAX_DIGITS = 18
+_INT_TEXT = {True: re.compile(r"-?[0-9]+"), False: re.compile(r"[0-9]+")}
+
+
+def parse_int(text: str, signed: bool = True) -> int:
+    """An integer of config text (a CSV cell, a kernelName field, an environment setting): ASCII digits, a leading
+    ``-`` only where ``signed`` (solidx -1), at most :data:`MAX_DIGITS`. ``int()`` alone reads ``4_0`` as 40, other
+    scripts' digits as digits and ``+1`` or blanks, and fails on thousands of digits with a message naming nothing."""
+    if not _INT_TEXT[signed].fullmatch(text):
+        raise ValueError("must be an integer in ASCII digits" + ("" if signed else " without a sign"))
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"has more than {MAX_DIGITS} digits")
     return int(text)
+
+
+def json_int(key: str, value: Any) -> int:
+    """An integer value of a JSON config entry: a JSON integer of at most :data:`MAX_DIGITS` digits, never
+    ``true``, ``4.0`` or a string (which ``int()`` would turn into one: ``"4_0"`` into 40)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, got {shown(value)}")
+    if abs(value) >= 10**MAX_DIGITS:
+        raise ValueError(f"{key} has more than {MAX_DIGITS} digits")
+    return value
 
 
 def parse_size(text: str) -> int:
     """A GEMM dimension (M, N, K, B): a positive integer."""
-    value = int(text)
+    value = parse_int(text)
     if value < 1:
         raise ValueError("must be a positive integer")
     return value
 
 
+def parse_float(text: str) -> float:
+    """A number of config text: ``float()``'s syntax (``nan`` and ``inf`` included) in ASCII without ``_``
+    (``float()`` alone reads ``1_0`` as 10 and other scripts' digits as digits)."""
+    if not text.isascii() or "_" in text:
+        raise ValueError("must be a number in ASCII digits")
+    return float(text)
+
+
+def shown(value: object, most: int = 48) -> str:
+    """``repr(value)`` for a message, cut to ``most`` characters (a cell of thousands of digits)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
+
+
 def parse_time(text: str | None) -> float:
     """A row's time cell as a float (an absent or empty cell is NaN); ValueError if it is not a number."""
     text = (text or "").strip()
-    return float(text) if text else math.nan
+    return parse_float(text) if text else math.nan
 
 
 def unusable_time(us: float) -> str | None:
@@ -203,7 +240,7 @@ def _number(text: str) -> float | str | None:
     if not text:
         return None
     try:
-        return float(text)
+        return parse_float(text)
     except ValueError:
         return text
 
@@ -267,7 +304,7 @@ def parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool
     try:
         return col.parse(text)
     except (ValueError, KeyError) as exc:
-        raise ConfigError(path, line, col.name, f"bad value {text!r}: {exc}") from None
+        raise ConfigError(path, line, col.name, f"bad value {shown(text)}: {exc}") from None
 
 
 def _read(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
@@ -278,7 +315,7 @@ def _read(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
         reader = csv.reader(f)
         header: list[str] = []
         rows: list[tuple[int, list[str]]] = []
-        for rec in reader:
+        for rec in csv_records(path, reader):
             if not rec or all(not c.strip() for c in rec):
                 continue
             if not header:
@@ -314,7 +351,7 @@ def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
         try:
             us = parse_time(us_text)
         except ValueError:
-            raise ConfigError(path, line, spec.time_column, f"bad value {us_text!r}: not a number") from None
+            raise ConfigError(path, line, spec.time_column, f"bad value {shown(us_text)}: not a number") from None
         if merge_rank(us) is None:
             dropped.append(line)
             continue
@@ -351,9 +388,11 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = Tru
             continue
         try:
             rows = list(_parse_tuned_file(spec, p))
-        except (ConfigError, OSError) as exc:
+        except Exception as exc:  # any failure to read one file is that file's problem, never the process's
             if strict:
-                raise
+                if isinstance(exc, (ConfigError, OSError)):
+                    raise
+                raise ConfigError(p, None, None, f"cannot be read: {type(exc).__name__}: {exc}") from exc
             log.warning("aiter_gemm: %s config %s cannot be used, skipped (its shapes fall back to the other files' "
                         "rows or the default heuristic): %s", kind, p, exc)
             continue

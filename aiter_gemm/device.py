@@ -41,7 +41,7 @@ def has_tma(arch: str) -> bool:
     """NVIDIA sm_90 and newer have TMA (the bulk tensor copy engine)."""
     if not arch.startswith("sm_"):
         return False
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    digits = "".join(ch for ch in arch[3:] if "0" <= ch <= "9")  # ASCII: isdigit() takes other scripts' digits
     return bool(digits) and int(digits) >= 90
 
 

@@ -3,7 +3,8 @@
 Written once for every op (:class:`~aiter_gemm.ops.spec.OpSpec`). Lookup order (AITER's): exact key, M padded at
 granularity level 0, then level 1, then (ops with per-(N, K) JSON files) the JSON bucket, then the default: the
 highest-priority available backend of the op whose ``default_for`` claims the shape. A row whose backend is
-unavailable here, or whose solution the backend rejects, is a miss at that level (warned once per cause). Each
+unavailable here, whose solution the backend rejects, or that is malformed (the op's ``row_solution`` raises
+ConfigError) is a miss at that level (warned once per cause). Each
 dispatcher owns an immutable table and an immutable settings object; :meth:`Dispatcher.reload` swaps them.
 """
 
@@ -394,7 +395,12 @@ class Dispatcher:
         return choice
 
     def _from_row(self, problem: GemmProblem, device: DeviceIdentity, row: TunedRow, level: str) -> Decision | None:
-        sol = self._filled(problem, device, self.op.row_solution(row))
+        try:
+            sol = self.op.row_solution(row)
+        except ConfigError as exc:  # a malformed row (a kernelName that does not parse): a miss, said once
+            self.warn_once(("row", row.source, row.line), "aiter_gemm: %s; row ignored: a miss at this level", exc)
+            return None
+        sol = self._filled(problem, device, sol)
         runner, why = self._runner(problem, device, sol)
         if runner is None:
             if why is not None:

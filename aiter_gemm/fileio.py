@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -265,6 +266,15 @@ class _RaggedRow(dict):
         self.text, self.line, self.cells = text, line, cells  # the record's lines (endings kept), first line
 
 
+def csv_records(path: str | os.PathLike, reader: Any) -> Iterator[list[str]]:
+    """The records of ``reader`` (a ``csv.reader`` of ``path``'s text); what csv cannot read (a field longer than
+    ``csv.field_size_limit()``) is a :class:`ConfigError` naming the file and line, not a bare ``csv.Error``."""
+    try:
+        yield from reader
+    except csv.Error as exc:
+        raise ConfigError(str(path), reader.line_num, None, f"not readable as CSV: {exc}") from None
+
+
 def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
     """Header, rows as ``csv.DictReader`` gives them (blank lines skipped; a row of the wrong length a
     :class:`_RaggedRow`), and whether the file has a BOM."""
@@ -276,7 +286,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
     header: list[str] | None = None
     rows: list[Row] = []
     start = 0
-    for cells in reader:
+    for cells in csv_records(path, reader):
         first, start = start + 1, reader.line_num
         if header is None:
             header = cells

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from aiter_gemm.configs import parse_int, shown
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import atomic_write_text, file_problem, read_text
 
@@ -35,7 +36,10 @@ log = logging.getLogger(__name__)
 AITER_BUCKETS: dict[str, int | None] = {"any": None}
 #: Also the three named categories of the block-scale configs: M <= 256, M <= 2048, any M.
 NAMED_BUCKETS: dict[str, int | None] = {"small_M": 256, "medium_M": 2048, "large_M": None, "any": None}
-_LEQ_RE = re.compile(r"^M_LEQ_(\d+)$")
+_LEQ_RE = re.compile(r"M_LEQ_(.*)", re.DOTALL)
+#: What parsing a file's text or an entry can raise: every one is that file's problem (a JSONConfigError naming it),
+#: never the caller's (issue 47: an integer of thousands of digits, an entry's value int() cannot convert).
+PARSE_ERRORS = (ValueError, TypeError, ArithmeticError, RecursionError)
 
 #: Parsed buckets: (M bound or None for any M, bucket key, entry or None for DEFAULT_ENTRY), smallest bound first.
 Buckets = list[tuple[int | None, str, Any]]
@@ -65,17 +69,21 @@ class JSONConfigError(ValueError):
     """A JSON config file that cannot be used as written; names the file and the bucket key."""
 
     def __init__(self, path: str | os.PathLike, key: str | None, message: str) -> None:
-        super().__init__(f"{path}" + (f", key {key!r}" if key else "") + f": {message}")
+        super().__init__(f"{path}" + (f", key {shown(key)}" if key else "") + f": {message}")
 
 
 def bucket_bound(path: str | os.PathLike, key: str, named: Mapping[str, int | None] = NAMED_BUCKETS) -> int | None:
     """The largest M bucket ``key`` covers (None: any M); JSONConfigError for an unknown key."""
     if key in named:
         return named[key]
-    m = _LEQ_RE.match(key)
-    if m is None or int(m.group(1)) < 1:
+    m = _LEQ_RE.fullmatch(key)
+    try:
+        bound = parse_int(m.group(1), signed=False) if m is not None else 0
+    except ValueError:
+        bound = 0
+    if bound < 1:
         raise JSONConfigError(path, key, f"unknown bucket; use M_LEQ_<n> (n >= 1) or one of {list(named)}")
-    return int(m.group(1))
+    return bound
 
 
 def _no_duplicates(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -91,13 +99,20 @@ def _no_duplicates(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dic
 
 def load_object(path: str | os.PathLike, what: str = "M buckets") -> dict[str, Any]:
     """The non-empty JSON object of ``path`` (keys in file order); JSONConfigError for bad JSON, bytes that are not
-    UTF-8, a key written twice, or anything but a non-empty object mapping ``what`` to configs."""
+    UTF-8, a key written twice, text json cannot take (nested too deeply, an integer of thousands of digits), or
+    anything but a non-empty object mapping ``what`` to configs."""
     try:
         data = json.loads(read_text(path)[0], object_pairs_hook=lambda pairs: _no_duplicates(path, pairs))
+    except JSONConfigError:
+        raise
     except json.JSONDecodeError as exc:
         raise JSONConfigError(path, None, f"not valid JSON: {exc}") from None
     except ConfigError as exc:  # bytes that are not UTF-8
         raise JSONConfigError(path, None, f"line {exc.line}: {str(exc).split(': ', 1)[1]}") from None
+    except RecursionError:
+        raise JSONConfigError(path, None, "not readable as JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past int()'s digit limit
+        raise JSONConfigError(path, None, f"not readable as JSON: {exc}") from None
     if not isinstance(data, dict) or not data:
         raise JSONConfigError(path, None, f"must be a non-empty object mapping {what} to configs")
     return data
@@ -123,8 +138,8 @@ def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
                                              f"got {type(entry).__name__}")
         try:
             parsed = parse_entry(entry)
-        except (ValueError, TypeError) as exc:
-            raise JSONConfigError(path, key, str(exc)) from None
+        except PARSE_ERRORS as exc:
+            raise JSONConfigError(path, key, str(exc) or type(exc).__name__) from None
         out.append((bound, key, parsed))
     out.sort(key=lambda t: (t[0] is None, t[0] or 0))
     return out
@@ -170,7 +185,8 @@ def cached_file(path: str | os.PathLike, read: Callable[[str | os.PathLike], Buc
                 parser_key: Hashable | None = None) -> Buckets | None:
     """``read(path)`` (a strict reader of one file family, JSONConfigError naming file and key) once per (file,
     ``parser_key`` or ``read``) until :func:`clear_cache`, with :func:`cached_buckets`' rules for missing, broken
-    and non-file paths."""
+    and non-file paths. Whatever else reading the file raises is that file's problem too: strict, a JSONConfigError
+    naming it; not strict, the warning and the skip (one place for every family: the op's files, SGLang's)."""
     key = (str(path), read if parser_key is None else parser_key)
     with _cache_lock:
         if key in _cache:
@@ -180,11 +196,15 @@ def cached_file(path: str | os.PathLike, read: Callable[[str | os.PathLike], Buc
     if problem is None:
         try:
             found = read(path)
-        except (JSONConfigError, OSError) as exc:
-            if strict:
+        except Exception as exc:
+            error = exc if isinstance(exc, (JSONConfigError, OSError)) else JSONConfigError(
+                path, None, f"cannot be read: {type(exc).__name__}: {exc}")
+            if strict and error is exc:
                 raise
+            if strict:
+                raise error from exc
             log.warning("aiter_gemm: JSON config %s cannot be used, skipped (its shapes fall back to the next "
-                        "folder's file or the default): %s", path, exc)
+                        "folder's file or the default): %s", path, error)
     elif problem != "not found":  # a directory, a symlink loop: say so rather than treat it as absent
         if strict:
             raise JSONConfigError(path, None, f"is {problem}, not a JSON file")

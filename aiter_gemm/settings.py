@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiter_gemm.configs import parse_float, parse_int, shown
 from aiter_gemm.fileio import file_problem
 
 # Config kind -> (environment variable, shipped default file name), as in AITER (docs/design.md, "Config files").
@@ -108,7 +109,7 @@ def _flush_seconds(env: Mapping[str, str]) -> float:
     killed the timer thread, ``nan`` and negative values were taken). ValueError naming the variable."""
     raw = env.get("AITER_TUNE_GEMM_FLUSH_S", "").strip() or "30"
     try:
-        value = float(raw)
+        value = parse_float(raw)
     except ValueError:
         value = math.nan
     if not 0 <= value <= threading.TIMEOUT_MAX:  # false for NaN too
@@ -184,9 +185,9 @@ def cu_num_override(env: Mapping[str, str]) -> int | None:
         if not raw:
             continue
         try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"aiter_gemm: {var} must be an integer, got {raw!r}") from None
+            value = parse_int(raw)
+        except ValueError as exc:
+            raise ValueError(f"aiter_gemm: {var} {exc}, got {shown(raw)}") from None
         if value < 0 or (value == 0 and not zero_ok):
             raise ValueError(f"aiter_gemm: {var} must be a positive integer, got {raw!r}")
         if value:

@@ -26,8 +26,9 @@ from typing import Any
 
 from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.base import Solution
+from aiter_gemm.configs import parse_int
 from aiter_gemm.fileio import update_text
-from aiter_gemm.jsonconfigs import Buckets, JSONConfigError, JSONFiles, load_object
+from aiter_gemm.jsonconfigs import PARSE_ERRORS, Buckets, JSONConfigError, JSONFiles, load_object
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import SPLIT, SWAPPED, TileLangConfig
 
@@ -36,7 +37,7 @@ __all__ = ["FILES", "entry_solution", "file_name", "merge_file", "nearest_m_boun
 DTYPE = "fp8_w8a8"
 BLOCK_SHAPE = (128, 128)
 _SUFFIX = f",dtype={DTYPE},block_shape=[{BLOCK_SHAPE[0]}, {BLOCK_SHAPE[1]}].json"
-_FILE_RE = re.compile(r"N=(\d+),K=(\d+),device_name=(.+)" + re.escape(_SUFFIX))
+_FILE_RE = re.compile(r"N=([0-9]+),K=([0-9]+),device_name=(.+)" + re.escape(_SUFFIX))
 _M_KEY = re.compile(r"[1-9][0-9]*")
 #: SGLang's value keys by type (``swizzle``: ours, the L2 panel; SGLang ignores keys it does not read).
 _INTS = ("block_M", "block_N", "block_K", "num_stages", "threads", "split_k", "swizzle")
@@ -107,10 +108,11 @@ def read_file(path: str | os.PathLike) -> Buckets:
             raise JSONConfigError(path, key, f"entry must be an object of kernel parameters, got "
                                              f"{type(entry).__name__}")
         try:
-            solutions[int(key)] = entry_solution(entry)
-        except ValueError as exc:
-            raise JSONConfigError(path, key, str(exc)) from None
-        ms.append(int(key))
+            m = parse_int(key, signed=False)
+            solutions[m] = entry_solution(entry)
+        except PARSE_ERRORS as exc:
+            raise JSONConfigError(path, key, str(exc) or type(exc).__name__) from None
+        ms.append(m)
     bounds = nearest_m_bounds(ms)
     return sorted(((bounds[m], str(m), solutions[m]) for m in ms), key=lambda t: (t[0] is None, t[0] or 0))
 

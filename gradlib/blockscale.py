@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.configs import parse_size
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.jsonconfigs import JSONConfigError
@@ -329,7 +330,7 @@ class JsonSidecar(Sidecar):
                 continue
             try:
                 pad = str(r.get("pad_m_min", "") or "").strip()
-                out[m] = (parse_choice(r["kernelName"]), int(pad) if pad else None)
+                out[m] = (parse_choice(r["kernelName"]), parse_size(pad) if pad else None)
                 if name is not None:
                     exact.add(m)
             except ValueError as exc:

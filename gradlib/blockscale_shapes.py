@@ -8,6 +8,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
+from aiter_gemm.configs import parse_int
 from aiter_gemm.fileio import read_csv_rows
 from gradlib.cli import UsageError, int_list
 from gradlib.models import Projection, deepseek_projections, fp8_model_shapes
@@ -41,7 +42,7 @@ def read_shapes_csv(path: str) -> list[tuple[int, int, int]]:
     out = []
     for line, row in enumerate(rows, start=2):
         try:
-            m, n, k = (int(str(row[cols[c]]).strip()) for c in ("M", "N", "K"))
+            m, n, k = (parse_int(str(row[cols[c]]).strip()) for c in ("M", "N", "K"))
         except ValueError:
             raise UsageError(f"{path}:{line}: M, N, K must be integers, got {[row[cols[c]] for c in 'MNK']}") from None
         if min(m, n, k) < 1:

@@ -184,7 +184,10 @@ def sort_tuned_file(path: str | os.PathLike, spec: TuneOp) -> None:
         out = []
         for c in cols:
             text = str(row.get(c) or "").strip()
-            out.append((0, int(text), "") if text.lstrip("-").isdigit() else (1, 0, text))
+            try:
+                out.append((0, parse_int(text), ""))
+            except ValueError:
+                out.append((1, 0, text))
         return tuple(out)
 
     sort_csv_rows(path, key)

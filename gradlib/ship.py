@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from aiter_gemm.configs import BF16_TUNED_COLUMNS
+from aiter_gemm.configs import BF16_TUNED_COLUMNS, parse_size
 from aiter_gemm.fileio import atomic_write_text, file_problem, merge_csv_rows, read_csv_rows, write_error
 from gradlib.cli import gain
 from gradlib.results import row_key
@@ -59,7 +59,7 @@ def medians(rows: Iterable[dict], mode: str = "graph") -> dict[tuple[int, int, i
         us = _float(r.get("us"))
         if r.get("mode") != mode or not us > 0 or r.get("bias", "False") not in ("False", "false", "0", ""):
             continue
-        out.setdefault((int(r["M"]), int(r["N"]), int(r["K"])), {})[r["provider"]] = us
+        out.setdefault((parse_size(r["M"]), parse_size(r["N"]), parse_size(r["K"])), {})[r["provider"]] = us
     return out
 
 

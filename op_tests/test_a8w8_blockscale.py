@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import aiter_gemm
-from aiter_gemm.configs import ConfigError
+from aiter_gemm.configs import ConfigError, load_table
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows, render_csv
 from aiter_gemm.kernels.a8w8_blockscale import (
@@ -32,6 +32,8 @@ from aiter_gemm.kernels.a8w8_blockscale import (
 )
 from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
+    GEMM_A8W8_BLOCKSCALE,
+    KIND,
     JSONConfigError,
     buckets_from_tuned,
     choice_error,
@@ -238,6 +240,11 @@ def test_kernel_name_round_trip():
     "base-BM16_BN128_BK128_GM1_SK1_W4_S3_NS4",  # 2 subtiles at most
     "swapAB-BM16_BN128_BK128_GM1_SK1_W4_S3_NS2",  # 8-wide subtiles on the MMA's N side
     "base-BM16_BN128_BK128_GM1_SK1_W4_S3 extra",
+    "base-BM16_BN128_BK128_GM2147483648_SK1_W4_S3",  # issue 47: out of range, failed on every call
+    "base-BM16_BN128_BK128_GM1025_SK1_W4_S3",
+    "splitK-BM16_BN128_BK128_GM1_SK257_W4_S3",
+    "base-BM16_BN128_BK128_GM1_SK1_W4_S" + "3" * 5000,
+    "base-BM\u0661\u0666_BN128_BK128_GM1_SK1_W4_S3",  # Arabic-Indic 16
 ])
 def test_kernel_name_strict(name):
     with pytest.raises(ValueError):
@@ -312,15 +319,23 @@ def test_dispatch_csv_row_exact_and_padded(test_device, device):
     ("libtype", "cublaslt", "libtype"),
     ("kernelName", "base-BM16", "kernelName"),
     ("splitK", "3", "splitK"),
+    ("kernelName", "splitK-BM16_BN32_BK128_GM2147483648_SK2_W4_S2", "kernelName"),  # out of range
 ])
-def test_dispatch_csv_row_malformed(test_device, column, value, text):
+def test_dispatch_csv_row_malformed(test_device, caplog, column, value, text):
+    """A malformed row is a miss warned once naming file, line and column (issue 47: every call raised, or, out of
+    range, failed to compile); the strict reader (the tuner's) raises ConfigError saying so."""
     _, csv_path, _ = test_device
     row = csv_row(IDENT, 16, 128, 512, BlockscaleConfig("splitK", 16, 32, 128, 1, 2, 4, 2), 3.5)
     row[column] = value
     _write_rows(csv_path, [row])
-    aiter_gemm.reload_configs()
     with pytest.raises(ConfigError, match=rf"bs\.csv:2, column '{text}'"):
-        get_GEMM_A8W8_BLOCKSCALE_config(16, 128, 512, on_gpu=False)
+        GEMM_A8W8_BLOCKSCALE.row_solution(next(iter(load_table(KIND, [csv_path]))))
+    aiter_gemm.reload_configs()
+    with caplog.at_level(logging.WARNING):
+        for M in (16, 13):  # exact, then padded to the same row
+            assert get_GEMM_A8W8_BLOCKSCALE_config(M, 128, 512, on_gpu=False)["matched"] == "default"
+    warned = [r.getMessage() for r in caplog.records if re.search(rf"bs\.csv:2, column '{text}'", r.getMessage())]
+    assert len(warned) == 1 and "row ignored" in warned[0], caplog.text
 
 
 def test_dispatch_csv_row_that_cannot_run_is_a_miss(test_device, caplog):
@@ -350,10 +365,13 @@ def test_dispatch_json_buckets(test_device, device):
     assert get_GEMM_A8W8_BLOCKSCALE_config(17, 128, 384, on_gpu=False)["kernelName"] == SMALL["splitK"].name
 
 
-@pytest.mark.parametrize("broken", ["bad json", "bad entry", "duplicate key", "directory"])
+@pytest.mark.parametrize("broken", ["bad json", "bad entry", "duplicate key", "directory", "deep nesting",
+                                    "huge integer", "out of range"])
 def test_unusable_json_file_is_skipped_with_one_warning(test_device, device, tmp_path, caplog, broken):
     """Issue 31: one bad per-(N, K) file raised on every gemm_a8w8_blockscale call of its (N, K). As a broken tuned
-    CSV is, it is skipped with a warning naming it and why (once until reload), and the next folder's file serves."""
+    CSV is, it is skipped with a warning naming it and why (once until reload), and the next folder's file serves.
+    Issue 47: JSON nested too deeply, an integer past int()'s digit limit or a GROUP_SIZE_M of 2**31 did not name
+    the file: they raised on every call, and out of warmup()."""
     mp, _, json_dir = test_device
     second = tmp_path / "second"
     second.mkdir()
@@ -365,8 +383,14 @@ def test_unusable_json_file_is_skipped_with_one_warning(test_device, device, tmp
         bad.mkdir()
     else:
         bad.write_text({"bad json": "{not json", "bad entry": '{"any": {"variant": "base"}}',
-                        "duplicate key": '{"M_LEQ_16": ' + good + ', "M_LEQ_16": ' + good + "}"}[broken])
+                        "duplicate key": '{"M_LEQ_16": ' + good + ', "M_LEQ_16": ' + good + "}",
+                        "deep nesting": '{"any": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                        "huge integer": '{"any": ' + good.replace('"GROUP_SIZE_M": 2', '"GROUP_SIZE_M": ' + "2" * 5000)
+                        + "}",
+                        "out of range": '{"any": ' + good.replace('"GROUP_SIZE_M": 2', '"GROUP_SIZE_M": 2147483648')
+                        + "}"}[broken])
     aiter_gemm.reload_configs()
+    aiter_gemm.warmup(("gemm_a8w8_blockscale",), on_gpu=False)
     XQ, WQ, xs, ws = _inputs(5, 128, 384, device)
     with caplog.at_level(logging.WARNING):
         for M in (5, 5, 40):
@@ -380,6 +404,9 @@ def test_unusable_json_file_is_skipped_with_one_warning(test_device, device, tmp
         assert "'M_LEQ_16': written twice" in warned[0]
     if broken == "directory":
         assert "a directory" in warned[0]
+    why = {"deep nesting": "nested too deeply", "huge integer": "integer string conversion",
+           "out of range": "key 'any': invalid A8W8 block-scale config"}.get(broken, "")
+    assert why in warned[0] and len(warned[0]) < 1000
 
 
 @pytest.mark.parametrize("body", ['{"M_LEQ_16": {}, "M_LEQ_16": {}}', '{"any": {"variant": "base", "variant": "x"}}'])
@@ -455,6 +482,13 @@ def test_json_without_catch_all_falls_back(test_device):
     ('{"any": ' + json.dumps({**SMALL["base"].to_json(), "BLOCK_SIZE_K": 64}) + "}", "BLOCK_SIZE_K must be 128"),
     ('{"large_M": ' + json.dumps(SMALL["base"].to_json()) + ', "any": ' + json.dumps(SMALL["base"].to_json()) + "}",
      "same M range"),
+    # issue 47: text json cannot take, values out of range, loose integers
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"any": ' + json.dumps({**SMALL["base"].to_json(), "GROUP_SIZE_M": 2**31}) + "}",
+     "GROUP_SIZE_M must be in 1..1024"),
+    ('{"any": ' + json.dumps({**SMALL["base"].to_json(), "NUM_KSPLIT": 1e23}) + "}", "NUM_KSPLIT must be an integer"),
+    ('{"M_LEQ_\u0661\u0666": ' + json.dumps(SMALL["base"].to_json()) + "}", "unknown bucket"),  # Arabic-Indic 16
+    ('{"M_LEQ_16\\n": ' + json.dumps(SMALL["base"].to_json()) + "}", "unknown bucket"),
 ])
 def test_json_strict(tmp_path, body, text):
     path = tmp_path / "bad.json"

@@ -174,6 +174,24 @@ def test_config_rule_rejects(kwargs, text):
         TileLangConfig(**kwargs)
 
 
+@pytest.mark.parametrize("name,text", [  # issue 47: out of range (passed, then failed on every call), loose integers
+    ("ws-BM128_BN128_BK128_S4_T384_SK1_SW2147483648", "swizzle=2147483648 must be in 0..1024"),
+    ("ws-BM128_BN128_BK128_S4_T384_SK1_SW1025", "swizzle=1025 must be in 0..1024"),
+    ("ws-BM128_BN128_BK128_S4_T384_SK" + "1" * 5000, "more than 18 digits"),
+    ("ws-BM128_BN\u0661\u0662\u0668_BK128_S4_T384_SK1", "ASCII digits"),  # Arabic-Indic 128
+])
+def test_config_name_ranges(name, text):
+    with pytest.raises(ValueError, match=text):
+        TileLangConfig.from_name(name)
+    assert TileLangConfig.from_name("ws-BM128_BN128_BK128_S4_T384_SK1_SW1024").swizzle == 1024
+
+
+@pytest.mark.parametrize("value", [128.0, True, "128", 1e23])
+def test_json_integers_are_json_integers(value):
+    with pytest.raises(ValueError, match="block_N must be an integer"):
+        TileLangConfig.from_json({"kernel_type": "ws", "block_M": 128, "block_N": value, "threads": 384})
+
+
 @pytest.mark.parametrize("M,N,K,text", [
     (16, 4096, 4000, "multiple of 128"),
     (16, 4100, 4096, "multiple of 16"),

@@ -323,6 +323,10 @@ def test_shapes_csv_nk_and_usage_errors(tmp_path, capsys):
     untuned.write_text("M,N\n1,2\n")
     assert main(["--shapes", str(untuned), "--print_shapes"]) == 2
     assert "missing column(s) ['K']" in capsys.readouterr().err
+    for loose in ("1_6", "\u0661\u0666"):  # issue 47: int() read 16 from both
+        untuned.write_text(f"M,N,K\n{loose},1536,7168\n")
+        assert main(["--shapes", str(untuned), "--print_shapes"]) == 2
+        assert f"{untuned}:2: M, N, K must be integers" in capsys.readouterr().err
     assert main(["--nk", "128,128", "--variants", "nosuch", "-o", str(tmp_path / "t.csv")]) == 2
     assert "--variants ['nosuch']" in capsys.readouterr().err
     assert main(["--nk", "128,128", "--candidates", "bogus", "-o", str(tmp_path / "t.csv")]) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import logging
 import math
@@ -12,7 +13,9 @@ import torch
 
 import aiter_gemm
 from aiter_gemm.configs import ConfigError, load_table, load_untuned
+from aiter_gemm.device import has_tma
 from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.settings import CONFIG_KINDS, default_config_dir, load_settings
 from op_tests.runtime_helpers import BF16_HEADER, bf16_row
 
@@ -184,7 +187,7 @@ def test_boolean_settings_refuse_other_values_naming_them(name):
             load_settings({name: raw})
 
 
-@pytest.mark.parametrize("raw", ["inf", "nan", "-1", "1e300", "soon"])
+@pytest.mark.parametrize("raw", ["inf", "nan", "-1", "1e300", "soon", "3_0"])
 def test_flush_interval_must_be_a_usable_number_of_seconds(raw):
     """Issue 31: AITER_TUNE_GEMM_FLUSH_S=inf killed the timer thread with a traceback; nan and -1 were taken."""
     with pytest.raises(ValueError, match=f"AITER_TUNE_GEMM_FLUSH_S must be a number of seconds .*got '{raw}'"):
@@ -302,6 +305,41 @@ def row_gfx() -> str:
     return aiter_gemm.current_device_identity().gfx
 
 
+# ---- integers of config text are ASCII digits (issue 47) --------------------------------------------------------
+@pytest.mark.parametrize(("column", "value", "message"), [
+    ("M", "4_0", "ASCII digits"),  # int() reads 40
+    ("N", "\u0669\u0666", "ASCII digits"),  # Arabic-Indic 96: int() reads 96
+    ("K", "+80", "ASCII digits"),
+    ("cu_num", "1_0", "ASCII digits"),
+    ("solidx", "-1_0", "ASCII digits"),
+    ("us", "1_0", "not a number"),  # float() reads 10
+    ("us", "\u0661", "not a number"),
+    ("M", "4" * 19, "more than 18 digits"),
+])
+def test_config_integers_are_ascii_digits(tmp_path, column, value, message):
+    cells = {"M": 4, "N": 96, "K": 80, "cu_num": None, "solidx": -1, "us": 1.0} | {column: value}
+    p = write(tmp_path, "t.csv", BF16_HEADER + bf16_row(cells.pop("M"), cells.pop("N"), cells.pop("K"), **cells))
+    with pytest.raises(ConfigError, match=message) as info:
+        load_table("GEMM_BF16", [p])
+    assert (info.value.path, info.value.line, info.value.column) == (p, 2, column)
+    if column in ("M", "N", "K"):  # the untuned shape lists the tuner reads
+        fields = {"M": "4", "N": "96", "K": "80"} | {column: value}
+        u = write(tmp_path, "u.csv", "M,N,K\n" + ",".join(fields.values()) + "\n")
+        with pytest.raises(ConfigError, match=message) as info:
+            load_untuned(u)
+        assert (info.value.line, info.value.column) == (2, column)
+
+
+@pytest.mark.parametrize("raw", ["1_32", "\u0661\u0663\u0662", "+132", "9" * 5000])
+def test_cu_num_settings_are_ascii_integers(raw):
+    for var in ("AITER_GEMM_CU_NUM", "CU_NUM"):
+        with pytest.raises(ValueError, match=f"aiter_gemm: {var} .*digits") as info:
+            load_settings({var: raw})
+        assert len(str(info.value)) < 200
+    assert load_settings({"AITER_GEMM_CU_NUM": " 132 "}).cu_num == 132
+    assert not has_tma("sm_\u0669\u0660"), "an arch's number is ASCII digits too"
+
+
 # ---- encodings, BOM, non-positive sizes, typed config values (issue 17) ------------------------------------------
 BOM = b"\xef\xbb\xbf"
 
@@ -363,15 +401,20 @@ def test_config_dict_values_are_typed(tmp_path, clean_runtime):
 
 
 # ---- a broken configured file does not stop the runtime (issue 17) ----------------------------------------------
-@pytest.mark.parametrize("broken", ["missing", "malformed", "latin1"])
+@pytest.mark.parametrize("broken", ["missing", "malformed", "latin1", "huge field", "huge integer"])
 def test_broken_config_file_is_skipped_with_a_warning(tmp_path, clean_runtime, caplog, broken):
     """The runtime runs on the other files' rows (or the defaults) and says which file it skipped and why; only
-    load_table(strict=True), the validating reader, raises."""
+    load_table(strict=True), the validating reader, raises. Issue 47: a cell longer than csv's field_size_limit
+    raised a bare csv.Error out of every reader."""
     bad = tmp_path / "bad.csv"
     if broken == "malformed":
         bad.write_text(BF16_HEADER + bf16_row(-3, 96, 80))
     elif broken == "latin1":
         bad.write_bytes(BF16_HEADER.encode() + bf16_row(3, 96, 80, kernel="caf\xe9").encode("latin-1"))
+    elif broken == "huge field":
+        bad.write_text(BF16_HEADER + bf16_row(3, 96, 80, kernel="k" * (csv.field_size_limit() + 1)))
+    elif broken == "huge integer":
+        bad.write_text(BF16_HEADER + bf16_row("9" * 5000, 96, 80))
     good = write(tmp_path, "good.csv", BF16_HEADER + bf16_row(64, 96, 80))
     clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", f"{bad}:{good}")
     with caplog.at_level(logging.WARNING):
@@ -384,8 +427,12 @@ def test_broken_config_file_is_skipped_with_a_warning(tmp_path, clean_runtime, c
     assert out.shape == (3, 96)
     assert aiter_gemm.get_GEMM_A16W16_config(3, 96, 80, False, torch.float32)["matched"] == "default"
     if broken != "missing":
-        with pytest.raises(ConfigError, match=str(bad)):
+        with pytest.raises(ConfigError, match=str(bad)) as info:
             load_table("GEMM_BF16", [str(bad)])
+        assert info.value.line == 2 and len(str(info.value)) < 300, "names the line, not the whole cell"
+    if broken == "huge field":
+        with pytest.raises(ConfigError, match=f"{bad}:2: not readable as CSV"):
+            read_csv_rows(bad)  # the tuner's and capture's reader
 
 
 def test_import_survives_a_broken_configured_file(tmp_path):

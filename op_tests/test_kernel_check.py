@@ -185,6 +185,23 @@ def test_verify_and_bench_on_cpu_verifies_and_says_why_bench_is_skipped(runtime,
     assert err == f"{kernel_check.PROG}: skipping {kernel_check.NO_CUDA}\n"
 
 
+_ENTRY = '{"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": %s, "NUM_KSPLIT": 1, ' \
+    '"num_warps": 4, "num_stages": 1}'
+
+
+@pytest.mark.parametrize("op,libtype,config,why", [  # issue 47: out-of-range values reached the compiler
+    ("a16w16", "triton", "BM16_BN32_BK32_GM2147483648_SK1_W4_S1", "GROUP_SIZE_M=2147483648 must be in 1..1024"),
+    ("a16w16", "triton", _ENTRY % "1e23", "GROUP_SIZE_M must be an integer, got 1e+23"),
+    ("a16w16", "triton", _ENTRY % "2147483648", "GROUP_SIZE_M=2147483648 must be in 1..1024"),
+    ("a16w16", "skinny", "fma_BN16_BK512_SK1_W4_S2147483648", "num_stages=2147483648 in 1..8"),
+    ("a8w8_blockscale", "triton", "swapAB-BM16_BN128_BK128_GM2147483648_SK1_W4_S2", "GROUP_SIZE_M must be in 1..1024"),
+])
+def test_out_of_range_config_exits_2_saying_why(runtime, capsys, op, libtype, config, why):
+    shape = "5,48,64" if op == "a16w16" else "5,256,256"
+    rc, out, err = run(capsys, "--op", op, "--libtype", libtype, "--shape", shape, "--config", config, "--verify")
+    assert (rc, out) == (2, "") and why in err and err.startswith(f"{kernel_check.PROG}: error: --config")
+
+
 def test_unknown_op_is_argparses_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         kernel_check.main(["--op", "a4w4", "--libtype", "torch", "--shape", "1,2,3", "--verify"])

@@ -179,6 +179,8 @@ def test_tilelang_unavailable_is_a_miss_warned_once_per_file(sglang_env, caplog)
      "block_K must be 128"),
     ({"kernel_type": "gemv", "block_M": 64, "block_N": 64, "block_K": 128, "num_stages": 2, "threads": 128},
      "not a TileLang config name"),
+    ({"kernel_type": "base", "block_M": 64, "block_N": 64, "block_K": 128, "num_stages": 2, "threads": 128,
+      "swizzle": 2**31}, "swizzle=2147483648 must be in 0..1024"),  # issue 47: ran, failed to compile every call
 ])
 def test_unsupported_entry_is_a_miss_said_once(sglang_env, tmp_path, caplog, entry, why):
     """A value SGLang can hold but this project's kernels cannot run: that M is a miss (the default serves it, not
@@ -213,6 +215,10 @@ MALFORMED = [
     ('{"16": {"kernel_type": "base", "block_M": 64, "block_N": 64, "block_K": 128, "num_stages": 2, '
      '"threads": 128, "tile": 3}}', "16", "unknown keys ['tile']"),
     ('{"16": {}, "16": {}}', "16", "written twice"),
+    # issue 47: what json or int() cannot take named no file and raised on every call of its (N, K)
+    ('{"16": ' + "[" * 100_000 + "]" * 100_000 + "}", None, "nested too deeply"),
+    ('{"16": {"kernel_type": "base", "block_M": ' + "6" * 5000 + "}}", None, "integer string conversion"),
+    ('{"' + "1" * 30 + '": {}}', "1" * 30, "more than 18 digits"),
 ]
 
 
@@ -247,6 +253,23 @@ def test_folder_setting_expands_home_and_warns_about_non_folders(clean_runtime, 
     settings = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale").settings
     assert settings.sglang_tilelang_dirs == (str(tmp_path / "sg"), str(tmp_path / "afile"), str(tmp_path / "gone"))
     assert caplog.text.count("AITER_GEMM_SGLANG_TILELANG_DIR entry") == 2 and "not found" in caplog.text
+
+
+def test_warm_up_reports_entries_that_cannot_run(sglang_env, tmp_path):
+    """An SGLang entry these kernels cannot run is a failed warm-up job (named, with why), not a crash."""
+    mp, _, disp = sglang_env
+    folder = tmp_path / "sg"
+    folder.mkdir()
+    bad = {**H20_RAW["16"], "swizzle": 2**31}
+    (folder / H20_NAME).write_text(json.dumps({"16": bad, "64": H20_RAW["64"]}))
+    mp.setenv("AITER_GEMM_SGLANG_TILELANG_DIR", str(folder))
+    aiter_gemm.reload_configs()
+    built: list = []
+    mp.setattr(tl, "precompile", lambda jobs: built.extend(jobs) or {})
+    failed = disp.warm_up(True)["failed"]
+    assert [why for name, why in failed.items() if "_SW2147483648" in name] == [
+        f"TileLang config {sglang_tilelang.entry_solution(bad).kernelName}: swizzle=2147483648 must be in 0..1024"]
+    assert _cfg("64") in {cfg for _, _, cfg, _ in built}
 
 
 def test_warm_up_compiles_this_devices_sglang_entries(sglang_env, tmp_path):

@@ -3,6 +3,8 @@ dtypes, split-K, the kernelName/solidx encoding, the config space and the GPU-on
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import triton
@@ -112,6 +114,20 @@ def test_kernel_name_round_trip(name):
 def test_kernel_name_rejects_malformed(name):
     with pytest.raises(ValueError):
         SkinnyConfig.from_name(name)
+
+
+@pytest.mark.parametrize("name,why", [  # issue 47: out of range, passed, then failed on every call
+    ("fma_BN16_BK512_SK1_W4_S9", "num_stages=9 in 1..8"),
+    ("fma_BN16_BK512_SK1_W4_S2147483648", "num_stages=2147483648 in 1..8"),
+    ("fma_2pass_BN8_BK1024_SK512_W4_S1", "NUM_KSPLIT in 2..256, got 512"),
+    ("gemv_BN1024_BK2048_SK1_W4_S1", "weight tile"),
+    ("fma_BN16_BK512_SK1_W4_S" + "1" * 5000, "more than 18 digits"),
+    ("fma_BN\u0661\u0666_BK512_SK1_W4_S1", "ASCII digits"),  # Arabic-Indic 16
+])
+def test_kernel_name_ranges(name, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        SkinnyConfig.from_name(name)
+    assert SkinnyConfig.from_name("fma_2pass_BN8_BK1024_SK256_W4_S8").NUM_KSPLIT == 256
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 1280, 8192), (8, 97, 4100), (3, 4096, 4096)])

@@ -4,6 +4,8 @@ output dtypes, the kernelName encoding, JSON config selection and the shared-mem
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from aiter_gemm.kernels.gemm_a16w16 import INTERPRET, GemmConfig, gemm_a16w16_re
 from aiter_gemm.ops import a16w16 as a16
 from aiter_gemm.registry import get_backend
 from aiter_gemm.settings import default_config_dir
-from op_tests.runtime_helpers import BIAS_LAYOUTS, strided_bias
+from op_tests.runtime_helpers import BF16_HEADER, BIAS_LAYOUTS, bf16_row, strided_bias
 
 HAS_GPU = torch.cuda.is_available()
 DEV = "cuda" if HAS_GPU else "cpu"
@@ -96,6 +98,47 @@ def test_kernel_name_rejects_malformed(name):
         GemmConfig.from_name(name)
 
 
+#: Out of range (issue 47: each passed, then failed to compile on every call) or not ASCII digits.
+OUT_OF_RANGE = [
+    ("BM16_BN32_BK32_GM2147483648_SK1_W4_S2", "GROUP_SIZE_M=2147483648 must be in 1..1024"),
+    ("BM16_BN32_BK32_GM1025_SK1_W4_S2", "GROUP_SIZE_M=1025 must be in 1..1024"),
+    ("BM16_BN32_BK32_GM1_SK257_W4_S2", "NUM_KSPLIT=257 must be in 1..256"),
+    ("BM16_BN32_BK32_GM1_SK1_W4_S9", "num_stages=9 must be in 1..8"),
+    ("BM1024_BN1024_BK16_GM1_SK1_W16_S1", "a 1024x1024 accumulator tile is above 65536 elements"),
+    ("BM16_BN32_BK131072_GM1_SK1_W4_S2", "Triton compiles none above 1048576"),
+    ("BM16_BN32_BK32_GM" + "1" * 5000 + "_SK1_W4_S2", "more than 18 digits"),
+    ("BM\u0661\u0666_BN32_BK32_GM1_SK1_W4_S2", "ASCII digits"),  # Arabic-Indic 16
+]
+
+
+@pytest.mark.parametrize("name,why", OUT_OF_RANGE)
+def test_kernel_name_ranges(name, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        GemmConfig.from_name(name)
+    for limit in ("BM16_BN32_BK1024_GM1024_SK256_W4_S8", "BM1024_BN64_BK1024_GM1_SK1_W8_S1"):
+        assert GemmConfig.from_name(limit).name == limit
+
+
+@pytest.mark.parametrize("name,why", OUT_OF_RANGE[:2])
+def test_out_of_range_row_is_a_miss_warned_once(tmp_path, clean_runtime, caplog, name, why):
+    """Issue 47: a row naming GROUP_SIZE_M 2**31 passed validation and failed on every call (the interpreter's int32
+    overflow; a CompilationError on the H200). Now it is a miss: the default runs, one warning names file and line."""
+    import aiter_gemm
+
+    path = tmp_path / "t.csv"
+    path.write_text(BF16_HEADER + bf16_row(4, 32, 32, "triton", dtype="torch.bfloat16", kernel=name))
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
+    aiter_gemm.reload_configs()
+    a, b = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(32, 32, dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            out = aiter_gemm.gemm_a16w16(a, b)
+            assert _rel_err(out, gemm_a16w16_ref(a, b)) < TOL[torch.bfloat16]
+    assert aiter_gemm.get_GEMM_A16W16_config(4, 32, 32, False, torch.bfloat16)["matched"] == "default"
+    warned = [r.getMessage() for r in caplog.records if f"{path}:2" in r.getMessage()]
+    assert len(warned) == 1 and why in warned[0] and "row ignored" in warned[0]
+
+
 def _write(path, data):
     path.write_text(json.dumps(data))
 
@@ -127,6 +170,11 @@ def test_json_selection_order_and_override(tmp_path):
     ({"any": {k: v for k, v in _entry(16).items() if k != "num_warps"}}, "num_warps"),
     ({"M_LEQ_8": _entry(24)}, "BLOCK_SIZE_M=24"),
     ({"any": [1, 2]}, "'any'"),
+    ({"any": _entry(16, GROUP_SIZE_M=2**31)}, "GROUP_SIZE_M=2147483648 must be in 1..1024"),  # issue 47
+    ({"any": _entry(16, GROUP_SIZE_M=1e23)}, "GROUP_SIZE_M must be an integer, got 1e+23"),
+    ({"any": _entry(16, num_stages=float("inf"))}, "num_stages must be an integer, got inf"),
+    ({"any": _entry(16, num_warps=True)}, "num_warps must be an integer, got True"),
+    ({"any": _entry(16, GROUP_SIZE_M="4_0")}, "GROUP_SIZE_M must be an integer, got '4_0'"),
 ])
 def test_json_errors_name_file_and_key(tmp_path, content, needle):
     (tmp_path / "triton").mkdir()
@@ -135,6 +183,19 @@ def test_json_errors_name_file_and_key(tmp_path, content, needle):
     with pytest.raises(ValueError, match="sm_90-GEMM-A16W16.json") as exc:
         a16.json_config(4, 8, 8, "sm_90", [tmp_path / "triton"])
     assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"any": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"any": {"BLOCK_SIZE_M": ' + "1" * 5000 + "}}", "integer string conversion"),
+])
+def test_json_text_json_cannot_take_names_the_file(tmp_path, text, why):
+    """Issue 47: a RecursionError or int()'s digit-limit ValueError left the reader naming no file."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "sm_90-GEMM-A16W16.json").write_text(text)
+    a16.clear_config_cache()
+    with pytest.raises(ValueError, match=rf"sm_90-GEMM-A16W16\.json: not readable as JSON: .*{why}"):
+        a16.json_config(4, 8, 8, "sm_90", [tmp_path / "triton"])
 
 
 def test_invalid_json_reports_line(tmp_path):

@@ -32,6 +32,7 @@ import triton
 
 from aiter_gemm.backends._triton_common import TritonKernelBackend
 from aiter_gemm.backends.base import GemmProblem, Runner, Solution, finish_scaled
+from aiter_gemm.configs import json_int
 from aiter_gemm.device import DeviceIdentity, has_tma, smem_limit, typical_cu
 from aiter_gemm.kernels.common import INTERPRET, tma_usable
 from aiter_gemm.kernels.gemm_a16w16 import GemmConfig, default_config, launch_gemm_a16w16, tma_available
@@ -117,9 +118,7 @@ def parse_entry(value: dict) -> GemmConfig:
     missing = [k for k in _REQUIRED_KEYS if k not in value]
     if unknown or missing:
         raise ValueError(f"unknown fields {sorted(unknown)}, missing fields {missing}")
-    ints = {k: int(value[k]) for k in _REQUIRED_KEYS}
-    if any(int(value[k]) != value[k] for k in _REQUIRED_KEYS):
-        raise ValueError("values must be integers")
+    ints = {k: json_int(k, value[k]) for k in _REQUIRED_KEYS}
     return GemmConfig(**ints, TMA_PERSISTENT=bool(value.get("TMA_PERSISTENT", False)),
                       FLATTEN=bool(value.get("TMA_FLATTEN", False)))
 

@@ -76,12 +76,12 @@ def gradlib_expected(arch: Any, nsets: set[int], head_ms: set[int], dtype: torch
 def read_untuned(path: Path) -> set[Key]:
     """The shapes of an untuned CSV as written by capture (M,N,K,bias,dtype,...; the block-scale op's M,N,K only:
     dtype :data:`FP8_KEY`)."""
+    from aiter_gemm.configs import parse_size
     from aiter_gemm.dtypes import parse_dtype
 
     with open(path, newline="") as f:
-        return {(int(r["M"]), int(r["N"]), int(r["K"]), r["bias"].strip().lower() in ("true", "1"),
-                 str(parse_dtype(r["dtype"]))) if "dtype" in r else (int(r["M"]), int(r["N"]), int(r["K"]), False,
-                                                                     FP8_KEY)
+        return {(*(parse_size(r[c]) for c in "MNK"), r["bias"].strip().lower() in ("true", "1"),
+                 str(parse_dtype(r["dtype"]))) if "dtype" in r else (*(parse_size(r[c]) for c in "MNK"), False, FP8_KEY)
                 for r in csv.DictReader(f)}
 
 

@@ -39,8 +39,17 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from aiter_gemm.configs import json_int, parse_int
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, smem_limit
-from aiter_gemm.kernels.common import INTERPRET, splitk_reduce, tile_coords, tma_usable
+from aiter_gemm.kernels.common import (
+    INTERPRET,
+    MAX_GROUP_SIZE_M,
+    MAX_KSPLIT,
+    MAX_STAGES,
+    splitk_reduce,
+    tile_coords,
+    tma_usable,
+)
 
 #: Quantization block: K groups of x_scale and both sides of w_scale's blocks. Fixed by the data format.
 SCALE_BLOCK = 128
@@ -127,14 +136,14 @@ class BlockscaleConfig:
         for field in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
             if getattr(self, field) not in _POW2_TILES:
                 out.append(f"{field} must be one of {_POW2_TILES}")
-        if self.GROUP_SIZE_M < 1:
-            out.append("GROUP_SIZE_M must be >= 1")
-        if self.NUM_KSPLIT < 1:
-            out.append("NUM_KSPLIT must be >= 1")
+        if not 1 <= self.GROUP_SIZE_M <= MAX_GROUP_SIZE_M:
+            out.append(f"GROUP_SIZE_M must be in 1..{MAX_GROUP_SIZE_M}")
+        if not 1 <= self.NUM_KSPLIT <= MAX_KSPLIT:
+            out.append(f"NUM_KSPLIT must be in 1..{MAX_KSPLIT}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             out.append("num_warps must be a power of two <= 16")
-        if not 1 <= self.num_stages <= 8:
-            out.append("num_stages must be in 1..8")
+        if not 1 <= self.num_stages <= MAX_STAGES:
+            out.append(f"num_stages must be in 1..{MAX_STAGES}")
         if self.N_SUBTILES not in (1, 2):
             out.append("N_SUBTILES must be 1 or 2")
         elif self.variant in VARIANTS and self.kernel_tiles()[1] // self.N_SUBTILES < 16:
@@ -162,8 +171,9 @@ class BlockscaleConfig:
                 f"(variants: {', '.join(VARIANTS)})"
             )
         g = m.groupdict()
-        return cls(g["variant"], int(g["BM"]), int(g["BN"]), int(g["BK"]), int(g["GM"]), int(g["SK"]),
-                   int(g["W"]), int(g["S"]), bool(g["TMA"]), bool(g["WS"]), int(g["NS"] or 1))
+        n = {k: parse_int(g[k], signed=False) for k in ("BM", "BN", "BK", "GM", "SK", "W", "S")}
+        return cls(g["variant"], n["BM"], n["BN"], n["BK"], n["GM"], n["SK"], n["W"], n["S"], bool(g["TMA"]),
+                   bool(g["WS"]), int(g["NS"] or 1))
 
     def to_json(self) -> dict[str, object]:
         """The entry written in per-(N, K) JSON files (AITER's key names plus ``variant``)."""
@@ -187,17 +197,12 @@ class BlockscaleConfig:
             raise ValueError(f"config entry has unknown keys {unknown} / misses keys {missing}")
         values: dict[str, object] = {"variant": str(entry["variant"])}
         for f in fields[1:]:
-            if isinstance(entry[f], bool) or not isinstance(entry[f], int):
-                raise ValueError(f"{f} must be an integer, got {entry[f]!r}")
-            values[f] = entry[f]
+            values[f] = json_int(f, entry[f])
         for f in flags:
             if not isinstance(entry.get(f, False), bool):
                 raise ValueError(f"{f} must be true or false, got {entry[f]!r}")
             values[f] = entry.get(f, False)
-        n_sub = entry.get("N_SUBTILES", 1)
-        if isinstance(n_sub, bool) or not isinstance(n_sub, int):
-            raise ValueError(f"N_SUBTILES must be an integer, got {n_sub!r}")
-        values["N_SUBTILES"] = n_sub
+        values["N_SUBTILES"] = json_int("N_SUBTILES", entry.get("N_SUBTILES", 1))
         return cls(**values)  # type: ignore[arg-type]
 
     def kernel_tiles(self) -> tuple[int, int]:

@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from aiter_gemm.configs import json_int, parse_int
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import math_registers as ws_math_registers
 
 SCALE_BLOCK = 128
@@ -29,6 +30,8 @@ _SMEM_BYTES = 227 * 1024 - 2 * 1024
 #: Shared memory of one SM (228 KB, 1 KB of it kept by the driver per resident CTA): a CTA of ``min_blocks`` 2 gets
 #: half, less the driver's 1 KB and the same 2 KB of margin (113664 bytes).
 _SM_SMEM_BYTES = 228 * 1024
+#: The largest L2 rasterization panel (``swizzle``, in CTAs): TileLang's code generator takes it as a C ``int``.
+MAX_SWIZZLE = 1024
 
 _NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws|ws_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
                       r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?(?:_MB(?P<mb>\d+))?")
@@ -98,8 +101,11 @@ class TileLangConfig:
         if m is None:
             raise ValueError(f"{name!r} is not a TileLang config name (<type>-BM<m>_BN<n>_BK<k>_S<stages>_T<threads>"
                              f"_SK<split>[_BS][_AS][_SW<panel>][_MB<ctas>], type one of {', '.join(KERNEL_TYPES)})")
-        return cls(m["kt"], int(m["bm"]), int(m["bn"]), int(m["bk"]), int(m["st"]), int(m["th"]), int(m["sk"]),
-                   True, m["bs"] is not None, m["as"] is not None, int(m["sw"] or 0), int(m["mb"] or 1))
+        n = {k: parse_int(m[k] or default, signed=False)  # the optional _SW and _MB: 0 and 1 when absent
+             for k, default in (("bm", ""), ("bn", ""), ("bk", ""), ("st", ""), ("th", ""), ("sk", ""),
+                                ("sw", "0"), ("mb", "1"))}
+        return cls(m["kt"], n["bm"], n["bn"], n["bk"], n["st"], n["th"], n["sk"], True, m["bs"] is not None,
+                   m["as"] is not None, n["sw"], n["mb"])
 
     def to_json(self) -> dict[str, Any]:
         """The config as SGLang's JSON value holds it (plus ``libtype`` and, when set, ``swizzle`` and
@@ -123,7 +129,8 @@ class TileLangConfig:
         if entry.get("libtype", cls.libtype) != cls.libtype:
             raise ValueError(f"libtype {entry['libtype']!r} is not {cls.libtype!r}")
         try:
-            kwargs = {f.name: entry[f.name] for f in fields(cls) if f.name in entry}
+            kwargs = {f.name: json_int(f.name, entry[f.name]) if f.type in (int, "int") else entry[f.name]
+                      for f in fields(cls) if f.name in entry}
             return cls(**kwargs)
         except TypeError as exc:
             raise ValueError(f"TileLang config {entry!r}: {exc}") from None
@@ -230,15 +237,16 @@ class TileLangConfig:
         return None
 
     def _pipeline_problem(self, min_stages: int) -> str | None:
-        """The rule every type shares: ``min_stages``..16 stages, shared memory within the SM's, swizzle >= 0."""
+        """The rule every type shares: ``min_stages``..16 stages, shared memory within the SM's, swizzle in
+        0..:data:`MAX_SWIZZLE`."""
         if not min_stages <= self.num_stages <= 16:
             return f"num_stages={self.num_stages} must be {min_stages}..16"
         have = min(_SMEM_BYTES, _SM_SMEM_BYTES // self.min_blocks - 3 * 1024)
         if self.smem_bytes() > have:
             return (f"needs {self.smem_bytes()} bytes of shared memory, more than {have} "
                     f"({self.min_blocks} CTA(s) an SM)")
-        if self.swizzle < 0:
-            return f"swizzle={self.swizzle} must be >= 0"
+        if not 0 <= self.swizzle <= MAX_SWIZZLE:
+            return f"swizzle={self.swizzle} must be in 0..{MAX_SWIZZLE}"
         return None
 
     def smem_bytes(self) -> int:

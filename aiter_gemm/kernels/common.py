@@ -15,6 +15,21 @@ import triton.language as tl
 # every kernel upcasts its dot operands to float32 when this is set.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
 
+# Bounds every Triton config here is checked against where it is parsed (its class's validity check, so a kernelName
+# or JSON entry past them is malformed, a miss, rather than a kernel that fails to compile on every call; issue 47).
+# Shared memory and registers depend on the arch and are the backends' ``config_error``'s to judge.
+#: Rows of tiles per L2 group: :func:`tile_coords` multiplies it by the tiles along N in int32.
+MAX_GROUP_SIZE_M = 1024
+#: K splits: one program per split along a grid axis, one unrolled load per split in :func:`splitk_reduce`.
+MAX_KSPLIT = 256
+#: Software-pipeline stages.
+MAX_STAGES = 8
+#: Elements of one operand tile (a block of A or of B): Triton compiles no larger tensor.
+MAX_TILE_NUMEL = tl.TRITON_MAX_TENSOR_NUMEL
+#: Elements of one float32 accumulator tile: 256x256 (AITER's largest) and 1024x64 tiles compiled on the H200, a
+#: 1024x1024 one did not finish compiling in minutes.
+MAX_ACC_NUMEL = 256 * 256
+
 
 @triton.jit
 def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):

@@ -29,7 +29,20 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.common import INTERPRET, bias_agnostic, bias_stride_of, splitk_reduce, tile_coords, tma_usable
+from aiter_gemm.configs import parse_int
+from aiter_gemm.kernels.common import (
+    INTERPRET,
+    MAX_ACC_NUMEL,
+    MAX_GROUP_SIZE_M,
+    MAX_KSPLIT,
+    MAX_STAGES,
+    MAX_TILE_NUMEL,
+    bias_agnostic,
+    bias_stride_of,
+    splitk_reduce,
+    tile_coords,
+    tma_usable,
+)
 
 __all__ = ["INTERPRET", "SUPPORTED_DTYPES", "SUPPORTED_OTYPES", "GemmConfig", "check_operands", "default_config",
            "gemm_a16w16", "gemm_a16w16_ref", "launch_gemm_a16w16", "splitk_reduce", "tma_available", "tma_usable"]
@@ -61,14 +74,23 @@ class GemmConfig:
     SPECIALIZE: bool = False
 
     def __post_init__(self) -> None:
+        """The config's ranges, on any shape (shared memory and split sizes: the backend's ``config_error``)."""
         for field in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
             v = getattr(self, field)
             if v < 16 or v & (v - 1):  # tl.dot needs every dimension >= 16; Triton blocks are powers of two
                 raise ValueError(f"{field}={v} must be a power of two >= 16")
+        bm, bn, bk = self.BLOCK_SIZE_M, self.BLOCK_SIZE_N, self.BLOCK_SIZE_K
+        if max(bm, bn) * bk > MAX_TILE_NUMEL:
+            raise ValueError(f"operand tiles of {bm}x{bk} and {bn}x{bk}: Triton compiles none above {MAX_TILE_NUMEL} "
+                             "elements")
+        if bm * bn > MAX_ACC_NUMEL:
+            raise ValueError(f"a {bm}x{bn} accumulator tile is above {MAX_ACC_NUMEL} elements")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
-        if self.GROUP_SIZE_M < 1 or self.NUM_KSPLIT < 1 or self.num_stages < 1:
-            raise ValueError(f"GROUP_SIZE_M, NUM_KSPLIT and num_stages must be >= 1 in {self!r}")
+        for field, most in (("GROUP_SIZE_M", MAX_GROUP_SIZE_M), ("NUM_KSPLIT", MAX_KSPLIT),
+                            ("num_stages", MAX_STAGES)):
+            if not 1 <= getattr(self, field) <= most:
+                raise ValueError(f"{field}={getattr(self, field)} must be in 1..{most}")
         if self.TMA_PERSISTENT and self.NUM_KSPLIT != 1:
             raise ValueError("the TMA persistent variant does not split K (NUM_KSPLIT must be 1)")
         if self.FLATTEN and not self.TMA_PERSISTENT:
@@ -90,9 +112,9 @@ class GemmConfig:
         if m is None:
             raise ValueError(f"triton kernelName {name!r} does not match 'BM<m>_BN<n>_BK<k>_GM<g>_SK<s>_W<w>_S<st>"
                              "[_TMA|_TMAF|_SP]' (e.g. 'BM128_BN128_BK64_GM8_SK1_W8_S3')")
-        bm, bn, bk, gm, sk, w, st, sfx = m.groups()
-        return cls(int(bm), int(bn), int(bk), int(gm), int(sk), int(w), int(st), sfx in ("_TMA", "_TMAF"),
-                   sfx == "_TMAF", sfx == "_SP")
+        *values, sfx = m.groups()
+        return cls(*(parse_int(v, signed=False) for v in values), sfx in ("_TMA", "_TMAF"), sfx == "_TMAF",
+                   sfx == "_SP")
 
     def smem_bytes(self, itemsize: int = 2) -> int:
         """Shared memory the software pipeline needs: ``num_stages`` buffers of an A and a B tile."""

@@ -45,7 +45,16 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.common import INTERPRET, bias_agnostic, bias_stride_of, splitk_reduce
+from aiter_gemm.configs import parse_int
+from aiter_gemm.kernels.common import (
+    INTERPRET,
+    MAX_KSPLIT,
+    MAX_STAGES,
+    MAX_TILE_NUMEL,
+    bias_agnostic,
+    bias_stride_of,
+    splitk_reduce,
+)
 from aiter_gemm.kernels.gemm_a16w16 import check_operands
 
 try:  # Hopper's grid dependency control (Triton >= 3.3); the interpreter has none
@@ -145,11 +154,15 @@ class SkinnyConfig:
             v = getattr(self, field)
             if v < (16 if var.use_dot else 1) or v & (v - 1):
                 raise ValueError(f"{field}={v} must be a power of two (>= 16 for the dot variants)")
-        if var.splits_k != (self.NUM_KSPLIT > 1):
-            raise ValueError(f"variant {var.name} needs NUM_KSPLIT {'> 1' if var.splits_k else '== 1'}, "
-                             f"got {self.NUM_KSPLIT}")
-        if self.num_warps not in (1, 2, 4, 8, 16, 32) or self.num_stages < 1:
-            raise ValueError(f"bad num_warps/num_stages in {self!r}")
+        if self.BLOCK_SIZE_N * self.BLOCK_SIZE_K > MAX_TILE_NUMEL:  # the weight tile every variant loads
+            raise ValueError(f"a {self.BLOCK_SIZE_N}x{self.BLOCK_SIZE_K} weight tile: Triton compiles no tensor "
+                             f"above {MAX_TILE_NUMEL} elements")
+        if var.splits_k != (self.NUM_KSPLIT > 1) or self.NUM_KSPLIT > MAX_KSPLIT:
+            raise ValueError(f"variant {var.name} needs NUM_KSPLIT {f'in 2..{MAX_KSPLIT}' if var.splits_k else '== 1'}"
+                             f", got {self.NUM_KSPLIT}")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32) or not 1 <= self.num_stages <= MAX_STAGES:
+            raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16, 32 and num_stages="
+                             f"{self.num_stages} in 1..{MAX_STAGES}")
         if self.specialize and var.gemv:
             raise ValueError(f"variant {var.name} is always shape-specialised: drop _SP")
         if self.pdl not in (0, 1, 2):
@@ -177,8 +190,8 @@ class SkinnyConfig:
             raise ValueError(f"skinny kernelName {name!r} does not match '<variant>_BN<n>_BK<k>_SK<s>_W<w>_S<st>"
                              f"[_EF][_SP][_PDL|_PDLW]' with variant one of {sorted(by_name)} "
                              "(e.g. 'fma_BN16_BK512_SK1_W4_S1')")
-        var, bn, bk, sk, w, st, ef, sp, pdl = m.groups()
-        return cls(by_name[var], int(bn), int(bk), int(sk), int(w), int(st), ef is not None, sp is not None,
+        var, *values, ef, sp, pdl = m.groups()
+        return cls(by_name[var], *(parse_int(v, signed=False) for v in values), ef is not None, sp is not None,
                    {None: 0, "_PDL": 1, "_PDLW": 2}[pdl])
 
     def acc_regs_per_thread(self, M: int) -> int:

@@ -12,8 +12,9 @@ decided once per shape, in the dispatcher's order (docs/design.md):
    kernel, ``kernelName`` is :attr:`BlockscaleConfig.name` (e.g. ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3``,
    then optionally ``_NS2``, ``_TMA``, ``_WS``) and ``splitK`` must equal its split count (0 or 1 when unsplit);
    ``libtype`` ``torch``: ``kernelName`` ``scaled_mm_blockwise``. ``kernelId`` is the candidate's index in the
-   tuner's listing (informational). A malformed row raises :class:`ConfigError` naming file, line and column; a
-   well-formed choice that cannot run the shape here (or torch's where this torch/GPU lacks it) is a miss (warned).
+   tuner's listing (informational). A malformed row (its :class:`ConfigError` names file, line and column) and a
+   well-formed choice that cannot run the shape here (or torch's where this torch/GPU lacks it) are misses (warned
+   once).
 2. the per-device JSON ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``, searched in the folders of
    ``AITER_GEMM_TRITON_CONFIGS`` (colon-separated) and then the shipped ``configs/triton/``. Its keys are M buckets
    (:mod:`aiter_gemm.jsonconfigs`: ``M_LEQ_<n>``, ``small_M`` / ``medium_M`` / ``large_M`` = M <= 256 / 2048 / any,

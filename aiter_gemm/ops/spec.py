@@ -53,7 +53,7 @@ class JsonLevel:
             label="JSON config", folders=lambda settings: settings.triton_config_dirs,
             file_name=lambda device, N, K: f"{device.gfx}-{family}-N={N}-K={K}.json",
             glob=lambda device: f"{glob.escape(device.gfx)}-{family}-N=*-K=*.json",
-            nk=re.compile(r".*-N=(\d+)-K=(\d+)\.json"),
+            nk=re.compile(r".*-N=([0-9]+)-K=([0-9]+)\.json"),
             read=partial(jsonconfigs.read_buckets, parse_entry=self.parse, named=self.buckets))
 
     @property

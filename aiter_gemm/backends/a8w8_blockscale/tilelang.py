@@ -77,13 +77,17 @@ class BlockscaleTileLangBackend(Backend):
     def precompile(self, jobs: list[tuple[GemmProblem, Solution]]) -> dict[str, str]:
         """Compile every (problem, solution) job's kernels in parallel into TileLang's disk cache before they are
         timed or served (:func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.precompile`); kernelName -> why, for
-        those that failed."""
-        want = {}
+        those that failed (a name no config has among them: an SGLang entry these kernels cannot run)."""
+        want, unbuilt = {}, {}
         for problem, sol in jobs:
-            cfg = TileLangConfig.from_name(sol.kernelName)
+            try:
+                cfg = TileLangConfig.from_name(sol.kernelName)
+            except ValueError as exc:
+                unbuilt[sol.kernelName] = str(exc)
+                continue
             want[(problem.N, problem.K, cfg, problem.otype)] = sol.kernelName
-        failed = tl_impl.precompile(list(want))
-        return {want[job]: why for job, why in failed.items()}
+        failed = tl_impl.precompile(list(want)) if want else {}
+        return unbuilt | {want[job]: why for job, why in failed.items()}
 
 
 BACKEND = BlockscaleTileLangBackend()
