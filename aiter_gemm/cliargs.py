@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from aiter_gemm.configs import parse_int
 from aiter_gemm.fileio import file_problem
 
 
@@ -27,8 +28,8 @@ def _number(convert: Callable[[str], float], ok: Callable[[float], bool], what: 
     return parse
 
 
-positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+positive_int = _number(parse_int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _number(parse_int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = _number(float, lambda v: v >= 0 and math.isfinite(v), "a number >= 0")
 positive_float = _number(float, lambda v: v > 0 and math.isfinite(v), "a number > 0")
 fraction = _number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
@@ -44,9 +45,9 @@ def existing_file(text: str) -> str:
 
 
 def int_list(text: str) -> list[int]:
-    """Comma- or space-separated integers."""
+    """Comma- or space-separated integers (ASCII digits: :func:`aiter_gemm.configs.parse_int`)."""
     try:
-        return [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
+        return [parse_int(x.strip()) for x in text.replace(" ", ",").split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 

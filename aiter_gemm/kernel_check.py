@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.configs import parse_int, parse_size
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.fileio import atomic_write_text, write_error
@@ -93,9 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _shape(text: str) -> tuple[int, int, int]:
     parts = text.split(",")
-    if len(parts) != 3 or not all(re.fullmatch(r"\s*[1-9]\d*\s*", p) for p in parts):
-        raise UsageError(f"--shape {text!r}: must be M,N,K, three positive integers")
-    M, N, K = (int(p) for p in parts)
+    try:
+        M, N, K = (parse_size(p.strip()) for p in parts)
+    except ValueError:
+        raise UsageError(f"--shape {text!r}: must be M,N,K, three positive integers") from None
     return M, N, K
 
 
@@ -174,11 +176,15 @@ def resolve_solution(op: str, libtype: str, backend: Any, problem: GemmProblem, 
             raise UsageError(f"--config {text!r}: {exc}") from None
         return _same_libtype(sol, libtype, text)
     listed = list(backend.candidates(problem, identity))
-    if re.fullmatch(r"-?\d+", text):
-        sol = Solution(libtype, int(text))
+    try:
+        solidx = parse_int(text)
+    except ValueError:
+        solidx = None
+    if solidx is not None:
+        sol = Solution(libtype, solidx)
         if backend.why_not(problem, sol, identity) is None:
             return sol
-        return next((s for s in listed if s.solidx == int(text)), sol)  # e.g. a cuBLASLt algorithm id
+        return next((s for s in listed if s.solidx == solidx), sol)  # e.g. a cuBLASLt algorithm id
     return next((s for s in listed if s.kernelName == text), Solution(libtype, -1, 0, text))
 
 

@@ -302,3 +302,10 @@ def test_gpu_tilelang_verify_and_bench(runtime, capsys):
                        "--config", "splitK_swapAB-BM64_BN16_BK128_S4_T128_SK4", "--verify", "--bench")
     assert rc == 0, err
     assert out.splitlines(keepends=True)[0] == PASS and BENCH.fullmatch(out.splitlines(keepends=True)[1])
+
+
+@pytest.mark.parametrize("shape", ["5,4_8,64", "5,\u0664\u0668,64", "5,48", "5,48,64,1", "+5,48,64"])
+def test_shape_integers_are_ascii_digits(runtime, capsys, shape):
+    """Issue 47: ``int()`` read ``4_8`` as 48 and Arabic-Indic digits as digits; --shape takes ASCII digits only."""
+    rc, out, err = run(capsys, "--op", "a16w16", "--libtype", "torch", "--shape", shape, "--verify")
+    assert (rc, out) == (2, "") and "--shape" in err and "three positive integers" in err, err

@@ -251,3 +251,15 @@ def test_hf_decode_table_names_each_statistic_when_medians_and_speedup_disagree(
     assert named["speedup: median per-round ratio [min-max]"] == "1.053 [0.778-1.054]"
     assert named["ratio of medians"] == "0.984"
     assert legend == TABLE_LEGEND and "adjacent timings" in legend
+
+
+@pytest.mark.parametrize("text", ["1_6", "\u0661\u0666", "16,+"])
+def test_integer_flags_take_ascii_digits(text):
+    """Issue 47: the programs' integer flags (``int()``) read ``1_6`` as 16 and other scripts' digits as digits."""
+    import argparse
+
+    from aiter_gemm import cliargs
+
+    for parse in (cliargs.positive_int, cliargs.positive_int_list):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
