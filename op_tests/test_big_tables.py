@@ -1,9 +1,11 @@
 """Big config files (issue 47, item 8). A tuned CSV is checked whole at load (a bad row anywhere makes the file
 unusable, as before) but its rows are built only when a lookup or an iteration first returns them; every merge rule
-holds on tables of thousands of generated rows."""
+holds on tables of thousands of generated rows. An SGLang TileLang file of thousands of M keys checks each distinct
+entry once, with the strict reader's errors."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -12,8 +14,10 @@ import re
 import pytest
 import torch
 
-from aiter_gemm import configs
+from aiter_gemm import configs, sglang_tilelang
 from aiter_gemm.configs import BF16_TUNED_COLUMNS, ConfigError, device_key, load_table
+from aiter_gemm.jsonconfigs import JSONConfigError, select_bucket
+from op_tests.test_sglang_tilelang import H20_NAME, H20_RAW, sglang_pick
 
 H100 = "NVIDIA H100 80GB HBM3"
 BOOLS = {True: ("True", "1", "true"), False: ("False", "0", "false")}
@@ -168,3 +172,103 @@ def test_a_dropped_row_is_not_checked_past_its_time(tmp_path):
     assert all(r.line != 1500 for r in load_table("GEMM_BF16", [path]))
     with pytest.raises(ConfigError, match="column 'M'"):
         load_table("GEMM_BF16", [_big_with(tmp_path, 1500, "M", "x", us="-1")])
+
+
+# ------------------------------------------------------------------------------------------------ SGLang's files
+
+
+def _sglang_file(tmp_path, n: int, bad: tuple[str, object] | None = None, raw: str | None = None) -> str:
+    """An SGLang file of M = 1..n, entries cycling through the H20 file's (own latencies); ``bad`` sets one key of
+    the entry of M = n // 2, ``raw`` replaces that entry's JSON text."""
+    rnd = random.Random(5)
+    refs = list(H20_RAW.values())
+    data = {}
+    for m in range(1, n + 1):
+        entry = dict(refs[m % len(refs)], latency_ms=rnd.uniform(0.01, 2), tflops=rnd.uniform(1, 500))
+        if bad is not None and m == n // 2:
+            entry[bad[0]] = bad[1]
+        data[str(m)] = entry
+    text = json.dumps(data, indent=4)
+    if raw is not None:
+        text = text.replace(f'"{n // 2}": ' + json.dumps(data[str(n // 2)], indent=4).replace("\n", "\n    "),
+                            f'"{n // 2}": {raw}', 1)
+        assert raw in text
+    path = tmp_path / H20_NAME
+    path.write_text(text)
+    return str(path)
+
+
+def _checked_path(monkeypatch):
+    """read_file without its fast path: the strict reader entry by entry."""
+    monkeypatch.setattr(sglang_tilelang, "_plainly_valid", lambda path: None)
+
+
+def test_a_big_sglang_file_checks_each_distinct_entry_once(tmp_path, monkeypatch):
+    path = _sglang_file(tmp_path, 3000)
+    calls = []
+    real = sglang_tilelang.entry_solution
+    monkeypatch.setattr(sglang_tilelang, "entry_solution", lambda entry: calls.append(1) or real(entry))
+    buckets = sglang_tilelang.read_file(path)
+    assert 0 < len(calls) <= len({json.dumps(e, sort_keys=True) for e in H20_RAW.values()})
+    keys = [str(m) for m in range(1, 3001)]
+    for M in [1, 2, 3, 1499, 1500, 1501, 2999, 3000, 3001, 10**6]:
+        assert select_bucket(buckets, M)[0] == sglang_pick(keys, M)
+    _checked_path(monkeypatch)
+    assert sglang_tilelang.read_file(path) == buckets
+
+
+@pytest.mark.parametrize("bad,raw,key,why", [
+    (("block_M", True), None, "1500", "block_M must be an integer, got True"),  # True == 1: told apart by type
+    (("block_M", 64.0), None, "1500", "block_M must be an integer, got 64.0"),
+    (("num_stages", [2]), None, "1500", "num_stages must be an integer"),
+    (("a_scale_shm", 1), None, "1500", "a_scale_shm must be true or false"),
+    (("latency_ms", True), None, "1500", "latency_ms must be a number"),
+    (("tile", 3), None, "1500", "unknown keys ['tile']"),
+    (None, '{"kernel_type": "base", "kernel_type": "base"}', "kernel_type", "written twice"),
+    (("block_M", {"a": 1}), None, "1500", "block_M must be an integer, got {'a': 1}"),
+    (None, "7", "1500", "must be an object"),
+])
+def test_one_bad_entry_in_a_big_sglang_file_is_found(tmp_path, bad, raw, key, why):
+    path = _sglang_file(tmp_path, 3000, bad=bad, raw=raw)
+    with pytest.raises(JSONConfigError, match=re.escape(why)) as err:
+        sglang_tilelang.read_file(path)
+    assert f"key {key!r}" in str(err.value) and path in str(err.value)
+
+
+def test_a_repeated_m_key_in_a_big_sglang_file_is_found(tmp_path):
+    path = _sglang_file(tmp_path, 3000)
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write(text.replace('"1500": {', '"1499": {', 1))
+    with pytest.raises(JSONConfigError, match="key '1499'.*written twice"):
+        sglang_tilelang.read_file(path)
+
+
+def test_a_big_sglang_file_with_a_colon_in_a_string_reads_as_checked(tmp_path, monkeypatch):
+    """The fast path counts ``:`` to rule out repeated keys; a ``:`` inside a string sends it to the checked path."""
+    path = _sglang_file(tmp_path, 500, bad=("kernel_type", "base:v2"))
+    buckets = sglang_tilelang.read_file(path)
+    assert dict((k, s) for _, k, s in buckets)["250"].kernelName.startswith("base:v2")
+    _checked_path(monkeypatch)
+    assert sglang_tilelang.read_file(path) == buckets
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_reading_an_sglang_file_leaves_the_collector_as_it_was(tmp_path, enabled):
+    """The fast path pauses the cyclic collector while it builds the file's objects; it is as it was after, whether
+    the file reads or raises."""
+    import gc
+
+    good = _sglang_file(tmp_path, 50)
+    (tmp_path / "bad").mkdir()
+    bad = _sglang_file(tmp_path / "bad", 50, bad=("block_M", True))
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        sglang_tilelang.read_file(good)
+        assert gc.isenabled() == enabled
+        with pytest.raises(JSONConfigError):
+            sglang_tilelang.read_file(bad)
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
