@@ -1,4 +1,5 @@
-"""Tuned and untuned CSV configs: parsed once into typed rows, merged from several files, indexed by key.
+"""Tuned and untuned CSV configs: checked whole at load, merged from several files, indexed by key; a row becomes a
+typed :class:`TunedRow` when a lookup first returns it (a table of many models' rows costs little until used).
 
 Merge rules (docs/configs.md): the key is a kind's untuned columns plus ``gfx`` and ``cu_num``; on a duplicate
 key the row with the lowest positive ``us`` wins and ties go to the earlier path; a row with ``us = 0`` is hand-set
@@ -10,14 +11,16 @@ empty or header-only file is valid; unknown columns are kept; a file without ``g
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import getitem, itemgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -262,30 +265,40 @@ def typed_fields(spec: TableSpec, fields: Mapping[str, str], key: tuple, values:
 
 
 class ConfigTable:
-    """An immutable merged index ``(gfx, cu_num, device_name, key) -> TunedRow`` of one config kind."""
+    """An immutable merged index of one config kind's rows: ``(*key, cu_num, gfx, device_name) -> TunedRow``. Rows
+    read from files are held as handles (an int) and built into a :class:`TunedRow` by ``build`` when a lookup or an
+    iteration first returns them (then kept): a table of many models' rows costs little until its rows are used."""
 
-    def __init__(self, spec: TableSpec, rows: Mapping[tuple, TunedRow], sources: Sequence[str]) -> None:
+    def __init__(self, spec: TableSpec, rows: Mapping[tuple, TunedRow | int], sources: Sequence[str],
+                 build: Callable[[int], TunedRow] | None = None) -> None:
         self.spec = spec
-        self._rows = MappingProxyType(dict(rows))
-        self._named = any(k[2] is not None for k in self._rows)  # device-exact rows: one more probe per lookup
+        self._rows: dict[tuple, TunedRow | int] = rows if isinstance(rows, dict) else dict(rows)  # a dict: taken over
+        self._build = build
+        self._named = any(k[-1] is not None for k in self._rows)  # device-exact rows: one more probe per lookup
         self.sources = tuple(sources)
+
+    def _get(self, k: tuple) -> TunedRow | None:
+        row = self._rows.get(k)
+        if row.__class__ is int:  # every row was checked at load: building it cannot fail
+            row = self._rows[k] = self._build(row)
+        return row
 
     def lookup(self, gfx: str, cu_num: int, key: tuple, device_name: str | None = None) -> TunedRow | None:
         """The row for ``key`` on this device: a row naming this ``device_name`` first (it serves only that
         device), then one naming none; within each, an arch-specific row before one from a file without ``gfx``."""
-        rows = self._rows
+        get = self._get
         name = device_key(device_name)
         if name is not None and self._named:
-            row = rows.get((gfx, cu_num, name, key)) or rows.get((None, cu_num, name, key))
+            row = get((*key, cu_num, gfx, name)) or get((*key, cu_num, None, name))
             if row is not None:
                 return row
-        return rows.get((gfx, cu_num, None, key)) or rows.get((None, cu_num, None, key))
+        return get((*key, cu_num, gfx, None)) or get((*key, cu_num, None, None))
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def __iter__(self):
-        return iter(self._rows.values())
+    def __iter__(self) -> Iterator[TunedRow]:
+        return map(self._get, list(self._rows))
 
 
 def _cell(row: list[str], idx: dict[str, int], name: str) -> str | None:
@@ -307,68 +320,201 @@ def parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool
         raise ConfigError(path, line, col.name, f"bad value {shown(text)}: {exc}") from None
 
 
+def _lines(path: str) -> list[str]:
+    """The physical lines of a text file (endings kept, split as ``csv`` reads them); ConfigError for bytes that are
+    not UTF-8."""
+    return list(io.StringIO(read_text(path)[0], newline=""))
+
+
+def _records(path: str, lines: Iterable[str]) -> Iterator[tuple[int, int, list[str]]]:
+    """(first line, last line, cells) of each non-blank CSV record of ``lines``, the header (cells stripped; a BOM is
+    not part of it) first; ConfigError naming the line for duplicate column names or a row whose field count is not
+    the header's."""
+    reader = csv.reader(lines)
+    width = None
+    end = 0
+    for rec in csv_records(path, reader):
+        start, end = end + 1, reader.line_num
+        if not rec or (not rec[0].strip() and not "".join(rec).strip()):
+            continue
+        if width is None:
+            rec = [c.strip() for c in rec]
+            if len(set(rec)) != len(rec):
+                raise ConfigError(path, end, None, f"duplicate column names in header {rec}")
+            width = len(rec)
+        elif len(rec) != width:
+            raise ConfigError(path, end, None, f"wrong field count: {len(rec)} fields for {width} columns")
+        yield start, end, rec
+
+
 def _read(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header (stripped; a BOM is not part of it) and non-blank data rows with their 1-based line numbers; errors on
-    a ragged row or bytes that are not UTF-8."""
-    text, _ = read_text(path)
-    with io.StringIO(text, newline="") as f:
-        reader = csv.reader(f)
-        header: list[str] = []
-        rows: list[tuple[int, list[str]]] = []
-        for rec in csv_records(path, reader):
-            if not rec or all(not c.strip() for c in rec):
-                continue
-            if not header:
-                header = [c.strip() for c in rec]
-                if len(set(header)) != len(header):
-                    raise ConfigError(path, reader.line_num, None, f"duplicate column names in header {header}")
-                continue
-            if len(rec) != len(header):
-                raise ConfigError(path, reader.line_num, None,
-                                  f"wrong field count: {len(rec)} fields for {len(header)} columns")
-            rows.append((reader.line_num, rec))
-    return header, rows
+    """Header and non-blank data rows with their 1-based (last) line numbers (:func:`_records`)."""
+    records = _records(path, _lines(path))
+    first = next(records, None)
+    return ([], []) if first is None else (first[2], [(line, rec) for _, line, rec in records])
 
 
-def _parse_tuned_file(spec: TableSpec, path: str) -> Iterable[TunedRow]:
-    header, data = _read(path)
-    if not header:
-        return  # an empty file is valid
-    idx = {name: i for i, name in enumerate(header)}
+def _time(spec: TableSpec, path: str, line: int, rec: list[str], idx: dict[str, int]) -> float:
+    text = _cell(rec, idx, spec.time_column)
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise ConfigError(path, line, spec.time_column, f"bad value {shown(text)}: not a number") from None
+
+
+class _TunedFile:
+    """One tuned CSV as :func:`_scan` read it: its lines (kept, so that building a row reads no file) and header.
+    :meth:`row` builds the :class:`TunedRow` of a line, with the same parsers the scan checked it with."""
+
+    __slots__ = ("spec", "path", "lines", "idx", "starts")
+
+    def __init__(self, spec: TableSpec, path: str, lines: list[str], idx: dict[str, int]) -> None:
+        self.spec, self.path, self.lines, self.idx = spec, path, lines, idx
+        self.starts: dict[int, int] = {}  # last line -> first line, for records spanning lines (quoted newlines)
+
+    def record(self, line: int) -> list[str]:
+        return next(csv.reader(self.lines[self.starts.get(line, line) - 1:line]))
+
+    def us(self, line: int) -> float:
+        return _time(self.spec, self.path, line, self.record(line), self.idx)
+
+    def row(self, line: int) -> TunedRow:
+        spec, path, idx = self.spec, self.path, self.idx
+        rec = self.record(line)
+        key = tuple(parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
+        cu_num = parse_cell(path, line, _CU_NUM, _cell(rec, idx, "cu_num"))
+        us = _time(spec, path, line, rec, idx)
+        values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
+        fields = {name: rec[i].strip() for name, i in idx.items()}
+        return TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
+                        MappingProxyType(fields), path, line,
+                        MappingProxyType(typed_fields(spec, fields, key, values, cu_num, us)),
+                        device_key(fields.get(DEVICE_NAME_COLUMN)))
+
+
+_CU_NUM = Column("cu_num", parse_int)
+#: How :func:`_scan` reads the merge key's ``gfx`` and ``device_name`` cells, as :meth:`_TunedFile.row` does.
+_GFX = Column("gfx", parse_str, optional=True)
+_DEVICE = Column(DEVICE_NAME_COLUMN, device_key, optional=True)
+
+
+class _Parsed(dict):
+    """One column's cells as :func:`parse_cell` types them: raw text -> value, each text parsed once (the same texts
+    repeat down a file). A text that does not parse raises ConfigError without its place (nothing is kept):
+    :func:`_checked` says where."""
+
+    def __init__(self, col: Column, strict: bool) -> None:
+        super().__init__()
+        self.col, self.strict = col, strict
+
+    def __missing__(self, raw: str) -> Any:
+        value = self[raw] = parse_cell("", 0, self.col, raw.strip(), self.strict)
+        return value
+
+
+def _picker(idx: dict[str, int], memos: list[_Parsed]) -> Callable[[list[str]], tuple]:
+    """A function typing the cells ``memos`` name (by their column) of a row, in order."""
+    at = [idx[m.col.name] for m in memos]
+    cells = itemgetter(*at) if len(at) > 1 else lambda rec: tuple(rec[i] for i in at)
+    return lambda rec: tuple(map(getitem, memos, cells(rec)))
+
+
+def _checked(path: str, line: int, rec: list[str], idx: dict[str, int], memos: list[_Parsed]) -> tuple:
+    """The typed cells ``memos`` name, parsed one by one: ConfigError naming file, line and column on the first bad
+    one."""
+    return tuple(memo[rec[idx[memo.col.name]]] if rec[idx[memo.col.name]] in memo else
+                 parse_cell(path, line, memo.col, rec[idx[memo.col.name]].strip(), memo.strict) for memo in memos)
+
+
+def _scan(spec: TableSpec, path: str) -> tuple[_TunedFile | None, dict[tuple, int]]:
+    """Check every row of a tuned CSV as building it would (ConfigError naming file, line and column; rows with an
+    unusable time dropped with a warning) and index the rest: merge key (:class:`ConfigTable`'s) -> line, a
+    duplicate key's row chosen by :func:`merge_rank` (a tie keeps the earlier line). Each column parses a text once
+    (:class:`_Parsed`); no :class:`TunedRow` is built here. (None, {}) for an empty file."""
+    lines = _lines(path)
+    records = _records(path, lines)
+    first = next(records, None)
+    if first is None:
+        return None, {}  # an empty file is valid
+    idx = {name: i for i, name in enumerate(first[2])}
     # Tuned rows need every key column (defaults are for untuned shape lists only); value columns may default.
     must = [c.name for c in spec.key] + [c.name for c in spec.values if c.default is None and not c.optional]
     must += ["cu_num", spec.time_column]
     for name in must:
         if name not in idx:
             raise ConfigError(path, 1, name, "missing required column")
-    cu_col = Column("cu_num", parse_int)
-    m_pos = next((i for i, c in enumerate(spec.key) if c.name == "M"), None)
+    file = _TunedFile(spec, path, lines, idx)
+    # Cells read before the time (the key, cu_num, gfx, device_name: the merge key; the last two cannot fail) and
+    # after it (the values, of rows kept only), in building order; a value column the file lacks takes its default
+    # or None. A gfx or device_name column the file lacks reads as an empty cell appended to each row.
+    at = {"gfx": len(idx), DEVICE_NAME_COLUMN: len(idx), **idx}
+    head = [_Parsed(c, True) for c in spec.key] + [_Parsed(c, False) for c in (_CU_NUM, _GFX, _DEVICE)]
+    tail = [_Parsed(c, False) for c in spec.values if c.name in idx]
+    head_of, tail_of = _picker(at, head), _picker(at, tail)
+    m_at = next((i for i, c in enumerate(spec.key) if c.name == "M"), None)
+    pad_at = next((j for j, memo in enumerate(tail) if memo.col.name == "pad_m_min"), None)
+    check_pad = pad_at is not None and m_at is not None
+    time_i, inf = idx[spec.time_column], math.inf
+    rows: dict[tuple, int] = {}
     dropped: list[int] = []
-    for line, rec in data:
-        key = tuple(parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
-        cu_num = parse_cell(path, line, cu_col, _cell(rec, idx, "cu_num"))
-        us_text = _cell(rec, idx, spec.time_column)
+    for start, line, rec in records:
+        rec.append("")
         try:
-            us = parse_time(us_text)
+            key = head_of(rec)
+        except ConfigError:
+            key = _checked(path, line, rec, at, head)
+        text = rec[time_i]
+        try:  # as parse_time reads it (float strips blanks too; no "_" or other scripts' digits), else _time says why
+            us = float(text) if text.isascii() and "_" not in text else _time(spec, path, line, rec, idx)
         except ValueError:
-            raise ConfigError(path, line, spec.time_column, f"bad value {shown(us_text)}: not a number") from None
-        if merge_rank(us) is None:
+            us = _time(spec, path, line, rec, idx)
+        rank = us if 0 < us < inf else merge_rank(us)
+        if rank is None:
             dropped.append(line)
             continue
-        values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
-        pad = values.get("pad_m_min")
-        if pad is not None and m_pos is not None and pad > key[m_pos]:
-            raise ConfigError(path, line, "pad_m_min", f"{pad} is above the row's M={key[m_pos]}: the checked range "
-                              "is pad_m_min..M")
-        fields = {name: rec[i].strip() for name, i in idx.items()}
-        yield TunedRow(key, fields.get("gfx") or None, cu_num, us, MappingProxyType(values),
-                       MappingProxyType(fields), path, line,
-                       MappingProxyType(typed_fields(spec, fields, key, values, cu_num, us)),
-                       device_key(fields.get(DEVICE_NAME_COLUMN)))
+        try:
+            values = tail_of(rec)
+        except ConfigError:
+            values = _checked(path, line, rec, at, tail)
+        if check_pad and values[pad_at] is not None and values[pad_at] > key[m_at]:
+            raise ConfigError(path, line, "pad_m_min", f"{values[pad_at]} is above the row's M={key[m_at]}: "
+                              "the checked range is pad_m_min..M")
+        if start != line:
+            file.starts[line] = start
+        old = rows.setdefault(key, line)
+        if old != line and rank < merge_rank(file.us(old)):
+            rows[key] = line
     if dropped:
         log.warning("%s: dropped %d row(s) whose %r is empty, NaN, infinite or negative (lines %s)",
                     path, len(dropped), spec.time_column, ", ".join(map(str, dropped[:10])) +
                     (" ..." if len(dropped) > 10 else ""))
+    return file, rows
+
+
+class _Files:
+    """The files of one table: a row's handle is its line plus its file's base (the lines of the files before)."""
+
+    def __init__(self) -> None:
+        self.files: list[_TunedFile] = []
+        self.bases: list[int] = []
+
+    def add(self, file: _TunedFile) -> int:
+        base = self.bases[-1] + len(self.files[-1].lines) if self.files else 0
+        self.files.append(file)
+        self.bases.append(base)
+        return base
+
+    def _at(self, handle: int) -> tuple[_TunedFile, int]:
+        i = bisect.bisect_left(self.bases, handle) - 1
+        return self.files[i], handle - self.bases[i]
+
+    def us(self, handle: int) -> float:
+        file, line = self._at(handle)
+        return file.us(line)
+
+    def build(self, handle: int) -> TunedRow:
+        file, line = self._at(handle)
+        return file.row(line)
 
 
 def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = True) -> ConfigTable:
@@ -379,7 +525,8 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = Tru
     the table holds the other files' rows, possibly none (every shape then runs on the default heuristic), so that
     neither the process nor the tuner that would regenerate the file dies of it."""
     spec = SPECS[kind]
-    merged: dict[tuple, TunedRow] = {}
+    merged: dict[tuple, int] = {}
+    files = _Files()
     found: list[str] = []
     for p in map(str, paths):
         problem = file_problem(p)
@@ -387,7 +534,7 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = Tru
             log.warning("aiter_gemm: %s config %s: %s; skipped", kind, p, problem)
             continue
         try:
-            rows = list(_parse_tuned_file(spec, p))
+            file, rows = _scan(spec, p)
         except Exception as exc:  # any failure to read one file is that file's problem, never the process's
             if strict:
                 if isinstance(exc, (ConfigError, OSError)):
@@ -397,17 +544,23 @@ def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = Tru
                         "rows or the default heuristic): %s", kind, p, exc)
             continue
         found.append(p)
-        for row in rows:
-            k = (row.gfx, row.cu_num, row.device_name, row.key)
+        if file is None:
+            continue
+        base = files.add(file)
+        if not merged and base == 0:
+            merged = rows
+            continue
+        for k, line in rows.items():
             old = merged.get(k)
-            if old is None or merge_rank(row.us) < merge_rank(old.us):  # strict: a tie keeps the earlier row
-                merged[k] = row
+            # strict: a tie keeps the earlier file's row
+            if old is None or merge_rank(file.us(line)) < merge_rank(files.us(old)):
+                merged[k] = base + line
     if not found:
         message = f"aiter_gemm: no usable {kind} config file among {list(map(str, paths))}"
         if strict:
             raise FileNotFoundError(message)
         log.warning("%s; every %s shape runs on the default heuristic", message, kind)
-    return ConfigTable(spec, merged, found)
+    return ConfigTable(spec, merged, found, files.build)
 
 
 def typed_key(spec: TableSpec, cells: Mapping[str, str | None], path: str = "<row>", line: int = 0) -> tuple:

@@ -12,8 +12,10 @@ error (bad JSON, unknown key, two keys covering the same range, an entry its par
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -148,10 +150,12 @@ def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
 def select_bucket(buckets: list[tuple[int | None, str, T | None]], M: int) -> tuple[str, T | None] | None:
     """The (key, entry) with the smallest bound >= M (an unbounded one last; entry None: the default serves M);
     None when M exceeds every bound."""
-    for bound, key, entry in buckets:
-        if bound is None or M <= bound:
-            return key, entry
-    return None
+    i = bisect.bisect_left(buckets, M, key=_bound)  # a file of SGLang's may hold 200k buckets
+    return buckets[i][1:] if i < len(buckets) else None
+
+
+def _bound(bucket: tuple[int | None, str, Any]) -> float:
+    return math.inf if bucket[0] is None else bucket[0]
 
 
 def write_buckets(path: str | os.PathLike, buckets: Mapping[str, T | None], to_json: Callable[[T], dict],

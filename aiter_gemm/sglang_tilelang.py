@@ -21,13 +21,14 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.base import Solution
 from aiter_gemm.configs import parse_int
-from aiter_gemm.fileio import update_text
+from aiter_gemm.fileio import gc_paused, read_text, update_text
 from aiter_gemm.jsonconfigs import PARSE_ERRORS, Buckets, JSONConfigError, JSONFiles, load_object
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import SPLIT, SWAPPED, TileLangConfig
@@ -39,6 +40,7 @@ BLOCK_SHAPE = (128, 128)
 _SUFFIX = f",dtype={DTYPE},block_shape=[{BLOCK_SHAPE[0]}, {BLOCK_SHAPE[1]}].json"
 _FILE_RE = re.compile(r"N=([0-9]+),K=([0-9]+),device_name=(.+)" + re.escape(_SUFFIX))
 _M_KEY = re.compile(r"[1-9][0-9]*")
+_SHORT_M_KEY = re.compile(r"[1-9][0-9]{0,17}")  # configs.MAX_DIGITS: a longer key is left to the checks saying why
 #: SGLang's value keys by type (``swizzle``: ours, the L2 panel; SGLang ignores keys it does not read).
 _INTS = ("block_M", "block_N", "block_K", "num_stages", "threads", "split_k", "swizzle")
 _BOOLS = ("c_scale_local", "a_scale_shm", "b_scale_shm")
@@ -96,7 +98,11 @@ def nearest_m_bounds(ms: list[int]) -> dict[int, int | None]:
 
 def read_file(path: str | os.PathLike) -> Buckets:
     """The buckets of one SGLang file: (largest M served or None, the M key, solution), smallest first; strict:
-    JSONConfigError naming the file and key."""
+    JSONConfigError naming the file and key. A file of many M keys is checked once per distinct entry
+    (:func:`_plainly_valid`); one that is not plainly valid is checked key by key here, which says why."""
+    fast = _plainly_valid(path)
+    if fast is not None:
+        return fast
     data = load_object(path, "M values")
     ms: list[int] = []
     solutions: dict[int, Solution] = {}
@@ -113,8 +119,60 @@ def read_file(path: str | os.PathLike) -> Buckets:
         except PARSE_ERRORS as exc:
             raise JSONConfigError(path, key, str(exc) or type(exc).__name__) from None
         ms.append(m)
+    return _buckets(ms, solutions)
+
+
+def _buckets(ms: list[int], solutions: Mapping[int, Solution]) -> Buckets:
     bounds = nearest_m_bounds(ms)
-    return sorted(((bounds[m], str(m), solutions[m]) for m in ms), key=lambda t: (t[0] is None, t[0] or 0))
+    return [(bounds[m], str(m), solutions[m]) for m in sorted(bounds)]  # bounds grow with M: smallest first
+
+
+def _any_float(text: str) -> float:
+    return 0.0
+
+
+def _plainly_valid(path: str | os.PathLike) -> Buckets | None:
+    """:func:`read_file`'s buckets of a file it accepts, read fast (a file of 200k M keys: most of them share a few
+    configs), or None when the file is not plainly valid (then :func:`read_file`'s own checks say why). Only the type
+    of a JSON float matters to an entry (a number, or a wrong type), so every float parses as 0.0 and entries
+    compare equal by their items and types: each distinct entry is checked once. A key written twice is ruled out by
+    counting: with no nested containers, the file's ``:`` count is its key count exactly when no key repeats and no
+    string holds a ``:``."""
+    with gc_paused():  # ~1M objects, no cycle among them: the ~700 collections they would set off free nothing
+        return _plain_buckets(path)
+
+
+def _plain_buckets(path: str | os.PathLike) -> Buckets | None:
+    try:
+        text = read_text(path)[0]
+        data = json.loads(text, parse_float=_any_float)
+    except (ValueError, RecursionError):  # bad JSON or bytes that are not UTF-8 (ConfigError is a ValueError)
+        return None
+    if not isinstance(data, dict) or not data:
+        return None
+    entries = list(data.values())
+    if set(map(type, entries)) != {dict} or not all(map(_SHORT_M_KEY.fullmatch, data)):
+        return None
+    if text.count(":") != len(data) + sum(map(len, entries)):
+        return None
+
+    # Each entry's keys, values and their types (True == 1 and 0.0 == 0: the types tell them apart), in file order.
+    signatures = zip(map(tuple, entries), map(tuple, map(dict.values, entries)),
+                     map(tuple, map(map, repeat(type), map(dict.values, entries))))
+    try:  # TypeError: a list or an object inside an entry (unhashable)
+        solutions = list(map(_CheckedOnce().__getitem__, signatures))
+    except (TypeError, ValueError):
+        return None
+    ms = list(map(int, data))
+    return _buckets(ms, dict(zip(ms, solutions)))
+
+
+class _CheckedOnce(dict):
+    """Entry signature (keys, values, types) -> :func:`entry_solution` of that entry, computed on first use."""
+
+    def __missing__(self, sig: tuple[tuple, tuple, tuple]) -> Solution:
+        sol = self[sig] = entry_solution(dict(zip(sig[0], sig[1])))
+        return sol
 
 
 FILES = JSONFiles(
