@@ -284,15 +284,21 @@ class ConfigTable:
         return row
 
     def lookup(self, gfx: str, cu_num: int, key: tuple, device_name: str | None = None) -> TunedRow | None:
-        """The row for ``key`` on this device: a row naming this ``device_name`` first (it serves only that
-        device), then one naming none; within each, an arch-specific row before one from a file without ``gfx``."""
+        """The row for ``key`` on this device: the first of :meth:`rows_for`."""
+        return next(self.rows_for(gfx, cu_num, key, device_name), None)
+
+    def rows_for(self, gfx: str, cu_num: int, key: tuple, device_name: str | None = None) -> Iterator[TunedRow]:
+        """The rows for ``key`` on this device, best first: a row naming this ``device_name`` (it serves only that
+        device), then one naming none; within each, an arch-specific row before one from a file without ``gfx``.
+        The dispatcher takes the first that runs here (a device row whose backend is missing: the class row)."""
         get = self._get
         name = device_key(device_name)
-        if name is not None and self._named:
-            row = get((*key, cu_num, gfx, name)) or get((*key, cu_num, None, name))
-            if row is not None:
-                return row
-        return get((*key, cu_num, gfx, None)) or get((*key, cu_num, None, None))
+        names = (name, None) if name is not None and self._named else (None,)
+        for n in names:
+            for g in (gfx, None):
+                row = get((*key, cu_num, g, n))
+                if row is not None:
+                    yield row
 
     def __len__(self) -> int:
         return len(self._rows)

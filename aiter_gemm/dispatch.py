@@ -298,16 +298,19 @@ class Dispatcher:
                 m = problem.M if level == "exact" else get_padded_m(problem.M, problem.N, problem.K, int(level[-1]))
                 if level != "exact" and m == problem.M:
                     continue  # same key as the exact lookup: already a miss
-                row = table.lookup(device.gfx, device.cu_num, self.op.row_key(problem.with_m(m)), device.device_name)
-                if row is None:
-                    continue
-                pad_min = row.values.get("pad_m_min")
-                if level != "exact" and pad_min is not None and problem.M < pad_min:
-                    # The tuner checked this row for padded use only from pad_m_min up (docs/configs.md).
-                    log.debug("%s:%d serves M >= %d through padding, not M=%d", row.source, row.line, pad_min,
-                              problem.M)
-                    continue
-                dec = self._from_row(problem, device, row, level)
+                # The best row of this level that runs here: a device-exact row whose backend is missing (TileLang
+                # not installed) gives way to the class row of its key, not to the next level.
+                for row in table.rows_for(device.gfx, device.cu_num, self.op.row_key(problem.with_m(m)),
+                                          device.device_name):
+                    pad_min = row.values.get("pad_m_min")
+                    if level != "exact" and pad_min is not None and problem.M < pad_min:
+                        # The tuner checked this row for padded use only from pad_m_min up (docs/configs.md).
+                        log.debug("%s:%d serves M >= %d through padding, not M=%d", row.source, row.line, pad_min,
+                                  problem.M)
+                        continue
+                    dec = self._from_row(problem, device, row, level)
+                    if dec is not None:
+                        break
                 if dec is not None:
                     break
             if dec is None and self.op.json is not None and self.op.json.fills is None:

@@ -92,6 +92,22 @@ def test_dispatch_uses_the_device_name_override(tmp_path, clean_runtime, device,
     assert (cfg["kernelName"], cfg["matched"]) == (expected, "exact")
 
 
+def test_a_device_row_that_cannot_run_here_gives_way_to_the_class_row(tmp_path, clean_runtime):
+    """A device-exact row whose backend is missing here (an H200 TileLang row without TileLang; here an AMD ``asm``
+    row) is a miss of that row only: the class row of the same key serves, matched exact (it fell to the default)."""
+    ident = aiter_gemm.current_device_identity()
+    path = tmp_path / "t.csv"
+    path.write_text(
+        HEADER + ",device_name\n"
+        f"{ident.gfx},{ident.cu_num},8,16,32,False,torch.float32,torch.float32,False,False,torch,0,0,2.0,generic,\n"
+        f"{ident.gfx},{ident.cu_num},8,16,32,False,torch.float32,torch.float32,False,False,asm,0,0,1.0,mine,{H200}\n")
+    clean_runtime.setenv("AITER_CONFIG_GEMM_BF16", str(path))
+    clean_runtime.setenv("AITER_GEMM_DEVICE_NAME", H200)
+    aiter_gemm.reload_configs()
+    cfg = aiter_gemm.get_GEMM_A16W16_config(8, 16, 32, False, torch.float32)
+    assert (cfg["kernelName"], cfg["matched"], cfg["libtype"]) == ("generic", "exact", "torch")
+
+
 def _outcome_row(ident: DeviceIdentity, kernel: str) -> dict[str, str]:
     return {"gfx": ident.gfx, "cu_num": str(ident.cu_num), "M": "64", "N": "128", "K": "256", "bias": "False",
             "dtype": "torch.bfloat16", "outdtype": "torch.bfloat16", "scaleAB": "False", "bpreshuffle": "False",
