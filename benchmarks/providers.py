@@ -111,7 +111,9 @@ def _no_argument(op: str, arg: str) -> str | None:
 def _dispatch(ctx: Context, arg: str) -> Call:
     sets, p = ctx.sets, ctx.problem
     if ctx.op == A16W16:
-        return lambda i: aiter_gemm.gemm_a16w16(sets[i][0], sets[i][1], sets[i][2], p.otype, sets[i][3], sets[i][4])
+        # As model code calls it: no otype where it is the input's (the C++ eager entry serves only such calls).
+        otype = None if p.otype == p.dtype else p.otype
+        return lambda i: aiter_gemm.gemm_a16w16(sets[i][0], sets[i][1], sets[i][2], otype, sets[i][3], sets[i][4])
     from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale
 
     return lambda i: gemm_a8w8_blockscale(*sets[i], p.otype)

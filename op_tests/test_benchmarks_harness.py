@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import DeviceIdentity
 from benchmarks import legacy, providers, report
 from benchmarks.providers import A16W16, BLOCKSCALE, Provider
@@ -438,3 +439,17 @@ def test_configs_copy_decides_from_its_folder(tmp_path, name, tilelang):
     assert (why == f"not in the {name}") is not tilelang
     with pytest.raises(providers.Unavailable, match=f"{name}: .* not found"):
         providers.configs_dispatcher(BLOCKSCALE, tmp_path / "missing", name, tilelang)
+
+
+@pytest.mark.parametrize("otype,passed", [(torch.bfloat16, None), (torch.float32, torch.float32)])
+def test_dispatch_provider_calls_as_model_code_does(monkeypatch, otype, passed):
+    """The ``dispatch`` provider passes ``otype`` only where it differs from the input's dtype, as model code calls
+    ``gemm_a16w16``: an explicit same-dtype otype is a call the C++ eager entry leaves to the Python path, so its
+    eager rows timed that path (the H200 decode run of 2026-11-29)."""
+    seen = []
+    monkeypatch.setattr(providers.aiter_gemm, "gemm_a16w16", lambda *args: seen.append(args[3]))
+    p = GemmProblem(4, 8, 16, False, torch.bfloat16, otype)
+    ctx = providers.Context(p, A16W16, [(None, None, None, None, None)], None, torch.device("cpu"), "eager")
+    provider, arg = providers.resolve(A16W16, "dispatch")
+    provider.build(ctx, arg)(0)
+    assert seen == [passed]
