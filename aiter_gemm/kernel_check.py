@@ -12,7 +12,7 @@ candidate). The runner is built the way the tuner builds a candidate's (:func:`g
 backend's ``why_not`` and ``prepare``), on the tuner's inputs and float32 reference (:mod:`gradlib.tune_ops`).
 
 Output, exactly: ``VERIFY: PASS`` or ``VERIFY: FAIL max_abs_err=<v>`` (``--verify``: every element within the
-tuner's tolerance for the dtypes, :data:`gradlib.accuracy.TOLERANCES`), ``TFLOPS: <v> time_ms: <v>`` (``--bench``:
+tuner's tolerance for the dtypes, :data:`aiter_gemm.accuracy.TOLERANCES`), ``TFLOPS: <v> time_ms: <v>`` (``--bench``:
 10 warm-up calls, then 50 timed between two CUDA events). ``--ncu DIR`` runs this command again under ``ncu``
 (``--set full``, only the kernel calls inside a profiler window) into ``DIR/<name>.ncu-rep`` and exports it with
 ``ncu --import ... --csv --page raw`` into ``DIR/<name>.csv``. Every argument is checked before anything runs (the
@@ -131,7 +131,7 @@ def _dtype_error(op: str, dtype: torch.dtype, otype: torch.dtype) -> str | None:
         why = dtype_error(dtype, otype)
         if why is not None:
             return why
-    from gradlib.accuracy import tolerance_for
+    from aiter_gemm.accuracy import tolerance_for
 
     try:
         tolerance_for(dtype, otype)
@@ -261,7 +261,7 @@ def prepare(check: Check, seed: int = 0):
 def verify(check: Check, runner: Any, inputs: Any) -> tuple[bool, float]:
     """(passed, max |out - ref|): passed when every element is within the tuner's tolerance of the float32
     reference (``err_ratio`` 0)."""
-    from gradlib.accuracy import err_ratio, tolerance_for
+    from aiter_gemm.accuracy import err_ratio, tolerance_for
     from gradlib.tune_ops import tune_op
 
     p = check.problem

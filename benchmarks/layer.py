@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import aiter_gemm
-from benchmarks.measure import MAX_REL_ERR, Timer, ratio_stats, rel_err
+from aiter_gemm.accuracy import rel_error
+from benchmarks.measure import MAX_REL_ERR, Timer, ratio_stats
 from gradlib.models import load_arch, projections
 
 GEMMS = {"flinear": F.linear, "dispatch": aiter_gemm.gemm_a16w16}
@@ -52,7 +53,7 @@ def run_layer(model: str, tp: int, ms: list[int], modes: list[str], device: torc
     for m in ms:
         x = torch.randn(m, layer.hidden, device=device, dtype=torch.bfloat16)
         outs = {k: layer.forward(x, g) for k, g in GEMMS.items()}
-        err = rel_err(outs["dispatch"], outs["flinear"].float())
+        err = rel_error(outs["dispatch"], outs["flinear"].float())
         if not err <= MAX_REL_ERR:
             raise AssertionError(f"{model} layer at M={m}: gemm_a16w16 differs from F.linear by {err:.3g}")
         calls = {k: (lambda i, g=g, x=x: layer.forward(x, g)) for k, g in GEMMS.items()}

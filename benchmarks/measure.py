@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 import aiter_gemm
+from aiter_gemm.accuracy import rel_error
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import atomic_write_text, render_csv
@@ -141,13 +142,6 @@ class DeviceTimer:
         return worst
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    o = out.double()
-    if not bool(torch.isfinite(o).all()):
-        return math.inf
-    return float(torch.linalg.vector_norm(o - ref.double()) / torch.linalg.vector_norm(ref.double()).clamp_min(1e-30))
-
-
 def ratio_stats(ref: Sequence[float], us: Sequence[float]) -> tuple[float, float, float]:
     """(median, 25th, 75th percentile) of the per-round ratios ref / us (> 1: ``us`` is faster)."""
     ratios = [a / b for a, b in zip(ref, us)]
@@ -254,7 +248,7 @@ class GemmBench:
                     built[key] = provider.build(ctx, arg)
                 call = built[key]
                 out = call(0)
-                err = math.nan if provider.floor else rel_err(out, ref)  # a floor's output is not a GEMM's
+                err = math.nan if provider.floor else rel_error(out, ref)  # a floor's output is not a GEMM's
             except Unavailable as exc:
                 self.rows.append({**base, "provider": s, "note": f"unavailable: {exc}"})
                 continue

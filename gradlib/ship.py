@@ -4,7 +4,7 @@
   benchmarks.run --bench bf16 --timing graph``, paired with ``flinear`` and ``dispatch``) becomes a tuned row, if it
   beat F.linear by ``--min_gain`` (1.02: a smaller win is not worth a Triton launch) and the dispatch as shipped (its
   row may already be a faster cuBLASLt solution). Its ``err_ratio`` is measured here on the GPU with the tuner's
-  check (``gradlib.accuracy``: fraction of outputs outside the bf16 tolerance, against float32) and a row with any
+  check (``aiter_gemm.accuracy``: fraction of outputs outside the bf16 tolerance, against float32) and a row with any
   error is not shipped; ``us`` is the paired median, ``pad_m_min`` = M (the benchmark timed this M only).
 * ``min-gain``: a tuner run's rows with ``--min_gain`` applied after the fact, from its ``--summary_file``
   (``torch_us``: F.linear timed in the same search): a non-torch winner less than ``--min_gain`` times faster is
@@ -80,10 +80,10 @@ def row_for(M: int, N: int, K: int, provider: str, us: float) -> dict[str, str]:
     import torch
 
     from aiter_gemm import current_device_identity
+    from aiter_gemm.accuracy import err_ratio, tolerance_for
     from aiter_gemm.backends.base import GemmProblem, Solution
     from aiter_gemm.registry import get_backend
     from gradlib.a16w16 import problem_key
-    from gradlib.accuracy import err_ratio, tolerance_for
     from gradlib.results import metrics
 
     ident = current_device_identity(on_gpu=True)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiter_gemm.accuracy import TOLERANCES, err_ratio, tolerance_for
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
 from gradlib.a16w16 import tuned_problems, tuned_row
-from gradlib.accuracy import TOLERANCES, err_ratio, tolerance_for
 from gradlib.models import ModelArch, ModelConfigError, load_arch, model_problems, projections
 from gradlib.results import CheckpointWriter, roofline_for
 from gradlib.search import SearchOptions, ShapeSearch

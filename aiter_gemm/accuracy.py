@@ -1,4 +1,5 @@
-"""Correctness of a candidate's output against a float32 reference: ``err_ratio`` as AITER's tuner reports it.
+"""Correctness of a runner's output against a float32 reference: ``err_ratio`` as AITER's tuner reports it, and the
+relative error ``rel_error``. One definition for the tuner's check, ``kernel_check --verify`` and the benchmarks.
 
 ``err_ratio`` is the fraction of output elements outside ``isclose(out, ref, rtol, atol)``; an output holding any NaN
 or Inf scores 1.0 (the whole result is unusable, however few such elements there are). The tuner generates inputs
