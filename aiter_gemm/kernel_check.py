@@ -44,6 +44,7 @@ from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.fileio import atomic_write_text, write_error
 from aiter_gemm.registry import op_spec
+from aiter_gemm.timing import ms_per_call
 
 PROG = "python -m aiter_gemm.kernel_check"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -282,16 +283,7 @@ def bench(check: Check, runner: Any, inputs: Any) -> tuple[float, float]:
     if check.device.type != "cuda":
         raise UsageError(NO_CUDA)
     call, args, p = tune_op(check.op).call, inputs.sets[0], check.problem
-    for _ in range(WARMUP):
-        call(runner, args, p)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(ITERS):
-        call(runner, args, p)
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / ITERS
+    ms = ms_per_call(lambda: call(runner, args, p), ITERS, cuda=True, warmup=WARMUP)
     return p.flops / ms / 1e9, ms
 
 

@@ -1,11 +1,12 @@
 """Timing providers on shapes: the project's method, and the rows a GEMM benchmark writes.
 
 Per shape, every provider is built on the same rotating input sets (the tuner's, spanning twice the last-level
-cache, :mod:`gradlib.timing`), checked against the op's float32 reference (a provider off by more than
+cache, :mod:`aiter_gemm.timing`), checked against the op's float32 reference (a provider off by more than
 :data:`MAX_REL_ERR` is not timed), then timed in paired rounds: ``graph`` mode by
-:func:`gradlib.timing.time_paired` (one CUDA-graph replay per provider per round, order alternating, a fresh capture
-every round), ``eager`` mode by :func:`eager_paired` (one loop of back-to-back calls per provider per round, host and
-launch cost included), ``host`` mode by :func:`host_and_gpu_us` (host time to submit a call, beside its GPU time).
+:func:`aiter_gemm.timing.time_paired` (one CUDA-graph replay per provider per round, order alternating, a fresh
+capture every round), ``eager`` mode by :func:`eager_paired` (one loop of back-to-back calls per provider per round,
+host and launch cost included), ``host`` mode by :func:`aiter_gemm.timing.host_and_gpu_us` (host time to submit a
+call, beside its GPU time).
 A ratio is the median over rounds of ``baseline / provider`` from the same round: timings taken whole runs apart
 drift by a few percent on the H100, samples of one round do not (BENCHMARKS.md, "Method").
 
@@ -29,9 +30,9 @@ from aiter_gemm.accuracy import rel_error
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import atomic_write_text, render_csv
+from aiter_gemm.timing import TimingConfig, cache_bytes, host_and_gpu_us, time_paired
 from benchmarks.providers import A16W16, BLOCKSCALE, Context, Unavailable, resolve
 from gradlib.results import roofline_for
-from gradlib.timing import TimingConfig, cache_bytes, time_paired
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def _sync(device: torch.device) -> Callable[[], None]:
 def eager_paired(calls: Mapping[str, Callable[[int], object]], n_sets: int, est_us: float, pairs: int,
                  device: torch.device) -> dict[str, list[float]]:
     """Per-call wall time of back-to-back eager calls over the rotating sets: ``pairs`` rounds of one loop per call
-    (about 1.5 ms each) in alternating order, as :func:`gradlib.timing.time_paired` does for graphs: host timings
+    (about 1.5 ms each) in alternating order, as :func:`aiter_gemm.timing.time_paired` does for graphs: host timings
     drift too, so only samples of the same round compare."""
     sync = _sync(device)
     n = int(max(10, min(300, 1500 / max(est_us, 1.0))))
@@ -84,29 +85,6 @@ def eager_paired(calls: Mapping[str, Callable[[int], object]], n_sets: int, est_
             sync()
             out[name].append((time.perf_counter() - t0) / n * 1e6)
     return out
-
-
-def host_and_gpu_us(call: Callable[[int], object], n_sets: int, burst: int = 20, bursts: int = 41
-                    ) -> tuple[float, float]:
-    """(median host us to submit one call, median GPU us per call) over ``bursts`` bursts of ``burst`` calls without
-    synchronizing: what a host-bound eager model pays per GEMM beside what the GPU spends on it."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(max(3, n_sets)):
-        call(i % n_sets)
-    torch.cuda.synchronize()
-    host, gpu = [], []
-    for b in range(bursts):
-        torch.cuda.synchronize()
-        start.record()
-        t0 = time.perf_counter()
-        for i in range(burst):
-            call((b + i) % n_sets)
-        t1 = time.perf_counter()
-        end.record()
-        end.synchronize()
-        host.append((t1 - t0) / burst * 1e6)
-        gpu.append(start.elapsed_time(end) * 1e3 / burst)
-    return statistics.median(host), statistics.median(gpu)
 
 
 @dataclass

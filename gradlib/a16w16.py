@@ -12,9 +12,9 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import BF16_TUNED_COLUMNS, BF16_UNTUNED_COLUMNS
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import FP8_DTYPES, dtype_name
+from aiter_gemm.timing import rotating_sets
 from gradlib.results import fmt, metrics, tuned_keys
 from gradlib.search import Candidate, ShapeOutcome
-from gradlib.timing import rotating_sets
 from gradlib.tune_ops import Inputs, TuneOp, cloned_sets, register_tune_op
 
 KEY_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS)

@@ -18,9 +18,9 @@ import logging
 import os
 from dataclasses import replace
 
+from aiter_gemm.timing import TimingConfig
 from gradlib.cli import UsageError, non_negative_float, non_negative_int, positive_int
 from gradlib.compare import CompareOptions, candidate_path
-from gradlib.timing import TimingConfig
 
 log = logging.getLogger("gradlib")
 

@@ -50,9 +50,9 @@ from aiter_gemm.ops.a8w8_blockscale import (
 )
 from aiter_gemm.registry import register_backend
 from aiter_gemm.sglang_tilelang import merge_file, sglang_entry
+from aiter_gemm.timing import rotating_sets
 from gradlib.results import known_libtypes, row_key, stale_reason
 from gradlib.search import Candidate, ShapeOutcome
-from gradlib.timing import rotating_sets
 from gradlib.tune_ops import Inputs, Sidecar, TuneOp, cloned_sets, register_tune_op
 
 log = logging.getLogger("gradlib")

@@ -35,8 +35,9 @@ from aiter_gemm.cliargs import (  # noqa: F401 - the tuners' argparse types, sha
 )
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.registry import op_spec
+from aiter_gemm.timing import TimingConfig
 from gradlib.pool import Executor, PoolError, ProcessPool
-from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
+from gradlib.search import CONFIRM, FULL, SCREEN
 
 EXIT_OK, EXIT_FAILED_SHAPES, EXIT_USAGE, EXIT_POOL, EXIT_UNSAVED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143

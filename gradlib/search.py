@@ -26,13 +26,20 @@ from dataclasses import dataclass, field, replace
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.dispatch import get_padded_m
+from aiter_gemm.timing import TimingConfig
 from gradlib.pool import Executor, ItemDone, TaskDone
 from gradlib.tasks import A16W16, DEFAULT, DEFAULTS, ENUMERATE, TIME, ItemResult, Task
-from gradlib.timing import CONFIRM, FULL, SCREEN, TimingConfig
 
 log = logging.getLogger(__name__)
 
 BASELINE = "torch"  # F.linear: timed for every gemm_a16w16 shape so the speedup of the winner is known
+# Phase 1 (BLASLt screening): AITER's reduced warm-up; accuracy is not checked.
+SCREEN = TimingConfig(warmup=2, reps=5, target_us=200.0, budget_s=0.5)
+# Phase 2: full warm-up, 21 repetitions (odd: the median is one measurement).
+FULL = TimingConfig(warmup=10, reps=21, target_us=1000.0, budget_s=2.0)
+# Confirmation rounds (the winner against the default and the baseline, alternating): each round is one timing,
+# the median over rounds decides, so a round may be shorter than a phase-2 timing.
+CONFIRM = TimingConfig(warmup=5, reps=11, target_us=500.0, budget_s=0.5)
 
 
 @dataclass(frozen=True)
@@ -400,7 +407,7 @@ class ShapeSearch:
     def _confirm_jobs(self) -> list[_Job]:
         """One job per M with something to compare: alternating rounds of winner, default and baseline (forward,
         then reversed), every timing's graph as long as the others' (calls sized from the winner's full-phase time,
-        :attr:`gradlib.timing.TimingConfig.per_call_us`)."""
+        :attr:`aiter_gemm.timing.TimingConfig.per_call_us`)."""
         o, p = self.opts, self.problem
         timing = o.confirm
         if math.isfinite(self._pick.us) and self._pick.us > 0:

@@ -23,7 +23,7 @@ import torch
 from aiter_gemm.accuracy import err_ratio, rel_error, tolerance_for
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
-from gradlib.timing import TimingConfig, cache_bytes, time_runner
+from aiter_gemm.timing import TimingConfig, cache_bytes, time_runner
 from gradlib.tune_ops import Inputs, tune_op
 
 log = logging.getLogger(__name__)

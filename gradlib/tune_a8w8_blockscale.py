@@ -57,6 +57,7 @@ from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
 from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE, parse_choice
 from aiter_gemm.registry import get_backend, known_backends
+from aiter_gemm.timing import TimingConfig
 from gradlib import cli
 from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, with_iterations
 from gradlib.blockscale import (
@@ -85,7 +86,6 @@ from gradlib.models import ModelConfigError
 from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
 from gradlib.tasks import enumerate_solutions, import_plugins
-from gradlib.timing import TimingConfig
 from gradlib.tune_ops import tune_op
 
 __all__ = ["CPU_TIMING", "DEFAULT_MS", "PROG", "SEED_BUCKETS", "build_parser", "candidate_names",

@@ -58,7 +58,7 @@ def virtual_clock(monkeypatch):
     """Tuner CPU timings read ``op_tests.gradlib_fakes.CLOCK``, in this process and in the workers a test spawns
     (they inherit the variable): a fake backend takes exactly the time it declares and any other runner one tick,
     so which candidate wins never depends on the machine's load."""
-    from gradlib import timing
+    from aiter_gemm import timing
     from op_tests import gradlib_fakes
 
     monkeypatch.setattr(timing, "cpu_clock", gradlib_fakes.CLOCK)

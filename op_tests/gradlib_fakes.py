@@ -26,10 +26,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from aiter_gemm import timing
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.registry import register_backend
-from gradlib import timing
 
 VIRTUAL_CLOCK_ENV = "GRADLIB_FAKES_VIRTUAL_CLOCK"
 #: A file path: while that file exists, a fake that really sleeps waits after its sleep, so a test can hold a run

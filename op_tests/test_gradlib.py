@@ -16,12 +16,12 @@ from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.timing import MAX_SETS, TimingConfig, cache_bytes, rotating_sets, time_runner
 from gradlib.a16w16 import tuned_problems, tuned_row
 from gradlib.models import ModelArch, ModelConfigError, load_arch, model_problems, projections
 from gradlib.results import CheckpointWriter, roofline_for
 from gradlib.search import SearchOptions, ShapeSearch
 from gradlib.tasks import DEFAULTS, ENUMERATE, TIME, ItemResult
-from gradlib.timing import MAX_SETS, TimingConfig, cache_bytes, rotating_sets, time_runner
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "configs" / "model_configs"
@@ -339,7 +339,7 @@ def test_tuned_problems_of_missing_file_is_empty(tmp_path):
 
 
 def test_interleaved_rounds_alternate_the_order():
-    from gradlib.timing import interleaved
+    from aiter_gemm.timing import interleaved
 
     order = []
     got = interleaved({k: (lambda k=k: order.append(k) or float(len(order))) for k in "abc"}, 4)
@@ -423,7 +423,8 @@ def test_confirmation_keeps_a_winner_that_holds_and_records_its_padding_range():
 def test_confirmation_times_every_candidate_in_graphs_of_the_same_length():
     """Each confirmation timing's calls per replay come from the winner's full-phase time, not the candidate's own
     eager estimate: a replay's fixed start-up spread over fewer calls read a costlier-to-launch default slower."""
-    from gradlib.timing import CONFIRM, calls_per_rep
+    from aiter_gemm.timing import calls_per_rep
+    from gradlib.search import CONFIRM
 
     s = ShapeSearch(0, GemmProblem(1024, 96, 64), SearchOptions(("tri",), confirm_rounds=2, min_gain=1.02))
     tasks = _confirm_drive(s, _times(PROBES_1024, lambda m: 5.0, 10.0, 10.0))

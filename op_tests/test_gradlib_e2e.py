@@ -15,11 +15,11 @@ import torch
 import op_tests.gradlib_fakes  # noqa: F401  (registers fake, fakelt, fakeslow in this process too)
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.timing import TimingConfig
 from gradlib.a16w16 import tuned_problems
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, ProcessPool, TaskDone
 from gradlib.tasks import TIME, Task
-from gradlib.timing import TimingConfig
 from op_tests.runtime_helpers import kill_then_resume, repo_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -231,7 +231,8 @@ def test_two_workers_tune_every_shape_once(tmp_path, mp):
 # ---- GPU ------------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_graph_timing_with_l2_sized_rotation():
-    from gradlib.timing import FULL, cache_bytes, rotating_sets, time_runner
+    from aiter_gemm.timing import cache_bytes, rotating_sets, time_runner
+    from gradlib.search import FULL
 
     dev = torch.device("cuda", torch.cuda.current_device())
     l2 = cache_bytes(dev)

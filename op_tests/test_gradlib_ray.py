@@ -16,11 +16,11 @@ import pytest
 import op_tests.gradlib_fakes  # noqa: F401  (registers fake, fakelt, fakeslow in this process too)
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.fileio import read_csv_rows
+from aiter_gemm.timing import TimingConfig
 from gradlib import gemm_tuner
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, PoolError, TaskDone
 from gradlib.tasks import TIME, Task
-from gradlib.timing import TimingConfig
 from op_tests.runtime_helpers import kill_then_resume, repo_env
 
 try:

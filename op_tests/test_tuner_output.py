@@ -386,8 +386,8 @@ def test_an_allocation_failure_says_how_much_the_inputs_need(monkeypatch):
     from dataclasses import replace
 
     from aiter_gemm.backends.base import GemmProblem, Solution
+    from aiter_gemm.timing import TimingConfig
     from gradlib import tasks
-    from gradlib.timing import TimingConfig
 
     def make_inputs(*args):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory: you tried to "

@@ -15,7 +15,7 @@ weights. A decode step is one forward of ``batch x 1`` new token against a stati
 ``--prompt-len`` tokens; its inputs, position and cache are static and every step first resets the cache's write
 position, so one step can be repeated or captured once in a ``torch.cuda.CUDAGraph`` and replayed any number of
 times. Per configuration (batch, eager/graph, prefill/decode) each arm is timed ``--rounds`` times, the arms
-alternating (without, with, then with, without, ...: ``gradlib.timing.interleaved``) so clock drift biases neither;
+alternating (without, with, then with, without, ...: ``aiter_gemm.timing.interleaved``) so clock drift biases neither;
 one timing is ``--decode-steps`` steps (``--prefill-steps`` prefills) between two CUDA events. Eager steps are
 host-bound and the hosts here run in slow phases (a CPU-only run of a tiny model: 18 ms steps, then a second of 26-40
 ms ones; H100 host: one eager decode step 26-150 ms within a run), so an eager timing is one step (``--eager-steps``)
@@ -78,6 +78,7 @@ from aiter_gemm.examples.hf_model import (  # noqa: E402  (also the names script
 )
 from aiter_gemm.examples.hf_profile import profile_decode  # noqa: E402
 from aiter_gemm.fileio import atomic_write_text, file_problem, render_csv, write_error  # noqa: E402
+from aiter_gemm.timing import interleaved, ms_per_call  # noqa: E402
 
 CONTROL = "control"  # with --control: a second unpatched arm; without / control is the method's A/A noise floor
 
@@ -85,27 +86,8 @@ CONTROL = "control"  # with --control: a second unpatched arm; without / control
 # measurement
 
 
-def time_steps(fn: Callable[[], object], n: int, cuda: bool) -> float:
-    """Milliseconds per call of ``fn`` over ``n`` back-to-back calls: CUDA events on a GPU, perf_counter on CPU."""
-    if not cuda:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / n
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / n
-
-
 def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchState, arch: Any, out: Path,
                 model_name: str) -> dict[str, Any]:
-    from gradlib.timing import interleaved
-
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     modes = [m for m in args.exec if cuda or m == "eager"]
@@ -207,13 +189,13 @@ def _eager_timer(state: PatchState, arm: str, step: Callable[[], object], n: int
         state.set_arm(arm)
         for _ in range(warm):  # untimed: the host's caches then hold this arm's code, not the previous arm's
             step()
-        return time_steps(step, n, cuda)
+        return ms_per_call(step, n, cuda)
 
     return measure
 
 
 def _graph_timer(graph: torch.cuda.CUDAGraph, n: int) -> Callable[[], float]:
-    return lambda: time_steps(graph.replay, n, True)
+    return lambda: ms_per_call(graph.replay, n, True)
 
 
 def agreement(batch: int, phase: str, outs: dict[str, torch.Tensor], base: str, arm: str) -> dict[str, Any]:

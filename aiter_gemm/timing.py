@@ -1,5 +1,7 @@
-"""Timing one GEMM runner: warm-up, rotating input buffers larger than the last-level cache, CUDA-graph replay (or
-CUDA events, or ``perf_counter`` on CPU), median over repetitions.
+"""Timing GEMM runners, the one place CUDA events and graph replays are timed (the tuner, ``kernel_check --bench``,
+the benchmarks and the examples): warm-up, rotating input buffers larger than the last-level cache, CUDA-graph replay
+(or CUDA events, or ``perf_counter`` on CPU), median over repetitions; paired and interleaved timings of several
+methods; a fixed number of back-to-back calls between two events.
 
 Why rotating buffers: a weight that stays in the H100's 50 MB L2 between calls is read at L2 speed, which no model
 sees (each layer's weight is evicted by the other layers). The sets of (A, B, bias, out) cycled through occupy at
@@ -52,15 +54,6 @@ class TimingConfig:
     #: length (the benchmark's method) timed it 3.5% slower than the Triton default, and re-confirmed with equal
     #: lengths it lost to that default (BENCHMARKS.md, held-out FP8 shapes).
     per_call_us: float = 0.0
-
-
-# Phase 1 (BLASLt screening): AITER's reduced warm-up; accuracy is not checked.
-SCREEN = TimingConfig(warmup=2, reps=5, target_us=200.0, budget_s=0.5)
-# Phase 2: full warm-up, 21 repetitions (odd: the median is one measurement).
-FULL = TimingConfig(warmup=10, reps=21, target_us=1000.0, budget_s=2.0)
-# Confirmation rounds (the winner against the default and the baseline, alternating): each round is one timing,
-# the median over rounds decides, so a round may be shorter than a phase-2 timing.
-CONFIRM = TimingConfig(warmup=5, reps=11, target_us=500.0, budget_s=0.5)
 
 
 @dataclass(frozen=True)
@@ -132,7 +125,7 @@ def _warm_up(call: Callable[[int], object], n_sets: int, cfg: TimingConfig, stre
         for i in range(max(cfg.warmup, n_sets)):
             call(i % n_sets)
     stream.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = _events()
     with torch.cuda.stream(stream):
         start.record(stream)
         for i in range(n_sets):
@@ -141,6 +134,54 @@ def _warm_up(call: Callable[[int], object], n_sets: int, cfg: TimingConfig, stre
     end.synchronize()
     est_us = max(start.elapsed_time(end) * 1e3 / n_sets, 0.1)
     return est_us, calls_per_rep(est_us, n_sets, cfg)
+
+
+def _events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """A (start, end) pair of CUDA events that record time."""
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def ms_per_call(fn: Callable[[], object], n: int, cuda: bool, warmup: int = 0) -> float:
+    """Milliseconds per call of ``fn`` over ``n`` back-to-back calls after ``warmup`` untimed ones: between two CUDA
+    events on a GPU (after synchronizing the device), on :data:`cpu_clock` otherwise."""
+    for _ in range(warmup):
+        fn()
+    if not cuda:
+        t0 = cpu_clock()
+        for _ in range(n):
+            fn()
+        return (cpu_clock() - t0) * 1e3 / n
+    torch.cuda.synchronize()
+    start, end = _events()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def host_and_gpu_us(call: Callable[[int], object], n_sets: int, burst: int = 20, bursts: int = 41
+                    ) -> tuple[float, float]:
+    """(median host us to submit one call, median GPU us per call) over ``bursts`` bursts of ``burst`` calls without
+    synchronizing: what a host-bound eager model pays per GEMM beside what the GPU spends on it."""
+    start, end = _events()
+    for i in range(max(3, n_sets)):
+        call(i % n_sets)
+    torch.cuda.synchronize()
+    host, gpu = [], []
+    for b in range(bursts):
+        torch.cuda.synchronize()
+        start.record()
+        t0 = time.perf_counter()
+        for i in range(burst):
+            call((b + i) % n_sets)
+        t1 = time.perf_counter()
+        end.record()
+        end.synchronize()
+        host.append((t1 - t0) / burst * 1e6)
+        gpu.append(start.elapsed_time(end) * 1e3 / burst)
+    return statistics.median(host), statistics.median(gpu)
 
 
 def calls_per_rep(est_us: float, n_sets: int, cfg: TimingConfig) -> int:
@@ -154,7 +195,7 @@ def calls_per_rep(est_us: float, n_sets: int, cfg: TimingConfig) -> int:
 def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimingConfig) -> Timing:
     stream = torch.cuda.Stream()
     est_us, calls = _warm_up(call, n_sets, cfg, stream)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = _events()
     # A very slow candidate (a bad config on a big shape) gets fewer repetitions: it cannot win anyway.
     reps = max(3, min(cfg.reps, int(cfg.budget_s * 1e6 / (calls * est_us))))
     if cfg.use_graph:
@@ -185,7 +226,7 @@ def _time_graph(call: Callable[[int], object], n_sets: int, calls: int, stream: 
             call(i % n_sets)
     graph.replay()  # first replay uploads the graph
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = _events()
     samples = []
     for _ in range(reps):
         start.record()
@@ -222,7 +263,7 @@ def time_paired(calls: dict[str, Callable[[int], object]], n_sets: int, cfg: Tim
     the warm-up estimate is eager time, host cost included, so a wrapper with more host time would otherwise get a
     shorter graph, its replay overhead spread over fewer calls."""
     stream = torch.cuda.Stream()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = _events()
     names = list(calls)
     common = max(_warm_up(call, n_sets, cfg, stream)[1] for call in calls.values())
     counts = dict.fromkeys(names, common)
