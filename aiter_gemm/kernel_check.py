@@ -8,8 +8,9 @@ one kernel"). How kernel bugs get reported and a config is tuned by hand.
 ``--config``: a kernelName as the tuned CSVs write it, a JSON object (a JSON-file entry of the op, or the row fields
 ``solidx``/``splitK``/``kernelName``), an integer ``solidx`` (a16w16: a skinny variant, a cuBLASLt algorithm id among
 the shape's candidates, -1 for its heuristic #0), or ``default`` (the libtype's default for the shape, else its first
-candidate). The runner is built the way the tuner builds a candidate's (:func:`gradlib.tasks.prepare_runner`: the
-backend's ``why_not`` and ``prepare``), on the tuner's inputs and float32 reference (:mod:`gradlib.tune_ops`).
+candidate). The runner is built the way the tuner builds a candidate's (:func:`aiter_gemm.testbed.prepare_runner`:
+the backend's ``why_not`` and ``prepare``), on the op's inputs and float32 reference as the tuner times on them
+(:attr:`aiter_gemm.ops.spec.OpSpec.make_inputs`).
 
 Output, exactly: ``VERIFY: PASS`` or ``VERIFY: FAIL max_abs_err=<v>`` (``--verify``: every element within the
 tuner's tolerance for the dtypes, :data:`aiter_gemm.accuracy.TOLERANCES`), ``TFLOPS: <v> time_ms: <v>`` (``--bench``:
@@ -38,12 +39,14 @@ from typing import Any
 
 import torch
 
+from aiter_gemm.accuracy import err_ratio, tolerance_for
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import parse_int, parse_size
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.fileio import atomic_write_text, write_error
 from aiter_gemm.registry import op_spec
+from aiter_gemm.testbed import inputs_memory, prepare_runner
 from aiter_gemm.timing import ms_per_call
 
 PROG = "python -m aiter_gemm.kernel_check"
@@ -132,8 +135,6 @@ def _dtype_error(op: str, dtype: torch.dtype, otype: torch.dtype) -> str | None:
         why = dtype_error(dtype, otype)
         if why is not None:
             return why
-    from aiter_gemm.accuracy import tolerance_for
-
     try:
         tolerance_for(dtype, otype)
     except KeyError as exc:
@@ -226,7 +227,6 @@ def _same_libtype(sol: Solution, libtype: str, text: str) -> Solution:
 def resolve(args: argparse.Namespace) -> Check:
     """Every argument checked and resolved (UsageError naming the one that is wrong)."""
     from aiter_gemm import current_device_identity
-    from gradlib.tasks import inputs_memory
 
     op, backend = _libtype(args)
     problem = _problem(args, op)
@@ -247,26 +247,20 @@ def resolve(args: argparse.Namespace) -> Check:
 
 def prepare(check: Check, seed: int = 0):
     """(runner, inputs) of the check: the tuner's way (``prepare_runner``, the op's inputs and reference)."""
-    from gradlib.tasks import prepare_runner
-    from gradlib.tune_ops import tune_op
-
     try:
         runner, _, why = prepare_runner(check.op, check.problem, check.solution, check.identity)
     except ValueError as exc:  # a parser's ConfigError or ValueError, raised while building the runner
         raise UsageError(f"--config {check.solution.kernelName or check.solution.solidx}: {exc}") from None
     if runner is None:
         raise UsageError(f"--config: {why}")
-    return runner, tune_op(check.op).make_inputs(check.problem, seed, check.device, 0, {})
+    return runner, op_spec(check.op).make_inputs(check.problem, seed, check.device, 0, {})
 
 
 def verify(check: Check, runner: Any, inputs: Any) -> tuple[bool, float]:
     """(passed, max |out - ref|): passed when every element is within the tuner's tolerance of the float32
     reference (``err_ratio`` 0)."""
-    from aiter_gemm.accuracy import err_ratio, tolerance_for
-    from gradlib.tune_ops import tune_op
-
     p = check.problem
-    out = tune_op(check.op).call(runner, inputs.sets[0], p)
+    out = op_spec(check.op).call_runner(runner, inputs.sets[0], p)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (p.M, p.N):
         return False, float("inf")
     diff = (out.float() - inputs.ref.float()).abs()
@@ -278,11 +272,9 @@ def verify(check: Check, runner: Any, inputs: Any) -> tuple[bool, float]:
 
 def bench(check: Check, runner: Any, inputs: Any) -> tuple[float, float]:
     """(TFLOPS, ms per call): :data:`WARMUP` calls, then :data:`ITERS` between two CUDA events."""
-    from gradlib.tune_ops import tune_op
-
     if check.device.type != "cuda":
         raise UsageError(NO_CUDA)
-    call, args, p = tune_op(check.op).call, inputs.sets[0], check.problem
+    call, args, p = op_spec(check.op).call_runner, inputs.sets[0], check.problem
     ms = ms_per_call(lambda: call(runner, args, p), ITERS, cuda=True, warmup=WARMUP)
     return p.flops / ms / 1e9, ms
 
@@ -312,9 +304,7 @@ def ncu_commands(argv: Sequence[str], directory: str | Path, name: str, ncu: str
 def profile_window(check: Check, runner: Any, inputs: Any, calls: int) -> None:
     """One warm-up call (JIT compilation outside the window), then ``calls`` calls inside cudaProfilerStart/Stop,
     the only kernels ``ncu --profile-from-start off`` profiles."""
-    from gradlib.tune_ops import tune_op
-
-    call, args, p = tune_op(check.op).call, inputs.sets[0], check.problem
+    call, args, p = op_spec(check.op).call_runner, inputs.sets[0], check.problem
     call(runner, args, p)
     cuda = check.device.type == "cuda"
     if cuda:

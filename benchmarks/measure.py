@@ -30,6 +30,7 @@ from aiter_gemm.accuracy import rel_error
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import atomic_write_text, render_csv
+from aiter_gemm.registry import op_spec
 from aiter_gemm.timing import TimingConfig, cache_bytes, host_and_gpu_us, time_paired
 from benchmarks.providers import A16W16, BLOCKSCALE, Context, Unavailable, resolve
 from gradlib.results import roofline_for
@@ -188,14 +189,12 @@ class GemmBench:
     skipped: list[str] = field(default_factory=list)
 
     def run(self) -> list[dict]:
-        from gradlib.tune_ops import tune_op
-
         t0 = time.monotonic()
         self.options.setdefault("started", t0)
         for s in self.providers:  # unknown names fail before anything runs
             resolve(self.op, s)
         cache = cache_bytes(self.device)
-        spec = tune_op(self.op)
+        spec = op_spec(self.op)
         for set_name, (label, p) in self.shapes:
             if time.monotonic() - t0 > self.deadline_s:
                 self.skipped.append(f"{set_name}:{p.M}x{p.N}x{p.K}")

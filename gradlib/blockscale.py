@@ -1,12 +1,11 @@
-"""The tuner's side of ``gemm_a8w8_blockscale``: quantized inputs and their float32 reference, the tuned-row
-format (AITER's a8w8-blockscale CSV plus ``gfx`` and ``libtype``), the per-(N, K) JSON files written beside the
-tuned CSV, and extra launchers tests register to time beside the op's backends.
-
-Inputs: x ~ N(0, 1), w ~ N(0, 1/K), quantized with amax scaling per (1, 128) group of x and (128, 128) block of w;
-the task option ``x_scale_layout`` (:data:`X_SCALE_LAYOUTS`) says how x_scale is laid out in memory, as the model's
-quantizer writes it: ``row_major`` (the default; torch's candidate then pays a transposing copy per call, timed) or
-``m_major`` (strides (1, M), what vLLM's ``column_major_scales`` and DeepGEMM use, and what torch's block-scaled
-matmul needs).
+"""The tuner's side of ``gemm_a8w8_blockscale``: the tuned-row format (AITER's a8w8-blockscale CSV plus ``gfx`` and
+``libtype``), the per-(N, K) JSON files written beside the tuned CSV, and extra launchers tests register to time
+beside the op's backends. Its inputs and float32 reference are the op's own
+(:func:`aiter_gemm.ops.a8w8_blockscale.make_inputs`); the task option ``x_scale_layout``
+(:data:`~aiter_gemm.ops.a8w8_blockscale.X_SCALE_LAYOUTS`) says how x_scale is laid out in memory, as the
+model's quantizer writes it: ``row_major`` (the default; torch's candidate then pays a transposing copy per call,
+timed) or ``m_major`` (strides (1, M), what vLLM's ``column_major_scales`` and DeepGEMM use, and what torch's
+block-scaled matmul needs).
 
 JSON buckets (``--buckets``): ``fine`` (default) writes ``M_LEQ_<m>`` for each tuned M, holding the winner at m, plus
 ``any`` (the largest M's winner): the best variant changes within the three named categories (on H100: swapAB /
@@ -33,7 +32,6 @@ from aiter_gemm.configs import parse_size
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.jsonconfigs import JSONConfigError
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
@@ -50,16 +48,14 @@ from aiter_gemm.ops.a8w8_blockscale import (
 )
 from aiter_gemm.registry import register_backend
 from aiter_gemm.sglang_tilelang import merge_file, sglang_entry
-from aiter_gemm.timing import rotating_sets
 from gradlib.results import known_libtypes, row_key, stale_reason
 from gradlib.search import Candidate, ShapeOutcome
-from gradlib.tune_ops import Inputs, Sidecar, TuneOp, cloned_sets, register_tune_op
+from gradlib.tune_ops import Sidecar, TuneOp, register_tune_op
 
 log = logging.getLogger("gradlib")
 
 BLOCKSCALE = GEMM_A8W8_BLOCKSCALE.name
 FP8 = torch.float8_e4m3fn
-X_SCALE_LAYOUTS = ("m_major", "row_major")
 KEY_COLUMNS = ("gfx", "cu_num", "M", "N", "K")
 #: The named categories as (JSON key, largest M); the last is unbounded.
 SEED_BUCKETS = (("small_M", 256), ("medium_M", 2048), ("large_M", None))
@@ -140,38 +136,7 @@ def check_candidate(name: str, M: int, N: int, K: int, otype: torch.dtype = torc
     return choice_error(choice, M, N, K, otype, device)
 
 
-# ---- inputs and rows ----------------------------------------------------------------------------------------------
-def make_inputs(M: int, N: int, K: int, otype: torch.dtype, seed: int, device: torch.device,
-                cache: int, x_scale_layout: str = "row_major") -> Inputs:
-    """Quantized inputs whose exact product is about unit scale, x_scale in ``x_scale_layout``, as many copies as
-    span twice the last-level cache; each set is (XQ, WQ, x_scale, w_scale)."""
-    if x_scale_layout not in X_SCALE_LAYOUTS:
-        raise ValueError(f"x_scale_layout {x_scale_layout!r} is not one of {X_SCALE_LAYOUTS}")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(M, K, generator=gen, device=device)
-    w = torch.randn(N, K, generator=gen, device=device).mul_(K ** -0.5)
-    XQ, WQ, xs, ws = quantize_blockscale(x, w, FP8)
-    del x, w
-    if x_scale_layout == "m_major":
-        xs = xs.t().contiguous().t()
-    xd, wd = dequantize_blockscale(XQ, WQ, xs, ws)
-    ref = xd @ wd.t()  # float32 (the worker turned TF32 off)
-    del xd, wd
-    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
-    per_set = M * K + N * K + 4 * (M * kb + nb * kb) + M * N * torch.empty((), dtype=otype).element_size()
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    return Inputs((), cloned_sets((XQ, WQ, xs, ws), rotating_sets(per_set, cache, free)), ref)
-
-
-def _make_inputs(p: GemmProblem, seed: int, device: torch.device, cache: int, options: Mapping[str, Any]) -> Inputs:
-    return make_inputs(p.M, p.N, p.K, p.otype, seed, device, cache, str(options.get("x_scale_layout", "row_major")))
-
-
-def _call(runner, inputs: tuple, p: GemmProblem) -> torch.Tensor:
-    XQ, WQ, xs, ws = inputs
-    return runner(XQ, WQ, xs, ws, p.otype)
-
-
+# ---- rows ---------------------------------------------------------------------------------------------------------
 def key_of(identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
     return {"gfx": identity.gfx, "cu_num": str(identity.cu_num), "M": str(p.M), "N": str(p.N), "K": str(p.K)}
 
@@ -355,11 +320,11 @@ class JsonSidecar(Sidecar):
 
 TUNE_OP = register_tune_op(TuneOp(
     op=BLOCKSCALE, tuned_columns=BLOCKSCALE_TUNED_COLUMNS, key_columns=KEY_COLUMNS, key_of=key_of,
-    tuned_row=tuned_row, make_inputs=_make_inputs, call=_call, err_column="errRatio", baseline=None,
+    tuned_row=tuned_row, err_column="errRatio", baseline=None,
     show_bias=False, sidecar=JsonSidecar, key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
     row_candidate=lambda row: candidate_solution(row.values["kernelName"]),  # kernelId is only the listing index
 ))
 
-__all__ = ["BLOCKSCALE", "EXTRA_LAUNCHERS", "FP8", "SEED_BUCKETS", "X_SCALE_LAYOUTS", "JsonSidecar", "Launcher",
+__all__ = ["BLOCKSCALE", "EXTRA_LAUNCHERS", "FP8", "SEED_BUCKETS", "JsonSidecar", "Launcher",
            "LauncherBackend", "TUNE_OP", "best_tilelang", "candidate_solution", "check_candidate", "is_config_name",
-           "make_inputs", "register_launcher", "seed_buckets"]
+           "register_launcher", "seed_buckets"]

@@ -5,7 +5,8 @@ solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool
 items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and must return exactly one
 :class:`ItemResult` per item, synthesising a failed one for an item whose process died or timed out, then
 continuing with the items after it. Executors never write files: the driver does. What differs between ops (inputs,
-reference, runner signature) comes from the op's :class:`~gradlib.tune_ops.TuneOp`.
+reference, runner call) comes from the op's :class:`~aiter_gemm.ops.spec.OpSpec`, the runner and the inputs' size
+check from :mod:`aiter_gemm.testbed`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import torch
 from aiter_gemm.accuracy import err_ratio, rel_error, tolerance_for
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.registry import op_spec
+from aiter_gemm.testbed import DEFAULT, Inputs, inputs_memory, prepare_runner
 from aiter_gemm.timing import TimingConfig, cache_bytes, time_runner
-from gradlib.tune_ops import Inputs, tune_op
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +35,6 @@ TIME = "time"
 DEFAULTS = "defaults"  # items are M values: what the runtime's default runs for the task's shape at each M
 KINDS = (ENUMERATE, TIME, DEFAULTS)
 A16W16 = "gemm_a16w16"
-#: A TIME item standing for whatever the runtime's heuristic default runs for the task's shape (resolved in the
-#: worker, reported in the result's ``solutions``): what the tuner confirms a winner against.
-DEFAULT = Solution("<default>", -1, 0, "")
 
 
 @dataclass(frozen=True)
@@ -98,25 +97,6 @@ def backend_of(op: str, libtype: str):
     from aiter_gemm import get_dispatcher
 
     return get_dispatcher(op).backend(libtype)
-
-
-def prepare_runner(op: str, p: GemmProblem, sol: Solution, identity: DeviceIdentity, eager: bool = False
-                   ) -> tuple[object, Solution, str | None]:
-    """A runner of ``sol`` for ``p`` through the runtime dispatcher's public API (the one way a candidate becomes a
-    runner, for the workers and ``python -m aiter_gemm.kernel_check``): (runner, the solution it runs, None) or
-    (None, sol, why not). :data:`DEFAULT` resolves to the dispatcher's default decision (as eager calls see it with
-    ``eager``), any other solution to :meth:`~aiter_gemm.dispatch.Dispatcher.runner_for` (the runtime's rule)."""
-    from aiter_gemm import get_dispatcher
-
-    disp = get_dispatcher(op)
-    if sol == DEFAULT:
-        dec = disp.default_decision(p, identity, eager=eager)
-        return dec.runner, dec.solution, None
-    runner, why = disp.runner_for(p, sol, identity)
-    if runner is None:
-        return None, sol, (why if why.startswith("backend ") else
-                           f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: {why}")
-    return runner, sol, None
 
 
 def import_plugins(modules: Sequence[str]) -> None:
@@ -201,14 +181,14 @@ class WorkerRuntime:
         runner, ran, why = self._runner(task, task.items[index])
         if runner is None:
             return ItemResult.failed(task, index, why)
-        spec = tune_op(task.op)
+        spec = op_spec(task.op)
         data = self._inputs(task)
         err = rel = math.nan
         if task.check:
             # Poison the memory the output will most likely be allocated in (the caching allocator hands the same
             # block back), so a kernel that leaves elements unwritten fails instead of reading an older output.
             torch.full((p.M, p.N), math.nan, dtype=p.otype, device=self.device)
-            out = spec.call(runner, data.sets[0], p)
+            out = spec.call_runner(runner, data.sets[0], p)
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (p.M, p.N) or out.dtype != p.otype:
                 got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
                 return ItemResult.failed(task, index, f"returned {got}, expected ({p.M}, {p.N}) {p.otype}")
@@ -221,7 +201,7 @@ class WorkerRuntime:
         sets = data.sets
 
         def call(i: int) -> object:
-            return spec.call(runner, sets[i], p)
+            return spec.call_runner(runner, sets[i], p)
 
         t = time_runner(call, len(sets), self.device, task.timing)
         if not (t.us > 0) or math.isinf(t.us):
@@ -244,7 +224,7 @@ class WorkerRuntime:
         if not fits:
             raise MemoryError(too_large)
         try:
-            data = tune_op(task.op).make_inputs(p, task.seed, self.device, self.cache, dict(task.options))
+            data = op_spec(task.op).make_inputs(p, task.seed, self.device, self.cache, dict(task.options))
         except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError and CPU allocation errors
             if too_large is None or not _is_allocation_error(exc):
                 raise
@@ -252,29 +232,6 @@ class WorkerRuntime:
         data.key = key
         self._data = data
         return data
-
-
-def inputs_memory(p: GemmProblem, device: torch.device) -> tuple[bool, str | None]:
-    """(whether ``p``'s inputs can fit on ``device``, what they need against what it has; None where its memory is
-    unknown). Every op's inputs start as float32 A (M x K) and B (N x K) and end with a float32 reference (M x N): a
-    lower bound of what they take. The tuner's workers and ``kernel_check --shape`` check it before allocating."""
-    need = 4 * (p.M * p.K + p.N * p.K + p.M * p.N)
-    have, how = device_memory(device)
-    if have is None:
-        return True, None
-    return need <= have, (f"inputs need at least {need / 1e9:.1f} GB (float32 A, B and reference of M={p.M} "
-                          f"N={p.N} K={p.K}), {device.type} has {have / 1e9:.1f} GB {how}")
-
-
-def device_memory(device: torch.device) -> tuple[int | None, str]:
-    """Bytes ``device`` can give a shape's inputs and what they are: a GPU's free memory, the CPU's physical memory
-    (its free pages undercount what the page cache would give back); None where unknown."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0], "free"
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "in total"
-    except (AttributeError, ValueError, OSError):  # not POSIX
-        return None, ""
 
 
 def _is_allocation_error(exc: BaseException) -> bool:

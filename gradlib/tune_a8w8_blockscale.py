@@ -55,7 +55,7 @@ from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
-from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE, parse_choice
+from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE, X_SCALE_LAYOUTS, parse_choice
 from aiter_gemm.registry import get_backend, known_backends
 from aiter_gemm.timing import TimingConfig
 from gradlib import cli
@@ -65,7 +65,6 @@ from gradlib.blockscale import (
     EXTRA_LAUNCHERS,
     FP8,
     SEED_BUCKETS,
-    X_SCALE_LAYOUTS,
     JsonSidecar,
     candidate_solution,
     check_candidate,

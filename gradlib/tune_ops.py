@@ -1,15 +1,13 @@
-"""The tuner's side of an op (:class:`~aiter_gemm.ops.spec.OpSpec` is the runtime's): how to make its inputs and
-reference, how to call its runners, and how a winner becomes a tuned row. The search, the worker, the checkpoint
-writer and the driver are written once over this (docs/design.md, "Adding an op").
+"""The tuner's side of an op (:class:`~aiter_gemm.ops.spec.OpSpec` is the runtime's, with the op's inputs, reference
+and runner call): how a winner becomes a tuned row, the op's baseline and sidecar files. The search, the worker, the
+checkpoint writer and the driver are written once over this (docs/design.md, "Adding an op").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import TunedRow
@@ -18,16 +16,6 @@ from aiter_gemm.registry import LazyRegistry
 
 if TYPE_CHECKING:
     from gradlib.search import Candidate, ShapeOutcome
-
-
-@dataclass
-class Inputs:
-    """One shape's rotating input sets (each a tuple the op's :attr:`TuneOp.call` takes) and set 0's float32
-    reference output."""
-
-    key: tuple
-    sets: list[tuple]
-    ref: torch.Tensor
 
 
 class Sidecar:
@@ -52,10 +40,6 @@ class TuneOp:
     key_of: Callable[[DeviceIdentity, GemmProblem], dict[str, str]]  # a problem's key columns as written
     #: The winner as a tuned row: (device, outcome, winner) -> row of :attr:`tuned_columns`.
     tuned_row: Callable[[DeviceIdentity, ShapeOutcome, Candidate], dict[str, Any]]
-    #: Inputs of ``problem``: (problem, seed, device, cache bytes, options) -> Inputs (the worker caches them).
-    make_inputs: Callable[[GemmProblem, int, torch.device, int, Mapping[str, Any]], Inputs]
-    #: Run a runner on one input set: (runner, set, problem) -> output.
-    call: Callable[[Callable, tuple, GemmProblem], torch.Tensor]
     err_column: str = "err_ratio"  # the error column's name in tuned and profile rows
     #: Libtype timed for every shape as the reference the winner must beat (F.linear for gemm_a16w16); None: none.
     baseline: str | None = None
@@ -75,11 +59,3 @@ TUNE_OPS: LazyRegistry[TuneOp] = LazyRegistry("tuner spec", {"gemm_a16w16": "gra
 register_tune_op = TUNE_OPS.register
 tune_op = TUNE_OPS.get
 
-
-def cloned_sets(first: tuple, n: int) -> list[tuple]:
-    """``first`` and ``n - 1`` copies (tensors cloned with their strides, other values shared): rotating sets."""
-
-    def clone(v: Any) -> Any:
-        return v.clone(memory_format=torch.preserve_format) if isinstance(v, torch.Tensor) else v
-
-    return [first] + [tuple(clone(v) for v in first) for _ in range(n - 1)]

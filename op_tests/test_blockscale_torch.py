@@ -259,12 +259,13 @@ def test_candidates_include_the_runtime_default_config():
 
 @pytest.mark.parametrize("layout,strides", [("m_major", (1, 8)), ("row_major", (4, 1))])
 def test_worker_inputs_lay_out_x_scale_as_asked(layout, strides):
-    from gradlib.blockscale import make_inputs
+    from aiter_gemm.ops.a8w8_blockscale import make_inputs
 
-    data = make_inputs(8, 256, 512, torch.bfloat16, 0, torch.device("cpu"), 1 << 20, layout)
+    p = GemmProblem(8, 256, 512, False, torch.float8_e4m3fn, torch.bfloat16)
+    data = make_inputs(p, 0, torch.device("cpu"), 1 << 20, {"x_scale_layout": layout})
     assert all(s[2].stride() == strides for s in data.sets) and len(data.sets) >= 2
     with pytest.raises(ValueError, match="x_scale_layout 'col'"):
-        make_inputs(8, 256, 512, torch.bfloat16, 0, torch.device("cpu"), 1 << 20, "col")
+        make_inputs(p, 0, torch.device("cpu"), 1 << 20, {"x_scale_layout": "col"})
 
 
 # ---- the default: torch's matmul where the H100 sweep found it faster than our Triton default ------------------

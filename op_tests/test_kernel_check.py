@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiter_gemm import kernel_check
+from aiter_gemm import kernel_check, testbed
 from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig
-from gradlib import tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 PASS = "VERIFY: PASS\n"
@@ -70,7 +69,7 @@ def test_blockscale_triton_verify_passes(runtime, capsys, shape, config):
                                               ("a8w8_blockscale", "triton", "7,136,384")])
 def test_a_wrong_runner_fails_verification(runtime, capsys, monkeypatch, op, libtype, shape):
     """The runner the backend prepared, made wrong by 0.5 on one element: exit 1 and its error."""
-    real = tasks.prepare_runner
+    real = kernel_check.prepare_runner
 
     def broken(*a, **kw):
         runner, sol, why = real(*a, **kw)
@@ -82,7 +81,7 @@ def test_a_wrong_runner_fails_verification(runtime, capsys, monkeypatch, op, lib
 
         return wrong, sol, why
 
-    monkeypatch.setattr(tasks, "prepare_runner", broken)
+    monkeypatch.setattr(kernel_check, "prepare_runner", broken)
     rc, out, err = run(capsys, "--op", op, "--libtype", libtype, "--shape", shape, "--verify")
     m = FAIL.fullmatch(out)
     assert rc == 1 and m is not None and err == ""
@@ -145,7 +144,7 @@ BS = ["--op", "a8w8_blockscale", "--libtype", "triton", "--shape", "5,256,256", 
 def test_arguments_that_used_to_raise_exit_2_with_one_line(runtime, capsys, monkeypatch, argv, expected):
     """Issue 47: an integer dtype (a KeyError from the tolerance table), JSON solution fields of the wrong type (a
     TypeError / AttributeError in the backend) and a shape no memory holds (an allocation error) were tracebacks."""
-    monkeypatch.setattr(tasks, "device_memory", lambda device: (64 * 10 ** 9, "in total"))
+    monkeypatch.setattr(testbed, "device_memory", lambda device: (64 * 10 ** 9, "in total"))
     rc, out, err = run(capsys, *argv)
     assert (rc, out) == (2, "") and err.count("\n") == 1, err
     assert err.startswith(f"{kernel_check.PROG}: error: ") and expected in err, err
@@ -164,7 +163,7 @@ def test_a_parsers_config_error_exits_2_with_its_message(runtime, capsys, monkey
     if where == "resolve":
         monkeypatch.setattr(type(get_backend("triton")), "candidates", refuse)
     else:
-        monkeypatch.setattr(tasks, "prepare_runner", refuse)
+        monkeypatch.setattr(kernel_check, "prepare_runner", refuse)
     rc, out, err = run(capsys, *A16, "--libtype", "triton", "--config", "BM16_BN32_BK32_GM1_SK1_W4_S99")
     assert (rc, out) == (2, "") and err.count("\n") == 1, err
     assert err.startswith(f"{kernel_check.PROG}: error: --config ") and "num_stages=99 out of range 1..8" in err

@@ -370,9 +370,9 @@ def test_cpu_tuned_rows_say_they_were_timed_eagerly(inline, tmp_path, timing):
 
 # ---- what the console says -----------------------------------------------------------------------------------------
 def test_a_shape_too_large_for_memory_says_so(inline, tmp_path, monkeypatch, capsys):
-    from gradlib import tasks
+    from aiter_gemm import testbed
 
-    monkeypatch.setattr(tasks, "device_memory", lambda device: (64 * 10 ** 9, "in total"))
+    monkeypatch.setattr(testbed, "device_memory", lambda device: (64 * 10 ** 9, "in total"))
     shapes = tmp_path / "u.csv"
     shapes.write_text(f"M,N,K\n{2 ** 31},16,16\n")
     assert run("-i", shapes, "-o", tmp_path / "t.csv", "--libtype", "torch", *FAST) == 1
@@ -385,6 +385,7 @@ def test_a_shape_too_large_for_memory_says_so(inline, tmp_path, monkeypatch, cap
 def test_an_allocation_failure_says_how_much_the_inputs_need(monkeypatch):
     from dataclasses import replace
 
+    from aiter_gemm import testbed
     from aiter_gemm.backends.base import GemmProblem, Solution
     from aiter_gemm.timing import TimingConfig
     from gradlib import tasks
@@ -393,9 +394,9 @@ def test_an_allocation_failure_says_how_much_the_inputs_need(monkeypatch):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory: you tried to "
                            "allocate 137438953472 bytes.")
 
-    real = tasks.tune_op
-    monkeypatch.setattr(tasks, "tune_op", lambda op: replace(real(op), make_inputs=make_inputs))
-    monkeypatch.setattr(tasks, "device_memory", lambda device: (10 ** 15, "in total"))
+    real = tasks.op_spec
+    monkeypatch.setattr(tasks, "op_spec", lambda op: replace(real(op), make_inputs=make_inputs))
+    monkeypatch.setattr(testbed, "device_memory", lambda device: (10 ** 15, "in total"))
     rt = tasks.WorkerRuntime.create()
     task = tasks.Task(0, 0, tasks.TIME, GemmProblem(2 ** 31, 16, 16), (Solution("torch", 0, 0, "F.linear"),),
                       TimingConfig(1, 3, 0.0, False, 0.05))

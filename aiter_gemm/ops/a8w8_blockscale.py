@@ -50,19 +50,28 @@ from aiter_gemm.dispatch import dispatcher_for
 from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, read_buckets, select_bucket, write_buckets
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_space
+from aiter_gemm.kernels.a8w8_blockscale import (
+    SCALE_BLOCK,
+    BlockscaleConfig,
+    config_space,
+    dequantize_blockscale,
+    quantize_blockscale,
+)
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.ops.a16w16 import EAGER_EXT
 from aiter_gemm.ops.spec import JsonLevel, OpSpec
 from aiter_gemm.registry import register_op
+from aiter_gemm.testbed import Inputs, cloned_sets, free_memory
+from aiter_gemm.timing import rotating_sets
 
 __all__ = [
     "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "GEMM_A8W8_BLOCKSCALE", "KIND", "LIBTYPE", "LIBTYPES",
-    "UNTUNED_FILE",
+    "UNTUNED_FILE", "X_SCALE_LAYOUTS",
     "Choice", "JSONConfigError", "TorchBlockwise", "buckets_from_tuned", "choice_error", "choice_of", "config_space",
-    "csv_row", "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path", "parse_choice",
-    "read_json_configs", "select_bucket", "solution_of", "write_json_configs", "x_scale_m_major",
+    "call_runner", "csv_row", "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path",
+    "make_inputs", "parse_choice", "read_json_configs", "select_bucket", "solution_of", "write_json_configs",
+    "x_scale_m_major",
 ]
 
 KIND = "GEMM_A8W8_BLOCKSCALE"
@@ -147,6 +156,40 @@ def untuned_row(p: GemmProblem) -> dict[str, str]:
     return {"M": str(p.M), "N": str(p.N), "K": str(p.K)}
 
 
+#: How :func:`make_inputs` lays x_scale out (option ``x_scale_layout``), as a model's quantizer writes it:
+#: ``row_major`` (the default) or ``m_major`` (strides (1, M): :func:`x_scale_m_major`).
+X_SCALE_LAYOUTS = ("m_major", "row_major")
+
+
+def make_inputs(p: GemmProblem, seed: int, device: torch.device, cache: int, options: Mapping[str, Any]) -> Inputs:
+    """x ~ N(0, 1), w ~ N(0, 1/K) quantized per (1, 128) group of x and (128, 128) block of w, so the exact product
+    is about unit scale; x_scale laid out as ``options["x_scale_layout"]`` says (:data:`X_SCALE_LAYOUTS`); as many
+    copies as span twice the last-level cache; each set is (XQ, WQ, x_scale, w_scale)."""
+    layout = str(options.get("x_scale_layout", "row_major"))
+    if layout not in X_SCALE_LAYOUTS:
+        raise ValueError(f"x_scale_layout {layout!r} is not one of {X_SCALE_LAYOUTS}")
+    M, N, K = p.M, p.N, p.K
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(M, K, generator=gen, device=device)
+    w = torch.randn(N, K, generator=gen, device=device).mul_(K ** -0.5)
+    XQ, WQ, xs, ws = quantize_blockscale(x, w, FP8)
+    del x, w
+    if layout == "m_major":
+        xs = xs.t().contiguous().t()
+    xd, wd = dequantize_blockscale(XQ, WQ, xs, ws)
+    ref = xd @ wd.t()  # float32 (the tuner's worker turns TF32 off)
+    del xd, wd
+    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+    per_set = M * K + N * K + 4 * (M * kb + nb * kb) + M * N * torch.empty((), dtype=p.otype).element_size()
+    return Inputs((), cloned_sets((XQ, WQ, xs, ws), rotating_sets(per_set, cache, free_memory(device))), ref)
+
+
+def call_runner(runner, inputs: tuple, p: GemmProblem) -> torch.Tensor:
+    """``runner`` on one set of :func:`make_inputs`."""
+    XQ, WQ, xs, ws = inputs
+    return runner(XQ, WQ, xs, ws, p.otype)
+
+
 GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     name="gemm_a8w8_blockscale", kind=KIND, backends="aiter_gemm.backends.a8w8_blockscale",
     row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
@@ -157,6 +200,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
                    NAMED_BUCKETS, more=(sglang_tilelang.FILES,)),
     describe=_describe, source_with_line=True,
     key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
+    make_inputs=make_inputs, call_runner=call_runner,
 ))
 
 

@@ -94,7 +94,8 @@ class OpSpec:
     """One op as the generic :class:`~aiter_gemm.dispatch.Dispatcher` and the tuner see it.
 
     Problems are :class:`GemmProblem` for every op (an op keys rows on the fields it needs: :attr:`row_key`);
-    runners have the op's own signature, which only the op's entry function and its backends know."""
+    runners have the op's own signature, which only the op's entry function, its backends and its
+    :attr:`call_runner` know."""
 
     name: str  # "gemm_a16w16": also the tuner's task field naming the op
     kind: str  # config kind: table spec, environment variable and shipped file name (settings.CONFIG_KINDS)
@@ -113,6 +114,12 @@ class OpSpec:
     source_with_line: bool = False
     #: The problem of a table key (:attr:`row_key`'s inverse), for :meth:`~aiter_gemm.dispatch.Dispatcher.warm_up`.
     key_problem: Callable[[tuple], GemmProblem] | None = None
+    #: Random inputs of a problem and their float32 reference, as rotating sets spanning twice ``cache`` bytes:
+    #: (problem, seed, device, cache bytes, options) -> :class:`~aiter_gemm.testbed.Inputs` (the tuner, kernel_check
+    #: and the benchmarks run solutions on them).
+    make_inputs: Callable[[GemmProblem, int, Any, int, Mapping[str, Any]], Any] | None = None
+    #: Run a runner on one input set: (runner, set, problem) -> output.
+    call_runner: Callable[[Callable, tuple, GemmProblem], Any] | None = None
 
     @property
     def table_spec(self) -> TableSpec:
