@@ -28,7 +28,8 @@ setup(
         "ext": ["ninja"],  # torch's C++ extension builder needs it (aiter-gemm-build-ext); plus g++
         "cuda": ["nvmath-python>=1.0,<2"],  # cuBLASLt bindings; tested with 1.0.0
         "ray": ["ray>=2.9"],  # tested with 2.60.0; a ray:// client driver also needs ray[client]
-        # aiter_gemm.examples.hf_decode and op_tests/test_hf_patch.py; tested with 4.45.2, 4.46.3, 5.17.0, 5.23.0
+        # examples/hf_decode.py (the checkout's, not installed) and op_tests/test_hf_patch.py; tested with 4.45.2,
+        # 4.46.3, 5.17.0, 5.23.0
         "hf": ["transformers>=4.45"],
         # the tilelang backend of gemm_a8w8_blockscale (sm_90); kernels written and measured with 0.1.15, whose
         # lowering the CPU tests check (docs/tilelang.md: the offline pack for GPU machines)

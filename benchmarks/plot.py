@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.report import _num, select
+from benchmarks.report import num, select
 
 
 def plot(rows: Sequence[dict], out_dir: str | Path, provider: str, vs: str, mode: str, stem: str) -> list[Path]:
@@ -30,7 +30,7 @@ def plot(rows: Sequence[dict], out_dir: str | Path, provider: str, vs: str, mode
         fig, ax = plt.subplots(figsize=(9, 5.5))
         for (label, n, k), part in sorted(groups.items()):
             part.sort(key=lambda r: int(r["M"]))
-            ax.plot([int(r["M"]) for r in part], [_num(r.get(key)) for r in part], marker="o",
+            ax.plot([int(r["M"]) for r in part], [num(r.get(key)) for r in part], marker="o",
                     label=f"{label} N={n} K={k}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M (tokens)")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from aiter_gemm.fileio import read_csv_rows
 from benchmarks import legacy
+from benchmarks.hf_summary import arm_times, summarize
 
 LIB = {"cublaslt": "c", "skinny": "s", "triton": "t", "tilelang": "l", "torch": "f"}
 DEFAULT_BARS = {"graph": 0.98, "eager": 0.97}
@@ -44,7 +45,8 @@ def load_rows(path: str | Path) -> list[dict]:
     return conv
 
 
-def _num(x: object) -> float:
+def num(x: object) -> float:
+    """A CSV cell as a float; NaN for an empty or non-numeric cell."""
     try:
         return float(x) if x not in (None, "") else math.nan
     except (TypeError, ValueError):
@@ -61,7 +63,7 @@ def select(rows: Sequence[dict], provider: str | None = None, vs: str | None = N
     """Rows with a ratio for ``provider`` against ``vs`` in ``mode`` (None: any), in ``sets`` if given."""
     return [r for r in rows if (provider is None or r["provider"] == provider) and (vs is None or r.get("vs") == vs)
             and (mode is None or r["mode"] == mode) and (not sets or r["set"] in sets)
-            and not math.isnan(_num(r.get("ratio")))]
+            and not math.isnan(num(r.get("ratio")))]
 
 
 def _shape(r: dict) -> str:
@@ -83,12 +85,12 @@ def summary(rows: Sequence[dict], provider: str = "dispatch", bars: dict[str, fl
         groups.setdefault((r["bench"], r["set"], r["vs"], r["mode"]), []).append(r)
     body = []
     for (bench, s, vs, mode), rs in groups.items():
-        ratios = [_num(r["ratio"]) for r in rs]
-        worst = min(rs, key=lambda r: _num(r["ratio"]))
+        ratios = [num(r["ratio"]) for r in rs]
+        worst = min(rs, key=lambda r: num(r["ratio"]))
         bar = bars.get(mode, math.nan)
         below = sum(x < bar for x in ratios)
         body.append((bench, s, vs, mode, len(rs), f"{geomean(ratios):.3f}",
-                     f"{_num(worst['ratio']):.3f} {_shape(worst)}", f"{below} < {bar}"))
+                     f"{num(worst['ratio']):.3f} {_shape(worst)}", f"{below} < {bar}"))
     out = _table(("bench", "set", "vs", "mode", "shapes", "geomean", "min (M, N, K)", "below bar"),
                  ("---", "---", "---", "---", "---:", "---:", "---", "---:"), body)
     if identical:
@@ -101,7 +103,7 @@ def identical_calls(rows: Sequence[dict]) -> str:
     whatever the ratios show is the method's resolution."""
     body = []
     for mode in ("graph", "eager"):
-        aa = sorted(_num(r["ratio"]) for r in select(rows, "dispatch", "flinear", mode)
+        aa = sorted(num(r["ratio"]) for r in select(rows, "dispatch", "flinear", mode)
                     if r.get("bench") == "bf16" and r.get("libtype") == r.get("eager_libtype") == "torch")
         if len(aa) >= 2:
             q = statistics.quantiles(aa, n=20, method="inclusive")
@@ -122,9 +124,9 @@ def mclass(rows: Sequence[dict], provider: str, vs: str, mode: str) -> str:
     for name, lo, hi in M_CLASSES:
         part = [r for r in rs if lo <= int(r["M"]) <= hi]
         if part:
-            worst = min(part, key=lambda r: _num(r["ratio"]))
-            body.append((name, len(part), f"{geomean(_num(r['ratio']) for r in part):.3f}",
-                         f"{_num(worst['ratio']):.3f} {_shape(worst)}"))
+            worst = min(part, key=lambda r: num(r["ratio"]))
+            body.append((name, len(part), f"{geomean(num(r['ratio']) for r in part):.3f}",
+                         f"{num(worst['ratio']):.3f} {_shape(worst)}"))
     return _table(("shapes", "count", f"{provider} / {vs} (geomean)", "min (M, N, K)"),
                   ("---", "---:", "---:", "---"), body)
 
@@ -136,21 +138,21 @@ def by_m(rows: Sequence[dict], provider: str, vs: str, mode: str) -> str:
         groups.setdefault(int(r["M"]), []).append(r)
     body = []
     for m, part in sorted(groups.items()):
-        lo = min(part, key=lambda r: _num(r["ratio"]))
-        hi = max(part, key=lambda r: _num(r["ratio"]))
-        body.append((m, len(part), f"{geomean(_num(r['ratio']) for r in part):.3f}",
-                     f"{_num(lo['ratio']):.3f} ({lo['N']}, {lo['K']})",
-                     f"{_num(hi['ratio']):.3f} ({hi['N']}, {hi['K']})"))
+        lo = min(part, key=lambda r: num(r["ratio"]))
+        hi = max(part, key=lambda r: num(r["ratio"]))
+        body.append((m, len(part), f"{geomean(num(r['ratio']) for r in part):.3f}",
+                     f"{num(lo['ratio']):.3f} ({lo['N']}, {lo['K']})",
+                     f"{num(hi['ratio']):.3f} ({hi['N']}, {hi['K']})"))
     return _table(("M", "shapes", f"{provider} / {vs} (geomean)", "min (N, K)", "max (N, K)"),
                   ("---:", "---:", "---:", "---", "---"), body)
 
 
 def _cell(r: dict, cell: str) -> str:
     if cell == "us":
-        return f"{_num(r['us']):.2f}"
+        return f"{num(r['us']):.2f}"
     if cell == "roof":
-        return f"{_num(r.get('roof')):.2f}"
-    text = f"{_num(r['ratio']):.3f}"
+        return f"{num(r.get('roof')):.2f}"
+    text = f"{num(r['ratio']):.3f}"
     if cell == "ratio+lib" and r.get("libtype"):
         text += f" {LIB.get(r['libtype'], r['libtype'][:1])}"
     return text
@@ -172,8 +174,8 @@ def matrix(rows: Sequence[dict], provider: str, vs: str, mode: str, cell: str = 
 
 
 def overhead(rows: Sequence[dict]) -> str:
-    body = [(r["label"], r["provider"], r["vs"], f"{_num(r['vs_us']):.3f}", f"{_num(r['us']):.3f}",
-             f"{_num(r['added_us']):+.3f}") for r in rows if r["bench"] == "overhead"]
+    body = [(r["label"], r["provider"], r["vs"], f"{num(r['vs_us']):.3f}", f"{num(r['us']):.3f}",
+             f"{num(r['added_us']):+.3f}") for r in rows if r["bench"] == "overhead"]
     return _table(("case", "ours", "vs", "vs us", "ours us", "added us"),
                   ("---", "---", "---", "---:", "---:", "---:"), body)
 
@@ -194,7 +196,7 @@ def overhead_ab(folders: Sequence[str | Path]) -> str:
             for r in load_rows(path):
                 if r["bench"] == "overhead":
                     added.setdefault((mode, r["label"], r["provider"]), {}).setdefault(side, []).append(
-                        _num(r["added_us"]))
+                        num(r["added_us"]))
     if not added:
         raise ValueError(f"no <A|B>_<ext|python>_<round>_*.csv overhead files in {', '.join(map(str, folders))}")
 
@@ -212,7 +214,7 @@ def layer(rows: Sequence[dict]) -> str:
     by: dict[tuple, dict] = {}
     for r in select(rows, "dispatch", "flinear"):
         by[(int(r["M"]), r["mode"])] = r
-    body = [(m, mode, f"{_num(r['vs_us']):.1f}", f"{_num(r['us']):.1f}", f"{_num(r['ratio']):.3f}")
+    body = [(m, mode, f"{num(r['vs_us']):.1f}", f"{num(r['us']):.1f}", f"{num(r['ratio']):.3f}")
             for (m, mode), r in sorted(by.items())]
     return _table(("M", "mode", "F.linear layer us", "gemm_a16w16 layer us", "speedup"),
                   ("---:", "---", "---:", "---:", "---:"), body)
@@ -225,8 +227,8 @@ def host(rows: Sequence[dict]) -> str:
     for r in rows:
         if r["mode"] == "host" and r["provider"] in ("flinear", "dispatch") and r.get("us"):
             by.setdefault((int(r["M"]), int(r["N"]), int(r["K"])), {})[r["provider"]] = r
-    body = [(f"{m}, {n}, {k}", f"{d.get('libtype', '')}/{d.get('eager_libtype', '')}", f"{_num(f['us']):.1f}",
-             f"{_num(d['us']):.1f}", f"{_num(f['gpu_us']):.1f}", f"{_num(d['gpu_us']):.1f}")
+    body = [(f"{m}, {n}, {k}", f"{d.get('libtype', '')}/{d.get('eager_libtype', '')}", f"{num(f['us']):.1f}",
+             f"{num(d['us']):.1f}", f"{num(f['gpu_us']):.1f}", f"{num(d['gpu_us']):.1f}")
             for (m, n, k), pair in by.items() if len(pair) == 2 for f, d in [(pair["flinear"], pair["dispatch"])]]
     return _table(("M, N, K", "decision (graph/eager)", "host us F.linear", "host us ours", "GPU us F.linear",
                    "GPU us ours"), ("---", "---", "---:", "---:", "---:", "---:"), body)
@@ -279,8 +281,6 @@ def median_ci(xs: Sequence[float], level: float = 0.95, resamples: int = 2000, s
 def _round_ratios(runs: Sequence[Sequence[dict]], base: str = "without", main: str = "with"
                   ) -> dict[tuple, list[float]]:
     """Per (batch, phase, mode) the per-round ratios ``base`` / ``main`` of every run, paired within each run."""
-    from aiter_gemm.examples.hf_decode import arm_times
-
     out: dict[tuple, list[float]] = {}
     for run in runs:
         for (_, b, mode, phase), a in arm_times(run).items():
@@ -292,8 +292,6 @@ def hf_pooled(paths: Sequence[str | Path]) -> str:
     """Runs of the same ``hf_decode`` configurations pooled: per (batch, phase, mode) the median per-round ratio over
     the rounds of every run (each run's rounds paired as in that run) with its 95% bootstrap interval, its A/A, and
     each run's own median."""
-    from aiter_gemm.examples.hf_decode import summarize
-
     runs = [hf_rounds(p) for p in paths]
     pooled = {(s["batch"], s["phase"], s["mode"]): s for s in summarize([r for run in runs for r in run], 1)}
     each = [{(s["batch"], s["phase"], s["mode"]): s for s in summarize(run, 1)} for run in runs]

@@ -40,7 +40,7 @@ from benchmarks import env as envmod
 from benchmarks import report as rep
 from benchmarks.measure import COLUMNS, EAGER_PAIRS, GRAPH_PAIRS, DeviceTimer, GemmBench, Timer
 from benchmarks.providers import BENCH_OPS, providers_for, resolve
-from benchmarks.shapes import _SETS, build_sets
+from benchmarks.shapes import build_sets, sets_for
 
 log = logging.getLogger("benchmarks")
 BENCHES = (*BENCH_OPS, "overhead", "layer")
@@ -272,9 +272,8 @@ def run_list() -> int:
         for p in providers_for(op):
             print(f"  {p.name:18} {p.doc}")
         print(f"--bench {bench} sets:")
-        for s in _SETS.values():
-            if op in s.ops:
-                print(f"  {s.name:18} {s.doc}")
+        for s in sets_for(op):
+            print(f"  {s.name:18} {s.doc}")
     print("a --set item may also be a model (llama3_8b, llama3_70b:tp8, a folder with config.json; +lm_head) or a CSV")
     return 0
 

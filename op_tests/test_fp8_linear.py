@@ -17,10 +17,10 @@ from transformers.integrations.finegrained_fp8 import FP8Linear  # noqa: E402
 
 import aiter_gemm  # noqa: E402
 from aiter_gemm import fp8_linear  # noqa: E402
-from aiter_gemm.examples.hf_fp8 import quantize_linears  # noqa: E402
 from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref  # noqa: E402
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8, per_token_group_quant_fp8_ref  # noqa: E402
 from aiter_gemm.nn import patch_linear, unpatch_linear  # noqa: E402
+from examples.hf_fp8 import quantize_linears  # noqa: E402
 
 QCFG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 LAYERS = 2
@@ -381,8 +381,8 @@ def test_hf_decode_fp8_loop_on_cpu(clean_runtime, tmp_path, capsys):
     F.scaled_mm, which checks cuBLASLt's layouts), with the bf16 loop's report plus the bf16 arm's columns."""
     import json
 
-    from aiter_gemm.examples import hf_decode
     from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+    from examples import hf_decode
     from op_tests.fake_scaled_mm import fake_scaled_mm
 
     clean_runtime.setattr(torch.nn.functional, "scaled_mm", fake_scaled_mm, raising=False)

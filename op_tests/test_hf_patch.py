@@ -256,7 +256,7 @@ def test_gradients_flow_through_the_custom_op():
 
 
 def test_generate_captures_the_model_shapes(clean_runtime, tmp_path, device):
-    from aiter_gemm.examples.hf_capture import hf_expected, read_untuned
+    from examples.hf_capture import hf_expected, read_untuned
     from gradlib.models import ModelArch
 
     out = tmp_path / "captured.csv"
@@ -447,7 +447,7 @@ def test_dtype_mismatch_falls_back_like_nn_linear(spy, caplog):
 def test_hf_decode_example_on_cpu(clean_runtime, tmp_path, capsys):
     import json
 
-    from aiter_gemm.examples import hf_decode
+    from examples import hf_decode
 
     cfg_dir = tmp_path / "tiny"
     cfg_dir.mkdir()
@@ -482,7 +482,7 @@ def test_hf_decode_example_on_cpu(clean_runtime, tmp_path, capsys):
 def test_patch_state_switches_the_same_modules_back_and_forth(clean_runtime):
     """hf_decode's arms alternate step by step: after the first patch a switch puts the very same module objects
     back, and the model computes what each arm computed before."""
-    from aiter_gemm.examples.hf_decode import PatchState
+    from examples.hf_decode import PatchState
 
     model, ids = tiny_model(), torch.randint(0, VOCAB, (2, 5))
     originals = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
@@ -515,7 +515,7 @@ def _graph_model(kind: str) -> nn.Module:
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
 def test_cuda_graph_replay_of_a_patched_decode_step(clean_runtime, kind):
-    from aiter_gemm.examples.hf_model import StaticSteps, capture_graph
+    from examples.hf_model import StaticSteps, capture_graph
 
     model = _graph_model(kind)
     patch_linear(model)
@@ -532,7 +532,7 @@ def test_cuda_graph_replay_of_a_patched_decode_step(clean_runtime, kind):
 
 def test_hf_decode_phases_option():
     """``--phases decode`` measures decode steps only (the cache is filled at set-up); anything else is refused."""
-    from aiter_gemm.examples.hf_decode import build_parser
+    from examples.hf_decode import build_parser
 
     ap = build_parser()
     assert ap.parse_args([]).phases == ["prefill", "decode"]

@@ -1,24 +1,20 @@
 """The package's programs as a newcomer meets them: ``--help`` that parses and says every default, the demo's table
-printed whole, and the layering of the runtime, the tuner and the examples (the runtime never imports the tuner; the
-examples import each other in one direction)."""
+printed whole, the harness installed (the layering of the runtime, the tuner and the examples: test_layering.py)."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import logging
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from op_tests.runtime_helpers import BF16_HEADER, bf16_row, repo_env
+from op_tests.runtime_helpers import BF16_HEADER, bf16_row
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "aiter_gemm" / "examples"
 
 
 def _defaults_shown(parser: argparse.ArgumentParser) -> list[str]:
@@ -46,7 +42,7 @@ def test_demo_help_shows_every_default(capsys):
 
 
 def test_hf_decode_help_is_whole_sentences_with_defaults_and_the_example(capsys):
-    from aiter_gemm.examples import hf_decode
+    from examples import hf_decode
 
     parser = hf_decode.build_parser()
     assert _defaults_shown(parser) == []
@@ -121,7 +117,7 @@ def test_demo_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, expecte
 def test_hf_decode_bad_arguments_exit_2_before_the_model_is_built(tmp_path, capsys, argv, expected):
     """A missing model config exited 1 after the output folder was made; a file as --out, a missing --tuned file, a
     GPU this machine lacks were tracebacks (or, --tuned, a measurement without the table); --layers 0 ran on."""
-    from aiter_gemm.examples import hf_decode
+    from examples import hf_decode
 
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(SystemExit) as e:
@@ -129,7 +125,7 @@ def test_hf_decode_bad_arguments_exit_2_before_the_model_is_built(tmp_path, caps
                              if "--out" not in argv else [a.format(tmp=tmp_path) for a in argv])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("usage: ")
-    assert err.splitlines()[-1].startswith(f"python -m aiter_gemm.examples.hf_decode: error: "
+    assert err.splitlines()[-1].startswith(f"python -m examples.hf_decode: error: "
                                            f"{expected.format(tmp=tmp_path)}"), err
     assert not (tmp_path / "out").exists()
 
@@ -173,69 +169,11 @@ def test_the_benchmark_harness_runs_from_another_folder_once_installed(tmp_path)
     assert Path(where).is_relative_to(site)  # the installed copy ran, not this checkout
 
 
-# ---- layering -------------------------------------------------------------------------------------------------
-def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, at any depth of the file (functions and ``TYPE_CHECKING`` blocks included)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out.add(node.module)
-    return out
-
-
-def test_the_runtime_never_imports_gradlib():
-    """Importing every module of aiter_gemm (examples included: they use gradlib only inside functions) loads no
-    gradlib module; and no file of the runtime (aiter_gemm outside examples/ and the kernel_check CLI, which builds
-    a kernel's runner and inputs the tuner's way inside its functions) names gradlib in an import at all."""
-    code = textwrap.dedent("""
-        import importlib, pkgutil, sys
-        import aiter_gemm
-        names = [m.name for m in pkgutil.walk_packages(aiter_gemm.__path__, "aiter_gemm.")]
-        for name in names:
-            importlib.import_module(name)
-        print(len(names), sorted(m for m in sys.modules if m.split(".")[0] == "gradlib"))
-    """)
-    res = subprocess.run([sys.executable, "-c", code], env=repo_env(), cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
-    count, loaded = res.stdout.split(" ", 1)
-    assert int(count) > 30 and loaded.strip() == "[]"
-    runtime = [p for p in (REPO / "aiter_gemm").rglob("*.py")
-               if EXAMPLES not in p.parents and p != REPO / "aiter_gemm" / "kernel_check.py"]
-    offenders = {str(p.relative_to(REPO)): sorted(m for m in _imports(p) if m.split(".")[0] == "gradlib")
-                 for p in runtime}
-    assert {k: v for k, v in offenders.items() if v} == {}
-
-
-def test_examples_import_each_other_in_one_direction_and_gradlib_never_imports_them():
-    graph = {p.stem: {m.rsplit(".", 1)[-1] for m in _imports(p) if m.startswith("aiter_gemm.examples.")}
-             for p in EXAMPLES.glob("*.py") if p.stem != "__init__"}
-    assert graph["hf_model"] == set() and "hf_decode" not in graph["hf_capture"] | graph["hf_profile"]
-    state: dict[str, str] = {}
-
-    def visit(node: str, path: list[str]) -> None:  # depth-first: a node seen again on the current path is a cycle
-        state[node] = "open"
-        for nxt in graph.get(node, ()):
-            assert state.get(nxt) != "open", f"import cycle: {' -> '.join([*path, node, nxt])}"
-            if nxt not in state:
-                visit(nxt, [*path, node])
-        state[node] = "done"
-
-    for node in graph:
-        if node not in state:
-            visit(node, [])
-    tuner = {str(p.relative_to(REPO)): [m for m in _imports(p) if m.startswith("aiter_gemm.examples")]
-             for p in (REPO / "gradlib").rglob("*.py")}
-    assert {k: v for k, v in tuner.items() if v} == {}
-
-
 # ---- hf_decode's report -------------------------------------------------------------------------------------------
 def test_hf_decode_table_names_each_statistic_when_medians_and_speedup_disagree():
     """Rounds whose medians say "slower" (12.65 vs 12.85 ms) while the median per-round ratio says "faster" (1.053,
     the method's number): each column says which statistic it is, and the ratio of the medians is there too."""
-    from aiter_gemm.examples.hf_decode import TABLE_LEGEND, markdown, summarize
+    from benchmarks.hf_summary import TABLE_LEGEND, markdown, summarize
 
     times = {"without": [10.0, 12.65, 20.0], "with": [12.85, 12.0, 19.0]}
     rounds = [{"model": "m", "batch": 1, "mode": "eager", "phase": "decode", "arm": arm, "round": r, "ms": ms}

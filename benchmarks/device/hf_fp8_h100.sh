@@ -30,7 +30,7 @@ L=${LAYERS:-4}
   python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1
   echo "steps ${STEPS:-capture tune measure}; layers $L"
 } >> "$D/env.txt"
-HF="python -m aiter_gemm.examples.hf_decode --config qwen3_8b_fp8 --layers $L --out $D"
+HF="python -m examples.hf_decode --config qwen3_8b_fp8 --layers $L --out $D"
 for step in ${STEPS:-capture tune measure}; do
   s=$(date +%s)
   case $step in

@@ -30,13 +30,13 @@ for step in ${STEPS:-capture tune measure}; do
   s=$(date +%s)
   case $step in
     capture)
-      python -m aiter_gemm.examples.hf_decode --config llama3_8b --mode capture --out "$D" > "$D/capture.log" 2>&1 ;;
+      python -m examples.hf_decode --config llama3_8b --mode capture --out "$D" > "$D/capture.log" 2>&1 ;;
     tune)
       [ -n "${RESUME_FROM:-}" ] && cp "$RESUME_FROM" "$D/tuned_gemm.csv"
       timeout -s TERM "${TUNE_LIMIT_S:-500}" python -m gradlib.gemm_tuner -i "$D/captured_gemm.csv" \
         -o "$D/tuned_gemm.csv" ${TUNE_ARGS:---libtype cublaslt,torch,skinny} > "$D/tune.log" 2>&1 ;;
     measure)
-      python -m aiter_gemm.examples.hf_decode --config llama3_8b --mode measure --out "$D" \
+      python -m examples.hf_decode --config llama3_8b --mode measure --out "$D" \
         --tuned "${TUNED:-$D/tuned_gemm.csv}" $([ "${PROFILE:-0}" = 0 ] || echo --profile) ${MEASURE_ARGS:---control} \
         > "$D/measure.log" 2>&1 ;;
   esac

@@ -1,4 +1,4 @@
-"""The capture half of :mod:`aiter_gemm.examples.hf_decode`: which GEMM shapes a Hugging Face model should run
+"""The capture half of :mod:`examples.hf_decode`: which GEMM shapes a Hugging Face model should run
 (its projections, and ``gradlib.models``' vLLM-style derivation for comparison), ``generate()`` with capture on,
 and the check of the captured file against what the patched modules saw; the tuner call."""
 
@@ -24,7 +24,7 @@ import aiter_gemm
 from aiter_gemm.fileio import atomic_write_text
 
 if TYPE_CHECKING:
-    from aiter_gemm.examples.hf_model import PatchState
+    from examples.hf_model import PatchState
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CAPTURE_FILE = "captured_gemm.csv"

@@ -1,4 +1,4 @@
-"""The profile half of :mod:`aiter_gemm.examples.hf_decode`: a few decode steps under ``torch.profiler`` per arm,
+"""The profile half of :mod:`examples.hf_decode`: a few decode steps under ``torch.profiler`` per arm,
 and what the trace says (GPU busy time, GEMM share, launch gaps between kernels)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from aiter_gemm.examples.hf_model import PatchState
+    from examples.hf_model import PatchState
 
 # ---------------------------------------------------------------------------------------------------------------
 # profile

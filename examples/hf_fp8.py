@@ -1,6 +1,6 @@
 """The FP8 side of the Hugging Face examples: a model built from an FP8 checkpoint's ``config.json`` with random
 weights quantized to transformers' ``FP8Linear`` (128x128 block scales, as DeepSeek-V3 / Qwen3-*-FP8 ship them; no
-download), and the three arms :mod:`~aiter_gemm.examples.hf_decode` times on it in alternating rounds:
+download), and the three arms :mod:`~examples.hf_decode` times on it in alternating rounds:
 
 * ``tuned``: :func:`aiter_gemm.nn.patch_linear` (every FP8Linear on ``gemm_a8w8_blockscale`` with the tuned tables,
   the bf16 lm_head on ``gemm_a16w16``);
@@ -8,7 +8,7 @@ download), and the three arms :mod:`~aiter_gemm.examples.hf_decode` times on it 
   once per shape, x_scale written M-major as it wants), the same activation quantizer, the lm_head on F.linear;
 * ``bf16``: the same model with each FP8Linear's slot holding an ``nn.Linear`` of the dequantized weight (F.linear).
 
-Switching arms puts module objects back in their parents' slots (no copy), as :class:`~aiter_gemm.examples.hf_model.
+Switching arms puts module objects back in their parents' slots (no copy), as :class:`~examples.hf_model.
 PatchState` does for the bf16 loop.
 """
 
@@ -87,7 +87,7 @@ def torch_blockwise_gemm() -> Callable[..., torch.Tensor]:
 
 class ArmState:
     """Which arm the FP8 model runs: module objects per slot for each of :data:`ARMS`, put back by :meth:`set_arm`
-    (the interface of :class:`~aiter_gemm.examples.hf_model.PatchState`; ``control`` is a second baseline)."""
+    (the interface of :class:`~examples.hf_model.PatchState`; ``control`` is a second baseline)."""
 
     arms = ARMS
     table_var = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE"

@@ -1,4 +1,4 @@
-"""The model side of the Hugging Face examples (:mod:`~aiter_gemm.examples.hf_decode` and the modules it uses): a
+"""The model side of the Hugging Face examples (:mod:`~examples.hf_decode` and the modules it uses): a
 causal LM built from a ``config.json`` with random weights, the switch between its patched and unpatched arms, and
 prefill / decode steps that can be repeated or captured in a CUDA graph. It imports no other example module, so the
 examples import each other in one direction only (hf_decode -> hf_capture, hf_profile -> hf_model)."""
