@@ -347,6 +347,22 @@ def test_interleaved_rounds_alternate_the_order():
     assert got == {"a": [1.0, 6.0, 7.0, 12.0], "b": [2.0, 5.0, 8.0, 11.0], "c": [3.0, 4.0, 9.0, 10.0]}
 
 
+def test_ms_per_call_times_n_calls_after_the_untimed_warm_up(virtual_clock):
+    """The one fixed-count timing (kernel_check --bench, hf_decode's steps; CUDA events on a GPU): on CPU the
+    warm-up calls stay outside the clock reads, and the time is per call, in milliseconds."""
+    from aiter_gemm.timing import ms_per_call
+
+    calls = []
+
+    def call():
+        calls.append(virtual_clock.now)
+        virtual_clock.spend(0.004)
+
+    ms = ms_per_call(call, 5, cuda=False, warmup=3)
+    assert len(calls) == 8
+    assert ms == pytest.approx(4.0 + virtual_clock.tick_s * 1e3 / 5)
+
+
 # ---- confirmation of winners (issue 13) ------------------------------------------------------------------------
 def test_pad_probes_are_the_lowest_m_of_each_range_and_the_middle():
     from gradlib.search import pad_probes
