@@ -62,7 +62,7 @@ class Decision:
     row: TunedRow | None
     runner: Any  # the op's runner signature
     source: str = DEFAULT_SOURCE  # the row's file, "<json file>#<bucket>", or "default heuristic"
-    extra: tuple[tuple[str, Any], ...] = ()  # the op's description of the solution (OpSpec.describe)
+    extra: tuple[tuple[str, Any], ...] = ()  # its backend's description of the solution (Backend.describe)
     #: What runs when the stream is not capturing a CUDA graph, if not the same (docs/eager_path.md): a
     #: launch-heavy backend's graph-timed choice gives way to the eager default there.
     eager_solution: Solution | None = None
@@ -373,7 +373,7 @@ class Dispatcher:
 
     def _decision(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution, matched: str,
                   row: TunedRow | None, runner: Any, source: str) -> Decision:
-        extra = tuple(self.op.describe(sol).items()) if self.op.describe is not None else ()
+        extra = tuple(self.backend(sol.libtype).describe(sol).items())
         eager = self._eager_choice(problem, device, sol, row)
         eager_sol, eager_runner = eager if eager is not None else (None, None)
         return Decision(problem, device, sol, matched, row, runner, source, extra, eager_sol, eager_runner)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import aiter_gemm
+from aiter_gemm.backends.base import Backend, Solution
 from aiter_gemm.configs import ConfigError, load_table
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows, render_csv
@@ -46,6 +47,7 @@ from aiter_gemm.ops.a8w8_blockscale import (
     select_bucket,
     write_json_configs,
 )
+from aiter_gemm.registry import register_backend, unregister_backend
 
 # ||out - ref|| / ||ref|| bounds, ref = float32 dequantize-and-multiply. Both sides see the same fp8 inputs and
 # scales, so the only differences are accumulation order and the output rounding:
@@ -294,6 +296,37 @@ def test_device(clean_runtime, tmp_path):
     mp.setenv("AITER_GEMM_TRITON_CONFIGS", str(json_dir))
     aiter_gemm.reload_configs()
     return mp, csv_path, json_dir
+
+
+class _PluginBackend(Backend):
+    """A block-scale backend registered at run time, whose kernel names are none of the op's configs."""
+
+    name = "plugin"
+    default_priority = 100
+
+    def default_for(self, problem, device):
+        return Solution(self.name, -1, 0, "plugin_kernel")
+
+    def prepare(self, problem, solution, device):
+        return lambda XQ, WQ, x_scale, w_scale, dtype: torch.zeros(XQ.shape[0], WQ.shape[0], dtype=dtype)
+
+
+def test_each_backend_describes_its_own_solutions(test_device):
+    """get_GEMM_A8W8_BLOCKSCALE_config reports a Triton decision's kernel parameters beside its columns; a backend
+    registered for the op at run time decides too (the op parsed every kernelName as one of its own configs to
+    describe it, so such a decision raised): each backend describes its own solutions (Backend.describe)."""
+    got = get_GEMM_A8W8_BLOCKSCALE_config(16, 128, 512, on_gpu=False)
+    assert got["libtype"] == "triton" and BlockscaleConfig.from_json(
+        {k: got[k] for k in BlockscaleConfig("base").to_json()}).name == got["kernelName"]
+    register_backend(_PluginBackend(), GEMM_A8W8_BLOCKSCALE.backends)
+    try:
+        aiter_gemm.reload_configs()
+        got = get_GEMM_A8W8_BLOCKSCALE_config(16, 128, 512, on_gpu=False)
+        assert (got["libtype"], got["kernelName"], got["matched"]) == ("plugin", "plugin_kernel", "default")
+        assert "variant" not in got
+    finally:
+        unregister_backend(_PluginBackend.name, GEMM_A8W8_BLOCKSCALE.backends)
+        aiter_gemm.reload_configs()
 
 
 def test_dispatch_csv_row_exact_and_padded(test_device, device):

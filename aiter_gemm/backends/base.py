@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -142,6 +142,11 @@ class Backend:
         and must be cheap, do no host sync and no file I/O (it may run inside CUDA graph capture). Its signature is
         the op's (:data:`Runner` for ``gemm_a16w16``)."""
         raise NotImplementedError
+
+    def describe(self, solution: Solution) -> dict[str, Any]:
+        """Fields ``get_*_config`` reports for one of this backend's solutions beside the row's (e.g. its kernel's
+        parameters). Default: none."""
+        return {}
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         """The solution the heuristic default path would use for ``problem`` when no tuned row matches, or None if

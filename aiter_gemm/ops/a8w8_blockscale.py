@@ -147,11 +147,6 @@ def _choice_from_json(entry: Mapping[str, Any]) -> Choice:
     return CHOICES.get(entry.get("libtype"), BlockscaleConfig).from_json(entry)
 
 
-def _describe(solution: Solution) -> dict[str, Any]:
-    """The kernel parameters ``get_GEMM_A8W8_BLOCKSCALE_config`` reports beside the row's columns."""
-    return choice_of(solution).to_json()
-
-
 def untuned_row(p: GemmProblem) -> dict[str, str]:
     return {"M": str(p.M), "N": str(p.N), "K": str(p.K)}
 
@@ -198,7 +193,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     # Its JSON files are a decision level; SGLang's TileLang files (this device's name) a family below its own.
     json=JsonLevel("GEMM-A8W8_BLOCKSCALE", _choice_from_json, lambda choice, _problem, _arch: solution_of(choice),
                    NAMED_BUCKETS, more=(sglang_tilelang.FILES,)),
-    describe=_describe, source_with_line=True,
+    source_with_line=True,
     key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
     make_inputs=make_inputs, call_runner=call_runner,
 ))

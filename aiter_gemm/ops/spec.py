@@ -108,8 +108,6 @@ class OpSpec:
     capture_path: Callable[[Settings], str | None] | None = None
     #: The op's JSON M-bucket files (:class:`JsonLevel`); None: the op has none.
     json: JsonLevel | None = None
-    #: Extra fields ``get_*_config`` reports for a solution (e.g. the kernel's parameters).
-    describe: Callable[[Solution], dict[str, Any]] | None = None
     #: A row's ``source`` as ``path:line`` (True) or the path with ``line`` beside it (AITER's config dict).
     source_with_line: bool = False
     #: The problem of a table key (:attr:`row_key`'s inverse), for :meth:`~aiter_gemm.dispatch.Dispatcher.warm_up`.

@@ -20,6 +20,8 @@ at M = 8 over four runs, even at M = 32, 0.97x at M = 64 and 0.99x at M = 128 (H
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from aiter_gemm.backends.a8w8_blockscale import solution_of
@@ -62,6 +64,10 @@ class BlockscaleTileLangBackend(Backend):
             return None
         cfg = TileLangConfig.from_name(solution.kernelName)
         return tl_impl.launcher(problem.N, problem.K, cfg, problem.otype)
+
+    def describe(self, solution: Solution) -> dict[str, Any]:
+        """The config's parameters, as its JSON entry holds them."""
+        return TileLangConfig.from_name(solution.kernelName).to_json()
 
     def _space(self, problem: GemmProblem, quick: bool) -> list[Solution]:
         if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:

@@ -6,6 +6,8 @@ that module's :func:`~aiter_gemm.kernels.a8w8_blockscale_torch.unavailable_reaso
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from aiter_gemm.backends.a8w8_blockscale import solution_of
@@ -62,6 +64,9 @@ class BlockscaleTorchBackend(Backend):
         if self.why_not(problem, solution, device) is not None:
             return None
         return torch_impl.launcher(problem.M, problem.N, problem.K, problem.otype)
+
+    def describe(self, solution: Solution) -> dict[str, Any]:
+        return torch_impl.TorchBlockwise().to_json()
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         """torch's matmul where the sweep found it faster than our Triton default (the dispatcher checks it can

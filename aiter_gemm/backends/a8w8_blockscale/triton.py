@@ -9,6 +9,7 @@ runtime alike. The default (no row, no JSON bucket) is :func:`~aiter_gemm.kernel
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -77,6 +78,10 @@ class BlockscaleTritonBackend(Backend):
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         return solution_of(default_config(problem.M, problem.N, problem.K, device.heuristic_cu))
+
+    def describe(self, solution: Solution) -> dict[str, Any]:
+        """The config's parameters, as its JSON entry holds them."""
+        return BlockscaleConfig.from_name(solution.kernelName).to_json()
 
     def _space(self, problem: GemmProblem, device: DeviceIdentity, quick: bool) -> list[Solution]:
         cfgs = [*config_space(problem.M, problem.N, problem.K, quick, device.heuristic_cu, _arch(device)),
