@@ -5,7 +5,7 @@ Pending shapes are flushed by a timer (``AITER_TUNE_GEMM_FLUSH_S`` after the fir
 a file lock, merged with the rows already in the file (kept as they are) and written by atomic rename, so
 tensor-parallel ranks can share one file. The file is never inside the package, and never a tuned config (a file with
 tuned columns such as ``libtype`` or ``us`` is refused, at reload and at every write). One recorder per op: the op
-says which columns its untuned file has (:class:`~aiter_gemm.ops.spec.OpSpec`). Only shapes the tuner can read are
+says which columns its untuned file has (:class:`~aiter_gemm.opspec.OpSpec`). Only shapes the tuner can read are
 written: a row that the op table's key parser (the one ``load_untuned``, and so the tuner, reads it with) refuses,
 such as a float64 GEMM's (no CSV dtype name), is left out with one warning per refused value.
 

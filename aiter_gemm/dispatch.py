@@ -1,6 +1,6 @@
 """The dispatcher: per-shape decision (tuned row, JSON bucket or heuristic default) made once, then a dict lookup.
 
-Written once for every op (:class:`~aiter_gemm.ops.spec.OpSpec`). Lookup order (AITER's): exact key, M padded at
+Written once for every op (:class:`~aiter_gemm.opspec.OpSpec`). Lookup order (AITER's): exact key, M padded at
 granularity level 0, then level 1, then (ops with per-(N, K) JSON files) the JSON bucket, then the default: the
 highest-priority available backend of the op whose ``default_for`` claims the shape. A row whose backend is
 unavailable here, whose solution the backend rejects, or that is malformed (the op's ``row_solution`` raises
@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from aiter_gemm import cudagraph, jsonconfigs, registry
@@ -25,7 +24,7 @@ from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow, load_table
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
 from aiter_gemm.dtypes import dtype_name
 from aiter_gemm.logs import WarnOnce, ensure_info_handler
-from aiter_gemm.ops.spec import OpSpec
+from aiter_gemm.opspec import OpSpec
 from aiter_gemm.settings import Settings, load_settings
 
 log = logging.getLogger("aiter_gemm")
@@ -169,8 +168,7 @@ class Dispatcher:
                 backend.configure(self.settings)
                 self._configured.add(id(backend))
             # The JSON level: each file family's folders, in the level's lookup order (JsonLevel.families).
-            self._json_folders = tuple(tuple(Path(p) for p in files.folders(self.settings))
-                                       for files in (self.op.json.families if self.op.json is not None else ()))
+            self._json_folders = self.op.json.folders(self.settings) if self.op.json is not None else ()
             self.warn_once.clear()
             jsonconfigs.clear_cache()
             if self._recorder is not None:
@@ -250,19 +248,8 @@ class Dispatcher:
                 jobs.setdefault(sol.libtype, []).append((problem, sol))
         level = self.op.json
         if level is not None and level.fills is None and self.op.key_problem is not None:  # (M, N, K) rows
-            for files, folders in zip(level.families, self._json_folders):
-                for folder in folders:
-                    for path in sorted(Path(folder).glob(files.glob(device))):
-                        nk = files.nk.match(path.name)
-                        try:
-                            buckets = jsonconfigs.cached_file(path, files.read)
-                        except (ValueError, OSError):
-                            continue  # the decision warns about it, naming the file
-                        for bound, _key, entry in buckets or ():
-                            if entry is not None and nk is not None:
-                                problem = self.op.key_problem((bound or 1, int(nk[1]), int(nk[2])))
-                                sol = level.solution(entry, problem, device.gfx) if files is level.own else entry
-                                jobs.setdefault(sol.libtype, []).append((problem, sol))
+            for problem, sol in level.entries(self._json_folders, device, self.backend, self.op.key_problem):
+                jobs.setdefault(sol.libtype, []).append((problem, sol))
         failed: dict[str, str] = {}
         for libtype, todo in jobs.items():
             backend = self.backend(libtype)
@@ -415,9 +402,9 @@ class Dispatcher:
         return self._decision(problem, device, sol, level, row, runner, source)
 
     def _from_json(self, problem: GemmProblem, device: DeviceIdentity) -> Decision | None:
-        """The JSON level's first bucket covering M that runs here (:meth:`~aiter_gemm.ops.spec.JsonLevel.hits`: the
-        op's own files, then e.g. SGLang's), else None (the default)."""
-        for files, source, sol in self.op.json.hits(self._json_folders, device, problem):
+        """The JSON level's first bucket covering M that runs here (:meth:`~aiter_gemm.jsonconfigs.JsonLevel.hits`:
+        the op's own files, then e.g. SGLang's), else None (the default)."""
+        for files, source, sol in self.op.json.hits(self._json_folders, device, problem, self.backend):
             runner, why = self._runner(problem, device, sol, warn_unavailable=not files.warn_per_file)
             if runner is not None:
                 return self._decision(problem, device, sol, "json", None, runner, source)
@@ -433,11 +420,12 @@ class Dispatcher:
 
     def _filled(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> Solution:
         """A row naming no kernel (kernelName empty or ``auto``) of the libtype the op's JSON files fill in, with the
-        JSON bucket's kernel where one answers (:attr:`~aiter_gemm.ops.spec.JsonLevel.fills`)."""
+        JSON bucket's kernel where one answers (:attr:`~aiter_gemm.jsonconfigs.JsonLevel.fills`)."""
         level = self.op.json
         if level is None or level.fills != sol.libtype or sol.kernelName.strip() not in ("", "auto"):
             return sol
-        return next((hit for _files, _source, hit in level.hits(self._json_folders, device, problem)), sol)
+        return next((hit for _files, _source, hit in level.hits(self._json_folders, device, problem, self.backend)),
+                    sol)
 
     def default_decision(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
         """Public (the tuner's baseline, benchmarks): the default decision, uncached. AITER's order: pre-shuffled

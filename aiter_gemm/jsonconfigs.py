@@ -1,26 +1,30 @@
-"""Per-(N, K) JSON config files keyed by M buckets (AITER's Triton convention), read strictly and cached.
+"""Per-(N, K) JSON config files keyed by M buckets (AITER's Triton convention): an op's JSON level, read strictly,
+cached and searched in one place (:class:`JsonLevel`).
 
 A file maps bucket keys to config entries: ``M_LEQ_<n>`` covers M <= n, ``any`` any M, and an op may accept named
 buckets (the block-scale op's ``small_M`` / ``medium_M`` / ``large_M``: M <= 256 / 2048 / any). The entry with the
 smallest bound >= M wins. An entry may also be the string ``"default"`` (:data:`DEFAULT_ENTRY`): no config for that
 range, the runtime's default serves it (the tuner writes such gaps below an M whose row was not confirmed for smaller
-M, docs/configs.md); it parses to None. Each user turns entries into its own config type with a ``parse_entry``
-function; every
-error (bad JSON, unknown key, two keys covering the same range, an entry its parser rejects) raises
-:class:`JSONConfigError` naming the file and the key. Files are only read; :func:`write_buckets` writes atomically.
+M, docs/configs.md); it parses to None. An op's own files hold entries its backends parse (the backend an entry's
+``libtype`` names, else the level's: :meth:`~aiter_gemm.backends.base.Backend.parse_json_entry`); every error (bad
+JSON, unknown key, two keys covering the same range, an entry its parser rejects) raises :class:`JSONConfigError`
+naming the file and the key. Files are only read; :func:`write_buckets` writes atomically.
 """
 
 from __future__ import annotations
 
 import bisect
+import glob
 import json
 import logging
 import math
 import os
 import re
 import threading
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiter_gemm.configs import parse_int, shown
@@ -28,6 +32,7 @@ from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import atomic_write_text, file_problem, read_text
 
 if TYPE_CHECKING:
+    from aiter_gemm.backends.base import Backend, GemmProblem, Solution
     from aiter_gemm.device import DeviceIdentity
     from aiter_gemm.settings import Settings
 
@@ -47,6 +52,8 @@ PARSE_ERRORS = (ValueError, TypeError, ArithmeticError, RecursionError)
 Buckets = list[tuple[int | None, str, Any]]
 #: A bucket value meaning "no config here: the runtime's default serves this M range".
 DEFAULT_ENTRY = "default"
+#: The op's backend of a libtype (:meth:`aiter_gemm.dispatch.Dispatcher.backend`): whose hooks parse and fit entries.
+BackendOf = Callable[[str], "Backend"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,8 @@ class JSONFiles:
     file_name: Callable[["DeviceIdentity", int, int], str]  # the file of (N, K) on a device
     glob: Callable[["DeviceIdentity"], str]  # every file of a device (warm-up); its names match ``nk``
     nk: re.Pattern[str]  # (N, K) of a file name, as groups 1 and 2
-    read: Callable[[str | os.PathLike], "Buckets"]  # strict: JSONConfigError naming the file and the key
+    #: (path, the op's backends) -> the file's buckets of solutions; strict: JSONConfigError naming file and key.
+    read: Callable[[str | os.PathLike, BackendOf], "Buckets"]
     #: One warning per file for entries that cannot run here (SGLang's files: written for another runtime), rather
     #: than one per bucket and cause.
     warn_per_file: bool = False
@@ -174,23 +182,15 @@ _cache: dict[tuple[str, Hashable], list | None] = {}
 _cache_lock = threading.Lock()
 
 
-def cached_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],
-                   named: Mapping[str, int | None] = NAMED_BUCKETS, strict: bool = True
-                   ) -> list[tuple[int | None, str, T]] | None:
-    """:func:`read_buckets` of ``path`` read once until :func:`clear_cache` (None when the file does not exist):
-    decisions look files up at most once per (file, parser) between reloads. Not ``strict`` (the dispatcher), a
-    file that cannot be used is skipped as absent with one warning saying why, as a broken tuned CSV is (issue 31:
-    one bad file raised on every call of its (N, K)); strict, JSONConfigError naming the file and key. A path that
-    exists but is no file (a directory, a symlink loop) is said to be one, strict or not."""
-    return cached_file(path, lambda p: read_buckets(p, parse_entry, named), strict, (parse_entry, tuple(named.items())))
-
-
 def cached_file(path: str | os.PathLike, read: Callable[[str | os.PathLike], Buckets], strict: bool = True,
                 parser_key: Hashable | None = None) -> Buckets | None:
     """``read(path)`` (a strict reader of one file family, JSONConfigError naming file and key) once per (file,
-    ``parser_key`` or ``read``) until :func:`clear_cache`, with :func:`cached_buckets`' rules for missing, broken
-    and non-file paths. Whatever else reading the file raises is that file's problem too: strict, a JSONConfigError
-    naming it; not strict, the warning and the skip (one place for every family: the op's files, SGLang's)."""
+    ``parser_key`` or ``read``) until :func:`clear_cache` (None when the file does not exist): decisions look files up
+    at most once between reloads. Not ``strict`` (the dispatcher), a file that cannot be used is skipped as absent
+    with one warning saying why, as a broken tuned CSV is (issue 31: one bad file raised on every call of its
+    (N, K)); strict, JSONConfigError naming the file and key. A path that exists but is no file (a directory, a
+    symlink loop) is said to be one, strict or not. Whatever else reading the file raises is that file's problem
+    too (one place for every family: the op's files, SGLang's)."""
     key = (str(path), read if parser_key is None else parser_key)
     with _cache_lock:
         if key in _cache:
@@ -222,3 +222,104 @@ def clear_cache() -> None:
     """Forget every parsed file (``reload_configs()`` calls it, so edited files are read again)."""
     with _cache_lock:
         _cache.clear()
+
+
+# ---- an op's JSON level --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JsonLevel:
+    """An op's JSON level: per-(N, K) files of M buckets, the op's own family first (``{arch}-{family}-N={N}-K={K}
+    .json`` in the settings' JSON folders, ``AITER_GEMM_TRITON_CONFIGS`` then the shipped ``configs/triton``; then
+    ``{arch}-{family}.json`` where ``arch_file``), then the ``more`` families (SGLang's TileLang files for the
+    block-scale op), each a :class:`JSONFiles`. An own-family entry names its backend by its ``libtype`` key, else
+    it is the level's ``libtype``'s (AITER's files name none); that backend's ``parse_json_entry`` turns it into a
+    solution (once per file) and every hit is fitted to its shape by the backend of its solution (``fit``).
+    ``fills`` None: a decision level between the tuned rows and the default; a libtype: the files fill in that
+    libtype's rows whose kernelName is empty or ``auto`` (AITER's ``gemm_a16w16`` Triton rows), which the backend's
+    own default config serves where no file answers."""
+
+    family: str  # "GEMM-A16W16", "GEMM-A8W8_BLOCKSCALE"
+    libtype: str  # the backend of own-family entries that name none
+    buckets: Mapping[str, int | None] = field(default_factory=lambda: dict(AITER_BUCKETS))
+    arch_file: bool = False
+    fills: str | None = None
+    #: Further file families read after the op's own (entries already solutions), in order.
+    more: tuple[JSONFiles, ...] = ()
+
+    @cached_property
+    def own(self) -> JSONFiles:
+        """The op's own file family, as every family is described."""
+        family = self.family
+        return JSONFiles(
+            label="JSON config", folders=lambda settings: settings.triton_config_dirs,
+            file_name=lambda device, N, K: f"{device.gfx}-{family}-N={N}-K={K}.json",
+            glob=lambda device: f"{glob.escape(device.gfx)}-{family}-N=*-K=*.json",
+            nk=re.compile(r".*-N=([0-9]+)-K=([0-9]+)\.json"), read=self.read_own)
+
+    @property
+    def families(self) -> tuple[JSONFiles, ...]:
+        return (self.own, *self.more)
+
+    def folders(self, settings: Settings) -> tuple[tuple[Path, ...], ...]:
+        """Each family's folders under ``settings``, in :attr:`families` order (what :meth:`hits` searches)."""
+        return tuple(tuple(Path(p) for p in files.folders(settings)) for files in self.families)
+
+    def parse(self, entry: Mapping[str, Any], backend: BackendOf) -> Solution:
+        """An own-family entry as the solution it names, parsed by the backend its ``libtype`` names (the level's
+        when it names none); ValueError saying what is wrong."""
+        libtype = entry.get("libtype", self.libtype)
+        if not isinstance(libtype, str):
+            raise ValueError(f"libtype must be a string, got {libtype!r}")
+        return backend(libtype).parse_json_entry(entry)
+
+    def read_own(self, path: str | os.PathLike, backend: BackendOf) -> Buckets:
+        """Every bucket of one own-family file as (bound, key, solution or None), smallest bound first; strict."""
+        return read_buckets(path, partial(self.parse, backend=backend), self.buckets)
+
+    def buckets_of(self, files: JSONFiles, path: str | os.PathLike, backend: BackendOf,
+                   strict: bool = False) -> Buckets | None:
+        """One file's buckets, read once until :func:`clear_cache` (:func:`cached_file`'s rules)."""
+        return cached_file(path, lambda p: files.read(p, backend), strict, (files, backend))
+
+    def _paths(self, files: JSONFiles, folders: Sequence[str | Path], device: DeviceIdentity,
+               nk: tuple[int, int] | None) -> Iterator[Path]:
+        """The one walk over a family's files: those that may hold (N, K) = ``nk`` in lookup order (each name over
+        the folders), or with ``nk`` None every (N, K) file of ``device`` (each folder's, sorted)."""
+        if nk is None:
+            for folder in folders:
+                yield from sorted(Path(folder).glob(files.glob(device)))
+            return
+        names = (files.file_name(device, *nk),)
+        if files is self.own and self.arch_file:
+            names += (f"{device.gfx}-{self.family}.json",)
+        for name in names:
+            for folder in folders:
+                yield Path(folder) / name
+
+    def hits(self, folders: Sequence[Sequence[str | Path]], device: DeviceIdentity, problem: GemmProblem,
+             backend: BackendOf, strict: bool = False) -> Iterator[tuple[JSONFiles, str, Solution]]:
+        """``(family, "<file>#<bucket>", solution)`` per family (``folders``: each family's, in order): the first of
+        its files with a bucket covering ``problem.M`` that is not a ``"default"`` one (nothing confirmed there: the
+        next family), its solution fitted to ``problem``. Not ``strict`` (the dispatcher), a broken file is warned
+        once and skipped; strict, JSONConfigError naming file and key. The search of JSON files: the decision, its
+        fill-in of rows naming no kernel, and the op modules' JSON helpers ask it."""
+        for files, dirs in zip(self.families, folders):
+            for path in self._paths(files, dirs, device, (problem.N, problem.K)):
+                hit = select_bucket(self.buckets_of(files, path, backend, strict) or [], problem.M)
+                if hit is not None:
+                    key, sol = hit
+                    if sol is not None:
+                        yield files, f"{path}#{key}", backend(sol.libtype).fit(sol, problem, device.gfx)
+                    break
+
+    def entries(self, folders: Sequence[Sequence[str | Path]], device: DeviceIdentity, backend: BackendOf,
+                key_problem: Callable[[tuple], GemmProblem]) -> Iterator[tuple[GemmProblem, Solution]]:
+        """Every bucket of every (N, K) file of ``device`` in each family's folders, as (the problem of its bound,
+        ``key_problem((M, N, K))``; its solution fitted to it): what :meth:`~aiter_gemm.dispatch.Dispatcher.warm_up`
+        builds ahead. Files that cannot be used are warned once and skipped, as the decision skips them."""
+        for files, dirs in zip(self.families, folders):
+            for path in self._paths(files, dirs, device, None):
+                nk = files.nk.match(path.name)
+                for bound, _key, sol in (self.buckets_of(files, path, backend) or ()) if nk is not None else ():
+                    if sol is not None:
+                        problem = key_problem((bound or 1, int(nk[1]), int(nk[2])))
+                        yield problem, backend(sol.libtype).fit(sol, problem, device.gfx)

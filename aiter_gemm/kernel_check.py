@@ -10,7 +10,7 @@ one kernel"). How kernel bugs get reported and a config is tuned by hand.
 the shape's candidates, -1 for its heuristic #0), or ``default`` (the libtype's default for the shape, else its first
 candidate). The runner is built the way the tuner builds a candidate's (:func:`aiter_gemm.testbed.prepare_runner`:
 the backend's ``why_not`` and ``prepare``), on the op's inputs and float32 reference as the tuner times on them
-(:attr:`aiter_gemm.ops.spec.OpSpec.make_inputs`).
+(:attr:`aiter_gemm.opspec.OpSpec.make_inputs`).
 
 Output, exactly: ``VERIFY: PASS`` or ``VERIFY: FAIL max_abs_err=<v>`` (``--verify``: every element within the
 tuner's tolerance for the dtypes, :data:`aiter_gemm.accuracy.TOLERANCES`), ``TFLOPS: <v> time_ms: <v>`` (``--bench``:
@@ -45,7 +45,7 @@ from aiter_gemm.configs import parse_int, parse_size
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.fileio import atomic_write_text, write_error
-from aiter_gemm.registry import op_spec
+from aiter_gemm.registry import get_backend, known_backends, op_spec
 from aiter_gemm.testbed import inputs_memory, prepare_runner
 from aiter_gemm.timing import ms_per_call
 
@@ -143,8 +143,6 @@ def _dtype_error(op: str, dtype: torch.dtype, otype: torch.dtype) -> str | None:
 
 
 def _libtype(args: argparse.Namespace) -> tuple[str, Any]:
-    from aiter_gemm.registry import get_backend, known_backends
-
     op, allowed = OPS[args.op]
     package = op_spec(op).backends
     known = allowed or tuple(known_backends(package))
@@ -203,16 +201,14 @@ def _json_solution(op: str, libtype: str, problem: GemmProblem, text: str) -> So
                 raise UsageError(f"--config {text}: {key} must be a JSON {'string' if kind is str else 'integer'}, "
                                  f"got {entry[key]!r}")
         return _same_libtype(Solution(**{"libtype": libtype, **entry}), libtype, text)
+    spec = op_spec(op)
     try:
-        level = op_spec(op).json  # an entry as the op's JSON files hold one (its JsonLevel parses it)
-        if op == "gemm_a8w8_blockscale":
-            cfg = level.parse({**({"libtype": libtype} if libtype != "triton" else {}), **entry})
-            sol = level.solution(cfg, problem, "")
-        elif libtype == "triton" and level is not None:
-            cfg = level.parse(entry)  # the config as written (the runtime would fit a TMA one to the shape)
-            sol = Solution(libtype, 0, cfg.NUM_KSPLIT, cfg.name)
-        else:
+        if spec.json is None:
             raise ValueError(f"{libtype} configs are given by solidx / kernelName (keys {sorted(_SOLUTION_KEYS)})")
+        # An entry as the op's JSON files hold one, parsed by --libtype's backend (as written: the runtime would fit
+        # a bucket's config to each shape).
+        named = {"libtype": libtype} if libtype != spec.json.libtype else {}
+        sol = spec.json.parse({**named, **entry}, lambda name: get_backend(name, spec.backends))
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--config {text}: {exc}") from None
     return _same_libtype(sol, libtype, text)

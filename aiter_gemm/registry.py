@@ -1,11 +1,11 @@
 """The one registry: ops by name, their public entry points, and their backends, each imported on first use.
 
 Ops: :data:`OPS` maps an op's name to the module under :mod:`aiter_gemm.ops` that defines and registers its
-:class:`~aiter_gemm.ops.spec.OpSpec` (the block-scale op's module imports Triton, which ``import aiter_gemm`` must
+:class:`~aiter_gemm.opspec.OpSpec` (the block-scale op's module imports Triton, which ``import aiter_gemm`` must
 not); :data:`PUBLIC` names the entry points ``aiter_gemm`` exposes from each op module, imported on first access.
 
 Backends: (op's backend package, libtype) -> :class:`~aiter_gemm.backends.base.Backend`. Each op names the package
-holding its backends (:attr:`aiter_gemm.ops.spec.OpSpec.backends`): ``aiter_gemm.backends`` for ``gemm_a16w16``,
+holding its backends (:attr:`aiter_gemm.opspec.OpSpec.backends`): ``aiter_gemm.backends`` for ``gemm_a16w16``,
 ``aiter_gemm.backends.a8w8_blockscale`` for the block-scale op. A backend is found by
 convention as module ``<package>.<libtype>`` exposing ``BACKEND``; adding one is adding that file (modules named
 ``base`` or starting with ``_``, and sub-packages, are not backends). :func:`register_backend` adds or replaces one
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from aiter_gemm.backends.base import Backend, UnavailableBackend
 
 if TYPE_CHECKING:
-    from aiter_gemm.ops.spec import OpSpec
+    from aiter_gemm.opspec import OpSpec
 
 __all__ = [
     "A16W16", "OPS", "PUBLIC", "LazyRegistry", "UnavailableBackend", "available_backends", "get_backend",

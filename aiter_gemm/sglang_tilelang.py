@@ -179,7 +179,8 @@ FILES = JSONFiles(
     label="SGLang TileLang config", folders=lambda settings: settings.sglang_tilelang_dirs,
     file_name=lambda device, N, K: file_name(N, K, device.device_name),
     glob=lambda device: "N=*,K=*," + glob.escape(f"device_name={device.device_name}{_SUFFIX}"),
-    nk=_FILE_RE, read=read_file, warn_per_file=True)
+    nk=_FILE_RE, read=lambda path, _backend: read_file(path),  # SGLang's values: read_file names the solutions
+    warn_per_file=True)
 
 
 # ------------------------------------------------------------------------------------------------ writing

@@ -1,5 +1,5 @@
 """One solution of an op on one problem, outside a model: the op's inputs and float32 reference
-(:attr:`~aiter_gemm.ops.spec.OpSpec.make_inputs`, built as :class:`Inputs`), whether they fit the device
+(:attr:`~aiter_gemm.opspec.OpSpec.make_inputs`, built as :class:`Inputs`), whether they fit the device
 (:func:`inputs_memory`), and a solution's runner prepared through the runtime's dispatcher (:func:`prepare_runner`).
 What ``python -m aiter_gemm.kernel_check``, the tuner's workers and the benchmarks share.
 """
@@ -24,7 +24,7 @@ DEFAULT = Solution("<default>", -1, 0, "")
 
 @dataclass
 class Inputs:
-    """One shape's rotating input sets (each a tuple the op's :attr:`~aiter_gemm.ops.spec.OpSpec.call_runner`
+    """One shape's rotating input sets (each a tuple the op's :attr:`~aiter_gemm.opspec.OpSpec.call_runner`
     takes) and set 0's float32 reference output; ``key`` names what they were made for (the tuner's worker caches
     them by it)."""
 

@@ -2,7 +2,7 @@
 
 A provider spec is ``name`` or ``name:arg`` (``skinny:gemv_BN1_BK2048_SK1_W4_S1_EF``, ``cublaslt:v130100:<hex>``). Each
 provider builds, once per shape, a call ``call(i)`` that runs it on the op's rotating input set ``i`` (the sets the
-tuner times on: :attr:`aiter_gemm.ops.spec.OpSpec.make_inputs`), or raises :class:`Unavailable` saying why it cannot run
+tuner times on: :attr:`aiter_gemm.opspec.OpSpec.make_inputs`), or raises :class:`Unavailable` saying why it cannot run
 that shape here; an ``arg`` no shape can use (an argument to a provider taking none, a ``configs:`` folder without the
 op's table) is refused by :func:`resolve`, before anything runs. Registered for both ops: ``flinear`` (bf16
 ``F.linear``; for the block-scale op, of the dequantized operands: what FP8 must beat), ``dispatch`` (the op's public

@@ -5,7 +5,7 @@ solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool
 items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and must return exactly one
 :class:`ItemResult` per item, synthesising a failed one for an item whose process died or timed out, then
 continuing with the items after it. Executors never write files: the driver does. What differs between ops (inputs,
-reference, runner call) comes from the op's :class:`~aiter_gemm.ops.spec.OpSpec`, the runner and the inputs' size
+reference, runner call) comes from the op's :class:`~aiter_gemm.opspec.OpSpec`, the runner and the inputs' size
 check from :mod:`aiter_gemm.testbed`.
 """
 

@@ -1,4 +1,4 @@
-"""The tuner's side of an op (:class:`~aiter_gemm.ops.spec.OpSpec` is the runtime's, with the op's inputs, reference
+"""The tuner's side of an op (:class:`~aiter_gemm.opspec.OpSpec` is the runtime's, with the op's inputs, reference
 and runner call): how a winner becomes a tuned row, the op's baseline and sidecar files. The search, the worker, the
 checkpoint writer and the driver are written once over this (docs/design.md, "Adding an op").
 """

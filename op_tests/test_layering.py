@@ -288,3 +288,54 @@ def test_each_shared_definition_has_one_home():
         for name in _top_level_names(path) & set(HOMES):
             where[name].append(module)
     assert where == {name: [home] if home else [] for name, home in HOMES.items()}
+
+
+# ---- the decision path reads downwards ------------------------------------------------------------------------
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_the_op_description_sits_below_the_dispatcher():
+    """configs/jsonconfigs/settings/device -> opspec -> dispatch -> ops: ``OpSpec`` and ``JsonLevel`` lived in
+    ``aiter_gemm/ops/spec.py``, above the dispatcher, which imported back up into ``aiter_gemm.ops``. Now what
+    describes an op (and its JSON level) imports nothing of the dispatcher or the ops, at any depth, and the
+    dispatcher imports nothing of the ops."""
+    graph = graph_of(modules_of(REPO, (RUNTIME,)))
+
+    def above(module: str) -> bool:
+        return module in ("aiter_gemm.dispatch", "aiter_gemm.ops") or module.startswith("aiter_gemm.ops.")
+
+    for name in ("aiter_gemm.opspec", "aiter_gemm.jsonconfigs"):
+        assert name in graph, f"{name}: the op description's module"
+        assert sorted(filter(above, _reach(graph, name))) == []
+    assert "aiter_gemm.opspec" in graph["aiter_gemm.dispatch"]
+    assert sorted(m for m in _reach(graph, "aiter_gemm.dispatch") if above(m) and m != "aiter_gemm.dispatch") == []
+
+
+#: What reading and searching JSON bucket files takes: a family's file names and (N, K) pattern, the cached and
+#: strict readers, the bucket selection.
+JSON_SEARCH = frozenset({"file_name", "nk", "cached_file", "read_buckets", "select_bucket"})
+
+
+def test_json_files_are_searched_in_one_place():
+    """The JSON search was written three times (JsonLevel.hits, Dispatcher.warm_up's re-glob of the folders, the
+    op modules' readers with their own entry parsers); now only aiter_gemm/jsonconfigs.py names, reads or selects
+    from a family's files: the dispatcher, warm-up and the op modules ask its JsonLevel."""
+    users = set()
+    for name, path in modules_of(REPO, (RUNTIME,)).items():
+        tree = ast.parse(path.read_text(), str(path))
+        own = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr in JSON_SEARCH) or (
+                    isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in JSON_SEARCH
+                    and node.func.id not in own):
+                users.add(name)
+    assert users == {"aiter_gemm.jsonconfigs"}

@@ -9,7 +9,7 @@ dependencies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -143,10 +143,22 @@ class Backend:
         the op's (:data:`Runner` for ``gemm_a16w16``)."""
         raise NotImplementedError
 
+    def parse_json_entry(self, entry: Mapping[str, Any]) -> Solution:
+        """The solution an entry of the op's JSON files names, for entries of this libtype (:class:`~aiter_gemm.
+        jsonconfigs.JsonLevel`: parsed once per file); ValueError saying what is wrong (the reader names file and
+        bucket). Default: this backend's solutions are not written in JSON files."""
+        raise ValueError(f"libtype {self.name!r} has no JSON config entries (its solutions are given by solidx / "
+                         "kernelName)")
+
     def describe(self, solution: Solution) -> dict[str, Any]:
         """Fields ``get_*_config`` reports for one of this backend's solutions beside the row's (e.g. its kernel's
         parameters). Default: none."""
         return {}
+
+    def fit(self, solution: Solution, problem: GemmProblem, arch: str) -> Solution:
+        """A JSON bucket's ``solution`` as it should run ``problem`` on ``arch`` (a bucket serves many shapes: e.g.
+        the same tile without TMA where TMA cannot read the rows). Default: unchanged."""
+        return solution
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         """The solution the heuristic default path would use for ``problem`` when no tuned row matches, or None if
@@ -183,6 +195,9 @@ class UnavailableBackend(Backend):
 
     def unavailable_reason(self) -> str | None:
         return self._reason
+
+    def parse_json_entry(self, entry: Mapping[str, Any]) -> Solution:
+        raise ValueError(f"libtype {self.name!r} cannot be read here: {self._reason}")
 
     def prepare(self, problem, solution, device):  # noqa: ANN001 - never called for an unavailable backend
         return None

@@ -8,11 +8,12 @@ Config selection (AITER's Triton convention), for a GEMM of shape (M, N, K) on a
    :class:`~aiter_gemm.kernels.gemm_a16w16.GemmConfig`) wins;
 2. else (``kernelName`` empty or ``auto``, as AITER writes) the op's JSON level fills the row in before it gets
    here (:attr:`aiter_gemm.ops.a16w16.GEMM_A16W16` ``.json``: ``{arch}-GEMM-A16W16-N={N}-K={K}.json``, then
-   ``{arch}-GEMM-A16W16.json``, the first key ``M_LEQ_<x>`` (ascending x) with M <= x, else ``any``); entries
-   (:func:`parse_entry`) hold ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``NUM_KSPLIT``, ``num_warps``, ``num_stages``
-   and the optional Hopper key ``TMA_PERSISTENT`` (bool). AMD-only keys of AITER's files (``waves_per_eu``, ``kpack``,
-   ``matrix_instr_nonkdim``, ``cache_modifier``) are accepted and ignored; ``TMA_FLATTEN`` (bool) flattens the
-   persistent kernel's loops;
+   ``{arch}-GEMM-A16W16.json``, the first key ``M_LEQ_<x>`` (ascending x) with M <= x, else ``any``), whose entries
+   this backend parses (:meth:`TritonBackend.parse_json_entry`, :func:`parse_entry`) and fits to the shape
+   (:meth:`TritonBackend.fit`, :func:`fitted`); entries hold ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``,
+   ``NUM_KSPLIT``, ``num_warps``, ``num_stages`` and the optional Hopper key ``TMA_PERSISTENT`` (bool). AMD-only
+   keys of AITER's files (``waves_per_eu``, ``kpack``, ``matrix_instr_nonkdim``, ``cache_modifier``) are accepted
+   and ignored; ``TMA_FLATTEN`` (bool) flattens the persistent kernel's loops;
 3. else (no file answers) a built-in default (:func:`~aiter_gemm.kernels.gemm_a16w16.default_config`).
 
 ``solidx`` is unused (candidates write 0); ``splitK`` in a row mirrors the config's ``NUM_KSPLIT`` (informational:
@@ -25,7 +26,9 @@ never consistently faster over a region (BENCHMARKS.md); tuned rows select it wh
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 import triton
@@ -183,6 +186,16 @@ class TritonBackend(TritonKernelBackend):
 
     def solution_of(self, cfg: GemmConfig) -> Solution:
         return Solution(self.name, 0, cfg.NUM_KSPLIT, cfg.name)
+
+    def parse_json_entry(self, entry: Mapping[str, Any]) -> Solution:
+        """An entry of AITER's ``{arch}-GEMM-A16W16*.json`` files (:func:`parse_entry`)."""
+        return self.solution_of(parse_entry(dict(entry)))
+
+    def fit(self, solution: Solution, problem: GemmProblem, arch: str) -> Solution:
+        """The bucket's config :func:`fitted` to the shape."""
+        cfg = GemmConfig.from_name(solution.kernelName)
+        fit = fitted(cfg, problem, arch)
+        return solution if fit is cfg else self.solution_of(fit)
 
 
 BACKEND = TritonBackend()

@@ -1,4 +1,4 @@
-"""The ``gemm_a16w16`` op (AITER's ``tuned_gemm``): its :class:`~aiter_gemm.ops.spec.OpSpec`, the public entry points
+"""The ``gemm_a16w16`` op (AITER's ``tuned_gemm``): its :class:`~aiter_gemm.opspec.OpSpec`, the public entry points
 ``gemm_a16w16`` / ``TunedGemm.mm`` / ``get_GEMM_A16W16_config``, the ``aiter_gemm::gemm_a16w16`` custom op, and the
 process-wide functions every op shares (``reload_configs``, ``get_config_table``, ``current_device_identity``).
 
@@ -21,11 +21,12 @@ import torch
 from aiter_gemm import cudagraph, eager_ext, jsonconfigs
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.backends.torch import run_plain
-from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
+from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
 from aiter_gemm.dtypes import FP8_DTYPES, dtype_name, parse_dtype
-from aiter_gemm.ops.spec import JsonLevel, OpSpec
+from aiter_gemm.jsonconfigs import JsonLevel
+from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import A16W16, op_spec, register_op
 from aiter_gemm.testbed import Inputs, cloned_sets, free_memory
 from aiter_gemm.timing import rotating_sets
@@ -42,17 +43,10 @@ def untuned_row(p: GemmProblem) -> dict[str, str]:
             "outdtype": dtype_name(p.otype), "scaleAB": str(p.scaleAB), "bpreshuffle": str(p.bpreshuffle)}
 
 
-def _json_entry(entry: Mapping[str, Any]):
-    """A JSON bucket's entry as the Triton backend's config (imported on first use: it imports Triton)."""
-    from aiter_gemm.backends import triton as triton_backend
-
-    return triton_backend.parse_entry(dict(entry))
-
-
-def _json_solution(cfg, problem: GemmProblem, arch: str) -> Solution:
-    from aiter_gemm.backends import triton as triton_backend
-
-    return triton_backend.BACKEND.solution_of(triton_backend.fitted(cfg, problem, arch))
+def row_solution(row: TunedRow) -> Solution:
+    """The solution a GEMM_BF16 row names (``libtype``, ``solidx``, ``splitK``, ``kernelName``)."""
+    v = row.values
+    return Solution(v["libtype"], v["solidx"], v["splitK"], v["kernelName"])
 
 
 def make_inputs(p: GemmProblem, seed: int, device: torch.device, cache: int, options: Mapping[str, Any]) -> Inputs:
@@ -85,11 +79,12 @@ def call_runner(runner, inputs: tuple, p: GemmProblem) -> torch.Tensor:
 
 
 GEMM_A16W16 = register_op(OpSpec(
-    name="gemm_a16w16", kind="GEMM_BF16", backends=A16W16, row_key=row_key,
+    name="gemm_a16w16", kind="GEMM_BF16", backends=A16W16, row_key=row_key, row_solution=row_solution,
     untuned_columns=BF16_UNTUNED_COLUMNS, untuned_row=untuned_row, capture_path=lambda s: s.untuned_file,
     key_problem=lambda key: GemmProblem(*key), make_inputs=make_inputs, call_runner=call_runner,
-    # AITER's Triton JSON files fill in the triton rows that name no kernel (kernelName empty or "auto").
-    json=JsonLevel("GEMM-A16W16", _json_entry, _json_solution, arch_file=True, fills="triton"),
+    # AITER's Triton JSON files (entries the triton backend parses and fits) fill in the triton rows that name no
+    # kernel (kernelName empty or "auto").
+    json=JsonLevel("GEMM-A16W16", "triton", arch_file=True, fills="triton"),
 ))
 
 
@@ -101,19 +96,16 @@ def _config_dirs() -> tuple[Path, ...]:
 def json_buckets(path: str | os.PathLike):
     """Every bucket of one ``GEMM-A16W16`` JSON file as (M bound or None, key, Triton config), smallest bound first
     (``any`` last); [] if absent; errors name file and key."""
-    return jsonconfigs.cached_buckets(path, _json_entry, GEMM_A16W16.json.buckets) or []
+    level = GEMM_A16W16.json
+    return [(bound, key, sol and _triton_config(sol))
+            for bound, key, sol in level.buckets_of(level.own, path, _DISPATCHER.backend, strict=True) or []]
 
 
 def json_config(M: int, N: int, K: int, arch: str, config_dirs: Sequence[str | os.PathLike] | None = None):
     """The Triton config the JSON level gives (M, N, K) on ``arch`` (strict: errors name file and key), fitted to the
     shape (:func:`aiter_gemm.backends.triton.fitted`), or None."""
-    from aiter_gemm.kernels.gemm_a16w16 import GemmConfig
-
-    dirs = _config_dirs() if config_dirs is None else config_dirs
-    device = DeviceIdentity(arch, 0, "cuda")
-    for _files, _source, sol in GEMM_A16W16.json.hits([dirs], device, GemmProblem(M, N, K), strict=True):
-        return GemmConfig.from_name(sol.kernelName)
-    return None
+    sol = _json_solution(GemmProblem(M, N, K), arch, config_dirs)
+    return None if sol is None else _triton_config(sol)
 
 
 def select_config(problem: GemmProblem, solution: Solution, arch: str):
@@ -121,12 +113,24 @@ def select_config(problem: GemmProblem, solution: Solution, arch: str):
     default: what a decision resolves, for callers holding a row's solution."""
     from aiter_gemm.backends import triton as triton_backend
 
-    name = solution.kernelName.strip()
-    if not name or name == "auto":
-        cfg = json_config(problem.M, problem.N, problem.K, arch)
-        if cfg is not None:
-            return cfg
+    if solution.kernelName.strip() in ("", "auto"):
+        solution = _json_solution(problem, arch) or solution
     return triton_backend.select_config(problem, solution)
+
+
+def _json_solution(problem: GemmProblem, arch: str, config_dirs: Sequence[str | os.PathLike] | None = None
+                   ) -> Solution | None:
+    """The JSON level's hit for ``problem`` on ``arch`` (strict), in ``config_dirs`` or the settings' folders."""
+    dirs = _config_dirs() if config_dirs is None else config_dirs
+    hits = GEMM_A16W16.json.hits([dirs], DeviceIdentity(arch, 0, "cuda"), problem, _DISPATCHER.backend, strict=True)
+    return next((sol for _files, _source, sol in hits), None)
+
+
+def _triton_config(solution: Solution):
+    """The Triton config a ``triton`` solution's kernelName names."""
+    from aiter_gemm.kernels.gemm_a16w16 import GemmConfig
+
+    return GemmConfig.from_name(solution.kernelName)
 
 
 def clear_config_cache() -> None:

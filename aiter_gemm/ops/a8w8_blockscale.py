@@ -1,6 +1,6 @@
 """The ``gemm_a8w8_blockscale`` op: fp8 GEMM with DeepSeek-style block scales, on the generic dispatcher.
 
-This module is the op's :class:`~aiter_gemm.ops.spec.OpSpec` (:data:`GEMM_A8W8_BLOCKSCALE`), its file formats and its
+This module is the op's :class:`~aiter_gemm.opspec.OpSpec` (:data:`GEMM_A8W8_BLOCKSCALE`), its file formats and its
 public entry points; the implementations are its backends in :mod:`aiter_gemm.backends.a8w8_blockscale`
 (``triton``: our kernels; ``torch``: torch's block-scaled ``F.scaled_mm``). Which one runs a shape (M, N, K) is
 decided once per shape, in the dispatcher's order (docs/design.md):
@@ -18,8 +18,9 @@ decided once per shape, in the dispatcher's order (docs/design.md):
 2. the per-device JSON ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``, searched in the folders of
    ``AITER_GEMM_TRITON_CONFIGS`` (colon-separated) and then the shipped ``configs/triton/``. Its keys are M buckets
    (:mod:`aiter_gemm.jsonconfigs`: ``M_LEQ_<n>``, ``small_M`` / ``medium_M`` / ``large_M`` = M <= 256 / 2048 / any,
-   ``any``), each mapped to a config object (:meth:`BlockscaleConfig.to_json`, or
-   ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``). The tuner writes one ``M_LEQ_<m>`` per tuned M
+   ``any``), each mapped to a config object that the backend its ``libtype`` names parses (none: ``triton``,
+   :meth:`BlockscaleConfig.to_json`; ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``; a
+   ``tilelang`` :meth:`TileLangConfig.to_json`). The tuner writes one ``M_LEQ_<m>`` per tuned M
    plus ``any`` for the largest (:func:`buckets_from_tuned`): the best variant changes between M = 16 (swapAB,
    split-K) and M = 256 (base) and again above 1024 (larger tiles).
    Below those, SGLang's TileLang files (``AITER_GEMM_SGLANG_TILELANG_DIR``, this device's name; nearest M as
@@ -47,7 +48,7 @@ from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
-from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, read_buckets, select_bucket, write_buckets
+from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, JsonLevel, select_bucket, write_buckets
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import (
@@ -60,7 +61,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.ops.a16w16 import EAGER_EXT
-from aiter_gemm.ops.spec import JsonLevel, OpSpec
+from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import register_op
 from aiter_gemm.testbed import Inputs, cloned_sets, free_memory
 from aiter_gemm.timing import rotating_sets
@@ -92,7 +93,7 @@ _OUT_DTYPES = triton_backend.OUT_DTYPES
 # ------------------------------------------------------------------------------------------------ choices
 
 
-#: libtype -> the choice class whose ``from_name`` / ``from_json`` parse its kernelNames and JSON entries.
+#: libtype -> the choice class whose ``from_name`` parses its kernelNames (rows are checked against it).
 CHOICES: dict[str, type] = {LIBTYPE: BlockscaleConfig, torch_impl.LIBTYPE: TorchBlockwise,
                             TileLangConfig.libtype: TileLangConfig}
 
@@ -141,12 +142,6 @@ def _row_solution(row: TunedRow) -> Solution:
     return Solution(libtype, row.values["kernelId"], split, name)
 
 
-def _choice_from_json(entry: Mapping[str, Any]) -> Choice:
-    """A JSON entry's choice: by its ``libtype`` (our Triton configs' entries, AITER-style, have none)."""
-    entry = dict(entry)
-    return CHOICES.get(entry.get("libtype"), BlockscaleConfig).from_json(entry)
-
-
 def untuned_row(p: GemmProblem) -> dict[str, str]:
     return {"M": str(p.M), "N": str(p.N), "K": str(p.K)}
 
@@ -190,9 +185,9 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
     untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
     capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
-    # Its JSON files are a decision level; SGLang's TileLang files (this device's name) a family below its own.
-    json=JsonLevel("GEMM-A8W8_BLOCKSCALE", _choice_from_json, lambda choice, _problem, _arch: solution_of(choice),
-                   NAMED_BUCKETS, more=(sglang_tilelang.FILES,)),
+    # Its JSON files are a decision level (entries naming no libtype are Triton configs); SGLang's TileLang files
+    # (this device's name) a family below its own.
+    json=JsonLevel("GEMM-A8W8_BLOCKSCALE", LIBTYPE, NAMED_BUCKETS, more=(sglang_tilelang.FILES,)),
     source_with_line=True,
     key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
     make_inputs=make_inputs, call_runner=call_runner,
@@ -209,7 +204,8 @@ def json_config_path(directory: str | os.PathLike, arch: str, N: int, K: int) ->
 
 def read_json_configs(path: str | os.PathLike) -> list[tuple[int | None, str, Choice]]:
     """Buckets of a JSON file as (M bound or None for any M, key, choice), smallest bound first; strict."""
-    return read_buckets(path, _choice_from_json, NAMED_BUCKETS)
+    return [(bound, key, sol and choice_of(sol))
+            for bound, key, sol in GEMM_A8W8_BLOCKSCALE.json.read_own(path, _DISPATCHER.backend)]
 
 
 def write_json_configs(path: str | os.PathLike, buckets: Mapping[str, Choice | None]) -> None:

@@ -20,6 +20,7 @@ at M = 8 over four runs, even at M = 32, 0.97x at M = 64 and 0.99x at M = 128 (H
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -68,6 +69,11 @@ class BlockscaleTileLangBackend(Backend):
     def describe(self, solution: Solution) -> dict[str, Any]:
         """The config's parameters, as its JSON entry holds them."""
         return TileLangConfig.from_name(solution.kernelName).to_json()
+
+    def parse_json_entry(self, entry: Mapping[str, Any]) -> Solution:
+        """A :meth:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.TileLangConfig.to_json` entry (``libtype``
+        ``tilelang`` and SGLang's keys)."""
+        return solution_of(TileLangConfig.from_json(dict(entry)))
 
     def _space(self, problem: GemmProblem, quick: bool) -> list[Solution]:
         if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:

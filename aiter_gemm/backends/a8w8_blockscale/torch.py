@@ -6,6 +6,7 @@ that module's :func:`~aiter_gemm.kernels.a8w8_blockscale_torch.unavailable_reaso
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -67,6 +68,10 @@ class BlockscaleTorchBackend(Backend):
 
     def describe(self, solution: Solution) -> dict[str, Any]:
         return torch_impl.TorchBlockwise().to_json()
+
+    def parse_json_entry(self, entry: Mapping[str, Any]) -> Solution:
+        """``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``, exactly."""
+        return solution_of(torch_impl.TorchBlockwise.from_json(dict(entry)))
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
         """torch's matmul where the sweep found it faster than our Triton default (the dispatcher checks it can

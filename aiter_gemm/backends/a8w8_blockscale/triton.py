@@ -8,7 +8,7 @@ runtime alike. The default (no row, no JSON bucket) is :func:`~aiter_gemm.kernel
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -82,6 +82,11 @@ class BlockscaleTritonBackend(Backend):
     def describe(self, solution: Solution) -> dict[str, Any]:
         """The config's parameters, as its JSON entry holds them."""
         return BlockscaleConfig.from_name(solution.kernelName).to_json()
+
+    def parse_json_entry(self, entry: Mapping[str, Any]) -> Solution:
+        """A :meth:`~aiter_gemm.kernels.a8w8_blockscale.BlockscaleConfig.to_json` entry (AITER's keys plus
+        ``variant``; no ``libtype``)."""
+        return solution_of(BlockscaleConfig.from_json(dict(entry)))
 
     def _space(self, problem: GemmProblem, device: DeviceIdentity, quick: bool) -> list[Solution]:
         cfgs = [*config_space(problem.M, problem.N, problem.K, quick, device.heuristic_cu, _arch(device)),
