@@ -33,8 +33,9 @@ from aiter_gemm.configs import parse_size
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.jsonconfigs import JSONConfigError
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, dequantize_blockscale, quantize_blockscale
+from aiter_gemm.kernels.a8w8_blockscale import dequantize_blockscale, quantize_blockscale
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
+from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
 from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     GEMM_A8W8_BLOCKSCALE,
@@ -58,7 +59,6 @@ from gradlib.tune_ops import Inputs, Sidecar, TuneOp, cloned_sets, register_tune
 log = logging.getLogger("gradlib")
 
 BLOCKSCALE = GEMM_A8W8_BLOCKSCALE.name
-FP8 = torch.float8_e4m3fn
 X_SCALE_LAYOUTS = ("m_major", "row_major")
 KEY_COLUMNS = ("gfx", "cu_num", "M", "N", "K")
 #: The named categories as (JSON key, largest M); the last is unbounded.

@@ -49,7 +49,7 @@ import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, DeviceIdentity
-from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.dtypes import OUT_DTYPES, parse_dtype
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK
         otype = parse_dtype(args.outdtype)
-        if otype not in (torch.bfloat16, torch.float16, torch.float32):
+        if otype not in OUT_DTYPES:
             raise UsageError(f"--outdtype must be bf16, fp16 or fp32, got {args.outdtype}")
         bad = sorted(set(args.variants or ()) - set(VARIANTS))
         if bad:

@@ -41,6 +41,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from aiter_gemm.configs import json_int, parse_int
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, smem_limit
+from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8_ref
+from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import (
     INTERPRET,
     MAX_GROUP_SIZE_M,
@@ -51,9 +53,7 @@ from aiter_gemm.kernels.common import (
     tma_usable,
 )
 
-#: Quantization block: K groups of x_scale and both sides of w_scale's blocks. Fixed by the data format.
-SCALE_BLOCK = 128
-BLOCK_SIZE_K = SCALE_BLOCK
+BLOCK_SIZE_K = SCALE_BLOCK  # the K tile: one quantization group
 
 
 #: Shared memory the epilogue's layout conversion needs beside the pipelined tiles (27 KiB of Hopper's 227: the
@@ -565,24 +565,21 @@ def gemm_a8w8_blockscale_ref(
 def quantize_weight_blockscale(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(WQ, w_scale) of a float weight (N, K): amax per (128, 128) block mapped to the fp8 e4m3 maximum (448), as
     DeepSeek-V3 / Qwen3-FP8 checkpoints store it (``weight``, ``weight_scale_inv``)."""
-    fp8 = torch.float8_e4m3fn
-    fmax = torch.finfo(fp8).max
     N, K = w.shape
     kb, nb = triton.cdiv(K, SCALE_BLOCK), triton.cdiv(N, SCALE_BLOCK)
     wp = torch.nn.functional.pad(w.float(), (0, kb * SCALE_BLOCK - K, 0, nb * SCALE_BLOCK - N))
     wp = wp.view(nb, SCALE_BLOCK, kb, SCALE_BLOCK)
-    w_scale = (wp.abs().amax(dim=(1, 3)) / fmax).clamp(min=1e-12)
-    WQ = (wp / w_scale[:, None, :, None]).clamp(-fmax, fmax).view(nb * SCALE_BLOCK, -1)[:N, :K].to(fp8).contiguous()
+    w_scale = (wp.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=MIN_SCALE)
+    WQ = (wp / w_scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(nb * SCALE_BLOCK, -1)[:N, :K]
+    WQ = WQ.to(FP8).contiguous()
     return WQ, w_scale.contiguous()
 
 
 def quantize_blockscale(
-    x: torch.Tensor, w: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn,
+    x: torch.Tensor, w: torch.Tensor, fp8: torch.dtype = FP8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(XQ, WQ, x_scale, w_scale) from float x (M, K) and w (N, K): amax per (1, 128) group of x and per (128, 128)
     block of w mapped to the fp8 maximum (448 for e4m3fn). For tests and benchmarks."""
-    from aiter_gemm.kernels.act_quant import FP8, per_token_group_quant_fp8_ref
-
     if fp8 != FP8:
         raise TypeError(f"quantize_blockscale: fp8 dtype {fp8} is not supported (only {FP8})")
     XQ, x_scale = per_token_group_quant_fp8_ref(x.float())

@@ -28,11 +28,12 @@ from typing import Any
 
 import torch
 
+from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import (
     HAND_SCHEDULED,
     KERNEL_TYPES,
     MAX_GROUPS,
-    SCALE_BLOCK,
+    REGISTER_FILE,
     SGLANG_KERNEL_TYPES,
     SPLIT,
     SWAPPED,
@@ -40,10 +41,12 @@ from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import (
     config_name,
     config_space,
     is_config_name,
+    math_registers,
     shape_error,
 )
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import PASS_CONFIGS as _WS_PASS_CONFIGS
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import build_ws, build_ws_swapped
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
 #: Public names, those of the configs (:mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang_config`) among them: callers
 #: take a config and its kernel from this one module.
@@ -52,7 +55,7 @@ __all__ = ["HAND_SCHEDULED", "KERNEL_TYPES", "MAX_GROUPS", "SCALE_BLOCK", "SGLAN
            "config_name", "config_space", "gemm_a8w8_blockscale_tilelang_ref", "is_config_name", "launcher",
            "pass_configs", "precompile", "shape_error", "unavailable_reason"]
 
-_OUT_TL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_OUT_TL = {dtype: str(dtype).removeprefix("torch.") for dtype in OUT_DTYPES}  # TileLang's names
 
 
 # ------------------------------------------------------------------------------------------------ the builders
@@ -222,11 +225,11 @@ def _kernel(T, M, N: int, K: int, cfg: TileLangConfig, out_dtype: str, sa_shape,
 
 
 def _math_registers(threads: int) -> int:
-    """Registers a math thread gets with setmaxnreg: TileLang gives the producer as many warpgroups as the math
-    ones; producer threads drop to 24 and the math threads take the rest of the 64K-register file (232 each at
-    threads=256, where the 512-thread launch would otherwise cap every thread at 128 registers and spill the two
-    128x128 float32 accumulators). 0: no reallocation (one math warpgroup has room)."""
-    return 0 if threads <= 128 else min(240, (65536 // threads - 24) // 8 * 8)
+    """Registers a math thread gets with setmaxnreg under TileLang's automatic warp specialisation, which gives the
+    producer as many warpgroups as the math ones and the launch the whole register file (232 each at threads=256,
+    where the 512-thread launch would otherwise cap every thread at 128 registers and spill the two 128x128 float32
+    accumulators). 0: no reallocation (one math warpgroup has room)."""
+    return 0 if threads <= 128 else math_registers(threads, threads, REGISTER_FILE)
 
 
 def _combine_macro(T, M, N: int, split: int, out_dtype: str):

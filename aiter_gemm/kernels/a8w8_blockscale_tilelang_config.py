@@ -7,9 +7,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from aiter_gemm.configs import json_int, parse_int
-from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import math_registers as ws_math_registers
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
-SCALE_BLOCK = 128
 #: Scale groups one pipeline stage of the swapped types may hold (``block_K`` up to 512): each weight row then streams
 #: 512 contiguous bytes a stage instead of 128, which took M <= 16 decode from 0.73-0.94 to 0.85-1.01 of the weight
 #: read on the H100 (benchmarks/results/fp8/decode_limits_h100/wide.csv).
@@ -32,6 +31,10 @@ _SMEM_BYTES = 227 * 1024 - 2 * 1024
 _SM_SMEM_BYTES = 228 * 1024
 #: The largest L2 rasterization panel (``swizzle``, in CTAs): TileLang's code generator takes it as a C ``int``.
 MAX_SWIZZLE = 1024
+#: 32-bit registers of one SM (sm_90): what the threads of its resident CTAs share.
+REGISTER_FILE = 65536
+#: Registers a producer thread keeps after setmaxnreg (it only issues loads); the math threads take the rest.
+PRODUCER_REGS = 24
 
 _NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws|ws_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
                       r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?(?:_MB(?P<mb>\d+))?")
@@ -271,6 +274,25 @@ def config_name(values: dict[str, Any]) -> str:
             f"_T{v['threads']}_SK{v['split_k']}" + ("_BS" if v["b_scale_shm"] else "")
             + ("_AS" if v["a_scale_shm"] else "") + (f"_SW{v['swizzle']}" if v["swizzle"] else "")
             + (f"_MB{v['min_blocks']}" if v["min_blocks"] != 1 else ""))
+
+
+def launch_registers(threads: int, min_blocks: int = 1) -> int:
+    """Registers a CTA of ``threads`` launches with when ``min_blocks`` CTAs share an SM: per thread 65536 /
+    min_blocks / threads in steps of 8, at most 255."""
+    return threads * min(255, REGISTER_FILE // min_blocks // threads // 8 * 8)
+
+
+def math_registers(math_threads: int, producer_threads: int, pool: int) -> int:
+    """Registers a math thread may ask setmaxnreg for: what ``pool`` leaves beside ``producer_threads`` at
+    :data:`PRODUCER_REGS` each, in steps of 8, at most 240. setmaxnreg only moves registers inside the pool the CTA
+    launched with, and an increase the pool cannot cover never returns (the CTA hangs)."""
+    return min(240, (pool - producer_threads * PRODUCER_REGS) // math_threads // 8 * 8)
+
+
+def ws_math_registers(groups: int, min_blocks: int = 1) -> int:
+    """:func:`math_registers` of the hand-scheduled types: ``groups`` math warpgroups beside one producer warpgroup in
+    the CTA's launch pool: 240 for 2 math warpgroups, 160 for 3, 112 for 4; 104 for 2 at two CTAs an SM."""
+    return math_registers(128 * groups, 128, launch_registers(128 * (groups + 1), min_blocks))
 
 
 def is_config_name(name: str) -> bool:

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from aiter_gemm.configs import parse_int
+from aiter_gemm.dtypes import HALF_DTYPES, OUT_DTYPES
 from aiter_gemm.kernels.common import (
     INTERPRET,
     MAX_ACC_NUMEL,
@@ -44,7 +45,7 @@ from aiter_gemm.kernels.common import (
     tma_usable,
 )
 
-__all__ = ["INTERPRET", "SUPPORTED_DTYPES", "SUPPORTED_OTYPES", "GemmConfig", "check_operands", "default_config",
+__all__ = ["INTERPRET", "GemmConfig", "check_operands", "default_config",
            "gemm_a16w16", "gemm_a16w16_ref", "launch_gemm_a16w16", "splitk_reduce", "tma_available", "tma_usable"]
 
 try:  # host-side TMA descriptors: Triton >= 3.4 (the device machine has 3.6, CI 3.9)
@@ -52,8 +53,6 @@ try:  # host-side TMA descriptors: Triton >= 3.4 (the device machine has 3.6, CI
 except ImportError:  # pragma: no cover - older Triton: the TMA variant is simply unavailable
     TensorDescriptor = None
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-SUPPORTED_OTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -274,9 +273,9 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, 
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"gemm_a16w16 needs a (M, K) and b (N, K); got a {tuple(a.shape)} {a.dtype}, "
                          f"b {tuple(b.shape)} {b.dtype}")
-    if a.dtype not in SUPPORTED_DTYPES or b.dtype != a.dtype:
+    if a.dtype not in HALF_DTYPES or b.dtype != a.dtype:
         raise ValueError(f"gemm_a16w16 needs a and b both bf16 or fp16; got a {a.dtype}, b {b.dtype}")
-    if otype not in SUPPORTED_OTYPES:
+    if otype not in OUT_DTYPES:
         raise ValueError(f"gemm_a16w16 output dtype must be bf16, fp16 or fp32, got {otype}")
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}")

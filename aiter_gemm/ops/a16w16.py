@@ -24,7 +24,7 @@ from aiter_gemm.backends.torch import run_plain
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
-from aiter_gemm.dtypes import FP8_DTYPES, dtype_name, parse_dtype
+from aiter_gemm.dtypes import FP8_DTYPES, OUT_DTYPES, dtype_name, parse_dtype
 from aiter_gemm.ops.spec import JsonLevel, OpSpec
 from aiter_gemm.registry import A16W16, op_spec, register_op
 
@@ -203,15 +203,13 @@ def run_linear_entry(entry: CallEntry, A: torch.Tensor, B: torch.Tensor, bias: t
     return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
 
 
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
 
 def dtype_error(dtype: torch.dtype, otype: torch.dtype) -> str | None:
     """Why ``gemm_a16w16`` cannot take ``dtype`` inputs to an ``otype`` output, or None: inputs are floating (bf16,
     fp16, fp32, fp8), the output bf16, fp16, fp32 or the input dtype. The runtime and the tuner share the rule."""
     if not dtype.is_floating_point:
         return f"{dtype} inputs are not supported: expected a floating dtype (bf16, fp16, fp32, fp8)"
-    if otype not in _OUT_DTYPES and otype != dtype:
+    if otype not in OUT_DTYPES and otype != dtype:
         return f"{otype} output is not supported (bf16, fp16, fp32 or the input dtype {dtype})"
     return None
 

@@ -42,17 +42,18 @@ import torch
 
 from aiter_gemm import eager_ext, sglang_tilelang
 from aiter_gemm.backends.a8w8_blockscale import solution_of
-from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
+from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, read_buckets, select_bucket, write_buckets
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, BlockscaleConfig, config_space
+from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig, config_space
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
+from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
 from aiter_gemm.ops.a16w16 import EAGER_EXT
 from aiter_gemm.ops.spec import JsonLevel, OpSpec
 from aiter_gemm.registry import register_op
@@ -68,7 +69,6 @@ __all__ = [
 KIND = "GEMM_A8W8_BLOCKSCALE"
 LIBTYPE = BlockscaleConfig.libtype
 LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE, TileLangConfig.libtype)
-FP8 = torch.float8_e4m3fn
 #: What runs a shape: one of our Triton configs, torch's block-scaled matmul, or one of our TileLang configs.
 Choice = BlockscaleConfig | TorchBlockwise | TileLangConfig
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
@@ -77,7 +77,6 @@ BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
 UNTUNED_FILE = "a8w8_blockscale_untuned_gemm.csv"
 BLOCKSCALE_TUNED_COLUMNS = ("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId", "splitK", "us", "kernelName",
                             "tflops", "bw", "errRatio", *EXTRA_TUNED_COLUMNS)
-_OUT_DTYPES = triton_backend.OUT_DTYPES
 
 
 # ------------------------------------------------------------------------------------------------ choices
@@ -246,13 +245,13 @@ def _check_inputs(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_s
         if t.dim() != 2:
             raise ValueError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be 2-D")
     for name, t in (("XQ", XQ), ("WQ", WQ)):
-        if t.dtype not in triton_backend.FP8_IN:
+        if t.dtype != FP8:
             raise TypeError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be fp8 e4m3 (torch.float8_e4m3fn)")
     for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
         if t.dtype != torch.float32:
             raise TypeError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be torch.float32")
-    if dtype not in _OUT_DTYPES:
-        raise TypeError(f"gemm_a8w8_blockscale: output dtype {dtype} must be one of {list(_OUT_DTYPES)}")
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"gemm_a8w8_blockscale: output dtype {dtype} must be one of {list(OUT_DTYPES)}")
     M, K = XQ.shape
     N = WQ.shape[0]
     if WQ.shape[1] != K:

@@ -20,17 +20,15 @@ at M = 8 over four runs, even at M = 32, 0.97x at M = 64 and 0.99x at M = 128 (H
 
 from __future__ import annotations
 
-import torch
-
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
+from aiter_gemm.kernels.blockscale_format import FP8
 
 NAME = TileLangConfig.libtype
-FP8_IN = (torch.float8_e4m3fn,)
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class BlockscaleTileLangBackend(Backend):
@@ -53,7 +51,7 @@ class BlockscaleTileLangBackend(Backend):
             cfg = TileLangConfig.from_name(solution.kernelName)
         except ValueError as exc:
             return str(exc)
-        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+        if problem.dtype != FP8 or problem.otype not in OUT_DTYPES:
             return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
         return tl_impl.shape_error(cfg, problem.M, problem.N, problem.K)
 
@@ -64,7 +62,7 @@ class BlockscaleTileLangBackend(Backend):
         return tl_impl.launcher(problem.N, problem.K, cfg, problem.otype)
 
     def _space(self, problem: GemmProblem, quick: bool) -> list[Solution]:
-        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+        if problem.dtype != FP8 or problem.otype not in OUT_DTYPES:
             return []
         return [solution_of(c) for c in tl_impl.config_space(problem.M, problem.N, problem.K, quick)]
 
