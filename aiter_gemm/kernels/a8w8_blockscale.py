@@ -30,7 +30,6 @@ the launcher :func:`gemm_a8w8_blockscale_triton` and the float32 reference :func
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from aiter_gemm.configs import json_int, parse_int
+from aiter_gemm.configs import json_int
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, smem_limit
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8_ref
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
@@ -52,6 +51,7 @@ from aiter_gemm.kernels.common import (
     tile_coords,
     tma_usable,
 )
+from aiter_gemm.kernels.names import KernelName
 
 BLOCK_SIZE_K = SCALE_BLOCK  # the K tile: one quantization group
 
@@ -88,10 +88,9 @@ VARIANTS: dict[str, Variant] = {
     )
 }
 
-_NAME_RE = re.compile(
-    r"^(?P<variant>[A-Za-z_]+)-BM(?P<BM>\d+)_BN(?P<BN>\d+)_BK(?P<BK>\d+)_GM(?P<GM>\d+)_SK(?P<SK>\d+)"
-    r"_W(?P<W>\d+)_S(?P<S>\d+)(?:_NS(?P<NS>2))?(?P<TMA>_TMA)?(?P<WS>_WS)?$"
-)
+#: The ``kernelName`` grammar (:attr:`BlockscaleConfig.name`).
+NAME = KernelName("{variant:" + "|".join(VARIANTS) + "}-BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}"
+                  "[_NS{NS:2}][_TMA][_WS]", "block-scale Triton kernelName", f"; variants: {', '.join(VARIANTS)}")
 _POW2_TILES = (16, 32, 64, 128, 256)
 
 
@@ -154,26 +153,18 @@ class BlockscaleConfig:
     def name(self) -> str:
         """The ``kernelName`` spelling, e.g. ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3`` (then ``_NS2``,
         ``_TMA`` and ``_WS`` when those are on)."""
-        return (
-            f"{self.variant}-BM{self.BLOCK_SIZE_M}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_GM{self.GROUP_SIZE_M}"
-            f"_SK{self.NUM_KSPLIT}_W{self.num_warps}_S{self.num_stages}"
-            + (f"_NS{self.N_SUBTILES}" if self.N_SUBTILES > 1 else "")
-            + ("_TMA" if self.TMA else "") + ("_WS" if self.WARP_SPECIALIZE else "")
-        )
+        return NAME.format({
+            "variant": self.variant, "BM": self.BLOCK_SIZE_M, "BN": self.BLOCK_SIZE_N, "BK": self.BLOCK_SIZE_K,
+            "GM": self.GROUP_SIZE_M, "SK": self.NUM_KSPLIT, "W": self.num_warps, "S": self.num_stages,
+            "NS": str(self.N_SUBTILES) if self.N_SUBTILES > 1 else None, "TMA": self.TMA, "WS": self.WARP_SPECIALIZE,
+        })
 
     @classmethod
     def from_name(cls, name: str) -> "BlockscaleConfig":
         """Parse a ``kernelName`` strictly (exact grammar, valid values); ValueError saying what is wrong."""
-        m = _NAME_RE.match(name.strip())
-        if m is None:
-            raise ValueError(
-                f"kernelName {name!r} is not '<variant>-BM<m>_BN<n>_BK128_GM<g>_SK<s>_W<w>_S<st>[_NS2][_TMA][_WS]' "
-                f"(variants: {', '.join(VARIANTS)})"
-            )
-        g = m.groupdict()
-        n = {k: parse_int(g[k], signed=False) for k in ("BM", "BN", "BK", "GM", "SK", "W", "S")}
-        return cls(g["variant"], n["BM"], n["BN"], n["BK"], n["GM"], n["SK"], n["W"], n["S"], bool(g["TMA"]),
-                   bool(g["WS"]), int(g["NS"] or 1))
+        v = NAME.parse(name)
+        return cls(v["variant"], v["BM"], v["BN"], v["BK"], v["GM"], v["SK"], v["W"], v["S"], v["TMA"], v["WS"],
+                   int(v["NS"] or 1))
 
     def to_json(self) -> dict[str, object]:
         """The entry written in per-(N, K) JSON files (AITER's key names plus ``variant``)."""

@@ -2,12 +2,12 @@
 rule of what a config can build and which shapes it can run (tuner and runtime share it), and the tuner's space.
 The kernels they build are in :mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang`."""
 
-import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from aiter_gemm.configs import json_int, parse_int
+from aiter_gemm.configs import json_int
 from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
+from aiter_gemm.kernels.names import KernelName
 
 #: Scale groups one pipeline stage of the swapped types may hold (``block_K`` up to 512): each weight row then streams
 #: 512 contiguous bytes a stage instead of 128, which took M <= 16 decode from 0.73-0.94 to 0.85-1.01 of the weight
@@ -36,8 +36,11 @@ REGISTER_FILE = 65536
 #: Registers a producer thread keeps after setmaxnreg (it only issues loads); the math threads take the rest.
 PRODUCER_REGS = 24
 
-_NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws|ws_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
-                      r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?(?:_MB(?P<mb>\d+))?")
+#: The ``kernelName`` grammar (:attr:`TileLangConfig.name`; ``c_scale_local`` is always true, so the name does not
+#: carry it).
+NAME = KernelName("{kernel_type:" + "|".join(KERNEL_TYPES) + "}-BM{block_M}_BN{block_N}_BK{block_K}_S{num_stages}"
+                  "_T{threads}_SK{split_k}[_BS][_AS][_SW{swizzle}][_MB{min_blocks}]", "TileLang config name",
+                  f"; types: {', '.join(KERNEL_TYPES)}")
 
 
 @dataclass(frozen=True)
@@ -94,21 +97,15 @@ class TileLangConfig:
 
     @property
     def name(self) -> str:
-        """The CSV ``kernelName``: ``<type>-BM<>_BN<>_BK<>_S<stages>_T<threads>_SK<split>[_BS][_AS][_SW<n>][_MB<n>]``
-        (``c_scale_local`` is always true, so the name does not carry it)."""
+        """The CSV ``kernelName`` (:data:`NAME`)."""
         return config_name(asdict(self))
 
     @classmethod
     def from_name(cls, name: str) -> "TileLangConfig":
-        m = _NAME_RE.fullmatch(name.strip())
-        if m is None:
-            raise ValueError(f"{name!r} is not a TileLang config name (<type>-BM<m>_BN<n>_BK<k>_S<stages>_T<threads>"
-                             f"_SK<split>[_BS][_AS][_SW<panel>][_MB<ctas>], type one of {', '.join(KERNEL_TYPES)})")
-        n = {k: parse_int(m[k] or default, signed=False)  # the optional _SW and _MB: 0 and 1 when absent
-             for k, default in (("bm", ""), ("bn", ""), ("bk", ""), ("st", ""), ("th", ""), ("sk", ""),
-                                ("sw", "0"), ("mb", "1"))}
-        return cls(m["kt"], n["bm"], n["bn"], n["bk"], n["st"], n["th"], n["sk"], True, m["bs"] is not None,
-                   m["as"] is not None, n["sw"], n["mb"])
+        v = NAME.parse(name)
+        return cls(v["kernel_type"], v["block_M"], v["block_N"], v["block_K"], v["num_stages"], v["threads"],
+                   v["split_k"], True, v["BS"], v["AS"], v["swizzle"] or 0,  # the optional _SW and _MB: 0 and 1
+                   1 if v["min_blocks"] is None else v["min_blocks"])
 
     def to_json(self) -> dict[str, Any]:
         """The config as SGLang's JSON value holds it (plus ``libtype`` and, when set, ``swizzle`` and
@@ -270,10 +267,8 @@ def config_name(values: dict[str, Any]) -> str:
     """:attr:`TileLangConfig.name` of config values, checked or not (values the rule rejects give a name that
     :meth:`TileLangConfig.from_name` rejects saying why: how an SGLang entry that cannot run here is named)."""
     v = {f.name: f.default for f in fields(TileLangConfig) if f.name != "kernel_type"} | values
-    return (f"{v['kernel_type']}-BM{v['block_M']}_BN{v['block_N']}_BK{v['block_K']}_S{v['num_stages']}"
-            f"_T{v['threads']}_SK{v['split_k']}" + ("_BS" if v["b_scale_shm"] else "")
-            + ("_AS" if v["a_scale_shm"] else "") + (f"_SW{v['swizzle']}" if v["swizzle"] else "")
-            + (f"_MB{v['min_blocks']}" if v["min_blocks"] != 1 else ""))
+    return NAME.format({**v, "BS": v["b_scale_shm"], "AS": v["a_scale_shm"], "swizzle": v["swizzle"] or None,
+                        "min_blocks": None if v["min_blocks"] == 1 else v["min_blocks"]})
 
 
 def launch_registers(threads: int, min_blocks: int = 1) -> int:
@@ -297,7 +292,7 @@ def ws_math_registers(groups: int, min_blocks: int = 1) -> int:
 
 def is_config_name(name: str) -> bool:
     """Whether ``name`` has the grammar of :attr:`TileLangConfig.name` (values unchecked)."""
-    return _NAME_RE.fullmatch(name.strip()) is not None
+    return NAME.matches(name)
 
 
 def shape_error(cfg: TileLangConfig, M: int, N: int, K: int) -> str | None:
