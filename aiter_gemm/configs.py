@@ -111,13 +111,20 @@ def unusable_time(us: float) -> str | None:
     return None
 
 
+#: The spellings of a boolean in config text (CSV cells, environment settings, tuner flags), any case, blanks around
+#: ignored: AITER's ``str2bool`` words (its ``--sort``) and the environment's on/off; AITER's files write True/False.
+TRUE_WORDS = ("1", "true", "yes", "on", "t", "y")
+FALSE_WORDS = ("0", "false", "no", "off", "f", "n")
+
+
 def parse_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("true", "1"):
+    """A boolean of config text: one of :data:`TRUE_WORDS` or :data:`FALSE_WORDS`; ValueError naming them."""
+    low = text.strip().lower()
+    if low in TRUE_WORDS:
         return True
-    if low in ("false", "0"):
+    if low in FALSE_WORDS:
         return False
-    raise ValueError(f"expected True/False/1/0, got {text!r}")
+    raise ValueError(f"must be {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}, got {text!r}")
 
 
 def parse_str(text: str) -> str:

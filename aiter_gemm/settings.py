@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiter_gemm.configs import parse_float, parse_int, shown
+from aiter_gemm.configs import parse_bool, parse_float, parse_int, shown
 from aiter_gemm.fileio import file_problem
 
 # Config kind -> (environment variable, shipped default file name), as in AITER (docs/design.md, "Config files").
@@ -65,9 +65,6 @@ def default_config_paths(kind: str, config_dir: Path | None = None) -> tuple[str
     return (str(folder / fname), *map(str, models))
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
-
-
 def config_list(kind: str, raw: str) -> tuple[str, ...]:
     """The files of a colon-separated ``AITER_CONFIG_*`` value, in order, each read as :func:`_path` reads it (``~``
     expanded), each :data:`SHIPPED` entry replaced by :func:`default_config_paths` (so a user's table goes in front
@@ -82,15 +79,13 @@ def config_list(kind: str, raw: str) -> tuple[str, ...]:
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
-    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case; unset or empty: off). Any other value is a
-    ValueError naming the variable and the value: ``AITER_TUNE_GEMM=2`` was silently off (issue 31)."""
+    """A boolean variable as :func:`~aiter_gemm.configs.parse_bool` reads it (unset or empty: off). Any other value is
+    a ValueError naming the variable and the value: ``AITER_TUNE_GEMM=2`` was silently off (issue 31)."""
     raw = env.get(name, "")
-    low = raw.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError(f"aiter_gemm: {name} must be 1/true/yes/on or 0/false/no/off, got {raw!r}")
+    try:
+        return bool(raw.strip()) and parse_bool(raw)
+    except ValueError as exc:
+        raise ValueError(f"aiter_gemm: {name} {exc}") from None
 
 
 def _path(raw: str) -> str:
