@@ -5,11 +5,12 @@ Nothing on the per-GEMM path reads the environment: the dispatcher holds one fro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,27 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
         return bool(raw.strip()) and parse_bool(raw)
     except ValueError as exc:
         raise ValueError(f"aiter_gemm: {name} {exc}") from None
+
+
+def set_env(values: Mapping[str, str | None]) -> None:
+    """Set environment variables (None: unset) for this process and the processes it starts from now on."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@contextlib.contextmanager
+def scoped_env(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Environment variables set (None: unset) inside the block and restored as they were after it, however it
+    ends. The runtime reads them at :func:`aiter_gemm.reload_configs`; a spawned child copies them at its start."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        set_env(values)
+        yield
+    finally:
+        set_env(old)
 
 
 def _path(raw: str) -> str:

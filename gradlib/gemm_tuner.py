@@ -28,6 +28,7 @@ from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigError, load_untuned
 from aiter_gemm.dtypes import FP8_DTYPES, parse_dtype
 from aiter_gemm.fileio import read_csv_rows, render_csv
 from aiter_gemm.ops.a16w16 import dtype_error, untuned_row
+from aiter_gemm.settings import scoped_env
 from gradlib import cli
 from gradlib.aiter_flags import (
     DIFFERENCES,
@@ -40,7 +41,6 @@ from gradlib.aiter_flags import (
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, positive_float, positive_int, positive_int_list
 from gradlib.driver import TuneJob, run
 from gradlib.models import ModelConfigError, load_arch, model_problems
-from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
 from gradlib.tasks import import_plugins
 from gradlib.tune_ops import tune_op

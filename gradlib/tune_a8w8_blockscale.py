@@ -57,6 +57,7 @@ from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
 from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE, parse_choice
 from aiter_gemm.registry import get_backend, known_backends
+from aiter_gemm.settings import scoped_env
 from gradlib import cli
 from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, with_iterations
 from gradlib.blockscale import (
@@ -82,7 +83,6 @@ from gradlib.blockscale_shapes import (  # noqa: F401 - re-exported for callers 
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, name_list, positive_int, positive_int_list
 from gradlib.driver import TuneJob, run
 from gradlib.models import ModelConfigError
-from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
 from gradlib.tasks import enumerate_solutions, import_plugins
 from gradlib.timing import TimingConfig
