@@ -60,7 +60,6 @@ log = logging.getLogger("gradlib")
 
 BLOCKSCALE = GEMM_A8W8_BLOCKSCALE.name
 X_SCALE_LAYOUTS = ("m_major", "row_major")
-KEY_COLUMNS = ("gfx", "cu_num", "M", "N", "K")
 #: The named categories as (JSON key, largest M); the last is unbounded.
 SEED_BUCKETS = (("small_M", 256), ("medium_M", 2048), ("large_M", None))
 
@@ -170,10 +169,6 @@ def _make_inputs(p: GemmProblem, seed: int, device: torch.device, cache: int, op
 def _call(runner, inputs: tuple, p: GemmProblem) -> torch.Tensor:
     XQ, WQ, xs, ws = inputs
     return runner(XQ, WQ, xs, ws, p.otype)
-
-
-def key_of(identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
-    return {"gfx": identity.gfx, "cu_num": str(identity.cu_num), "M": str(p.M), "N": str(p.N), "K": str(p.K)}
 
 
 def tuned_row(identity: DeviceIdentity, outcome: ShapeOutcome, winner: Candidate) -> dict[str, object]:
@@ -354,9 +349,9 @@ class JsonSidecar(Sidecar):
 
 
 TUNE_OP = register_tune_op(TuneOp(
-    op=BLOCKSCALE, tuned_columns=BLOCKSCALE_TUNED_COLUMNS, key_columns=KEY_COLUMNS, key_of=key_of,
+    op=BLOCKSCALE, tuned_columns=BLOCKSCALE_TUNED_COLUMNS,
     tuned_row=tuned_row, make_inputs=_make_inputs, call=_call, err_column="errRatio", baseline=None,
-    show_bias=False, sidecar=JsonSidecar, key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
+    show_bias=False, sidecar=JsonSidecar,
     row_candidate=lambda row: candidate_solution(row.values["kernelName"]),  # kernelId is only the listing index
 ))
 

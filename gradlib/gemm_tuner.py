@@ -27,7 +27,7 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigError, load_untuned
 from aiter_gemm.dtypes import FP8_DTYPES, parse_dtype
 from aiter_gemm.fileio import read_csv_rows, render_csv
-from aiter_gemm.ops.a16w16 import dtype_error, untuned_row
+from aiter_gemm.ops.a16w16 import GEMM_A16W16, dtype_error
 from aiter_gemm.settings import scoped_env
 from gradlib import cli
 from gradlib.aiter_flags import (
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--run_config {run_config}: file not found")
         problems = [] if run_config is not None else load_problems(args)
         if args.print_shapes:
-            sys.stdout.write(render_csv(BF16_UNTUNED_COLUMNS, [untuned_row(p) for p in problems]))
+            sys.stdout.write(render_csv(BF16_UNTUNED_COLUMNS, [GEMM_A16W16.untuned_row(p) for p in problems]))
             return EXIT_OK
         devices = cli.executor_devices(args.mp, args.ray)
         env = cli.worker_env(on_gpu=devices[0] is not None)

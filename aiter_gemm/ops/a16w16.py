@@ -24,7 +24,7 @@ from aiter_gemm.backends.torch import run_plain
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
-from aiter_gemm.dtypes import FP8_DTYPES, OUT_DTYPES, dtype_name, parse_dtype
+from aiter_gemm.dtypes import FP8_DTYPES, OUT_DTYPES, parse_dtype
 from aiter_gemm.ops.spec import JsonLevel, OpSpec
 from aiter_gemm.registry import A16W16, op_spec, register_op
 
@@ -32,12 +32,6 @@ from aiter_gemm.registry import A16W16, op_spec, register_op
 def row_key(p: GemmProblem) -> tuple:
     """The GEMM_BF16 table key of a problem (the untuned columns, typed as the table parses them)."""
     return (p.M, p.N, p.K, p.bias, p.dtype, p.otype, p.scaleAB, p.bpreshuffle)
-
-
-def untuned_row(p: GemmProblem) -> dict[str, str]:
-    """A problem as an AITER untuned-CSV row."""
-    return {"M": str(p.M), "N": str(p.N), "K": str(p.K), "bias": str(p.bias), "dtype": dtype_name(p.dtype),
-            "outdtype": dtype_name(p.otype), "scaleAB": str(p.scaleAB), "bpreshuffle": str(p.bpreshuffle)}
 
 
 def _json_entry(entry: Mapping[str, Any]):
@@ -55,7 +49,7 @@ def _json_solution(cfg, problem: GemmProblem, arch: str) -> Solution:
 
 GEMM_A16W16 = register_op(OpSpec(
     name="gemm_a16w16", kind="GEMM_BF16", backends=A16W16, row_key=row_key,
-    untuned_columns=BF16_UNTUNED_COLUMNS, untuned_row=untuned_row, capture_path=lambda s: s.untuned_file,
+    untuned_columns=BF16_UNTUNED_COLUMNS, capture_path=lambda s: s.untuned_file,
     key_problem=lambda key: GemmProblem(*key),
     # AITER's Triton JSON files fill in the triton rows that name no kernel (kernelName empty or "auto").
     json=JsonLevel("GEMM-A16W16", _json_entry, _json_solution, arch_file=True, fills="triton"),

@@ -142,14 +142,10 @@ def _describe(solution: Solution) -> dict[str, Any]:
     return choice_of(solution).to_json()
 
 
-def untuned_row(p: GemmProblem) -> dict[str, str]:
-    return {"M": str(p.M), "N": str(p.N), "K": str(p.K)}
-
-
 GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     name="gemm_a8w8_blockscale", kind=KIND, backends="aiter_gemm.backends.a8w8_blockscale",
     row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
-    untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
+    untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS,
     capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
     # Its JSON files are a decision level; SGLang's TileLang files (this device's name) a family below its own.
     json=JsonLevel("GEMM-A8W8_BLOCKSCALE", _choice_from_json, lambda choice, _problem, _arch: solution_of(choice),
@@ -209,7 +205,7 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: flo
     flops = 2.0 * M * N * K
     nbytes = M * K + N * K + M * N * 2 + 4 * (M + -(-N // SCALE_BLOCK)) * -(-K // SCALE_BLOCK)
     return {
-        "gfx": device.gfx, "cu_num": device.cu_num, "M": M, "N": N, "K": K, "libtype": cfg.libtype,
+        **GEMM_A8W8_BLOCKSCALE.key_row(device, GEMM_A8W8_BLOCKSCALE.key_problem((M, N, K))), "libtype": cfg.libtype,
         "kernelId": kernel_id, "splitK": cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, "us": round(us, 4),
         "kernelName": cfg.name, "tflops": round(flops / us / 1e6, 2), "bw": round(nbytes / us / 1e3, 2),
         "errRatio": round(err_ratio, 6), "pad_m_min": "" if pad_m_min is None else pad_m_min,
