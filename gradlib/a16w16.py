@@ -13,8 +13,8 @@ from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dtypes import FP8_DTYPES
 from aiter_gemm.ops.a16w16 import GEMM_A16W16
+from gradlib.records import Candidate, ShapeOutcome
 from gradlib.results import fmt, metrics, tuned_keys
-from gradlib.search import Candidate, ShapeOutcome
 from gradlib.timing import rotating_sets
 from gradlib.tune_ops import Inputs, TuneOp, cloned_sets, register_tune_op
 

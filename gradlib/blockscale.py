@@ -51,8 +51,8 @@ from aiter_gemm.ops.a8w8_blockscale import (
 )
 from aiter_gemm.registry import register_backend
 from aiter_gemm.sglang_tilelang import merge_file, sglang_entry
+from gradlib.records import Candidate, ShapeOutcome
 from gradlib.results import known_libtypes, row_key, stale_reason
-from gradlib.search import Candidate, ShapeOutcome
 from gradlib.timing import rotating_sets
 from gradlib.tune_ops import Inputs, Sidecar, TuneOp, cloned_sets, register_tune_op
 

@@ -26,7 +26,8 @@ from typing import Protocol
 
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.settings import scoped_env
-from gradlib.tasks import ItemResult, Task
+from gradlib.records import ItemResult, Task
+from gradlib.tasks import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,6 @@ def worker_main(conn: Connection, plugins: Sequence[str]) -> None:
     _exit_with_parent()
     try:
         try:
-            from gradlib.tasks import WorkerRuntime
-
             rt = WorkerRuntime.create(plugins)
         except BaseException as exc:  # report anything, including a failing plugin import, then exit
             conn.send(("fatal", f"{type(exc).__name__}: {exc}"))

@@ -40,7 +40,8 @@ from gradlib.pool import (
     SlotState,
     TaskDone,
 )
-from gradlib.tasks import ItemResult, Task
+from gradlib.records import ItemResult, Task
+from gradlib.tasks import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,6 @@ class TunerActor:
     def __init__(self, plugins: Sequence[str], env: dict[str, str | None]) -> None:
         # Before anything imports Triton: TRITON_INTERPRET on CPU must be set before a kernel module is defined.
         set_env(env)  # for the actor's whole life (its own process)
-        from gradlib.tasks import WorkerRuntime
-
         self.rt = WorkerRuntime.create(plugins)
 
     def hello(self) -> tuple[DeviceIdentity, int, str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -15,9 +15,7 @@ from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.registry import LazyRegistry, op_spec
-
-if TYPE_CHECKING:
-    from gradlib.search import Candidate, ShapeOutcome
+from gradlib.records import Candidate, ShapeOutcome
 
 
 @dataclass
