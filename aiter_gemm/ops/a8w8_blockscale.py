@@ -137,7 +137,7 @@ def _choice_from_json(entry: Mapping[str, Any]) -> Choice:
     return CHOICES.get(entry.get("libtype"), BlockscaleConfig).from_json(entry)
 
 
-def _describe(solution: Solution) -> dict[str, Any]:
+def _kernel_params(solution: Solution) -> dict[str, Any]:
     """The kernel parameters ``get_GEMM_A8W8_BLOCKSCALE_config`` reports beside the row's columns."""
     return choice_of(solution).to_json()
 
@@ -150,7 +150,7 @@ GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     # Its JSON files are a decision level; SGLang's TileLang files (this device's name) a family below its own.
     json=JsonLevel("GEMM-A8W8_BLOCKSCALE", _choice_from_json, lambda choice, _problem, _arch: solution_of(choice),
                    NAMED_BUCKETS, more=(sglang_tilelang.FILES,)),
-    describe=_describe, source_with_line=True,
+    describe=_kernel_params, source_with_line=True,
     key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
 ))
 
