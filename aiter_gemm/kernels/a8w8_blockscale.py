@@ -17,10 +17,9 @@ Four variants (docs/design.md, "Ops"; one kernel with different launch geometry,
 
 Options every variant takes (named in ``kernelName``): TMA tile loads (``_TMA``, Hopper's bulk tensor copy engine;
 zero-fills rows past M / N), two column subtiles per K block (``_NS2``, halving the registers of the unscaled
-product), Triton's warp specialization (``_WS``). What made the H100 numbers (docs/exploration.md,
-block-scale): one multiply per product element for the scales (the weight scale is a scalar per tile and K
-block whenever the tile lies in one 128-row block) and scales loaded one K block ahead; 8192^3 went from 650 to
-~900 TFLOP/s with those two.
+product), Triton's warp specialization (``_WS``). The scales cost one multiply per product element (the weight
+scale is a scalar per tile and K block whenever the tile lies in one 128-row block) and are loaded one K block
+ahead: what made the kernel fast (docs/exploration.md, "The block-scale kernel").
 
 Contents: the config (:class:`BlockscaleConfig`, whose ``name`` is the ``kernelName`` written in tuned CSVs), the
 one function that decides which configs a shape supports (:func:`config_error`, :func:`config_space`), the kernels,
@@ -60,9 +59,8 @@ BLOCK_SIZE_K = SCALE_BLOCK  # the K tile: one quantization group
 #: largest tiles that ran without a shared-memory launch failure on the H100 left this much).
 _EPILOGUE_SMEM = 27 * 1024
 #: fp32 registers per thread for the accumulator plus one K block's unscaled product (as large, or half with
-#: N_SUBTILES=2) above which the kernel spills, out of 255 that also hold addresses and scales. Measured on H100
-#: (8192^3, before the scale fixes): 128x128 tiles on 8 warps (64 + 64) ran at 650 TFLOP/s, on 4 warps (128 + 128)
-#: at 300; 128x256 on 8 warps (128 + 128) at 580.
+#: N_SUBTILES=2) above which the kernel spills, out of 255 that also hold addresses and scales (the H100
+#: measurements behind it: docs/exploration.md, "The block-scale kernel").
 _MAX_ACC_REGS_PER_THREAD = 192
 
 

@@ -10,8 +10,8 @@ from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 from aiter_gemm.kernels.names import KernelName
 
 #: Scale groups one pipeline stage of the swapped types may hold (``block_K`` up to 512): each weight row then streams
-#: 512 contiguous bytes a stage instead of 128, which took M <= 16 decode from 0.73-0.94 to 0.85-1.01 of the weight
-#: read on the H100 (benchmarks/results/fp8/decode_limits_h100/wide.csv).
+#: 512 contiguous bytes a stage instead of 128, which brought M <= 16 decode closer to the weight read
+#: (docs/exploration.md, "Stages of several scale groups").
 MAX_GROUPS = 4
 #: SGLang's kernel types, then the hand-scheduled warp-specialised ones (:mod:`aiter_gemm.kernels.
 #: a8w8_blockscale_tilelang_ws`): ``ws`` (DeepGEMM's design) and ``ws_swapAB`` (K split over the math warpgroups);
@@ -53,9 +53,9 @@ class TileLangConfig:
     token scales are staged in shared memory by the producer (cp.async) before the math warpgroup multiplies them in.
 
     ``c_scale_local`` is read from SGLang's files and not used: the combined per-row scales always live in the math
-    threads' registers. TileLang 0.1.15 releases a pipeline stage before the promotion reads scales staged there in
-    shared memory (SGLang's ``c_scale_local: false``); on the H100 that gave relative errors up to 0.2 on 136 of 1504
-    checks, on tiles of 128x128 elements and more, where the promotion is long enough to lose the race."""
+    threads' registers: TileLang 0.1.15 releases a pipeline stage before the promotion reads scales staged there in
+    shared memory (SGLang's ``c_scale_local: false``), a race large tiles lose (docs/exploration.md, "A race in
+    TileLang's shared-memory scale staging")."""
 
     kernel_type: str
     block_M: int

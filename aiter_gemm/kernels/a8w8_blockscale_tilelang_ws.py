@@ -9,7 +9,7 @@ arrives on the stage's ``full`` barrier. ``block_M / 64`` math warpgroups (240 o
 rows: wait ``full``, read the scales, issue the block's wgmmas into a float32 partial tile, wait for them, release the
 stage (``empty``) and promote the partial tile into the accumulator times the scales. The math warpgroups drift out
 of phase, so one's promotion overlaps the other's wgmmas (the overlap TileLang's automatic warp specialisation of
-``base`` lacks: 1.0-1.8x ``base``'s speed on the H100, docs/exploration.md). ``block_N`` may span two 128-row
+``base`` lacks; docs/exploration.md, "The hand-scheduled warp-specialised FP8 kernel"). ``block_N`` may span two 128-row
 weight-scale blocks (192): each column picks its block's scale.
 
 TileLang's automatic passes are switched off for this kernel (:data:`PASS_CONFIGS`): they would add a second

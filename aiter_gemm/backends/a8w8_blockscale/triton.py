@@ -50,7 +50,7 @@ def make_runner(cfg: BlockscaleConfig) -> BlockscaleRunner:
 class BlockscaleTritonBackend(Backend):
     name = NAME
     cheap_launch = False  # Triton's Python launcher (and a host-side TMA descriptor per call)
-    x_scale_m_major = False  # takes either; tuned on row-major (M-major ran up to 29% slower: the tuner's help)
+    x_scale_m_major = False  # takes either; tuned on row-major, the faster layout (docs/exploration.md)
 
     def unavailable_reason(self) -> str | None:
         return triton_unavailable_reason(f"{NAME} (gemm_a8w8_blockscale)")
