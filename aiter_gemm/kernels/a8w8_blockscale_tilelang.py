@@ -33,15 +33,14 @@ from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import (
     HAND_SCHEDULED,
     KERNEL_TYPES,
     MAX_GROUPS,
-    REGISTER_FILE,
     SGLANG_KERNEL_TYPES,
     SPLIT,
     SWAPPED,
     TileLangConfig,
+    auto_ws_math_registers,
     config_name,
     config_space,
     is_config_name,
-    math_registers,
     shape_error,
 )
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import PASS_CONFIGS as _WS_PASS_CONFIGS
@@ -177,7 +176,7 @@ def _kernel(T, M, N: int, K: int, cfg: TileLangConfig, out_dtype: str, sa_shape,
     BM, BN, split = cfg.block_M, cfg.block_N, cfg.split_k
     KB = K // SCALE_BLOCK
     f32, fp8 = "float32", "float8_e4m3fn"
-    regs = _math_registers(cfg.threads)
+    regs = auto_ws_math_registers(cfg.threads)
     grid = (T.ceildiv(M, BN), T.ceildiv(N, BM)) if swapped else (T.ceildiv(N, BN), T.ceildiv(M, BM))
     tile = (BN, BM) if swapped else (BM, BN)
 
@@ -222,14 +221,6 @@ def _kernel(T, M, N: int, K: int, cfg: TileLangConfig, out_dtype: str, sa_shape,
         combine(P, C)
 
     return gemm_split_k.with_attr("global_symbol", "split_k_swap_ab" if swapped else "split_k")
-
-
-def _math_registers(threads: int) -> int:
-    """Registers a math thread gets with setmaxnreg under TileLang's automatic warp specialisation, which gives the
-    producer as many warpgroups as the math ones and the launch the whole register file (232 each at threads=256,
-    where the 512-thread launch would otherwise cap every thread at 128 registers and spill the two 128x128 float32
-    accumulators). 0: no reallocation (one math warpgroup has room)."""
-    return 0 if threads <= 128 else math_registers(threads, threads, REGISTER_FILE)
 
 
 def _combine_macro(T, M, N: int, split: int, out_dtype: str):

@@ -284,6 +284,14 @@ def math_registers(math_threads: int, producer_threads: int, pool: int) -> int:
     return min(240, (pool - producer_threads * PRODUCER_REGS) // math_threads // 8 * 8)
 
 
+def auto_ws_math_registers(threads: int) -> int:
+    """:func:`math_registers` under TileLang's automatic warp specialisation (SGLang's types), which gives the
+    producer as many warpgroups as the ``threads`` of math ones and the launch the whole register file (232 each at
+    threads=256, where the 512-thread launch would otherwise cap every thread at 128 registers and spill the two
+    128x128 float32 accumulators). 0: no reallocation (one math warpgroup has room)."""
+    return 0 if threads <= 128 else math_registers(threads, threads, REGISTER_FILE)
+
+
 def ws_math_registers(groups: int, min_blocks: int = 1) -> int:
     """:func:`math_registers` of the hand-scheduled types: ``groups`` math warpgroups beside one producer warpgroup in
     the CTA's launch pool: 240 for 2 math warpgroups, 160 for 3, 112 for 4; 104 for 2 at two CTAs an SM."""
