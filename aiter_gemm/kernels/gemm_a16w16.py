@@ -56,7 +56,7 @@ except ImportError:  # pragma: no cover - older Triton: the TMA variant is simpl
 
 #: The ``kernelName`` grammar (:attr:`GemmConfig.name`).
 NAME = KernelName("BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}[{kernel:_TMA|_TMAF|_SP}]", "triton kernelName",
-                  " e.g. 'BM128_BN128_BK64_GM8_SK1_W8_S3'")
+                  "; e.g. 'BM128_BN128_BK64_GM8_SK1_W8_S3'")
 
 
 @dataclass(frozen=True)

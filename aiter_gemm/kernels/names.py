@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiter_gemm.configs import parse_int
+from aiter_gemm.configs import parse_int, shown
 
 __all__ = ["KernelName"]
 
@@ -69,7 +69,7 @@ class KernelName:
         optional fields as None. ValueError saying what the grammar is, or why an integer is not one."""
         m = self._regex.fullmatch(name.strip())
         if m is None:
-            raise ValueError(f"{name!r} is not a {self.what} ('{self.spelling}'{self.hint})")
+            raise ValueError(f"{shown(name, 100)} is not a {self.what} ('{self.spelling}'{self.hint})")
         out: dict[str, Any] = {}
         for p in self._parts:
             if p.field is None:
@@ -83,7 +83,7 @@ class KernelName:
                 try:
                     out[p.field] = parse_int(raw, signed=False)
                 except ValueError as exc:
-                    raise ValueError(f"{self.what} {name!r}: {p.field} {exc}") from None
+                    raise ValueError(f"{self.what} {shown(name, 100)}: {p.field} {exc}") from None
         return out
 
     def format(self, values: Mapping[str, Any]) -> str:

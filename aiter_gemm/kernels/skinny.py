@@ -119,7 +119,8 @@ VARIANTS: dict[int, SkinnyVariant] = {v.solidx: v for v in (
 
 #: The ``kernelName`` grammar (:attr:`SkinnyConfig.name`): the variant's name first, as in :data:`VARIANTS`.
 NAME = KernelName("{variant:" + "|".join(v.name for v in VARIANTS.values()) + "}_BN{BN}_BK{BK}_SK{SK}_W{W}_S{S}"
-                  "[_EF][_SP][{pdl:_PDL|_PDLW}]", "skinny kernelName", " e.g. 'fma_BN16_BK512_SK1_W4_S1'")
+                  "[_EF][_SP][{pdl:_PDL|_PDLW}]", "skinny kernelName",
+                  f"; variants: {', '.join(v.name for v in VARIANTS.values())}; e.g. 'fma_BN16_BK512_SK1_W4_S1'")
 
 
 def block_m(M: int, use_dot: bool) -> int:
