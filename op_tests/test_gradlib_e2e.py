@@ -18,7 +18,7 @@ from aiter_gemm.fileio import read_csv_rows
 from gradlib.a16w16 import tuned_problems
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, ProcessPool, TaskDone
-from gradlib.tasks import TIME, Task
+from gradlib.records import TIME, Task
 from gradlib.timing import TimingConfig
 from op_tests.runtime_helpers import kill_then_resume, repo_env
 

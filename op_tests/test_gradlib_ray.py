@@ -19,7 +19,7 @@ from aiter_gemm.fileio import read_csv_rows
 from gradlib import gemm_tuner
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, PoolError, TaskDone
-from gradlib.tasks import TIME, Task
+from gradlib.records import TIME, Task
 from gradlib.timing import TimingConfig
 from op_tests.runtime_helpers import kill_then_resume, repo_env
 
