@@ -1,12 +1,13 @@
 """The code that executes one item of a task in a worker (the tasks and results themselves, picklable data, are
 :mod:`gradlib.records`).
 
-A :class:`~gradlib.records.Task` is a list of items on one shape of one op: either the backends whose candidates to enumerate, or the
-solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool`, or Ray actors) runs a task's
-items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and must return exactly one
-:class:`ItemResult` per item, synthesising a failed one for an item whose process died or timed out, then
-continuing with the items after it. Executors never write files: the driver does. What differs between ops (inputs,
-reference, runner signature) comes from the op's :class:`~gradlib.tune_ops.TuneOp`.
+A :class:`~gradlib.records.Task` is a list of items on one shape of one op: either the backends whose candidates
+to enumerate, or the solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool`, or Ray
+actors) runs a task's items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and
+must return exactly one :class:`~gradlib.records.ItemResult` per item, synthesising a failed one for an item whose
+process died or timed out, then continuing with the items after it. Executors never write files: the driver does.
+What differs between ops (inputs, reference, runner signature) comes from the op's
+:class:`~gradlib.tune_ops.TuneOp`.
 """
 
 from __future__ import annotations
