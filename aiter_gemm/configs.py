@@ -12,8 +12,6 @@ empty or header-only file is valid; unknown columns are kept; a file without ``g
 from __future__ import annotations
 
 import bisect
-import csv
-import io
 import logging
 import math
 import os
@@ -28,7 +26,7 @@ import torch
 
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.errors import ConfigError
-from aiter_gemm.fileio import csv_records, file_problem, read_text
+from aiter_gemm.fileio import csv_lines, csv_records, file_problem
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +109,20 @@ def unusable_time(us: float) -> str | None:
     return None
 
 
+#: The spellings of a boolean in config text (CSV cells, environment settings, tuner flags), any case, blanks around
+#: ignored: AITER's ``str2bool`` words (its ``--sort``) and the environment's on/off; AITER's files write True/False.
+TRUE_WORDS = ("1", "true", "yes", "on", "t", "y")
+FALSE_WORDS = ("0", "false", "no", "off", "f", "n")
+
+
 def parse_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("true", "1"):
+    """A boolean of config text: one of :data:`TRUE_WORDS` or :data:`FALSE_WORDS`; ValueError naming them."""
+    low = text.strip().lower()
+    if low in TRUE_WORDS:
         return True
-    if low in ("false", "0"):
+    if low in FALSE_WORDS:
         return False
-    raise ValueError(f"expected True/False/1/0, got {text!r}")
+    raise ValueError(f"must be {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}, got {text!r}")
 
 
 def parse_str(text: str) -> str:
@@ -326,23 +331,11 @@ def parse_cell(path: str, line: int, col: Column, text: str | None, strict: bool
         raise ConfigError(path, line, col.name, f"bad value {shown(text)}: {exc}") from None
 
 
-def _lines(path: str) -> list[str]:
-    """The physical lines of a text file (endings kept, split as ``csv`` reads them); ConfigError for bytes that are
-    not UTF-8."""
-    return list(io.StringIO(read_text(path)[0], newline=""))
-
-
 def _records(path: str, lines: Iterable[str]) -> Iterator[tuple[int, int, list[str]]]:
-    """(first line, last line, cells) of each non-blank CSV record of ``lines``, the header (cells stripped; a BOM is
-    not part of it) first; ConfigError naming the line for duplicate column names or a row whose field count is not
-    the header's."""
-    reader = csv.reader(lines)
+    """:func:`~aiter_gemm.fileio.csv_records` of a table: the header (cells stripped; a BOM is not part of it) first;
+    ConfigError naming the line for duplicate column names or a row whose field count is not the header's."""
     width = None
-    end = 0
-    for rec in csv_records(path, reader):
-        start, end = end + 1, reader.line_num
-        if not rec or (not rec[0].strip() and not "".join(rec).strip()):
-            continue
+    for start, end, rec in csv_records(path, lines):
         if width is None:
             rec = [c.strip() for c in rec]
             if len(set(rec)) != len(rec):
@@ -355,7 +348,7 @@ def _records(path: str, lines: Iterable[str]) -> Iterator[tuple[int, int, list[s
 
 def _read(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
     """Header and non-blank data rows with their 1-based (last) line numbers (:func:`_records`)."""
-    records = _records(path, _lines(path))
+    records = _records(path, csv_lines(path)[0])
     first = next(records, None)
     return ([], []) if first is None else (first[2], [(line, rec) for _, line, rec in records])
 
@@ -379,7 +372,7 @@ class _TunedFile:
         self.starts: dict[int, int] = {}  # last line -> first line, for records spanning lines (quoted newlines)
 
     def record(self, line: int) -> list[str]:
-        return next(csv.reader(self.lines[self.starts.get(line, line) - 1:line]))
+        return next(csv_records(self.path, self.lines[self.starts.get(line, line) - 1:line]))[2]
 
     def us(self, line: int) -> float:
         return _time(self.spec, self.path, line, self.record(line), self.idx)
@@ -437,7 +430,7 @@ def _scan(spec: TableSpec, path: str) -> tuple[_TunedFile | None, dict[tuple, in
     unusable time dropped with a warning) and index the rest: merge key (:class:`ConfigTable`'s) -> line, a
     duplicate key's row chosen by :func:`merge_rank` (a tie keeps the earlier line). Each column parses a text once
     (:class:`_Parsed`); no :class:`TunedRow` is built here. (None, {}) for an empty file."""
-    lines = _lines(path)
+    lines = csv_lines(path)[0]
     records = _records(path, lines)
     first = next(records, None)
     if first is None:

@@ -29,6 +29,11 @@ FP8_DTYPES: frozenset[torch.dtype] = frozenset(
     if hasattr(torch, n)
 )
 
+#: The 16-bit float dtypes of the GEMMs' bf16/fp16 inputs (Triton, skinny, cuBLASLt, torch's bias-fused path).
+HALF_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+#: The dtypes every GEMM here writes (and so the float activations an FP8 linear quantizes and writes back).
+OUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+
 
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:
     """A CSV dtype string (``torch.bfloat16``, ``bf16``, ...) or a torch dtype as a torch dtype; KeyError if unknown."""

@@ -31,7 +31,6 @@ import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -281,33 +280,40 @@ class _RaggedRow(dict):
         self.text, self.line, self.cells = text, line, cells  # the record's lines (endings kept), first line
 
 
-def csv_records(path: str | os.PathLike, reader: Any) -> Iterator[list[str]]:
-    """The records of ``reader`` (a ``csv.reader`` of ``path``'s text); what csv cannot read (a field longer than
-    ``csv.field_size_limit()``) is a :class:`ConfigError` naming the file and line, not a bare ``csv.Error``."""
+def csv_lines(path: str | os.PathLike) -> tuple[list[str], bool]:
+    """The physical lines of a UTF-8 CSV file (endings kept, split as ``csv`` reads them; BOM dropped) and whether it
+    had a BOM (:func:`read_text`'s errors)."""
+    text, bom = read_text(path)
+    return io.StringIO(text, newline="").readlines(), bom
+
+
+def csv_records(path: str | os.PathLike, lines: Iterable[str]) -> Iterator[tuple[int, int, list[str]]]:
+    """(first line, last line, cells) of each record of ``lines`` (``path``'s, :func:`csv_lines`) that is not blank
+    (a record whose cells are all blank, an empty line among them, is skipped): the one CSV reader of the package.
+    What csv cannot read (a field longer than ``csv.field_size_limit()``) is a :class:`ConfigError` naming the file
+    and line, not a bare ``csv.Error``."""
+    reader = csv.reader(lines)
+    end = 0
     try:
-        yield from reader
+        for rec in reader:
+            start, end = end + 1, reader.line_num
+            if rec and (rec[0].strip() or "".join(rec).strip()):  # the first cell decides, nearly always
+                yield start, end, rec
     except csv.Error as exc:
         raise ConfigError(str(path), reader.line_num, None, f"not readable as CSV: {exc}") from None
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
-    """Header, rows as ``csv.DictReader`` gives them (blank lines skipped; a row of the wrong length a
-    :class:`_RaggedRow`), and whether the file has a BOM."""
+    """Header, rows as ``csv.DictReader`` gives them (a row of the wrong length a :class:`_RaggedRow`), and whether
+    the file has a BOM; blank records skipped (:func:`csv_records`)."""
     if not path.exists():
         return [], [], False
-    text, bom = read_text(path)
-    lines = io.StringIO(text, newline="").readlines()
-    reader = csv.reader(lines)
-    header: list[str] | None = None
+    lines, bom = csv_lines(path)
+    records = csv_records(path, lines)
+    first = next(records, None)
+    header = [] if first is None else first[2]
     rows: list[Row] = []
-    start = 0
-    for cells in csv_records(path, reader):
-        first, start = start + 1, reader.line_num
-        if header is None:
-            header = cells
-            continue
-        if not cells:
-            continue
+    for start, end, cells in records:
         row = dict(zip(header, cells))
         if len(cells) == len(header):
             rows.append(row)
@@ -316,8 +322,8 @@ def _read_csv(path: Path) -> tuple[list[str], list[Row], bool]:
             row[None] = cells[len(header):]
         else:
             row.update((name, None) for name in header[len(cells):])
-        rows.append(_RaggedRow(row, "".join(lines[first - 1:reader.line_num]), first, len(cells)))
-    return header or [], rows, bom
+        rows.append(_RaggedRow(row, "".join(lines[start - 1:end]), start, len(cells)))
+    return header, rows, bom
 
 
 def read_csv_rows(path: str | os.PathLike) -> tuple[list[str], list[Row]]:

@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from aiter_gemm.cudagraph import probe as _capture_probe
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK
-from aiter_gemm.kernels.act_quant import FP8, per_token_group_quant_fp8
+from aiter_gemm.dtypes import OUT_DTYPES as _OUT_DTYPES
+from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8
+from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
 from aiter_gemm.nn import _FP8_INTEGRATION, clone_module, python_call
 from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, x_scale_m_major
 
@@ -39,7 +40,6 @@ __all__ = ["BlockGemm", "TunedFP8Mixin", "fp8_block_linear", "fp8_linear_class",
 
 #: (XQ, WQ, x_scale, w_scale, out dtype) -> out (M, N): the GEMM a twin runs (default the tuned op).
 BlockGemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _Tensor = torch.Tensor
 _F32 = torch.float32
 _is_compiling = torch.compiler.is_compiling

@@ -8,14 +8,32 @@ It sits below the dispatcher: it imports the table, JSON, settings and backend-c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import SPECS, TableSpec, TunedRow
+from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.dtypes import dtype_name
 from aiter_gemm.jsonconfigs import JsonLevel
 from aiter_gemm.settings import Settings
+
+#: The GemmProblem field a CSV key column holds, where the names differ.
+_FIELDS = {"outdtype": "otype"}
+
+
+def problem_cells(p: GemmProblem, columns: Sequence[str]) -> dict[str, str]:
+    """``p``'s key cells under ``columns`` as AITER's CSVs spell them (``str()`` of ints and bools, ``torch.<dtype>``
+    of dtypes; ``outdtype`` holds ``otype``): the one spelling of a problem that captured shape lists, the tuner's
+    rows and its print-outs share."""
+    out = {}
+    for c in columns:
+        value = getattr(p, _FIELDS.get(c, c))
+        out[c] = dtype_name(value) if isinstance(value, torch.dtype) else str(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -32,7 +50,6 @@ class OpSpec:
     row_key: Callable[[GemmProblem], tuple]  # the table key of a problem, typed as the table parses it
     row_solution: Callable[[TunedRow], Solution]  # what a row names; may raise ConfigError for a malformed row
     untuned_columns: tuple[str, ...] = ("M", "N", "K")
-    untuned_row: Callable[[GemmProblem], dict[str, str]] | None = None  # a problem as an untuned-CSV row
     #: Where captured shapes go (``AITER_TUNE_GEMM=1``): a path from the settings, or None (not captured).
     capture_path: Callable[[Settings], str | None] | None = None
     #: The op's JSON M-bucket files (:class:`~aiter_gemm.jsonconfigs.JsonLevel`); None: the op has none.
@@ -51,3 +68,16 @@ class OpSpec:
     @property
     def table_spec(self) -> TableSpec:
         return SPECS[self.kind]
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The columns naming a tuned row: the device's (``gfx``, ``cu_num``), then the problem's."""
+        return ("gfx", "cu_num", *self.untuned_columns)
+
+    def untuned_row(self, p: GemmProblem) -> dict[str, str]:
+        """``p`` as a row of the op's untuned CSV (:func:`problem_cells` of :attr:`untuned_columns`)."""
+        return problem_cells(p, self.untuned_columns)
+
+    def key_row(self, device: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
+        """The :attr:`key_columns` cells of ``p`` on ``device``, as tuned rows spell them."""
+        return {"gfx": device.gfx, "cu_num": str(device.cu_num), **self.untuned_row(p)}

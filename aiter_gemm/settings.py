@@ -5,15 +5,16 @@ Nothing on the per-GEMM path reads the environment: the dispatcher holds one fro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiter_gemm.configs import parse_float, parse_int, shown
+from aiter_gemm.configs import parse_bool, parse_float, parse_int, shown
 from aiter_gemm.fileio import file_problem
 
 # Config kind -> (environment variable, shipped default file name), as in AITER (docs/design.md, "Config files").
@@ -65,9 +66,6 @@ def default_config_paths(kind: str, config_dir: Path | None = None) -> tuple[str
     return (str(folder / fname), *map(str, models))
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
-
-
 def config_list(kind: str, raw: str) -> tuple[str, ...]:
     """The files of a colon-separated ``AITER_CONFIG_*`` value, in order, each read as :func:`_path` reads it (``~``
     expanded), each :data:`SHIPPED` entry replaced by :func:`default_config_paths` (so a user's table goes in front
@@ -82,15 +80,34 @@ def config_list(kind: str, raw: str) -> tuple[str, ...]:
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
-    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case; unset or empty: off). Any other value is a
-    ValueError naming the variable and the value: ``AITER_TUNE_GEMM=2`` was silently off (issue 31)."""
+    """A boolean variable as :func:`~aiter_gemm.configs.parse_bool` reads it (unset or empty: off). Any other value is
+    a ValueError naming the variable and the value: ``AITER_TUNE_GEMM=2`` was silently off (issue 31)."""
     raw = env.get(name, "")
-    low = raw.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError(f"aiter_gemm: {name} must be 1/true/yes/on or 0/false/no/off, got {raw!r}")
+    try:
+        return bool(raw.strip()) and parse_bool(raw)
+    except ValueError as exc:
+        raise ValueError(f"aiter_gemm: {name} {exc}") from None
+
+
+def set_env(values: Mapping[str, str | None]) -> None:
+    """Set environment variables (None: unset) for this process and the processes it starts from now on."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@contextlib.contextmanager
+def scoped_env(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Environment variables set (None: unset) inside the block and restored as they were after it, however it
+    ends. The runtime reads them at :func:`aiter_gemm.reload_configs`; a spawned child copies them at its start."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        set_env(values)
+        yield
+    finally:
+        set_env(old)
 
 
 def _path(raw: str) -> str:

@@ -32,11 +32,12 @@ from aiter_gemm.fileio import gc_paused, read_text, update_text
 from aiter_gemm.jsonconfigs import PARSE_ERRORS, Buckets, JSONConfigError, JSONFiles, load_object
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import SPLIT, SWAPPED, TileLangConfig
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
 __all__ = ["FILES", "entry_solution", "file_name", "merge_file", "nearest_m_bounds", "read_file", "sglang_entry"]
 
 DTYPE = "fp8_w8a8"
-BLOCK_SHAPE = (128, 128)
+BLOCK_SHAPE = (SCALE_BLOCK, SCALE_BLOCK)
 _SUFFIX = f",dtype={DTYPE},block_shape=[{BLOCK_SHAPE[0]}, {BLOCK_SHAPE[1]}].json"
 _FILE_RE = re.compile(r"N=([0-9]+),K=([0-9]+),device_name=(.+)" + re.escape(_SUFFIX))
 _M_KEY = re.compile(r"[1-9][0-9]*")

@@ -10,7 +10,6 @@ from a tuned CSV this bench writes to a temporary folder (the environment is res
 from __future__ import annotations
 
 import csv
-import os
 import statistics
 import tempfile
 import time
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 
 import aiter_gemm
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
+from aiter_gemm.settings import scoped_env
 
 N, K = 64, 64
 
@@ -99,19 +99,14 @@ def run_overhead(device: torch.device, calls: int, repeats: int) -> list[dict]:
     """Every case's row (see the module docstring)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    saved = os.environ.get("AITER_CONFIG_GEMM_BF16")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "overhead_tuned.csv"
         _tuned_csv(path, device, dtype)
-        os.environ["AITER_CONFIG_GEMM_BF16"] = str(path)
-        aiter_gemm.reload_configs()
         try:
-            return _cases(device, dtype, calls, repeats, sync)
+            with scoped_env({"AITER_CONFIG_GEMM_BF16": str(path)}):
+                aiter_gemm.reload_configs()
+                return _cases(device, dtype, calls, repeats, sync)
         finally:
-            if saved is None:
-                os.environ.pop("AITER_CONFIG_GEMM_BF16", None)
-            else:
-                os.environ["AITER_CONFIG_GEMM_BF16"] = saved
             aiter_gemm.reload_configs()
 
 

@@ -9,7 +9,6 @@ import contextlib
 import csv
 import json
 import math
-import os
 import shlex
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import torch
 
 import aiter_gemm
 from aiter_gemm.fileio import atomic_write_text
+from aiter_gemm.settings import scoped_env
 
 if TYPE_CHECKING:
     from examples.hf_model import PatchState
@@ -103,21 +103,11 @@ def compare(got: set[Key], want: set[Key]) -> dict[str, Any]:
 @contextlib.contextmanager
 def runtime_env(values: dict[str, str | None]) -> Iterator[None]:
     """Set (``None``: unset) AITER_* variables and reload the runtime; restore both on exit."""
-    old = {k: os.environ.get(k) for k in values}
-
-    def apply(vals: dict[str, str | None]) -> None:
-        for k, v in vals.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    apply(values)
-    aiter_gemm.reload_configs()
     try:
-        yield
+        with scoped_env(values):
+            aiter_gemm.reload_configs()
+            yield
     finally:
-        apply(old)
         aiter_gemm.reload_configs()
 
 

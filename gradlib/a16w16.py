@@ -6,22 +6,14 @@ from __future__ import annotations
 import os
 
 from aiter_gemm.backends.base import GemmProblem
-from aiter_gemm.configs import BF16_TUNED_COLUMNS, BF16_UNTUNED_COLUMNS
+from aiter_gemm.configs import BF16_TUNED_COLUMNS
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.dtypes import dtype_name
+from aiter_gemm.ops.a16w16 import GEMM_A16W16
+from gradlib.records import Candidate, ShapeOutcome
 from gradlib.results import fmt, metrics, tuned_keys
-from gradlib.search import Candidate, ShapeOutcome
 from gradlib.tune_ops import TuneOp, register_tune_op
 
-KEY_COLUMNS = ("gfx", "cu_num", *BF16_UNTUNED_COLUMNS)
-OP = "gemm_a16w16"
-
-
-def problem_key(identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
-    """The key columns of ``p`` on ``identity`` as the tuned CSV spells them."""
-    return {"gfx": identity.gfx, "cu_num": str(identity.cu_num), "M": str(p.M), "N": str(p.N), "K": str(p.K),
-            "bias": str(p.bias), "dtype": dtype_name(p.dtype), "outdtype": dtype_name(p.otype),
-            "scaleAB": str(p.scaleAB), "bpreshuffle": str(p.bpreshuffle)}
+OP = GEMM_A16W16.name
 
 
 def tuned_row(identity: DeviceIdentity, outcome: ShapeOutcome, winner: Candidate | None = None) -> dict[str, str]:
@@ -31,10 +23,11 @@ def tuned_row(identity: DeviceIdentity, outcome: ShapeOutcome, winner: Candidate
         raise ValueError(f"shape {outcome.problem} has no winner to write")
     p, sol, res = outcome.problem, w.solution, w.result
     tflops, bw = metrics(p, res.us)
-    return {**problem_key(identity, p), "libtype": sol.libtype, "solidx": str(sol.solidx), "splitK": str(sol.splitK),
-            "us": f"{res.us:.4f}", "kernelName": sol.kernelName, "err_ratio": fmt(res.err_ratio, 4),
-            "tflops": tflops, "bw": bw, "pad_m_min": "" if outcome.pad_m_min is None else str(outcome.pad_m_min),
-            "timing": outcome.timing, "device_name": identity.device_name}
+    return {**GEMM_A16W16.key_row(identity, p), "libtype": sol.libtype, "solidx": str(sol.solidx),
+            "splitK": str(sol.splitK), "us": f"{res.us:.4f}", "kernelName": sol.kernelName,
+            "err_ratio": fmt(res.err_ratio, 4), "tflops": tflops, "bw": bw,
+            "pad_m_min": "" if outcome.pad_m_min is None else str(outcome.pad_m_min), "timing": outcome.timing,
+            "device_name": identity.device_name}
 
 
 def tuned_problems(path: str | os.PathLike, identity: DeviceIdentity) -> set[GemmProblem]:
@@ -43,7 +36,6 @@ def tuned_problems(path: str | os.PathLike, identity: DeviceIdentity) -> set[Gem
 
 
 TUNE_OP = register_tune_op(TuneOp(
-    op=OP, tuned_columns=BF16_TUNED_COLUMNS, key_columns=KEY_COLUMNS, key_of=problem_key, tuned_row=tuned_row,
+    op=OP, tuned_columns=BF16_TUNED_COLUMNS, tuned_row=tuned_row,
     err_column="err_ratio", baseline="torch", show_bias=True,
-    key_problem=lambda key: GemmProblem(*key),
 ))

@@ -18,6 +18,7 @@ import logging
 import os
 from dataclasses import replace
 
+from aiter_gemm.configs import parse_bool
 from aiter_gemm.timing import TimingConfig
 from gradlib.cli import UsageError, non_negative_float, non_negative_int, positive_int
 from gradlib.compare import CompareOptions, candidate_path
@@ -25,17 +26,13 @@ from gradlib.compare import CompareOptions, candidate_path
 log = logging.getLogger("gradlib")
 
 DIFFERENCES = "README, Differences from AITER"
-_TRUE, _FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")
-
-
 def str2bool(text: str) -> bool:
-    """argparse type of AITER's ``--sort``: yes/true/t/y/1 or no/false/f/n/0, any case."""
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false, yes/no, 1/0), got {text!r}")
+    """argparse type of AITER's ``--sort``: :func:`~aiter_gemm.configs.parse_bool`'s words (AITER's yes/true/t/y/1
+    and no/false/f/n/0 among them), any case."""
+    try:
+        return parse_bool(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a boolean: {exc}") from None
 
 
 def env_default(var: str, fallback: str | None = None) -> str | None:

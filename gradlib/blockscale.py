@@ -33,6 +33,7 @@ from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.jsonconfigs import JSONConfigError
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
+from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     GEMM_A8W8_BLOCKSCALE,
@@ -48,15 +49,13 @@ from aiter_gemm.ops.a8w8_blockscale import (
 )
 from aiter_gemm.registry import register_backend
 from aiter_gemm.sglang_tilelang import merge_file, sglang_entry
+from gradlib.records import Candidate, ShapeOutcome
 from gradlib.results import known_libtypes, row_key, stale_reason
-from gradlib.search import Candidate, ShapeOutcome
 from gradlib.tune_ops import Sidecar, TuneOp, register_tune_op
 
 log = logging.getLogger("gradlib")
 
 BLOCKSCALE = GEMM_A8W8_BLOCKSCALE.name
-FP8 = torch.float8_e4m3fn
-KEY_COLUMNS = ("gfx", "cu_num", "M", "N", "K")
 #: The named categories as (JSON key, largest M); the last is unbounded.
 SEED_BUCKETS = (("small_M", 256), ("medium_M", 2048), ("large_M", None))
 
@@ -137,8 +136,6 @@ def check_candidate(name: str, M: int, N: int, K: int, otype: torch.dtype = torc
 
 
 # ---- rows ---------------------------------------------------------------------------------------------------------
-def key_of(identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
-    return {"gfx": identity.gfx, "cu_num": str(identity.cu_num), "M": str(p.M), "N": str(p.N), "K": str(p.K)}
 
 
 def tuned_row(identity: DeviceIdentity, outcome: ShapeOutcome, winner: Candidate) -> dict[str, object]:
@@ -319,9 +316,9 @@ class JsonSidecar(Sidecar):
 
 
 TUNE_OP = register_tune_op(TuneOp(
-    op=BLOCKSCALE, tuned_columns=BLOCKSCALE_TUNED_COLUMNS, key_columns=KEY_COLUMNS, key_of=key_of,
+    op=BLOCKSCALE, tuned_columns=BLOCKSCALE_TUNED_COLUMNS,
     tuned_row=tuned_row, err_column="errRatio", baseline=None,
-    show_bias=False, sidecar=JsonSidecar, key_problem=lambda key: GemmProblem(*key, False, FP8, torch.bfloat16),
+    show_bias=False, sidecar=JsonSidecar,
     row_candidate=lambda row: candidate_solution(row.values["kernelName"]),  # kernelId is only the listing index
 ))
 

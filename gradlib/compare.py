@@ -25,8 +25,7 @@ from pathlib import Path
 
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import TunedRow
-from gradlib.search import Candidate, ShapeOutcome
-from gradlib.tasks import DEFAULT
+from gradlib.records import DEFAULT, Candidate, ShapeOutcome
 from gradlib.tune_ops import TuneOp
 
 #: AITER's margin on the error ratio a row was tuned with, before ``--run_config`` calls it a mismatch.

@@ -31,9 +31,10 @@ from gradlib.cli import (
 from gradlib.compare import CompareOptions, Verdict, format_compare, format_run_config, seed_candidate, verdict
 from gradlib.pool import Executor, PoolError
 from gradlib.progress import Progress
+from gradlib.records import DEFAULT, ShapeOutcome
 from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, sort_tuned_file, tuned_keys
-from gradlib.search import SearchOptions, ShapeOutcome, ShapeSearch, run_searches
-from gradlib.tasks import DEFAULT, backend_of
+from gradlib.search import SearchOptions, ShapeSearch, run_searches
+from gradlib.tasks import backend_of
 from gradlib.tune_ops import Sidecar, TuneOp
 
 log = logging.getLogger("gradlib")

@@ -27,7 +27,8 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigError, load_untuned
 from aiter_gemm.dtypes import FP8_DTYPES, parse_dtype
 from aiter_gemm.fileio import read_csv_rows, render_csv
-from aiter_gemm.ops.a16w16 import dtype_error, untuned_row
+from aiter_gemm.ops.a16w16 import GEMM_A16W16, dtype_error
+from aiter_gemm.settings import scoped_env
 from gradlib import cli
 from gradlib.aiter_flags import (
     DIFFERENCES,
@@ -40,7 +41,6 @@ from gradlib.aiter_flags import (
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, positive_float, positive_int, positive_int_list
 from gradlib.driver import TuneJob, run
 from gradlib.models import ModelConfigError, load_arch, model_problems
-from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
 from gradlib.tasks import import_plugins
 from gradlib.tune_ops import tune_op
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--run_config {run_config}: file not found")
         problems = [] if run_config is not None else load_problems(args)
         if args.print_shapes:
-            sys.stdout.write(render_csv(BF16_UNTUNED_COLUMNS, [untuned_row(p) for p in problems]))
+            sys.stdout.write(render_csv(BF16_UNTUNED_COLUMNS, [GEMM_A16W16.untuned_row(p) for p in problems]))
             return EXIT_OK
         devices = cli.executor_devices(args.mp, args.ray)
         env = cli.worker_env(on_gpu=devices[0] is not None)

@@ -19,13 +19,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from typing import Protocol
 
 from aiter_gemm.device import DeviceIdentity
-from gradlib.tasks import ItemResult, Task
+from aiter_gemm.settings import scoped_env
+from gradlib.records import ItemResult, Task
+from gradlib.tasks import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,6 @@ def worker_main(conn: Connection, plugins: Sequence[str]) -> None:
     _exit_with_parent()
     try:
         try:
-            from gradlib.tasks import WorkerRuntime
-
             rt = WorkerRuntime.create(plugins)
         except BaseException as exc:  # report anything, including a failing plugin import, then exit
             conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
@@ -116,25 +116,6 @@ def worker_main(conn: Connection, plugins: Sequence[str]) -> None:
             conn.send(("done", task.task_id))
     except (EOFError, OSError):  # the driver is gone: nobody to report to
         return
-
-
-@contextlib.contextmanager
-def scoped_env(values: dict[str, str | None]) -> Iterator[None]:
-    """Temporarily set environment variables (a spawned child copies the environment at start)."""
-    old = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @dataclass

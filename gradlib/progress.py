@@ -11,8 +11,8 @@ import sys
 import time
 from typing import TextIO
 
-from gradlib.search import ShapeOutcome, ShapeSearch
-from gradlib.tasks import ENUMERATE, ItemResult
+from gradlib.records import ENUMERATE, ItemResult, ShapeOutcome
+from gradlib.search import ShapeSearch
 
 HEARTBEAT_S = 30.0  # seconds between "still running" lines when not on a terminal
 

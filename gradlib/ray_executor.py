@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.settings import set_env
 from gradlib.pool import (
     MAX_START_FAILURES,
     STARTUP_TIMEOUT_S,
@@ -39,7 +40,8 @@ from gradlib.pool import (
     SlotState,
     TaskDone,
 )
-from gradlib.tasks import ItemResult, Task
+from gradlib.records import ItemResult, Task
+from gradlib.tasks import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +122,7 @@ class TunerActor:
 
     def __init__(self, plugins: Sequence[str], env: dict[str, str | None]) -> None:
         # Before anything imports Triton: TRITON_INTERPRET on CPU must be set before a kernel module is defined.
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        from gradlib.tasks import WorkerRuntime
-
+        set_env(env)  # for the actor's whole life (its own process)
         self.rt = WorkerRuntime.create(plugins)
 
     def hello(self) -> tuple[DeviceIdentity, int, str]:

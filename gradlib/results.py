@@ -31,7 +31,7 @@ from aiter_gemm.configs import (
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import merge_csv_rows, sort_csv_rows
 from aiter_gemm.registry import known_backends, op_spec
-from gradlib.search import Candidate, ShapeOutcome
+from gradlib.records import Candidate, ShapeOutcome
 from gradlib.tune_ops import Sidecar, TuneOp
 
 log = logging.getLogger(__name__)

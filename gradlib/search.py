@@ -28,7 +28,7 @@ from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.dispatch import get_padded_m
 from aiter_gemm.timing import TimingConfig
 from gradlib.pool import Executor, ItemDone, TaskDone
-from gradlib.tasks import A16W16, DEFAULT, DEFAULTS, ENUMERATE, TIME, ItemResult, Task
+from gradlib.records import A16W16, DEFAULT, DEFAULTS, ENUMERATE, TIME, Candidate, ItemResult, Probe, ShapeOutcome, Task
 
 log = logging.getLogger(__name__)
 
@@ -77,67 +77,6 @@ class SearchOptions:
     confirm: TimingConfig = CONFIRM
     pad_check: bool = True
     pad_tolerance: float = 1.01
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One timed solution: which phase timed it, what came out, and its position in the phase's list."""
-
-    solution: Solution
-    phase: str  # "screen", "full" or "confirm"
-    result: ItemResult
-    eligible: bool  # False for the baseline when it was not asked for, and for untunable backends
-    index: int = -1
-
-    @property
-    def us(self) -> float:
-        return self.result.us if self.result.ok else math.inf
-
-
-@dataclass(frozen=True)
-class Probe:
-    """The confirmation at one M: median times of the winner, the default and the baseline, and the verdict."""
-
-    M: int
-    winner_us: float
-    default_us: float
-    baseline_us: float
-    default: Solution | None  # what the runtime's default ran at this M
-    passed: bool
-    incumbent_us: float = math.nan  # the incumbent's median (NaN: no incumbent)
-
-    @property
-    def ratio(self) -> float:
-        """The best of default and baseline over the winner (> 1: the winner is faster)."""
-        return min(self.default_us, self.baseline_us) / self.winner_us
-
-
-@dataclass
-class ShapeOutcome:
-    """Everything the writer and the final table need about one shape."""
-
-    shape_id: int
-    problem: GemmProblem
-    winner: Candidate | None
-    baseline: Candidate | None
-    candidates: list[Candidate]
-    errors: list[str]  # backends that could not enumerate; with no winner, the candidates' common failure
-    wall_s: float
-    pad_m_min: int | None = None  # the smallest M the row was checked for through padding (None: not checked)
-    probes: tuple[Probe, ...] = ()  # the confirmation, exact M first
-    searched: Candidate | None = None  # the search's winner, when the confirmation replaced it
-    timing: str = "graph"  # how the candidates were timed: CUDA-graph replay or eager calls
-    #: The incumbent as last timed (the confirmation's exact-M median, else its full-phase timing), or None.
-    incumbent: Candidate | None = None
-
-    @property
-    def tuned(self) -> bool:
-        return self.winner is not None
-
-    def ranked(self) -> list[Candidate]:
-        """Phase-2 candidates, fastest valid first; failed ones (us = inf) last."""
-        full = [c for c in self.candidates if c.phase == "full"]
-        return sorted(full, key=lambda c: (not c.result.ok, c.us))
 
 
 @dataclass

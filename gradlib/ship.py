@@ -82,8 +82,8 @@ def row_for(M: int, N: int, K: int, provider: str, us: float) -> dict[str, str]:
     from aiter_gemm import current_device_identity
     from aiter_gemm.accuracy import err_ratio, tolerance_for
     from aiter_gemm.backends.base import GemmProblem, Solution
+    from aiter_gemm.ops.a16w16 import GEMM_A16W16
     from aiter_gemm.registry import get_backend
-    from gradlib.a16w16 import problem_key
     from gradlib.results import metrics
 
     ident = current_device_identity(on_gpu=True)
@@ -98,8 +98,9 @@ def row_for(M: int, N: int, K: int, provider: str, us: float) -> dict[str, str]:
     err = err_ratio(out, a.float() @ w.float().t(), tolerance_for(torch.bfloat16, torch.bfloat16))
     sol = backend.solution_of(cfg)
     tflops, bw = metrics(p, us)
-    return {**problem_key(ident, p), "libtype": sol.libtype, "solidx": str(sol.solidx), "splitK": str(sol.splitK),
-            "us": f"{us:.4f}", "kernelName": sol.kernelName, "err_ratio": f"{err:.4f}", "tflops": tflops, "bw": bw,
+    return {**GEMM_A16W16.key_row(ident, p), "libtype": sol.libtype, "solidx": str(sol.solidx),
+            "splitK": str(sol.splitK), "us": f"{us:.4f}", "kernelName": sol.kernelName, "err_ratio": f"{err:.4f}",
+            "tflops": tflops, "bw": bw,
             "pad_m_min": str(p.M), "timing": "graph"}
 
 

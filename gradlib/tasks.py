@@ -1,12 +1,13 @@
-"""The tuner's task model: picklable descriptions of work (never tensors), and the code that executes one item.
+"""The code that executes one item of a task in a worker (the tasks and results themselves, picklable data, are
+:mod:`gradlib.records`).
 
-A :class:`Task` is a list of items on one shape of one op: either the backends whose candidates to enumerate, or the
-solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool`, or Ray actors) runs a task's
-items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and must return exactly one
-:class:`ItemResult` per item, synthesising a failed one for an item whose process died or timed out, then
-continuing with the items after it. Executors never write files: the driver does. What differs between ops (inputs,
-reference, runner call) comes from the op's :class:`~aiter_gemm.opspec.OpSpec`, the runner and the inputs' size
-check from :mod:`aiter_gemm.testbed`.
+A :class:`~gradlib.records.Task` is a list of items on one shape of one op: either the backends whose candidates
+to enumerate, or the solutions to time. Any executor (the ``--mp`` process pool of :mod:`gradlib.pool`, or Ray
+actors) runs a task's items in order through :meth:`WorkerRuntime.run_item` in a process that owns one device, and
+must return exactly one :class:`~gradlib.records.ItemResult` per item, synthesising a failed one for an item whose
+process died or timed out, then continuing with the items after it. Executors never write files: the driver does.
+What differs between ops (inputs, reference, runner call) comes from the op's :class:`~aiter_gemm.opspec.OpSpec`,
+the runner and the inputs' size check from :mod:`aiter_gemm.testbed`.
 """
 
 from __future__ import annotations
@@ -25,64 +26,11 @@ from aiter_gemm.accuracy import err_ratio, rel_error, tolerance_for
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.registry import op_spec
-from aiter_gemm.testbed import DEFAULT, Inputs, inputs_memory, prepare_runner
-from aiter_gemm.timing import TimingConfig, cache_bytes, time_runner
+from aiter_gemm.testbed import Inputs, inputs_memory, prepare_runner
+from aiter_gemm.timing import cache_bytes, time_runner
+from gradlib.records import DEFAULT, DEFAULTS, ENUMERATE, ItemResult, Task
 
 log = logging.getLogger(__name__)
-
-ENUMERATE = "enumerate"
-TIME = "time"
-DEFAULTS = "defaults"  # items are M values: what the runtime's default runs for the task's shape at each M
-KINDS = (ENUMERATE, TIME, DEFAULTS)
-A16W16 = "gemm_a16w16"
-
-
-@dataclass(frozen=True)
-class Task:
-    """Work on one shape for one executor slot. ``first`` > 0 continues a task after its process was restarted."""
-
-    task_id: int
-    shape_id: int
-    kind: str  # ENUMERATE: items are libtype names; TIME: items are Solutions; DEFAULTS: items are M values
-    problem: GemmProblem
-    items: tuple
-    timing: TimingConfig | None = None
-    check: bool = True  # compare with the float32 reference (phase 2) or not (phase 1 screening)
-    max_err: float = 1.0  # a candidate above this err_ratio is not timed (it cannot win)
-    seed: int = 0
-    first: int = 0
-    #: Op settings as (name, value) pairs (picklable, hashable): ``("quick", True)`` enumerates the backends'
-    #: short lists; the block-scale op's ``("x_scale_layout", "m_major")`` lays its inputs out that way.
-    options: tuple[tuple[str, object], ...] = ()
-    op: str = A16W16  # the op (aiter_gemm.registry.op_spec / gradlib.tune_ops.tune_op name)
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"Task.kind must be one of the registered kinds {list(KINDS)}, got {self.kind!r}")
-
-
-@dataclass(frozen=True)
-class ItemResult:
-    """What one item produced. Failed items have ``ok`` False, ``us`` inf and an ``error``; ``restart`` asks the
-    executor to replace the process (its device may be unusable after the failure)."""
-
-    task_id: int
-    index: int
-    ok: bool
-    us: float = math.inf
-    err_ratio: float = math.nan  # NaN: not checked
-    method: str = ""
-    error: str = ""
-    # ENUMERATE: the candidates; TIME of DEFAULT and DEFAULTS: the solution the default resolved to
-    solutions: tuple[Solution, ...] = ()
-    rel_err: float = math.nan  # ||out - ref|| / ||ref|| (NaN: not checked)
-    is_blaslt: bool = False  # ENUMERATE: the backend wants phase-1 screening
-    restart: bool = False
-
-    @staticmethod
-    def failed(task: Task, index: int, error: str, restart: bool = False) -> "ItemResult":
-        return ItemResult(task.task_id, index, False, error=error, restart=restart)
-
 
 def device_identity(device: torch.device) -> DeviceIdentity:
     """This process's identity for ``device``, with AITER_GEMM_ARCH / AITER_GEMM_CU_NUM applied by the runtime's

@@ -49,7 +49,7 @@ import torch
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, DeviceIdentity
-from aiter_gemm.dtypes import parse_dtype
+from aiter_gemm.dtypes import OUT_DTYPES, parse_dtype
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
@@ -57,6 +57,7 @@ from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
 from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE, X_SCALE_LAYOUTS, parse_choice
 from aiter_gemm.registry import get_backend, known_backends
+from aiter_gemm.settings import scoped_env
 from aiter_gemm.timing import TimingConfig
 from gradlib import cli
 from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, with_iterations
@@ -82,7 +83,6 @@ from gradlib.blockscale_shapes import (  # noqa: F401 - re-exported for callers 
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, name_list, positive_int, positive_int_list
 from gradlib.driver import TuneJob, run
 from gradlib.models import ModelConfigError
-from gradlib.pool import scoped_env
 from gradlib.search import SearchOptions
 from gradlib.tasks import enumerate_solutions, import_plugins
 from gradlib.tune_ops import tune_op
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK
         otype = parse_dtype(args.outdtype)
-        if otype not in (torch.bfloat16, torch.float16, torch.float32):
+        if otype not in OUT_DTYPES:
             raise UsageError(f"--outdtype must be bf16, fp16 or fp32, got {args.outdtype}")
         bad = sorted(set(args.variants or ()) - set(VARIANTS))
         if bad:

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import TunedRow
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.registry import LazyRegistry
-
-if TYPE_CHECKING:
-    from gradlib.search import Candidate, ShapeOutcome
+from aiter_gemm.registry import LazyRegistry, op_spec
+from gradlib.records import Candidate, ShapeOutcome
 
 
 class Sidecar:
@@ -36,8 +34,6 @@ class TuneOp:
 
     op: str  # the runtime op's name (aiter_gemm.registry.op_spec)
     tuned_columns: tuple[str, ...]
-    key_columns: tuple[str, ...]  # columns naming a row: gfx, cu_num and the op's key
-    key_of: Callable[[DeviceIdentity, GemmProblem], dict[str, str]]  # a problem's key columns as written
     #: The winner as a tuned row: (device, outcome, winner) -> row of :attr:`tuned_columns`.
     tuned_row: Callable[[DeviceIdentity, ShapeOutcome, Candidate], dict[str, Any]]
     err_column: str = "err_ratio"  # the error column's name in tuned and profile rows
@@ -45,11 +41,24 @@ class TuneOp:
     baseline: str | None = None
     show_bias: bool = False  # the printed table has a bias column
     sidecar: Callable[..., Sidecar] | None = None  # (device, tuned_file, problems, **options) -> Sidecar
-    #: The problem a table key names (a tuned file's rows as shapes to retune or time); None: not supported.
-    key_problem: Callable[[tuple], GemmProblem] | None = None
     #: The candidate a tuned row names, equal to the search's own solution for that kernel (``--compare``,
     #: ``--run_config``); None: the runtime's ``OpSpec.row_solution``.
     row_candidate: Callable[[TunedRow], Solution] | None = None
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The columns naming a row: gfx, cu_num and the op's key (the runtime op's :attr:`OpSpec.key_columns`)."""
+        return op_spec(self.op).key_columns
+
+    @property
+    def key_problem(self) -> Callable[[tuple], GemmProblem] | None:
+        """The problem a table key names (a tuned file's rows as shapes to retune or time; the runtime op's
+        :attr:`OpSpec.key_problem`); None: not supported."""
+        return op_spec(self.op).key_problem
+
+    def key_of(self, identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
+        """``p``'s key cells on ``identity`` as the op's tuned rows spell them (:meth:`OpSpec.key_row`)."""
+        return op_spec(self.op).key_row(identity, p)
 
 
 #: Op name -> module defining its TuneOp (imported on first use: a worker loads only its op's).

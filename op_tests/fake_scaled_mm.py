@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK, gemm_a8w8_blockscale_ref
+from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
 #: (M padded, N, K, x_scale data_ptr) of every call, for tests that check copies were (not) made.
 CALLS: list[tuple[int, int, int, int]] = []

@@ -24,7 +24,7 @@ from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl
 from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig, config_space, shape_error
-from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import math_registers as ws_math_registers
+from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import ws_math_registers
 from aiter_gemm.ops.a8w8_blockscale import (
     BLOCKSCALE_TUNED_COLUMNS,
     GEMM_A8W8_BLOCKSCALE,

@@ -21,7 +21,8 @@ from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.kernels.a8w8_blockscale import BlockscaleConfig, gemm_a8w8_blockscale_ref, quantize_blockscale
 from gradlib import gemm_tuner
 from gradlib.blockscale import BLOCKSCALE, candidate_solution, register_launcher
-from gradlib.tasks import TIME, ItemResult, Task, WorkerRuntime
+from gradlib.records import TIME, ItemResult, Task
+from gradlib.tasks import WorkerRuntime
 from gradlib.tune_a8w8_blockscale import (
     SEED_BUCKETS,
     deepseek_projections,

@@ -151,11 +151,12 @@ def test_exit_waits_for_the_lock_another_rank_holds(tmp_path):
 def _recorder(path, **kw):
     from aiter_gemm.capture import ShapeRecorder, row_key_of, tuned_columns_of
     from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, SPECS
-    from aiter_gemm.ops.a16w16 import untuned_row
+    from aiter_gemm.ops.a16w16 import GEMM_A16W16
 
     spec = SPECS["GEMM_BF16"]
-    return ShapeRecorder(str(path), BF16_UNTUNED_COLUMNS, untuned_row, row_key_of(spec, BF16_UNTUNED_COLUMNS),
-                         flush_s=3600, tuned_columns=tuned_columns_of(spec), **kw)
+    return ShapeRecorder(str(path), BF16_UNTUNED_COLUMNS, GEMM_A16W16.untuned_row,
+                         row_key_of(spec, BF16_UNTUNED_COLUMNS), flush_s=3600, tuned_columns=tuned_columns_of(spec),
+                         **kw)
 
 
 def test_shapes_that_cannot_be_written_are_listed_and_saved(tmp_path, monkeypatch, caplog):

@@ -183,7 +183,7 @@ def test_boolean_settings_refuse_other_values_naming_them(name):
         assert getattr(load_settings({name: raw}), attr) is on, raw
     assert getattr(load_settings({}), attr) is False
     for raw in ("2", "maybe", "-1"):
-        with pytest.raises(ValueError, match=f"{name} must be 1/true/yes/on or 0/false/no/off, got '{raw}'"):
+        with pytest.raises(ValueError, match=f"{name} must be 1/true/yes/on/t/y or 0/false/no/off/f/n, got '{raw}'"):
             load_settings({name: raw})
 
 

@@ -19,9 +19,9 @@ from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.timing import MAX_SETS, TimingConfig, cache_bytes, rotating_sets, time_runner
 from gradlib.a16w16 import tuned_problems, tuned_row
 from gradlib.models import ModelArch, ModelConfigError, load_arch, model_problems, projections
+from gradlib.records import DEFAULTS, ENUMERATE, TIME, ItemResult
 from gradlib.results import CheckpointWriter, roofline_for
 from gradlib.search import SearchOptions, ShapeSearch
-from gradlib.tasks import DEFAULTS, ENUMERATE, TIME, ItemResult
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "configs" / "model_configs"
@@ -382,7 +382,7 @@ def _confirm_drive(search: ShapeSearch, times: dict, default: Solution = HEURIST
     """Drive a search whose full phase makes "tri" solidx 0 the winner (F.linear where only torch is asked for),
     resolve the runtime's default to ``default`` at every M, then answer the confirmation with
     ``times[(M, slot)]`` for slot in winner / default / torch (by what the item runs)."""
-    from gradlib.tasks import DEFAULT, DEFAULTS
+    from gradlib.records import DEFAULT, DEFAULTS
 
     def full(task):
         return [ItemResult(task.task_id, i, True, us=5.0 if s.libtype == "tri" else 9.0, err_ratio=0.0)
@@ -500,7 +500,8 @@ def test_relative_error_twice_the_library_calls_rejects_a_candidate():
 
 
 def test_worker_resolves_the_default_and_reports_what_it_ran():
-    from gradlib.tasks import DEFAULT, Task, WorkerRuntime
+    from gradlib.records import DEFAULT, Task
+    from gradlib.tasks import WorkerRuntime
 
     rt = WorkerRuntime.create()
     task = Task(0, 0, TIME, GemmProblem(3, 64, 32), (DEFAULT,), TimingConfig(1, 3, 0.0, False, 0.05), check=True)
@@ -513,7 +514,8 @@ def test_worker_resolves_the_default_at_each_m_without_timing(clean_runtime):
     """A DEFAULTS task (items: M values) says what the runtime's default runs at each M of the task's shape."""
     import aiter_gemm
     from aiter_gemm import registry as backends
-    from gradlib.tasks import DEFAULTS, Task, WorkerRuntime
+    from gradlib.records import DEFAULTS, Task
+    from gradlib.tasks import WorkerRuntime
     from op_tests.runtime_helpers import FakeBackend
 
     backends.register_backend(FakeBackend("smallm", default_max_m=4, priority=10_000))

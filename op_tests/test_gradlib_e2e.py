@@ -19,7 +19,7 @@ from aiter_gemm.timing import TimingConfig
 from gradlib.a16w16 import tuned_problems
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, ProcessPool, TaskDone
-from gradlib.tasks import TIME, Task
+from gradlib.records import TIME, Task
 from op_tests.runtime_helpers import kill_then_resume, repo_env
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ from aiter_gemm.timing import TimingConfig
 from gradlib import gemm_tuner
 from gradlib.gemm_tuner import main
 from gradlib.pool import ItemDone, PoolError, TaskDone
-from gradlib.tasks import TIME, Task
+from gradlib.records import TIME, Task
 from op_tests.runtime_helpers import kill_then_resume, repo_env
 
 try:

@@ -318,8 +318,7 @@ def test_merge_file_keeps_other_keys_and_refuses_a_file_it_cannot_read(tmp_path)
 
 
 def _candidate(cfg, us: float, phase: str = "full", ok: bool = True):
-    from gradlib.search import Candidate
-    from gradlib.tasks import ItemResult
+    from gradlib.records import Candidate, ItemResult
 
     sol = cfg if isinstance(cfg, Solution) else (
         tilelang_backend.solution_of(cfg) if isinstance(cfg, TileLangConfig) else triton_backend.solution_of(cfg))
@@ -327,7 +326,7 @@ def _candidate(cfg, us: float, phase: str = "full", ok: bool = True):
 
 
 def _outcome(M: int, winner, candidates, N: int = 4096, K: int = 4096):
-    from gradlib.search import ShapeOutcome
+    from gradlib.records import ShapeOutcome
 
     return ShapeOutcome(M, _problem(M, N, K), winner, None, candidates, [], 1.0)
 

@@ -388,7 +388,7 @@ def test_an_allocation_failure_says_how_much_the_inputs_need(monkeypatch):
     from aiter_gemm import testbed
     from aiter_gemm.backends.base import GemmProblem, Solution
     from aiter_gemm.timing import TimingConfig
-    from gradlib import tasks
+    from gradlib import records, tasks
 
     def make_inputs(*args):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory: you tried to "
@@ -398,7 +398,7 @@ def test_an_allocation_failure_says_how_much_the_inputs_need(monkeypatch):
     monkeypatch.setattr(tasks, "op_spec", lambda op: replace(real(op), make_inputs=make_inputs))
     monkeypatch.setattr(testbed, "device_memory", lambda device: (10 ** 15, "in total"))
     rt = tasks.WorkerRuntime.create()
-    task = tasks.Task(0, 0, tasks.TIME, GemmProblem(2 ** 31, 16, 16), (Solution("torch", 0, 0, "F.linear"),),
+    task = records.Task(0, 0, records.TIME, GemmProblem(2 ** 31, 16, 16), (Solution("torch", 0, 0, "F.linear"),),
                       TimingConfig(1, 3, 0.0, False, 0.05))
     res = rt.run_item(task, 0)
     assert not res.ok and res.error.startswith("MemoryError: inputs need at least 274.9 GB")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.dtypes import HALF_DTYPES, OUT_DTYPES
 
 ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8]
 
@@ -58,14 +59,14 @@ def supported_reason(problem: GemmProblem) -> str | None:
     if min(problem.M, problem.N, problem.K) < 1:
         return f"empty GEMM M={problem.M} N={problem.N} K={problem.K}"
     din, dout = problem.dtype, problem.otype
-    if din in (torch.bfloat16, torch.float16):
+    if din in HALF_DTYPES:
         if dout not in (din, torch.float32):
             return f"{din} input supports {din} or torch.float32 output, not {dout}"
         if problem.scaleAB:
             return "per-tensor scales are only supported for fp8 inputs"
         return None
     if din is getattr(torch, "float8_e4m3fn", None):
-        if dout not in (torch.bfloat16, torch.float16, torch.float32):
+        if dout not in OUT_DTYPES:
             return f"fp8 input supports bf16/fp16/fp32 output, not {dout}"
         return None
     return f"input dtype {din} is not supported (bf16, fp16, float8_e4m3fn are)"

@@ -8,8 +8,8 @@ import torch
 
 from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.dtypes import HALF_DTYPES, OUT_DTYPES
 from aiter_gemm.kernels.common import INTERPRET
-from aiter_gemm.kernels.gemm_a16w16 import SUPPORTED_DTYPES, SUPPORTED_OTYPES
 
 
 def triton_unavailable_reason(name: str) -> str | None:
@@ -33,7 +33,7 @@ class TritonKernelBackend(Backend):
     def problem_error(self, p: GemmProblem) -> str | None:
         """Why the kernels cannot run ``p`` at all: 16-bit inputs with 16/32-bit outputs, no scales, no
         pre-shuffled weight, non-empty, M within ``max_m``."""
-        if p.dtype not in SUPPORTED_DTYPES or p.otype not in SUPPORTED_OTYPES:
+        if p.dtype not in HALF_DTYPES or p.otype not in OUT_DTYPES:
             return f"{p.dtype} -> {p.otype} is not supported (inputs bf16/fp16, outputs bf16/fp16/fp32)"
         if p.scaleAB or p.bpreshuffle:
             return "no per-tensor scales or pre-shuffled weights"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution, finish_scaled
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.dtypes import FP8_DTYPES
+from aiter_gemm.dtypes import FP8_DTYPES, HALF_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _scaled_mm_runner() -> Runner:
                         ones = one[a.device] = torch.ones((), dtype=torch.float32, device=a.device)
                     scale_a = ones if scale_a is None else scale_a
                     scale_b = ones if scale_b is None else scale_b
-                fused_bias = bias is not None and bias.dtype == otype and otype in (torch.bfloat16, torch.float16)
+                fused_bias = bias is not None and bias.dtype == otype and otype in HALF_DTYPES
                 out = torch._scaled_mm(  # cuBLASLt's bias epilogue reads N contiguous values: strided ones copied
                     a.contiguous(), b.contiguous().t(), scale_a=scale_a, scale_b=scale_b,
                     bias=bias.contiguous() if fused_bias else None, out_dtype=otype, scale_result=scale_c,
@@ -111,7 +111,7 @@ class TorchBackend(Backend):
             return run_dequant
         if not problem.scaleAB and problem.otype == problem.dtype:
             return run_plain
-        if not problem.scaleAB and problem.otype == torch.float32 and problem.dtype in (torch.bfloat16, torch.float16):
+        if not problem.scaleAB and problem.otype == torch.float32 and problem.dtype in HALF_DTYPES:
             return _mm_out_fp32_runner() if device.is_gpu else run_float32_out
         return run_linear
 

@@ -17,10 +17,9 @@ Four variants (docs/design.md, "Ops"; one kernel with different launch geometry,
 
 Options every variant takes (named in ``kernelName``): TMA tile loads (``_TMA``, Hopper's bulk tensor copy engine;
 zero-fills rows past M / N), two column subtiles per K block (``_NS2``, halving the registers of the unscaled
-product), Triton's warp specialization (``_WS``). What made the H100 numbers (docs/exploration.md,
-block-scale): one multiply per product element for the scales (the weight scale is a scalar per tile and K
-block whenever the tile lies in one 128-row block) and scales loaded one K block ahead; 8192^3 went from 650 to
-~900 TFLOP/s with those two.
+product), Triton's warp specialization (``_WS``). The scales cost one multiply per product element (the weight
+scale is a scalar per tile and K block whenever the tile lies in one 128-row block) and are loaded one K block
+ahead: what made the kernel fast (docs/exploration.md, "The block-scale kernel").
 
 Contents: the config (:class:`BlockscaleConfig`, whose ``name`` is the ``kernelName`` written in tuned CSVs), the
 one function that decides which configs a shape supports (:func:`config_error`, :func:`config_space`), the kernels,
@@ -30,7 +29,6 @@ the launcher :func:`gemm_a8w8_blockscale_triton` and the float32 reference :func
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,8 +37,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from aiter_gemm.configs import json_int, parse_int
+from aiter_gemm.configs import json_int
 from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, smem_limit
+from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8_ref
+from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import (
     INTERPRET,
     MAX_GROUP_SIZE_M,
@@ -50,19 +50,17 @@ from aiter_gemm.kernels.common import (
     tile_coords,
     tma_usable,
 )
+from aiter_gemm.kernels.names import KernelName
 
-#: Quantization block: K groups of x_scale and both sides of w_scale's blocks. Fixed by the data format.
-SCALE_BLOCK = 128
-BLOCK_SIZE_K = SCALE_BLOCK
+BLOCK_SIZE_K = SCALE_BLOCK  # the K tile: one quantization group
 
 
 #: Shared memory the epilogue's layout conversion needs beside the pipelined tiles (27 KiB of Hopper's 227: the
 #: largest tiles that ran without a shared-memory launch failure on the H100 left this much).
 _EPILOGUE_SMEM = 27 * 1024
 #: fp32 registers per thread for the accumulator plus one K block's unscaled product (as large, or half with
-#: N_SUBTILES=2) above which the kernel spills, out of 255 that also hold addresses and scales. Measured on H100
-#: (8192^3, before the scale fixes): 128x128 tiles on 8 warps (64 + 64) ran at 650 TFLOP/s, on 4 warps (128 + 128)
-#: at 300; 128x256 on 8 warps (128 + 128) at 580.
+#: N_SUBTILES=2) above which the kernel spills, out of 255 that also hold addresses and scales (the H100
+#: measurements behind it: docs/exploration.md, "The block-scale kernel").
 _MAX_ACC_REGS_PER_THREAD = 192
 
 
@@ -88,10 +86,9 @@ VARIANTS: dict[str, Variant] = {
     )
 }
 
-_NAME_RE = re.compile(
-    r"^(?P<variant>[A-Za-z_]+)-BM(?P<BM>\d+)_BN(?P<BN>\d+)_BK(?P<BK>\d+)_GM(?P<GM>\d+)_SK(?P<SK>\d+)"
-    r"_W(?P<W>\d+)_S(?P<S>\d+)(?:_NS(?P<NS>2))?(?P<TMA>_TMA)?(?P<WS>_WS)?$"
-)
+#: The ``kernelName`` grammar (:attr:`BlockscaleConfig.name`).
+NAME = KernelName("{variant:" + "|".join(VARIANTS) + "}-BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}"
+                  "[_NS{NS:2}][_TMA][_WS]", "block-scale Triton kernelName", f"; variants: {', '.join(VARIANTS)}")
 _POW2_TILES = (16, 32, 64, 128, 256)
 
 
@@ -154,26 +151,18 @@ class BlockscaleConfig:
     def name(self) -> str:
         """The ``kernelName`` spelling, e.g. ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3`` (then ``_NS2``,
         ``_TMA`` and ``_WS`` when those are on)."""
-        return (
-            f"{self.variant}-BM{self.BLOCK_SIZE_M}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_GM{self.GROUP_SIZE_M}"
-            f"_SK{self.NUM_KSPLIT}_W{self.num_warps}_S{self.num_stages}"
-            + (f"_NS{self.N_SUBTILES}" if self.N_SUBTILES > 1 else "")
-            + ("_TMA" if self.TMA else "") + ("_WS" if self.WARP_SPECIALIZE else "")
-        )
+        return NAME.format({
+            "variant": self.variant, "BM": self.BLOCK_SIZE_M, "BN": self.BLOCK_SIZE_N, "BK": self.BLOCK_SIZE_K,
+            "GM": self.GROUP_SIZE_M, "SK": self.NUM_KSPLIT, "W": self.num_warps, "S": self.num_stages,
+            "NS": str(self.N_SUBTILES) if self.N_SUBTILES > 1 else None, "TMA": self.TMA, "WS": self.WARP_SPECIALIZE,
+        })
 
     @classmethod
     def from_name(cls, name: str) -> "BlockscaleConfig":
         """Parse a ``kernelName`` strictly (exact grammar, valid values); ValueError saying what is wrong."""
-        m = _NAME_RE.match(name.strip())
-        if m is None:
-            raise ValueError(
-                f"kernelName {name!r} is not '<variant>-BM<m>_BN<n>_BK128_GM<g>_SK<s>_W<w>_S<st>[_NS2][_TMA][_WS]' "
-                f"(variants: {', '.join(VARIANTS)})"
-            )
-        g = m.groupdict()
-        n = {k: parse_int(g[k], signed=False) for k in ("BM", "BN", "BK", "GM", "SK", "W", "S")}
-        return cls(g["variant"], n["BM"], n["BN"], n["BK"], n["GM"], n["SK"], n["W"], n["S"], bool(g["TMA"]),
-                   bool(g["WS"]), int(g["NS"] or 1))
+        v = NAME.parse(name)
+        return cls(v["variant"], v["BM"], v["BN"], v["BK"], v["GM"], v["SK"], v["W"], v["S"], v["TMA"], v["WS"],
+                   int(v["NS"] or 1))
 
     def to_json(self) -> dict[str, object]:
         """The entry written in per-(N, K) JSON files (AITER's key names plus ``variant``)."""
@@ -565,24 +554,21 @@ def gemm_a8w8_blockscale_ref(
 def quantize_weight_blockscale(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(WQ, w_scale) of a float weight (N, K): amax per (128, 128) block mapped to the fp8 e4m3 maximum (448), as
     DeepSeek-V3 / Qwen3-FP8 checkpoints store it (``weight``, ``weight_scale_inv``)."""
-    fp8 = torch.float8_e4m3fn
-    fmax = torch.finfo(fp8).max
     N, K = w.shape
     kb, nb = triton.cdiv(K, SCALE_BLOCK), triton.cdiv(N, SCALE_BLOCK)
     wp = torch.nn.functional.pad(w.float(), (0, kb * SCALE_BLOCK - K, 0, nb * SCALE_BLOCK - N))
     wp = wp.view(nb, SCALE_BLOCK, kb, SCALE_BLOCK)
-    w_scale = (wp.abs().amax(dim=(1, 3)) / fmax).clamp(min=1e-12)
-    WQ = (wp / w_scale[:, None, :, None]).clamp(-fmax, fmax).view(nb * SCALE_BLOCK, -1)[:N, :K].to(fp8).contiguous()
+    w_scale = (wp.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=MIN_SCALE)
+    WQ = (wp / w_scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(nb * SCALE_BLOCK, -1)[:N, :K]
+    WQ = WQ.to(FP8).contiguous()
     return WQ, w_scale.contiguous()
 
 
 def quantize_blockscale(
-    x: torch.Tensor, w: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn,
+    x: torch.Tensor, w: torch.Tensor, fp8: torch.dtype = FP8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(XQ, WQ, x_scale, w_scale) from float x (M, K) and w (N, K): amax per (1, 128) group of x and per (128, 128)
     block of w mapped to the fp8 maximum (448 for e4m3fn). For tests and benchmarks."""
-    from aiter_gemm.kernels.act_quant import FP8, per_token_group_quant_fp8_ref
-
     if fp8 != FP8:
         raise TypeError(f"quantize_blockscale: fp8 dtype {fp8} is not supported (only {FP8})")
     XQ, x_scale = per_token_group_quant_fp8_ref(x.float())

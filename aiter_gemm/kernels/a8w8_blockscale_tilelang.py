@@ -28,15 +28,16 @@ from typing import Any
 
 import torch
 
+from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import (
     HAND_SCHEDULED,
     KERNEL_TYPES,
     MAX_GROUPS,
-    SCALE_BLOCK,
     SGLANG_KERNEL_TYPES,
     SPLIT,
     SWAPPED,
     TileLangConfig,
+    auto_ws_math_registers,
     config_name,
     config_space,
     is_config_name,
@@ -44,6 +45,7 @@ from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import (
 )
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import PASS_CONFIGS as _WS_PASS_CONFIGS
 from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import build_ws, build_ws_swapped
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
 #: Public names, those of the configs (:mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang_config`) among them: callers
 #: take a config and its kernel from this one module.
@@ -52,7 +54,7 @@ __all__ = ["HAND_SCHEDULED", "KERNEL_TYPES", "MAX_GROUPS", "SCALE_BLOCK", "SGLAN
            "config_name", "config_space", "gemm_a8w8_blockscale_tilelang_ref", "is_config_name", "launcher",
            "pass_configs", "precompile", "shape_error", "unavailable_reason"]
 
-_OUT_TL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_OUT_TL = {dtype: str(dtype).removeprefix("torch.") for dtype in OUT_DTYPES}  # TileLang's names
 
 
 # ------------------------------------------------------------------------------------------------ the builders
@@ -174,7 +176,7 @@ def _kernel(T, M, N: int, K: int, cfg: TileLangConfig, out_dtype: str, sa_shape,
     BM, BN, split = cfg.block_M, cfg.block_N, cfg.split_k
     KB = K // SCALE_BLOCK
     f32, fp8 = "float32", "float8_e4m3fn"
-    regs = _math_registers(cfg.threads)
+    regs = auto_ws_math_registers(cfg.threads)
     grid = (T.ceildiv(M, BN), T.ceildiv(N, BM)) if swapped else (T.ceildiv(N, BN), T.ceildiv(M, BM))
     tile = (BN, BM) if swapped else (BM, BN)
 
@@ -219,14 +221,6 @@ def _kernel(T, M, N: int, K: int, cfg: TileLangConfig, out_dtype: str, sa_shape,
         combine(P, C)
 
     return gemm_split_k.with_attr("global_symbol", "split_k_swap_ab" if swapped else "split_k")
-
-
-def _math_registers(threads: int) -> int:
-    """Registers a math thread gets with setmaxnreg: TileLang gives the producer as many warpgroups as the math
-    ones; producer threads drop to 24 and the math threads take the rest of the 64K-register file (232 each at
-    threads=256, where the 512-thread launch would otherwise cap every thread at 128 registers and spill the two
-    128x128 float32 accumulators). 0: no reallocation (one math warpgroup has room)."""
-    return 0 if threads <= 128 else min(240, (65536 // threads - 24) // 8 * 8)
 
 
 def _combine_macro(T, M, N: int, split: int, out_dtype: str):

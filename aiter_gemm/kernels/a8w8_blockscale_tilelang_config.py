@@ -2,17 +2,16 @@
 rule of what a config can build and which shapes it can run (tuner and runtime share it), and the tuner's space.
 The kernels they build are in :mod:`aiter_gemm.kernels.a8w8_blockscale_tilelang`."""
 
-import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from aiter_gemm.configs import json_int, parse_int
-from aiter_gemm.kernels.a8w8_blockscale_tilelang_ws import math_registers as ws_math_registers
+from aiter_gemm.configs import json_int
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
+from aiter_gemm.kernels.names import KernelName
 
-SCALE_BLOCK = 128
 #: Scale groups one pipeline stage of the swapped types may hold (``block_K`` up to 512): each weight row then streams
-#: 512 contiguous bytes a stage instead of 128, which took M <= 16 decode from 0.73-0.94 to 0.85-1.01 of the weight
-#: read on the H100 (benchmarks/results/fp8/decode_limits_h100/wide.csv).
+#: 512 contiguous bytes a stage instead of 128, which brought M <= 16 decode closer to the weight read
+#: (docs/exploration.md, "Stages of several scale groups").
 MAX_GROUPS = 4
 #: SGLang's kernel types, then the hand-scheduled warp-specialised ones (:mod:`aiter_gemm.kernels.
 #: a8w8_blockscale_tilelang_ws`): ``ws`` (DeepGEMM's design) and ``ws_swapAB`` (K split over the math warpgroups);
@@ -32,9 +31,16 @@ _SMEM_BYTES = 227 * 1024 - 2 * 1024
 _SM_SMEM_BYTES = 228 * 1024
 #: The largest L2 rasterization panel (``swizzle``, in CTAs): TileLang's code generator takes it as a C ``int``.
 MAX_SWIZZLE = 1024
+#: 32-bit registers of one SM (sm_90): what the threads of its resident CTAs share.
+REGISTER_FILE = 65536
+#: Registers a producer thread keeps after setmaxnreg (it only issues loads); the math threads take the rest.
+PRODUCER_REGS = 24
 
-_NAME_RE = re.compile(r"(?P<kt>base|swapAB|splitK|splitK_swapAB|ws|ws_swapAB)-BM(?P<bm>\d+)_BN(?P<bn>\d+)_BK(?P<bk>\d+)"
-                      r"_S(?P<st>\d+)_T(?P<th>\d+)_SK(?P<sk>\d+)(?P<bs>_BS)?(?P<as>_AS)?(?:_SW(?P<sw>\d+))?(?:_MB(?P<mb>\d+))?")
+#: The ``kernelName`` grammar (:attr:`TileLangConfig.name`; ``c_scale_local`` is always true, so the name does not
+#: carry it).
+NAME = KernelName("{kernel_type:" + "|".join(KERNEL_TYPES) + "}-BM{block_M}_BN{block_N}_BK{block_K}_S{num_stages}"
+                  "_T{threads}_SK{split_k}[_BS][_AS][_SW{swizzle}][_MB{min_blocks}]", "TileLang config name",
+                  f"; types: {', '.join(KERNEL_TYPES)}")
 
 
 @dataclass(frozen=True)
@@ -47,9 +53,9 @@ class TileLangConfig:
     token scales are staged in shared memory by the producer (cp.async) before the math warpgroup multiplies them in.
 
     ``c_scale_local`` is read from SGLang's files and not used: the combined per-row scales always live in the math
-    threads' registers. TileLang 0.1.15 releases a pipeline stage before the promotion reads scales staged there in
-    shared memory (SGLang's ``c_scale_local: false``); on the H100 that gave relative errors up to 0.2 on 136 of 1504
-    checks, on tiles of 128x128 elements and more, where the promotion is long enough to lose the race."""
+    threads' registers: TileLang 0.1.15 releases a pipeline stage before the promotion reads scales staged there in
+    shared memory (SGLang's ``c_scale_local: false``), a race large tiles lose (docs/exploration.md, "A race in
+    TileLang's shared-memory scale staging")."""
 
     kernel_type: str
     block_M: int
@@ -91,21 +97,15 @@ class TileLangConfig:
 
     @property
     def name(self) -> str:
-        """The CSV ``kernelName``: ``<type>-BM<>_BN<>_BK<>_S<stages>_T<threads>_SK<split>[_BS][_AS][_SW<n>][_MB<n>]``
-        (``c_scale_local`` is always true, so the name does not carry it)."""
+        """The CSV ``kernelName`` (:data:`NAME`)."""
         return config_name(asdict(self))
 
     @classmethod
     def from_name(cls, name: str) -> "TileLangConfig":
-        m = _NAME_RE.fullmatch(name.strip())
-        if m is None:
-            raise ValueError(f"{name!r} is not a TileLang config name (<type>-BM<m>_BN<n>_BK<k>_S<stages>_T<threads>"
-                             f"_SK<split>[_BS][_AS][_SW<panel>][_MB<ctas>], type one of {', '.join(KERNEL_TYPES)})")
-        n = {k: parse_int(m[k] or default, signed=False)  # the optional _SW and _MB: 0 and 1 when absent
-             for k, default in (("bm", ""), ("bn", ""), ("bk", ""), ("st", ""), ("th", ""), ("sk", ""),
-                                ("sw", "0"), ("mb", "1"))}
-        return cls(m["kt"], n["bm"], n["bn"], n["bk"], n["st"], n["th"], n["sk"], True, m["bs"] is not None,
-                   m["as"] is not None, n["sw"], n["mb"])
+        v = NAME.parse(name)
+        return cls(v["kernel_type"], v["block_M"], v["block_N"], v["block_K"], v["num_stages"], v["threads"],
+                   v["split_k"], True, v["BS"], v["AS"], v["swizzle"] or 0,  # the optional _SW and _MB: 0 and 1
+                   1 if v["min_blocks"] is None else v["min_blocks"])
 
     def to_json(self) -> dict[str, Any]:
         """The config as SGLang's JSON value holds it (plus ``libtype`` and, when set, ``swizzle`` and
@@ -267,15 +267,40 @@ def config_name(values: dict[str, Any]) -> str:
     """:attr:`TileLangConfig.name` of config values, checked or not (values the rule rejects give a name that
     :meth:`TileLangConfig.from_name` rejects saying why: how an SGLang entry that cannot run here is named)."""
     v = {f.name: f.default for f in fields(TileLangConfig) if f.name != "kernel_type"} | values
-    return (f"{v['kernel_type']}-BM{v['block_M']}_BN{v['block_N']}_BK{v['block_K']}_S{v['num_stages']}"
-            f"_T{v['threads']}_SK{v['split_k']}" + ("_BS" if v["b_scale_shm"] else "")
-            + ("_AS" if v["a_scale_shm"] else "") + (f"_SW{v['swizzle']}" if v["swizzle"] else "")
-            + (f"_MB{v['min_blocks']}" if v["min_blocks"] != 1 else ""))
+    return NAME.format({**v, "BS": v["b_scale_shm"], "AS": v["a_scale_shm"], "swizzle": v["swizzle"] or None,
+                        "min_blocks": None if v["min_blocks"] == 1 else v["min_blocks"]})
+
+
+def launch_registers(threads: int, min_blocks: int = 1) -> int:
+    """Registers a CTA of ``threads`` launches with when ``min_blocks`` CTAs share an SM: per thread 65536 /
+    min_blocks / threads in steps of 8, at most 255."""
+    return threads * min(255, REGISTER_FILE // min_blocks // threads // 8 * 8)
+
+
+def math_registers(math_threads: int, producer_threads: int, pool: int) -> int:
+    """Registers a math thread may ask setmaxnreg for: what ``pool`` leaves beside ``producer_threads`` at
+    :data:`PRODUCER_REGS` each, in steps of 8, at most 240. setmaxnreg only moves registers inside the pool the CTA
+    launched with, and an increase the pool cannot cover never returns (the CTA hangs)."""
+    return min(240, (pool - producer_threads * PRODUCER_REGS) // math_threads // 8 * 8)
+
+
+def auto_ws_math_registers(threads: int) -> int:
+    """:func:`math_registers` under TileLang's automatic warp specialisation (SGLang's types), which gives the
+    producer as many warpgroups as the ``threads`` of math ones and the launch the whole register file (232 each at
+    threads=256, where the 512-thread launch would otherwise cap every thread at 128 registers and spill the two
+    128x128 float32 accumulators). 0: no reallocation (one math warpgroup has room)."""
+    return 0 if threads <= 128 else math_registers(threads, threads, REGISTER_FILE)
+
+
+def ws_math_registers(groups: int, min_blocks: int = 1) -> int:
+    """:func:`math_registers` of the hand-scheduled types: ``groups`` math warpgroups beside one producer warpgroup in
+    the CTA's launch pool: 240 for 2 math warpgroups, 160 for 3, 112 for 4; 104 for 2 at two CTAs an SM."""
+    return math_registers(128 * groups, 128, launch_registers(128 * (groups + 1), min_blocks))
 
 
 def is_config_name(name: str) -> bool:
     """Whether ``name`` has the grammar of :attr:`TileLangConfig.name` (values unchecked)."""
-    return _NAME_RE.fullmatch(name.strip()) is not None
+    return NAME.matches(name)
 
 
 def shape_error(cfg: TileLangConfig, M: int, N: int, K: int) -> str | None:

@@ -9,7 +9,7 @@ arrives on the stage's ``full`` barrier. ``block_M / 64`` math warpgroups (240 o
 rows: wait ``full``, read the scales, issue the block's wgmmas into a float32 partial tile, wait for them, release the
 stage (``empty``) and promote the partial tile into the accumulator times the scales. The math warpgroups drift out
 of phase, so one's promotion overlaps the other's wgmmas (the overlap TileLang's automatic warp specialisation of
-``base`` lacks: 1.0-1.8x ``base``'s speed on the H100, docs/exploration.md). ``block_N`` may span two 128-row
+``base`` lacks; docs/exploration.md, "The hand-scheduled warp-specialised FP8 kernel"). ``block_N`` may span two 128-row
 weight-scale blocks (192): each column picks its block's scale.
 
 TileLang's automatic passes are switched off for this kernel (:data:`PASS_CONFIGS`): they would add a second
@@ -17,23 +17,13 @@ producer and insert ``__syncthreads`` between the roles, which deadlocks a hand-
 No ``from __future__ import annotations``: TileLang reads the ``T.Tensor`` annotations from the builder's closure.
 """
 
-SCALE_BLOCK = 128
+from aiter_gemm.kernels.a8w8_blockscale_tilelang_config import PRODUCER_REGS, ws_math_registers
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
+
 #: Scale blocks the producer loads ahead of the stage it fills: 4 blocks (~2 us of wgmma at 128x128 tiles) cover an
 #: L2 miss; a load in the producer's loop without it capped the kernel at the producer's latency.
 PREFETCH = 4
-#: Registers per thread after setmaxnreg: the producer drops to 24, the math warpgroups share the rest of 64K.
-PRODUCER_REGS = 24
 PASS_CONFIGS = {"tl.disable_warp_specialized": True, "tl.disable_thread_storage_sync": True}
-
-
-def math_registers(groups: int, min_blocks: int = 1) -> int:
-    """Registers a math thread may take beside the 24-register producer: 240 for 2 math warpgroups, 160 for 3, 112
-    for 4; 104 for 2 with two CTAs an SM (``min_blocks`` 2). setmaxnreg only moves registers inside the pool the CTA
-    launched with (65536 / min_blocks / threads a thread, in steps of 8), and an increase the pool cannot cover never
-    returns: 120 at 4 groups hung the H100."""
-    threads = 128 * (groups + 1)
-    pool = threads * min(255, 65536 // min_blocks // threads // 8 * 8)
-    return min(240, (pool - 128 * PRODUCER_REGS) // (128 * groups) // 8 * 8)
 
 
 def _token_scales(T, M, rows: int, mmajor: bool):
@@ -67,7 +57,7 @@ def build_ws(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: bool = Fa
     NB = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
-    regs = math_registers(groups)
+    regs = ws_math_registers(groups)
 
     load_sa, rows_per_thread = _token_scales(T, M, BM, mmajor)
 
@@ -176,7 +166,7 @@ def build_ws_swapped(N: int, K: int, cfg, out_dtype: str = "bfloat16", mmajor: b
     NB = (N + SCALE_BLOCK - 1) // SCALE_BLOCK
     fp8, f32 = "float8_e4m3fn", "float32"
     sa_shape = (KB, M) if mmajor else (M, KB)
-    regs = math_registers(G, cfg.min_blocks)
+    regs = ws_math_registers(G, cfg.min_blocks)
     PF = PREFETCH
 
     load_sa, tok_per_thread = _token_scales(T, M, BT, mmajor)

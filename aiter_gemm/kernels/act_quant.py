@@ -2,8 +2,8 @@
 :func:`aiter_gemm.gemm_a8w8_blockscale` for FP8 models (transformers' ``FP8Linear``, DeepSeek-style checkpoints).
 
 For x (M, K) it writes XQ (M, K) fp8 e4m3 and x_scale (M, ceil(K/128)) float32 with ``x ~= XQ * x_scale`` per group:
-``x_scale = max(amax(|group|) / 448, 1e-12)``, ``XQ = clamp(x / x_scale, -448, 448)`` (the rule of
-:func:`~aiter_gemm.kernels.a8w8_blockscale.quantize_blockscale`, of transformers' and of vLLM's quantizers). One
+``x_scale = max(amax(|group|) / 448, 1e-12)``, ``XQ = clamp(x / x_scale, -448, 448)`` (the format's rule,
+:mod:`aiter_gemm.kernels.blockscale_format`, as transformers' and vLLM's quantizers apply it). One
 program per (row, group): the group is loaded once, reduced and written, so the whole step is one read of x and one
 write of XQ. ``m_major=True`` writes x_scale with strides (1, M), the layout torch's block-scaled matmul takes without
 a copy; the Triton GEMM takes either. :func:`per_token_group_quant_fp8_ref` is the torch reference.
@@ -15,16 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.a8w8_blockscale import SCALE_BLOCK
+from aiter_gemm.dtypes import OUT_DTYPES
+from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET
 
 __all__ = ["FP8", "GROUP", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref"]
 
-FP8 = torch.float8_e4m3fn
 GROUP = SCALE_BLOCK
-_FP8_MAX = float(torch.finfo(FP8).max)
-_EPS = 1e-12  # smallest scale: an all-zero group quantizes to zeros instead of dividing by zero
-_IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
@@ -45,9 +42,9 @@ def _check(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"per_token_group_quant_fp8: x must be a 2-D tensor (M, K), got "
                          f"{getattr(x, 'shape', type(x).__name__)}")
-    if x.dtype not in _IN_DTYPES:
+    if x.dtype not in OUT_DTYPES:
         raise TypeError(f"per_token_group_quant_fp8: x (shape {tuple(x.shape)}, dtype {x.dtype}) must be one of "
-                        f"{list(_IN_DTYPES)}")
+                        f"{list(OUT_DTYPES)}")
 
 
 def _scale_out(M: int, groups: int, m_major: bool, device: torch.device) -> torch.Tensor:
@@ -70,7 +67,7 @@ def per_token_group_quant_fp8(x: torch.Tensor, m_major: bool = False) -> tuple[t
     s = _scale_out(M, groups, m_major, x.device)
     if M and K:
         _quant_kernel[(M, groups)](x, q, s, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
-                                   FP8_MAX=_FP8_MAX, EPS=_EPS, GROUP_SIZE=GROUP, num_warps=1)
+                                   FP8_MAX=FP8_MAX, EPS=MIN_SCALE, GROUP_SIZE=GROUP, num_warps=1)
     return (q.to(FP8) if INTERPRET else q), s
 
 
@@ -80,6 +77,6 @@ def per_token_group_quant_fp8_ref(x: torch.Tensor, m_major: bool = False) -> tup
     M, K = x.shape
     groups = -(-K // GROUP)
     xp = torch.nn.functional.pad(x.float(), (0, groups * GROUP - K)).view(M, groups, GROUP)
-    scale = (xp.abs().amax(dim=2) / _FP8_MAX).clamp(min=_EPS)
-    q = (xp / scale[:, :, None]).clamp(-_FP8_MAX, _FP8_MAX).view(M, groups * GROUP)[:, :K].to(FP8).contiguous()
+    scale = (xp.abs().amax(dim=2) / FP8_MAX).clamp(min=MIN_SCALE)
+    q = (xp / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).view(M, groups * GROUP)[:, :K].to(FP8).contiguous()
     return q, _scale_out(M, groups, m_major, x.device).copy_(scale)

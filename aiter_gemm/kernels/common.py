@@ -10,10 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
-# Read once at import: kernels are specialised on it, and runners must not read the environment per call. Under
-# TRITON_INTERPRET=1 (CPU tests) Triton 3.9's interpreter returns garbage for tl.dot on 8/16-bit float operands, so
+# Whether Triton interprets the kernels, read as this Triton reads TRITON_INTERPRET (its knob, where it has one:
+# "true" and "on" count too), once at import: kernels are specialised on it, and runners must not read the
+# environment per call. Interpreted (CPU tests), Triton 3.9 returns garbage for tl.dot on 8/16-bit float operands, so
 # every kernel upcasts its dot operands to float32 when this is set.
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET: bool = (bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs")
+                   else os.environ.get("TRITON_INTERPRET") == "1")
 
 # Bounds every Triton config here is checked against where it is parsed (its class's validity check, so a kernelName
 # or JSON entry past them is malformed, a miss, rather than a kernel that fails to compile on every call; issue 47).

@@ -22,14 +22,13 @@ returns garbage for a bf16 ``tl.dot``; on a GPU the dot runs on 16-bit operands 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.configs import parse_int
+from aiter_gemm.dtypes import HALF_DTYPES, OUT_DTYPES
 from aiter_gemm.kernels.common import (
     INTERPRET,
     MAX_ACC_NUMEL,
@@ -43,8 +42,9 @@ from aiter_gemm.kernels.common import (
     tile_coords,
     tma_usable,
 )
+from aiter_gemm.kernels.names import KernelName
 
-__all__ = ["INTERPRET", "SUPPORTED_DTYPES", "SUPPORTED_OTYPES", "GemmConfig", "check_operands", "default_config",
+__all__ = ["INTERPRET", "GemmConfig", "check_operands", "default_config",
            "gemm_a16w16", "gemm_a16w16_ref", "launch_gemm_a16w16", "splitk_reduce", "tma_available", "tma_usable"]
 
 try:  # host-side TMA descriptors: Triton >= 3.4 (the device machine has 3.6, CI 3.9)
@@ -52,8 +52,11 @@ try:  # host-side TMA descriptors: Triton >= 3.4 (the device machine has 3.6, CI
 except ImportError:  # pragma: no cover - older Triton: the TMA variant is simply unavailable
     TensorDescriptor = None
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-SUPPORTED_OTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+#: The ``kernelName`` grammar (:attr:`GemmConfig.name`).
+NAME = KernelName("BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}[{kernel:_TMA|_TMAF|_SP}]", "triton kernelName",
+                  "; e.g. 'BM128_BN128_BK64_GM8_SK1_W8_S3'")
 
 
 @dataclass(frozen=True)
@@ -100,28 +103,27 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        base = (f"BM{self.BLOCK_SIZE_M}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_GM{self.GROUP_SIZE_M}"
-                f"_SK{self.NUM_KSPLIT}_W{self.num_warps}_S{self.num_stages}")
-        return base + ("_TMAF" if self.FLATTEN else "_TMA" if self.TMA_PERSISTENT else "_SP" if self.SPECIALIZE else "")
+        return NAME.format({
+            "BM": self.BLOCK_SIZE_M, "BN": self.BLOCK_SIZE_N, "BK": self.BLOCK_SIZE_K, "GM": self.GROUP_SIZE_M,
+            "SK": self.NUM_KSPLIT, "W": self.num_warps, "S": self.num_stages,
+            "kernel": "_TMAF" if self.FLATTEN else "_TMA" if self.TMA_PERSISTENT else "_SP" if self.SPECIALIZE
+            else None,
+        })
 
     @classmethod
     def from_name(cls, name: str) -> GemmConfig:
         """Parse a ``kernelName`` such as ``BM128_BN128_BK64_GM8_SK1_W8_S3`` (suffix ``_TMA``: persistent TMA
         kernel; ``_TMAF``: the same with flattened loops; ``_SP``: the classic kernel with N and K compiled in)."""
-        m = _NAME_RE.fullmatch(name.strip())
-        if m is None:
-            raise ValueError(f"triton kernelName {name!r} does not match 'BM<m>_BN<n>_BK<k>_GM<g>_SK<s>_W<w>_S<st>"
-                             "[_TMA|_TMAF|_SP]' (e.g. 'BM128_BN128_BK64_GM8_SK1_W8_S3')")
-        *values, sfx = m.groups()
-        return cls(*(parse_int(v, signed=False) for v in values), sfx in ("_TMA", "_TMAF"), sfx == "_TMAF",
-                   sfx == "_SP")
+        v = NAME.parse(name)
+        sfx = v["kernel"]
+        return cls(v["BM"], v["BN"], v["BK"], v["GM"], v["SK"], v["W"], v["S"], sfx in ("_TMA", "_TMAF"),
+                   sfx == "_TMAF", sfx == "_SP")
 
     def smem_bytes(self, itemsize: int = 2) -> int:
         """Shared memory the software pipeline needs: ``num_stages`` buffers of an A and a B tile."""
         return self.num_stages * (self.BLOCK_SIZE_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
 
 
-_NAME_RE = re.compile(r"BM(\d+)_BN(\d+)_BK(\d+)_GM(\d+)_SK(\d+)_W(\d+)_S(\d+)(_TMAF|_TMA|_SP)?")
 
 
 @triton.jit(**bias_agnostic())
@@ -274,9 +276,9 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, 
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"gemm_a16w16 needs a (M, K) and b (N, K); got a {tuple(a.shape)} {a.dtype}, "
                          f"b {tuple(b.shape)} {b.dtype}")
-    if a.dtype not in SUPPORTED_DTYPES or b.dtype != a.dtype:
+    if a.dtype not in HALF_DTYPES or b.dtype != a.dtype:
         raise ValueError(f"gemm_a16w16 needs a and b both bf16 or fp16; got a {a.dtype}, b {b.dtype}")
-    if otype not in SUPPORTED_OTYPES:
+    if otype not in OUT_DTYPES:
         raise ValueError(f"gemm_a16w16 output dtype must be bf16, fp16 or fp32, got {otype}")
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}")

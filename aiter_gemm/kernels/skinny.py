@@ -38,14 +38,12 @@ docs/exploration.md).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.configs import parse_int
 from aiter_gemm.kernels.common import (
     INTERPRET,
     MAX_KSPLIT,
@@ -56,6 +54,7 @@ from aiter_gemm.kernels.common import (
     splitk_reduce,
 )
 from aiter_gemm.kernels.gemm_a16w16 import check_operands
+from aiter_gemm.kernels.names import KernelName
 
 try:  # Hopper's grid dependency control (Triton >= 3.3); the interpreter has none
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -118,6 +117,12 @@ VARIANTS: dict[int, SkinnyVariant] = {v.solidx: v for v in (
 )}
 
 
+#: The ``kernelName`` grammar (:attr:`SkinnyConfig.name`): the variant's name first, as in :data:`VARIANTS`.
+NAME = KernelName("{variant:" + "|".join(v.name for v in VARIANTS.values()) + "}_BN{BN}_BK{BK}_SK{SK}_W{W}_S{S}"
+                  "[_EF][_SP][{pdl:_PDL|_PDLW}]", "skinny kernelName",
+                  f"; variants: {', '.join(v.name for v in VARIANTS.values())}; e.g. 'fma_BN16_BK512_SK1_W4_S1'")
+
+
 def block_m(M: int, use_dot: bool) -> int:
     """Rows of A a program holds: M rounded up to a power of two (16 for ``tl.dot``, whose tiles are >= 16)."""
     return 16 if use_dot else triton.next_power_of_2(M)
@@ -176,23 +181,18 @@ class SkinnyConfig:
 
     @property
     def name(self) -> str:
-        return (f"{self.variant.name}_BN{self.BLOCK_SIZE_N}_BK{self.BLOCK_SIZE_K}_SK{self.NUM_KSPLIT}"
-                f"_W{self.num_warps}_S{self.num_stages}" + ("_EF" if self.evict_first else "")
-                + ("_SP" if self.specialize else "") + ("", "_PDL", "_PDLW")[self.pdl])
+        return NAME.format({"variant": self.variant.name, "BN": self.BLOCK_SIZE_N, "BK": self.BLOCK_SIZE_K,
+                            "SK": self.NUM_KSPLIT, "W": self.num_warps, "S": self.num_stages, "EF": self.evict_first,
+                            "SP": self.specialize, "pdl": (None, "_PDL", "_PDLW")[self.pdl]})
 
     @classmethod
     def from_name(cls, name: str) -> SkinnyConfig:
         """Parse a ``kernelName`` like ``fma_BN16_BK512_SK1_W4_S1`` (variant name first, as in :data:`VARIANTS`;
         an ``_EF`` suffix sets :attr:`evict_first`, ``_SP`` :attr:`specialize`, ``_PDL`` / ``_PDLW`` :attr:`pdl`)."""
-        m = _NAME_RE.fullmatch(name.strip())
-        by_name = {v.name: v.solidx for v in VARIANTS.values()}
-        if m is None or m.group(1) not in by_name:
-            raise ValueError(f"skinny kernelName {name!r} does not match '<variant>_BN<n>_BK<k>_SK<s>_W<w>_S<st>"
-                             f"[_EF][_SP][_PDL|_PDLW]' with variant one of {sorted(by_name)} "
-                             "(e.g. 'fma_BN16_BK512_SK1_W4_S1')")
-        var, *values, ef, sp, pdl = m.groups()
-        return cls(by_name[var], *(parse_int(v, signed=False) for v in values), ef is not None, sp is not None,
-                   {None: 0, "_PDL": 1, "_PDLW": 2}[pdl])
+        v = NAME.parse(name)
+        solidx = next(s for s, var in VARIANTS.items() if var.name == v["variant"])
+        return cls(solidx, v["BN"], v["BK"], v["SK"], v["W"], v["S"], v["EF"], v["SP"],
+                   {None: 0, "_PDL": 1, "_PDLW": 2}[v["pdl"]])
 
     def acc_regs_per_thread(self, M: int) -> int:
         """float32 accumulator registers per thread (the FMA variants' 3-D accumulator, gemv's [BN, BK] per row,
@@ -210,7 +210,6 @@ class SkinnyConfig:
         return self.num_stages * (MAX_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
 
 
-_NAME_RE = re.compile(r"([a-z_0-9]+?)_BN(\d+)_BK(\d+)_SK(\d+)_W(\d+)_S(\d+)(_EF)?(_SP)?(_PDLW|_PDL)?")
 
 
 @triton.jit(**bias_agnostic())

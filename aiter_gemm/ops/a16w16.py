@@ -24,7 +24,7 @@ from aiter_gemm.backends.torch import run_plain
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
-from aiter_gemm.dtypes import FP8_DTYPES, dtype_name, parse_dtype
+from aiter_gemm.dtypes import FP8_DTYPES, OUT_DTYPES, parse_dtype
 from aiter_gemm.jsonconfigs import JsonLevel
 from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import A16W16, op_spec, register_op
@@ -35,12 +35,6 @@ from aiter_gemm.timing import rotating_sets
 def row_key(p: GemmProblem) -> tuple:
     """The GEMM_BF16 table key of a problem (the untuned columns, typed as the table parses them)."""
     return (p.M, p.N, p.K, p.bias, p.dtype, p.otype, p.scaleAB, p.bpreshuffle)
-
-
-def untuned_row(p: GemmProblem) -> dict[str, str]:
-    """A problem as an AITER untuned-CSV row."""
-    return {"M": str(p.M), "N": str(p.N), "K": str(p.K), "bias": str(p.bias), "dtype": dtype_name(p.dtype),
-            "outdtype": dtype_name(p.otype), "scaleAB": str(p.scaleAB), "bpreshuffle": str(p.bpreshuffle)}
 
 
 def row_solution(row: TunedRow) -> Solution:
@@ -80,7 +74,7 @@ def call_runner(runner, inputs: tuple, p: GemmProblem) -> torch.Tensor:
 
 GEMM_A16W16 = register_op(OpSpec(
     name="gemm_a16w16", kind="GEMM_BF16", backends=A16W16, row_key=row_key, row_solution=row_solution,
-    untuned_columns=BF16_UNTUNED_COLUMNS, untuned_row=untuned_row, capture_path=lambda s: s.untuned_file,
+    untuned_columns=BF16_UNTUNED_COLUMNS, capture_path=lambda s: s.untuned_file,
     key_problem=lambda key: GemmProblem(*key), make_inputs=make_inputs, call_runner=call_runner,
     # AITER's Triton JSON files (entries the triton backend parses and fits) fill in the triton rows that name no
     # kernel (kernelName empty or "auto").
@@ -238,15 +232,13 @@ def run_linear_entry(entry: CallEntry, A: torch.Tensor, B: torch.Tensor, bias: t
     return runner(A.reshape(shape2d), B, bias, out_dtype, scale_a, scale_b, scale_c).reshape(out_shape)
 
 
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
 
 def dtype_error(dtype: torch.dtype, otype: torch.dtype) -> str | None:
     """Why ``gemm_a16w16`` cannot take ``dtype`` inputs to an ``otype`` output, or None: inputs are floating (bf16,
     fp16, fp32, fp8), the output bf16, fp16, fp32 or the input dtype. The runtime and the tuner share the rule."""
     if not dtype.is_floating_point:
         return f"{dtype} inputs are not supported: expected a floating dtype (bf16, fp16, fp32, fp8)"
-    if otype not in _OUT_DTYPES and otype != dtype:
+    if otype not in OUT_DTYPES and otype != dtype:
         return f"{otype} output is not supported (bf16, fp16, fp32 or the input dtype {dtype})"
     return None
 

@@ -43,16 +43,15 @@ import torch
 
 from aiter_gemm import eager_ext, sglang_tilelang
 from aiter_gemm.backends.a8w8_blockscale import solution_of
-from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
+from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, JsonLevel, select_bucket, write_buckets
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import (
-    SCALE_BLOCK,
     BlockscaleConfig,
     config_space,
     dequantize_blockscale,
@@ -60,6 +59,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
 )
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
+from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
 from aiter_gemm.ops.a16w16 import EAGER_EXT
 from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import register_op
@@ -78,7 +78,6 @@ __all__ = [
 KIND = "GEMM_A8W8_BLOCKSCALE"
 LIBTYPE = BlockscaleConfig.libtype
 LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE, TileLangConfig.libtype)
-FP8 = torch.float8_e4m3fn
 #: What runs a shape: one of our Triton configs, torch's block-scaled matmul, or one of our TileLang configs.
 Choice = BlockscaleConfig | TorchBlockwise | TileLangConfig
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
@@ -87,7 +86,6 @@ BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
 UNTUNED_FILE = "a8w8_blockscale_untuned_gemm.csv"
 BLOCKSCALE_TUNED_COLUMNS = ("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId", "splitK", "us", "kernelName",
                             "tflops", "bw", "errRatio", *EXTRA_TUNED_COLUMNS)
-_OUT_DTYPES = triton_backend.OUT_DTYPES
 
 
 # ------------------------------------------------------------------------------------------------ choices
@@ -142,10 +140,6 @@ def _row_solution(row: TunedRow) -> Solution:
     return Solution(libtype, row.values["kernelId"], split, name)
 
 
-def untuned_row(p: GemmProblem) -> dict[str, str]:
-    return {"M": str(p.M), "N": str(p.N), "K": str(p.K)}
-
-
 #: How :func:`make_inputs` lays x_scale out (option ``x_scale_layout``), as a model's quantizer writes it:
 #: ``row_major`` (the default) or ``m_major`` (strides (1, M): :func:`x_scale_m_major`).
 X_SCALE_LAYOUTS = ("m_major", "row_major")
@@ -183,7 +177,7 @@ def call_runner(runner, inputs: tuple, p: GemmProblem) -> torch.Tensor:
 GEMM_A8W8_BLOCKSCALE = register_op(OpSpec(
     name="gemm_a8w8_blockscale", kind=KIND, backends="aiter_gemm.backends.a8w8_blockscale",
     row_key=lambda p: (p.M, p.N, p.K), row_solution=_row_solution,
-    untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS, untuned_row=untuned_row,
+    untuned_columns=BLOCKSCALE_UNTUNED_COLUMNS,
     capture_path=lambda s: str(Path(s.untuned_file).parent / UNTUNED_FILE),
     # Its JSON files are a decision level (entries naming no libtype are Triton configs); SGLang's TileLang files
     # (this device's name) a family below its own.
@@ -245,7 +239,7 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: flo
     flops = 2.0 * M * N * K
     nbytes = M * K + N * K + M * N * 2 + 4 * (M + -(-N // SCALE_BLOCK)) * -(-K // SCALE_BLOCK)
     return {
-        "gfx": device.gfx, "cu_num": device.cu_num, "M": M, "N": N, "K": K, "libtype": cfg.libtype,
+        **GEMM_A8W8_BLOCKSCALE.key_row(device, GEMM_A8W8_BLOCKSCALE.key_problem((M, N, K))), "libtype": cfg.libtype,
         "kernelId": kernel_id, "splitK": cfg.NUM_KSPLIT if cfg.NUM_KSPLIT > 1 else 0, "us": round(us, 4),
         "kernelName": cfg.name, "tflops": round(flops / us / 1e6, 2), "bw": round(nbytes / us / 1e3, 2),
         "errRatio": round(err_ratio, 6), "pad_m_min": "" if pad_m_min is None else pad_m_min,
@@ -281,13 +275,13 @@ def _check_inputs(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_s
         if t.dim() != 2:
             raise ValueError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be 2-D")
     for name, t in (("XQ", XQ), ("WQ", WQ)):
-        if t.dtype not in triton_backend.FP8_IN:
+        if t.dtype != FP8:
             raise TypeError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be fp8 e4m3 (torch.float8_e4m3fn)")
     for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
         if t.dtype != torch.float32:
             raise TypeError(f"gemm_a8w8_blockscale: {_describe(name, t)} must be torch.float32")
-    if dtype not in _OUT_DTYPES:
-        raise TypeError(f"gemm_a8w8_blockscale: output dtype {dtype} must be one of {list(_OUT_DTYPES)}")
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"gemm_a8w8_blockscale: output dtype {dtype} must be one of {list(OUT_DTYPES)}")
     M, K = XQ.shape
     N = WQ.shape[0]
     if WQ.shape[1] != K:

@@ -5,17 +5,13 @@ A solution's ``kernelName`` is a :class:`~aiter_gemm.kernels.a8w8_blockscale_til
 ``splitK_swapAB-BM64_BN16_BK128_S4_T128_SK4``); ``splitK`` mirrors its split count (0 when unsplit). One rule of
 what runs, for the tuner and the runtime: the config's own checks plus
 :func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.shape_error`. Optional: without ``tilelang`` installed, or off
-sm_90, the backend says why it is unavailable and its rows are misses. It is never the default: a heuristic
-TileLang pick for untuned decode shapes ran at 0.94x the op's existing default (geomean, held-out Qwen3-FP8 shapes,
-M 1-256, H100; 0.75-0.87x at M 40-64: docs/exploration.md), so TileLang runs only where the tuner measured it
-faster. ``prepare`` compiles the shape's kernels
-(TileLang's disk cache makes that milliseconds after the first time; :func:`aiter_gemm.warmup` does it ahead of
-serving) and returns a runner that only launches. Outside CUDA graphs its rows serve calls up to M = 4 only
-(``eager_max_m``; above it torch's block-scaled matmul runs them). A TileLang call on its own costs no more host time
-than torch's path (an FP8Linear call 54 us less to 0.3 us more, M 1-64, H100 host), but in a model the cuBLASLt call
-after it takes 15-27 us more host time (torch profiler, Qwen3-8B-FP8 eager decode at batch 64). Against torch's path
-for TileLang's calls, the eager step ran 1.07-1.10x at M = 1 (torch's path pads M to 4: copy launches), 0.979-1.021x
-at M = 8 over four runs, even at M = 32, 0.97x at M = 64 and 0.99x at M = 128 (H100; docs/exploration.md).
+sm_90, the backend says why it is unavailable and its rows are misses. It is never the default (a heuristic
+TileLang pick for untuned decode shapes ran slower than the op's existing default), so TileLang runs only where the
+tuner measured it faster. ``prepare`` compiles the shape's kernels (TileLang's disk cache makes that milliseconds
+after the first time; :func:`aiter_gemm.warmup` does it ahead of serving) and returns a runner that only launches.
+Outside CUDA graphs its rows serve calls up to M = 4 only (``eager_max_m``; above it torch's block-scaled matmul
+runs them): in a model the cuBLASLt call after a TileLang launch pays extra host time. The measurements behind both
+rules: docs/exploration.md ("A heuristic TileLang default", "TileLang in eager calls").
 """
 
 from __future__ import annotations
@@ -23,23 +19,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
+from aiter_gemm.kernels.blockscale_format import FP8
 
 NAME = TileLangConfig.libtype
-FP8_IN = (torch.float8_e4m3fn,)
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class BlockscaleTileLangBackend(Backend):
     name = NAME
     x_scale_m_major = False  # both layouts compiled; tuned on row-major
-    eager_max_m = 4  # eager calls above run torch's matmul (the module docstring has the measurements)
+    eager_max_m = 4  # eager calls above run torch's matmul (the module docstring says why)
 
     def unavailable_reason(self) -> str | None:
         return tl_impl.unavailable_reason()
@@ -56,7 +50,7 @@ class BlockscaleTileLangBackend(Backend):
             cfg = TileLangConfig.from_name(solution.kernelName)
         except ValueError as exc:
             return str(exc)
-        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+        if problem.dtype != FP8 or problem.otype not in OUT_DTYPES:
             return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
         return tl_impl.shape_error(cfg, problem.M, problem.N, problem.K)
 
@@ -76,7 +70,7 @@ class BlockscaleTileLangBackend(Backend):
         return solution_of(TileLangConfig.from_json(dict(entry)))
 
     def _space(self, problem: GemmProblem, quick: bool) -> list[Solution]:
-        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+        if problem.dtype != FP8 or problem.otype not in OUT_DTYPES:
             return []
         return [solution_of(c) for c in tl_impl.config_space(problem.M, problem.N, problem.K, quick)]
 

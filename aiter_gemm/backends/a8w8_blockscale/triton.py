@@ -17,6 +17,7 @@ from aiter_gemm.backends._triton_common import triton_unavailable_reason
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
+from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels.a8w8_blockscale import (
     BlockscaleConfig,
     config_error,
@@ -24,11 +25,10 @@ from aiter_gemm.kernels.a8w8_blockscale import (
     default_config,
     gemm_a8w8_blockscale_triton,
 )
+from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.common import INTERPRET
 
 NAME = "triton"
-FP8_IN = (torch.float8_e4m3fn,)  # e4m3 as NVIDIA Triton runs it (tl.float8e4nv)
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 #: ``run(XQ, WQ, x_scale, w_scale, dtype) -> out``: the block-scale op's runner.
 BlockscaleRunner = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
@@ -51,7 +51,7 @@ def make_runner(cfg: BlockscaleConfig) -> BlockscaleRunner:
 class BlockscaleTritonBackend(Backend):
     name = NAME
     cheap_launch = False  # Triton's Python launcher (and a host-side TMA descriptor per call)
-    x_scale_m_major = False  # takes either; tuned on row-major (M-major ran up to 29% slower: the tuner's help)
+    x_scale_m_major = False  # takes either; tuned on row-major, the faster layout (docs/exploration.md)
 
     def unavailable_reason(self) -> str | None:
         return triton_unavailable_reason(f"{NAME} (gemm_a8w8_blockscale)")
@@ -63,7 +63,7 @@ class BlockscaleTritonBackend(Backend):
 
     def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
         """Dtypes, the name and :func:`~aiter_gemm.kernels.a8w8_blockscale.config_error` on ``arch``."""
-        if problem.dtype not in FP8_IN or problem.otype not in OUT_DTYPES:
+        if problem.dtype != FP8 or problem.otype not in OUT_DTYPES:
             return f"{problem.dtype} -> {problem.otype}: inputs must be float8_e4m3fn, outputs bf16/fp16/fp32"
         try:
             cfg = BlockscaleConfig.from_name(solution.kernelName)
