@@ -50,9 +50,10 @@ inline int64_t device_code(const at::Tensor& t) {
   return static_cast<uint16_t>((static_cast<int>(dev.type()) << 8) | (dev.index() + 1));
 }
 
-// The key of one call: its words in parameter order. A tensor: (1 << 56 | ndim << 32 | device << 8 | dtype), then
-// its sizes; None: 0; a value: one word by its type (two for an int). Each parameter's kind is fixed, so the
-// words of two different calls differ.
+// The key of one call: a mask of the parameters that are None (optional tensors and values without choices), then
+// the words of the others in parameter order. A tensor: (1 << 56 | ndim << 32 | device << 8 | dtype), then its
+// sizes; a value: one word by its type (two for an int). Each parameter's kind is fixed, so the words of two
+// different calls differ.
 struct Key {
   int len = 0;
   std::array<int64_t, kMaxWords> w;  // only the first len words are set (and read)
@@ -64,7 +65,15 @@ struct Key {
     return true;
   }
   bool operator==(const Key& o) const {
-    return len == o.len && std::memcmp(w.data(), o.w.data(), sizeof(int64_t) * len) == 0;
+    if (len != o.len) {
+      return false;
+    }
+    for (int i = 0; i < len; ++i) {  // keys are short: a loop beats a call to memcmp
+      if (w[i] != o.w[i]) {
+        return false;
+      }
+    }
+    return true;
   }
 };
 
@@ -103,6 +112,7 @@ struct Op {
   PyMethodDef def{};
   PyObject* func = nullptr;  // the entry function (strong)
   std::vector<Param> params;
+  std::array<PyObject*, kMaxParams> defaults{};  // params[i].dflt, contiguous: what bind() copies
   Py_ssize_t runner_args = 0;
   Py_ssize_t required = 0;  // the leading parameters without a default (the others all have one)
   bool has_bypass = false;
@@ -202,9 +212,7 @@ bool bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
     if (nargs < op.required) {
       return false;
     }
-    for (Py_ssize_t i = nargs; i < n; ++i) {
-      out[i] = op.params[i].dflt;
-    }
+    std::memcpy(out + nargs, op.defaults.data() + nargs, sizeof(PyObject*) * (n - nargs));
   } else {
     for (Py_ssize_t i = nargs; i < n; ++i) {
       out[i] = nullptr;
@@ -240,7 +248,7 @@ bool bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
 }
 
 // Whether the tensor carries one of ``marks`` as an instance attribute. 1/0; -1: error.
-int marked(PyObject* obj, PyObject* marks) {
+inline int marked(PyObject* obj, PyObject* marks) {
   PyObject* dict = instance_dict(obj);
   if (dict == nullptr) {
     return 0;
@@ -257,7 +265,7 @@ int marked(PyObject* obj, PyObject* marks) {
 }
 
 // A value parameter's word(s). 1: pushed; 0: a value this entry does not key; -1: error.
-int push_value(const Param& p, PyObject* obj, Key& key) {
+inline int push_value(const Param& p, PyObject* obj, Key& key) {
   if (p.choices != nullptr) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(p.choices); ++i) {
       PyObject* choice = PyTuple_GET_ITEM(p.choices, i);
@@ -274,10 +282,7 @@ int push_value(const Param& p, PyObject* obj, Key& key) {
     }
     return 0;
   }
-  if (obj == Py_None) {
-    return key.push(0) ? 1 : 0;
-  }
-  if (THPDtype_Check(obj)) {
+  if (THPDtype_Check(obj)) {  // (None is in the key's mask)
     return key.push((int64_t{1} << 56) | static_cast<int64_t>(reinterpret_cast<THPDtype*>(obj)->scalar_type)) ? 1
                                                                                                                 : 0;
   }
@@ -296,25 +301,29 @@ int push_value(const Param& p, PyObject* obj, Key& key) {
 }
 
 // The key of a bound call. 1: built; 0: a call this entry does not serve; -1: error.
-int make_key(const Op& op, PyObject* const* bound, Key& key) {
+inline int make_key(const Op& op, PyObject* const* bound, Key& key) {
+  const Param* params = op.params.data();
   const size_t n = op.params.size();
+  int64_t* w = key.w.data();
+  int len = 1;
+  uint64_t nones = 0;
   for (size_t i = 0; i < n; ++i) {
-    const Param& p = op.params[i];
+    const Param& p = params[i];
     PyObject* obj = bound[i];
     if (p.kind == kBypass) {
       continue;
     }
+    if (obj == Py_None && p.kind != kTensor && p.choices == nullptr) {
+      nones |= uint64_t{1} << i;
+      continue;
+    }
     if (p.kind == kValue) {
+      key.len = len;
       const int pushed = push_value(p, obj, key);
       if (pushed <= 0) {
         return pushed;
       }
-      continue;
-    }
-    if (obj == Py_None && p.kind == kOptionalTensor) {
-      if (!key.push(0)) {
-        return 0;
-      }
+      len = key.len;
       continue;
     }
     if (!is_tensor(obj)) {
@@ -327,16 +336,19 @@ int make_key(const Op& op, PyObject* const* bound, Key& key) {
       }
     }
     const at::Tensor& t = THPVariable_Unpack(obj);
-    const int64_t nd = t.dim();
-    if (key.len + 1 + nd > kMaxWords) {
+    const c10::IntArrayRef sizes = t.sizes();
+    const int64_t nd = static_cast<int64_t>(sizes.size());
+    if (len + 1 + nd > kMaxWords) {
       return 0;
     }
-    key.w[key.len++] = (int64_t{1} << 56) | (nd << 32) | (device_code(t) << 8) |
-                       static_cast<int64_t>(static_cast<uint8_t>(t.scalar_type()));
-    for (const int64_t s : t.sizes()) {
-      key.w[key.len++] = s;
+    w[len++] = (int64_t{1} << 56) | (nd << 32) | (device_code(t) << 8) |
+               static_cast<int64_t>(static_cast<uint8_t>(t.scalar_type()));
+    for (const int64_t s : sizes) {
+      w[len++] = s;
     }
   }
+  w[0] = static_cast<int64_t>(nones);
+  key.len = len;
   return 1;
 }
 
@@ -371,20 +383,23 @@ PyObject* serve(Op& op, PyObject* const* bound) {
   if (it == op.map.end()) {
     return nullptr;
   }
-  const Value value = it->second;
-  Py_INCREF(value.runner);  // held across the calls: a reload inside them drops the map and its references
-  Py_XINCREF(value.probe);
+  PyObject* runner = it->second.runner;
+  PyObject* probe = it->second.probe;  // both held across the calls below: a reload inside them drops the map
+  Py_XINCREF(probe);
   PyObject* out = nullptr;
-  if (value.runner == g_linear && op.linear_ok) {
+  if (runner == g_linear && op.linear_ok) {  // g_linear is held by this module
     // at::linear would bypass an active TorchFunctionMode, which F.linear hands the call to: the Python entry runs it
-    if (!at::impl::torch_function_mode_enabled() && probe_says_capturing(value.probe) == 0) {
+    if (!at::impl::torch_function_mode_enabled() && probe_says_capturing(probe) == 0) {
       out = run_linear(bound);
     }
-  } else if (probe_says_capturing(value.probe) == 0) {
-    out = PyObject_Vectorcall(value.runner, bound, op.runner_args, nullptr);
+  } else {
+    Py_INCREF(runner);
+    if (probe_says_capturing(probe) == 0) {
+      out = PyObject_Vectorcall(runner, bound, op.runner_args, nullptr);
+    }
+    Py_DECREF(runner);
   }
-  Py_DECREF(value.runner);
-  Py_XDECREF(value.probe);
+  Py_XDECREF(probe);
   return out;
 }
 
@@ -571,6 +586,9 @@ PyObject* register_op(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   drop(*op);
   release(op->params);
   op->params = std::move(params);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    op->defaults[i] = op->params[i].dflt;
+  }
   op->runner_args = runner_args;
   op->required = required;
   op->has_bypass = has_bypass;
