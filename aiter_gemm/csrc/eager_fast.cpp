@@ -57,13 +57,6 @@ inline int64_t device_code(const at::Tensor& t) {
 struct Key {
   int len = 0;
   std::array<int64_t, kMaxWords> w;  // only the first len words are set (and read)
-  bool push(int64_t v) {
-    if (len == kMaxWords) {
-      return false;
-    }
-    w[len++] = v;
-    return true;
-  }
   bool operator==(const Key& o) const {
     if (len != o.len) {
       return false;
@@ -97,6 +90,15 @@ struct Value {
   PyObject* probe = nullptr;   // strong or null
 };
 
+// The words (and None mask bits) of a run of trailing parameters at their defaults, encoded once at registration:
+// a positional call that leaves them out skips encoding them. ``ok`` false: a default this entry does not key.
+struct Suffix {
+  bool ok = false;
+  uint64_t nones = 0;
+  int len = 0;
+  std::array<int64_t, kMaxWords> w{};
+};
+
 struct Param {
   PyObject* name = nullptr;     // interned (strong)
   int kind = kTensor;
@@ -113,6 +115,7 @@ struct Op {
   PyObject* func = nullptr;  // the entry function (strong)
   std::vector<Param> params;
   std::array<PyObject*, kMaxParams> defaults{};  // params[i].dflt, contiguous: what bind() copies
+  std::vector<Suffix> suffixes;                   // suffixes[k]: parameters k.. at their defaults (k >= required)
   Py_ssize_t runner_args = 0;
   Py_ssize_t required = 0;  // the leading parameters without a default (the others all have one)
   bool has_bypass = false;
@@ -199,10 +202,10 @@ int probe_says_capturing(PyObject* probe) {
 }
 
 // (eager_fast.h)
-bool bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
+Py_ssize_t bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
   const Py_ssize_t n = static_cast<Py_ssize_t>(op.params.size());
   if (nargs > n) {
-    return false;
+    return -1;
   }
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     out[i] = args[i];
@@ -210,7 +213,7 @@ bool bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
   const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
   if (nkw == 0) {  // positional only: the common call
     if (nargs < op.required) {
-      return false;
+      return -1;
     }
     std::memcpy(out + nargs, op.defaults.data() + nargs, sizeof(PyObject*) * (n - nargs));
   } else {
@@ -224,14 +227,14 @@ bool bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
         ++j;
       }
       if (j == n || out[j] != nullptr) {
-        return false;  // unknown, given positionally, or repeated
+        return -1;  // unknown, given positionally, or repeated
       }
       out[j] = args[nargs + i];
     }
     for (Py_ssize_t i = nargs; i < n; ++i) {
       if (out[i] == nullptr) {
         if (op.params[i].dflt == nullptr) {
-          return false;
+          return -1;
         }
         out[i] = op.params[i].dflt;
       }
@@ -240,11 +243,11 @@ bool bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
   if (op.has_bypass) {
     for (Py_ssize_t i = 0; i < n; ++i) {
       if (op.params[i].kind == kBypass && out[i] != op.params[i].dflt) {
-        return false;
+        return -1;
       }
     }
   }
-  return true;
+  return nkw == 0 ? nargs : n;
 }
 
 // Whether the tensor carries one of ``marks`` as an instance attribute. 1/0; -1: error.
@@ -264,8 +267,11 @@ inline int marked(PyObject* obj, PyObject* marks) {
   return 0;
 }
 
-// A value parameter's word(s). 1: pushed; 0: a value this entry does not key; -1: error.
-inline int push_value(const Param& p, PyObject* obj, Key& key) {
+// A value parameter's word(s) appended at ``w[len]``. 1: done; 0: a value this entry does not key; -1: error.
+inline int push_value(const Param& p, PyObject* obj, int64_t* w, int& len) {
+  if (len + 2 > kMaxWords) {
+    return 0;
+  }
   if (p.choices != nullptr) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(p.choices); ++i) {
       PyObject* choice = PyTuple_GET_ITEM(p.choices, i);
@@ -277,17 +283,19 @@ inline int push_value(const Param& p, PyObject* obj, Key& key) {
         }
       }
       if (same) {
-        return key.push((int64_t{4} << 56) | i) ? 1 : 0;
+        w[len++] = (int64_t{4} << 56) | i;
+        return 1;
       }
     }
     return 0;
   }
   if (THPDtype_Check(obj)) {  // (None is in the key's mask)
-    return key.push((int64_t{1} << 56) | static_cast<int64_t>(reinterpret_cast<THPDtype*>(obj)->scalar_type)) ? 1
-                                                                                                                : 0;
+    w[len++] = (int64_t{1} << 56) | static_cast<int64_t>(reinterpret_cast<THPDtype*>(obj)->scalar_type);
+    return 1;
   }
   if (PyBool_Check(obj)) {
-    return key.push((int64_t{2} << 56) | (obj == Py_True ? 1 : 0)) ? 1 : 0;
+    w[len++] = (int64_t{2} << 56) | (obj == Py_True ? 1 : 0);
+    return 1;
   }
   if (PyLong_CheckExact(obj)) {
     int overflow = 0;
@@ -295,19 +303,21 @@ inline int push_value(const Param& p, PyObject* obj, Key& key) {
     if (v == -1 && PyErr_Occurred()) {
       return -1;
     }
-    return overflow == 0 && key.push(int64_t{3} << 56) && key.push(v) ? 1 : 0;
+    if (overflow != 0) {
+      return 0;
+    }
+    w[len++] = int64_t{3} << 56;
+    w[len++] = v;
+    return 1;
   }
   return 0;
 }
 
-// The key of a bound call. 1: built; 0: a call this entry does not serve; -1: error.
-inline int make_key(const Op& op, PyObject* const* bound, Key& key) {
+// The words of parameters [from, to) of a bound call appended at ``w[len]``, their None bits in ``nones``. 1: done;
+// 0: a call this entry does not serve; -1: error.
+int encode(const Op& op, PyObject* const* bound, size_t from, size_t to, int64_t* w, int& len, uint64_t& nones) {
   const Param* params = op.params.data();
-  const size_t n = op.params.size();
-  int64_t* w = key.w.data();
-  int len = 1;
-  uint64_t nones = 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = from; i < to; ++i) {
     const Param& p = params[i];
     PyObject* obj = bound[i];
     if (p.kind == kBypass) {
@@ -318,12 +328,10 @@ inline int make_key(const Op& op, PyObject* const* bound, Key& key) {
       continue;
     }
     if (p.kind == kValue) {
-      key.len = len;
-      const int pushed = push_value(p, obj, key);
+      const int pushed = push_value(p, obj, w, len);
       if (pushed <= 0) {
         return pushed;
       }
-      len = key.len;
       continue;
     }
     if (!is_tensor(obj)) {
@@ -347,7 +355,29 @@ inline int make_key(const Op& op, PyObject* const* bound, Key& key) {
       w[len++] = s;
     }
   }
-  w[0] = static_cast<int64_t>(nones);
+  return 1;
+}
+
+// The key of a bound call whose first ``given`` parameters came from the call (the rest are their defaults). 1:
+// built; 0: a call this entry does not serve; -1: error.
+inline int make_key(const Op& op, PyObject* const* bound, Py_ssize_t given, Key& key) {
+  int len = 1;
+  uint64_t nones = 0;
+  const int done = encode(op, bound, 0, static_cast<size_t>(given), key.w.data(), len, nones);
+  if (done <= 0) {
+    return done;
+  }
+  if (given < static_cast<Py_ssize_t>(op.params.size())) {
+    const Suffix& rest = op.suffixes[given];
+    if (!rest.ok || len + rest.len > kMaxWords) {
+      return 0;
+    }
+    for (int j = 0; j < rest.len; ++j) {
+      key.w[len++] = rest.w[j];
+    }
+    nones |= rest.nones;
+  }
+  key.w[0] = static_cast<int64_t>(nones);
   key.len = len;
   return 1;
 }
@@ -371,12 +401,12 @@ PyObject* run_linear(PyObject* const* args) {
 }
 
 // (eager_fast.h)
-PyObject* serve(Op& op, PyObject* const* bound) {
+PyObject* serve(Op& op, PyObject* const* bound, Py_ssize_t given) {
   if (check_token(op) != 0) {
     return nullptr;
   }
   Key key;
-  if (make_key(op, bound, key) <= 0) {
+  if (make_key(op, bound, given, key) <= 0) {
     return nullptr;
   }
   auto it = op.map.find(key);
@@ -411,8 +441,9 @@ PyObject* entry_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
     return nullptr;
   }
   PyObject* bound[kMaxParams];
-  if (bind(*op, args, PyVectorcall_NARGS(nargsf), kwnames, bound)) {
-    PyObject* out = serve(*op, bound);
+  const Py_ssize_t given = bind(*op, args, PyVectorcall_NARGS(nargsf), kwnames, bound);
+  if (given >= 0) {
+    PyObject* out = serve(*op, bound, given);
     if (out != nullptr || PyErr_Occurred()) {
       return out;
     }
@@ -442,14 +473,15 @@ PyObject* remember(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
     return nullptr;
   }
   PyObject* bound[kMaxParams];
-  if (!bind(*op, args + 3, nargs - 3, nullptr, bound)) {
+  const Py_ssize_t given = bind(*op, args + 3, nargs - 3, nullptr, bound);
+  if (given < 0) {
     Py_RETURN_FALSE;
   }
   if (check_token(*op) < 0) {
     return nullptr;
   }
   Key key;
-  const int made = make_key(*op, bound, key);
+  const int made = make_key(*op, bound, given, key);
   if (made <= 0) {
     if (made < 0) {
       return nullptr;
@@ -588,6 +620,13 @@ PyObject* register_op(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   op->params = std::move(params);
   for (Py_ssize_t i = 0; i < n; ++i) {
     op->defaults[i] = op->params[i].dflt;
+  }
+  op->suffixes.assign(static_cast<size_t>(n), Suffix{});
+  for (Py_ssize_t k = required; k < n; ++k) {
+    Suffix& rest = op->suffixes[k];
+    rest.ok = encode(*op, op->defaults.data(), static_cast<size_t>(k), static_cast<size_t>(n), rest.w.data(),
+                     rest.len, rest.nones) > 0;
+    PyErr_Clear();  // a default the entry cannot key: calls leaving it out go to the Python entry
   }
   op->runner_args = runner_args;
   op->required = required;

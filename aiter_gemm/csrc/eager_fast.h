@@ -15,14 +15,15 @@ Op* op_of(PyObject* fn);
 // Whether the op's leading parameters are (tensor, tensor, tensor or None): what ``op(input, weight, bias)`` binds.
 bool takes_linear_args(const Op& op);
 
-// The call's arguments in parameter order in ``out`` (borrowed; defaults filled). False when the entry does not
-// bind the call: too many arguments, an unknown or repeated keyword (names match by identity: call sites intern
-// them), a required argument missing, a bypass argument other than its default. The Python entry then takes it.
-bool bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out);
+// The call's arguments in parameter order in ``out`` (borrowed; defaults filled), and how many leading ones the
+// call gave (all of them for a call with keywords). -1 when the entry does not bind the call: too many arguments,
+// an unknown or repeated keyword (names match by identity: call sites intern them), a required argument missing, a
+// bypass argument other than its default. The Python entry then takes it.
+Py_ssize_t bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out);
 
-// What the op's remembered decision returns for a bound call. nullptr with no error set: not served here (the
-// caller runs the Python entry); nullptr with an error set: a Python error.
-PyObject* serve(Op& op, PyObject* const* bound);
+// What the op's remembered decision returns for a bound call (``given``: bind's answer). nullptr with no error set:
+// not served here (the caller runs the Python entry); nullptr with an error set: a Python error.
+PyObject* serve(Op& op, PyObject* const* bound, Py_ssize_t given);
 
 // The instance dict of ``obj`` (borrowed), or nullptr.
 PyObject* instance_dict(PyObject* obj);

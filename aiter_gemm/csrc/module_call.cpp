@@ -42,7 +42,8 @@ PyObject* linear_of(PyObject* dict, PyObject* input) {
   }
   PyObject* call_args[3] = {input, weight, bias};
   PyObject* bound[kMaxParams];
-  return bind(*g_linear_op, call_args, 3, nullptr, bound) ? serve(*g_linear_op, bound) : nullptr;
+  const Py_ssize_t given = bind(*g_linear_op, call_args, 3, nullptr, bound);
+  return given >= 0 ? serve(*g_linear_op, bound, given) : nullptr;
 }
 
 // linear(module, input) -> Tensor | None: a TunedLinear call whose decision is remembered, else None.
