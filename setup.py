@@ -13,7 +13,7 @@ setup(
     package_dir={"aiter_gemm.configs": "configs"},
     package_data={"aiter_gemm.configs": ["*.csv", "*.json", "*/*.csv", "*/*.json", "*/*/*.json", "*/*/*.csv"],
                   # the C++ eager fast path's source, built after install (aiter_gemm/eager_ext.py)
-                  "aiter_gemm": ["csrc/*.cpp"]},
+                  "aiter_gemm": ["csrc/*.cpp", "csrc/*.h"]},
     install_requires=[
         "torch>=2.4",  # install the CPU or GPU build you want first (README); this range keeps it
         "triton>=3.0; platform_system == 'Linux'",

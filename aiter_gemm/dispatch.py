@@ -125,20 +125,29 @@ class EagerPlan:
 class DecisionCache:
     """One op's decision cache, owned by its dispatcher: ``decisions`` (problem, on_gpu) -> :class:`Decision`, and
     ``calls``, what the op's entry function keeps per call key (the op module's one key definition: everything its
-    checks read off the tensors) so a call after the first costs one lookup. :meth:`clear` empties both in place and
+    checks read off the tensors) so a call after the first costs one lookup. :meth:`clear` empties them in place and
     bumps ``generation``; the C++ eager entry accelerates ``calls`` (it stores and looks up the same keys in its own
-    map) and drops its map when ``generation`` changes: the one piece of this object it reads."""
+    map) and drops its map when ``generation`` changes: the one piece of this object it reads. :meth:`derived`: further
+    per-shape caches of the op's (the block-scale op's x_scale layouts), cleared with the others."""
 
-    __slots__ = ("calls", "decisions", "generation")
+    __slots__ = ("_derived", "calls", "decisions", "generation")
 
     def __init__(self) -> None:
         self.calls: dict[tuple, Any] = {}
         self.decisions: dict[tuple[GemmProblem, bool], Decision] = {}
         self.generation = 0
+        self._derived: dict[str, dict] = {}
+
+    def derived(self, name: str) -> dict:
+        """The op's cache ``name`` of values derived from its decisions (one dict per name, for the process's life),
+        cleared in place with the decisions."""
+        return self._derived.setdefault(name, {})
 
     def clear(self) -> None:
         self.calls.clear()
         self.decisions.clear()
+        for cache in self._derived.values():
+            cache.clear()
         self.generation += 1
 
 

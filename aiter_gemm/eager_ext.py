@@ -1,14 +1,11 @@
 """The C++ eager fast path (``csrc/eager_fast.cpp``): built once per source, torch and Python version with torch's
 extension builder, loaded at import when built; without it the Python path runs (same results, more host time).
 
-Why: an eager call whose cached decision is plain ``F.linear`` costs the Python wrapper 1.1-2.3 us on the H100 host
-where ``F.linear`` takes ~15 us per call, and a host-bound model (eager decode) pays that on every linear. The C++
-functions do the same cache lookups on the same objects and call ``at::linear`` directly (which autograd records and
-autocast casts as it does F.linear); anything else (a new shape, a non-plain decision, tensor subclasses, a
-TorchFunctionMode) returns None and the Python path runs as before (it runs the custom op, whose backward is
-registered, for a non-plain decision's call that wants a gradient). ``gemm_a8w8_blockscale`` has an entry too, which
-remembers every decision of that op (its runner, and the capture probe where the capture-time choice differs) and
-calls it from C++.
+Why: a host-bound model (eager decode) pays the Python entry's key and frames on every GEMM call, about what a
+decode GEMM takes on the GPU (docs/eager_path.md). Every op declared in :mod:`aiter_gemm.op_entry` gets a C entry
+there: the same key fields, looked up in a C++ map per op, and what the Python path remembered for the key runs
+(``F.linear`` as ``at::linear``, which autograd records and autocast casts as it does F.linear); anything else goes
+to the op's Python entry, unchanged.
 
 ``AITER_GEMM_EAGER_EXT`` (read once, at import): ``auto`` (default) loads a built copy and never compiles on a GEMM
 call; ``build`` also builds it at import when missing (once, ~30-60 s, g++ and ninja needed); ``0`` / ``off``: the
@@ -36,7 +33,13 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "eager_fast.cpp"
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCE = CSRC / "eager_fast.cpp"  # the extension's module (its init); the other files of csrc/ are built with it
+
+
+def sources() -> list[Path]:
+    """The files the extension is built from (``SOURCE`` first), headers included: its name hashes them all."""
+    return [SOURCE, *sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h") and p.name != SOURCE.name)]
 ENV = "AITER_GEMM_EAGER_EXT"
 _MODES = {"auto": "auto", "": "auto", "1": "auto", "build": "build", "0": "off", "off": "off", "false": "off",
           "no": "off"}
@@ -58,7 +61,9 @@ def ext_name() -> str:
     (``sys.prefix``: a venv), so a stale build is never loaded (it is rebuilt under a new name instead) and two
     venvs sharing the build root each keep their own folder: torch's builder keys a folder's build on the include
     paths too, so one folder for two venvs was rebuilt by each in turn."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for path in sources():
+        h.update(path.read_bytes())
     h.update(f"{torch.__version__}|{torch.version.cuda}|{sys.implementation.cache_tag}|"
              f"{sysconfig.get_config_var('EXT_SUFFIX')}|{os.path.realpath(sys.prefix)}".encode())
     return f"aiter_gemm_eager_{h.hexdigest()[:16]}"
@@ -106,7 +111,8 @@ def build(verbose: bool = False) -> ModuleType:
         module = _import_built(name, folder)  # another process may have built it while this one waited
         if module is not None:
             return module
-        return load(name=name, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
+        return load(name=name, sources=[str(p) for p in sources() if p.suffix == ".cpp"],
+                    build_directory=str(folder), extra_cflags=["-O2"],
                     with_cuda=False, is_python_module=True, verbose=verbose)
 
 
@@ -184,21 +190,20 @@ def when_dynamo_loads(callback: Callable[[], None]) -> None:
     sys.meta_path.insert(0, _AfterImport([callback]))
 
 
-def entry(module: ModuleType | None, name: str, python_entry: Callable, traced: Callable) -> Callable:
-    """An op's public entry: the extension's C function ``name`` (it runs remembered decisions and calls
-    ``python_entry`` for everything else), with ``traced`` registered as what ``torch.compile`` traces in its place;
+def entry(c_fn: Callable | None, python_entry: Callable) -> Callable:
+    """An op's public entry: its C entry function ``c_fn`` (it runs remembered decisions and calls ``python_entry``
+    for everything else), with ``python_entry`` registered as what ``torch.compile`` traces in its place;
     ``python_entry`` itself where the extension is absent or this torch has no ``torch.compiler.substitute_in_graph``
     (compiled code must never trace a C function). A Python wrapper around the C call would add back its own frame
     and a compiling check to every call, the host time the entry exists to save."""
-    if module is None or not hasattr(torch.compiler, "substitute_in_graph"):
+    if c_fn is None or not hasattr(torch.compiler, "substitute_in_graph"):
         return python_entry
-    c_fn = getattr(module, name)
 
     def register() -> None:
         try:
-            torch.compiler.substitute_in_graph(c_fn)(traced)
+            torch.compiler.substitute_in_graph(c_fn)(python_entry)
         except Exception as exc:  # compiled code then breaks its graph at the entry (eager is unaffected)
-            log.warning("aiter_gemm: torch.compile cannot trace the C++ %s entry (%s: %s)", name,
+            log.warning("aiter_gemm: torch.compile cannot trace the C++ %s entry (%s: %s)", c_fn.__name__,
                         type(exc).__name__, exc)
 
     when_dynamo_loads(register)

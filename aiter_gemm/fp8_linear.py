@@ -25,11 +25,11 @@ from typing import Optional
 import torch
 from torch import nn
 
+from aiter_gemm.call_entry import FP8_INTEGRATION, clone_module, python_call
 from aiter_gemm.cudagraph import probe as _capture_probe
 from aiter_gemm.dtypes import OUT_DTYPES as _OUT_DTYPES
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8
 from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
-from aiter_gemm.nn import _FP8_INTEGRATION, clone_module, python_call
 from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, x_scale_m_major
 
 log = logging.getLogger("aiter_gemm")
@@ -47,7 +47,7 @@ _is_compiling = torch.compiler.is_compiling
 
 def fp8_linear_class() -> type | None:
     """transformers' ``FP8Linear`` if its integration module is imported (a model can hold one only then)."""
-    mod = sys.modules.get(_FP8_INTEGRATION)
+    mod = sys.modules.get(FP8_INTEGRATION)
     return getattr(mod, "FP8Linear", None)
 
 
@@ -141,7 +141,7 @@ class TunedFP8Mixin:
     _aiter_base: type  # the FP8Linear class the twin class derives from (set by _twin_class)
     _aiter_gemm: BlockGemm | None = None
     _aiter_m_major: bool | None = None
-    if python_call is not None:  # the call entry (aiter_gemm.nn): forward without nn.Module.__call__'s two frames
+    if python_call is not None:  # aiter_gemm.call_entry: forward without nn.Module.__call__'s two frames
         __call__ = python_call
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

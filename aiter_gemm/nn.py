@@ -30,8 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiter_gemm import gemm_a16w16
-from aiter_gemm.ops.a16w16 import _CALLS
-from aiter_gemm.ops.a16w16 import EAGER_EXT as _EAGER_EXT
+from aiter_gemm.call_entry import FP8_INTEGRATION, clone_module, python_call
+from aiter_gemm.call_entry import c_call as _c_call
+from aiter_gemm.op_entry import EXT as _EXT
+from aiter_gemm.ops.a16w16 import GEMM_A16W16_ENTRY
 from aiter_gemm.ops.a16w16 import call_key as _call_key
 from aiter_gemm.ops.a16w16 import linear_entry as _linear_entry
 from aiter_gemm.ops.a16w16 import run_linear_entry as _run_linear_entry
@@ -40,10 +42,6 @@ log = logging.getLogger("aiter_gemm")
 
 __all__ = ["TunedLinear", "clone_module", "patch_linear", "unpatch", "unpatch_linear"]
 
-#: transformers' fine-grained FP8 integration (its ``FP8Linear``: fp8 weight, 128x128 block scales), which
-#: :func:`patch_linear` puts on ``gemm_a8w8_blockscale`` (:mod:`aiter_gemm.fp8_linear`).
-_FP8_INTEGRATION = "transformers.integrations.finegrained_fp8"
-
 #: ``include`` / ``exclude`` of :func:`patch_linear`: glob pattern(s), or a predicate on (qualified name, module).
 Selector = str | Iterable[str] | Callable[[str, nn.Module], bool] | None
 
@@ -51,92 +49,10 @@ _Tensor = torch.Tensor
 _Parameter = nn.Parameter
 _is_compiling = torch.compiler.is_compiling
 _ABSENT = object()
-_c_linear = None if _EAGER_EXT is None else _EAGER_EXT.linear
-_Module = nn.Module
-
-
-#: The hook stores of torch's ``nn.Module`` the C++ call entry knows, by what ``Module.__call__`` does with them.
-#: ``CALL``: one non-empty makes ``Module.__call__`` run more than ``forward`` (the entry then declines the call);
-#: ``FLAG``: read only for hooks of a ``CALL`` store; ``NOT_CALL``: never read by ``Module.__call__``.
-CALL_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-FLAG_HOOKS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
-              "_is_full_backward_hook")
-NOT_CALL_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-                  "_load_state_dict_post_hooks", "_buffer_registration_hooks", "_module_registration_hooks",
-                  "_parameter_registration_hooks")
-
-
-def hook_stores(module_impl=None) -> tuple[list[str], dict[str, object]]:
-    """The hook stores of the installed torch, from torch itself: the attributes of a fresh ``nn.Module`` whose
-    name holds ``hook``, and the module globals ``_global_*hook*`` of ``torch.nn.modules.module`` (name -> object,
-    the ``_global`` prefix dropped)."""
-    from torch.nn.modules import module as impl
-
-    impl = impl if module_impl is None else module_impl
-    own = sorted(name for name in vars(_Module()) if "hook" in name)
-    glob = {name[len("_global"):]: value for name, value in vars(impl).items()
-            if name.startswith("_global_") and "hook" in name}
-    return own, glob
-
-
-def call_internals_error(own: list[str], glob: dict[str, object]) -> str | None:
-    """Why the C++ call entry must not stand in for ``Module.__call__`` on this torch (None: the stores are the
-    ones it knows): a hook store it does not know, or one it checks that is missing or not a dict."""
-    known = set(CALL_HOOKS) | set(FLAG_HOOKS) | set(NOT_CALL_HOOKS)
-    unknown = sorted({*own, *glob} - known)
-    if unknown:
-        return f"torch's nn.Module has hook stores this entry does not know: {unknown}"
-    missing = [n for n in CALL_HOOKS if n not in own or not isinstance(glob.get(n), dict)]
-    if missing:
-        return f"torch's nn.Module lacks the hook stores {missing} (per module and global) this entry checks"
-    if not hasattr(_Module, "_compiled_call_impl") or "_parameters" not in vars(_Module()):
-        return "torch's nn.Module has no _compiled_call_impl / _parameters"
-    return None
-
-
-def _setup_call_entry():
-    """(the extension's ``call``, torch's global hook stores the entry checks): the call entry (module(input) without
-    nn.Module.__call__'s two Python frames) once the installed torch's hook stores are checked to be the ones it knows
-    (:func:`call_internals_error`); the C++ ``call`` is None without the extension (TunedLinear then checks the same
-    stores in Python), both None on a torch whose internals differ (``Module.__call__`` then runs every call)."""
-    own, glob = hook_stores()
-    why = call_internals_error(own, glob)
-    stores = None if why is not None else tuple(glob[name] for name in CALL_HOOKS)
-    if stores is not None and _EAGER_EXT is not None:
-        try:
-            _EAGER_EXT.setup_call(CALL_HOOKS, stores)
-        except (TypeError, ValueError) as exc:
-            why, stores = str(exc), None
-    if why is not None:
-        log.info("aiter_gemm: TunedLinear calls go through nn.Module.__call__ (%s)", why)
-        return None, None
-    return (None if _EAGER_EXT is None else _EAGER_EXT.call), stores
-
-
-def _python_call_entry(global_stores: tuple | None) -> Callable | None:
-    """The call entry's Python form (a ``__call__`` for nn.Module subclasses: TunedLinear without the extension, the
-    FP8Linear twin always), making the C++ entry's checks on the same stores: ``self.forward(input)`` where
-    ``nn.Module.__call__`` would call just that, else ``nn.Module.__call__``. None where the set-up check failed."""
-    if global_stores is None:
-        return None
-    g_fwd, g_pre, g_bwd, g_bpre = global_stores  # torch's dicts, filled in place as hooks are registered
-    n_fwd, n_pre, n_bwd, n_bpre = CALL_HOOKS
-    tracing = torch._C._get_tracing_state
-
-    def __call__(self, *args, **kwargs):
-        d = self.__dict__  # a store missing here (not a regular module): _ABSENT is true, Module.__call__ decides
-        if (len(args) == 1 and not kwargs and not _is_compiling() and not (g_fwd or g_pre or g_bwd or g_bpre)
-                and not (d.get(n_fwd, _ABSENT) or d.get(n_pre, _ABSENT) or d.get(n_bwd, _ABSENT)
-                         or d.get(n_bpre, _ABSENT))
-                and "forward" not in d and d.get("_compiled_call_impl") is None and not tracing()):
-            return self.forward(args[0])
-        return _Module.__call__(self, *args, **kwargs)
-
-    return __call__
-
-
-_c_call, _GLOBAL_CALL_HOOKS = _setup_call_entry()
-python_call = _python_call_entry(_GLOBAL_CALL_HOOKS)
+if _EXT is not None and GEMM_A16W16_ENTRY.c_fn is not None:
+    _EXT.setup_linear(GEMM_A16W16_ENTRY.c_fn)  # the op the C++ linear() and call() run: TunedLinear's forward
+_c_linear = None if _EXT is None else _EXT.linear
+_calls_get = GEMM_A16W16_ENTRY.calls.get  # gemm_a16w16's per-call cache (cleared in place on reload)
 
 
 # Float dtypes gemm_a16w16 takes without scales (fp8 needs them; integer dtypes are not GEMM inputs here).
@@ -210,7 +126,7 @@ class TunedLinear(nn.Linear):
         # input shape, dtype or device: another key, decided on its first call below. A call wanting gradients
         # runs the entry too: run_linear_entry sends it to the custom op where the decision is not plain F.linear.
         if not compiling and type(input) is _Tensor and (type(weight) is _Parameter or type(weight) is _Tensor):
-            entry = _CALLS.get(_call_key(input, weight, bias, None, None, None, None))
+            entry = _calls_get(_call_key(input, weight, bias))
             if (entry is not None and weight.dtype in _DISPATCH_DTYPES and (input.is_cuda or input.is_cpu)
                     and not _any_autocast()):
                 return _run_linear_entry(entry, input, weight, bias)
@@ -247,27 +163,10 @@ class TunedLinear(nn.Linear):
         return clone_module(linear, cls, name)
 
 
-def clone_module(module: nn.Module, cls: type, name: str | None) -> nn.Module:
-    """A ``cls`` instance sharing ``module``'s Parameter objects, buffers, hooks and attributes (own containers
-    holding the same objects: nothing copied), remembering ``module`` for :func:`unpatch_linear`; ``name`` labels
-    warnings. How every module :func:`patch_linear` swaps in is made."""
-    new = cls.__new__(cls)
-    state = dict(module.__dict__)
-    for key, val in state.items():  # own containers (parameter dict, hook dicts, ...) holding the same objects
-        if isinstance(val, (dict, set)):
-            state[key] = type(val)(val)
-    state.pop("_aiter_warned", None)
-    new.__dict__.update(state)
-    # Plain attributes, not submodules: invisible to named_modules(), state_dict() and .to().
-    object.__setattr__(new, "_aiter_original", module)
-    object.__setattr__(new, "_aiter_name", name)
-    return new
-
-
 def _fp8_integration():
     """:mod:`aiter_gemm.fp8_linear` when transformers' fine-grained FP8 integration is loaded (a model can only hold
     its FP8Linear modules then), else None: ``import aiter_gemm.nn`` imports neither Triton nor transformers."""
-    if _FP8_INTEGRATION not in sys.modules:
+    if FP8_INTEGRATION not in sys.modules:
         return None
     from aiter_gemm import fp8_linear
 

@@ -8,13 +8,13 @@ from contextlib import contextmanager
 
 from torch.nn.modules import module as impl
 
-from aiter_gemm import nn as agnn
+from aiter_gemm import call_entry
 
 
 def every_store(module) -> Iterator[tuple[str, dict, str]]:
     """(name, holder, attribute) of every hook store the installed torch has (enumerated from torch itself): the
     module's own (in its ``__dict__``) and the global ones (``torch.nn.modules.module._global_*``)."""
-    own, glob = agnn.hook_stores()
+    own, glob = call_entry.hook_stores()
     for name in own:
         yield name, module.__dict__, name
     for name in glob:

@@ -171,7 +171,7 @@ SPY = """
     def spy(*args, **kwargs):
         calls.append(1)
         return ops.gemm_a16w16_python(*args, **kwargs)
-    ext.setup(ops._DISPATCHER.cache, spy, cudagraph.capturing, cudagraph.capture_state)  # count Python-path calls
+    assert ops.GEMM_A16W16_ENTRY.install(spy) is gemm_a16w16          # count Python-path calls
     def python_calls(fn):
         calls.clear()
         out = fn()
@@ -185,8 +185,15 @@ def test_what_goes_to_the_python_path(built):
     assert python_calls(lambda: gemm_a16w16(a, w, b))[0] == 1      # first call decides
     assert python_calls(lambda: gemm_a16w16(a, w, b))[0] == 0      # cached plain decision
     assert python_calls(lambda: gemm_a16w16(a, w, b, None, None, None, None))[0] == 0  # tgemm.mm's form
-    n, o = python_calls(lambda: gemm_a16w16(a, w, bias=b))          # keywords
-    assert n == 1 and torch.equal(o, F.linear(a, w, b))
+    n, o = python_calls(lambda: gemm_a16w16(a, w, bias=b))          # keywords bind in C++ too
+    assert n == 0 and torch.equal(o, F.linear(a, w, b))
+    calls.clear()
+    try:
+        gemm_a16w16(a, w, b, bias=b)
+    except TypeError as exc:                                        # bias twice: the Python entry's own error
+        assert "bias" in str(exc) and len(calls) == 1
+    else:
+        raise AssertionError("bias given twice accepted")
     n, o = python_calls(lambda: gemm_a16w16(a.bfloat16(), w.bfloat16(), None, torch.float32))  # otype
     assert n == 1 and o.dtype == torch.float32
 
@@ -241,13 +248,13 @@ def test_what_goes_to_the_python_path(built):
     # A decision that differs under CUDA-graph capture: plain only while the probe says "not capturing".
     x = torch.randn(5, 8)
     gemm_a16w16(x, w)
-    assert ext.remember(x, w, None, cudagraph.capturing)
+    assert ext.remember(gemm_a16w16, F.linear, cudagraph.capturing, x, w, None)
     assert python_calls(lambda: gemm_a16w16(x, w))[0] == 0
     cudagraph.capture_state.depth = 1
     assert python_calls(lambda: gemm_a16w16(x, w))[0] == 1
     cudagraph.capture_state.depth = 0
     probe_says = [True]
-    assert ext.remember(x, w, None, lambda: probe_says[0])           # any other probe is called
+    assert ext.remember(gemm_a16w16, F.linear, lambda: probe_says[0], x, w)  # any other probe is called
     assert python_calls(lambda: gemm_a16w16(x, w))[0] == 1
     probe_says[0] = False
     assert python_calls(lambda: gemm_a16w16(x, w))[0] == 0
@@ -389,17 +396,17 @@ BLOCKSCALE = """
     import op_tests.fake_scaled_mm as fake
     fake.install()                                      # F.scaled_mm on CPU (the layouts cuBLASLt takes)
     import aiter_gemm
-    from aiter_gemm import cudagraph
+    from aiter_gemm import cudagraph, eager_ext
     from aiter_gemm.ops import a8w8_blockscale as bs
     from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
     ext = bs.EAGER_EXT
     op = bs.gemm_a8w8_blockscale
-    assert ext is not None and op is ext.gemm_a8w8_blockscale, bs.eager_ext.status
+    assert ext is not None and op is bs.GEMM_A8W8_BLOCKSCALE_ENTRY.c_fn, eager_ext.status
     calls = []
     def spy(*args, **kwargs):
         calls.append(1)
         return bs.gemm_a8w8_blockscale_python(*args, **kwargs)
-    ext.setup_blockscale(bs._DISPATCHER.cache, spy)           # count Python-path calls
+    assert bs.GEMM_A8W8_BLOCKSCALE_ENTRY.install(spy) is op  # count Python-path calls
     def python_calls(fn):
         calls.clear()
         out = fn()
@@ -447,12 +454,12 @@ def test_blockscale_entry_runs_remembered_decisions(built, tmp_path):
     def runner(*args):
         seen.append(args[4])
         return args[0]
-    assert ext.remember_blockscale(XQ, WQ, xs, ws, torch.bfloat16, runner, lambda: capturing[0])
+    assert ext.remember(op, runner, lambda: capturing[0], XQ, WQ, xs, ws, torch.bfloat16)
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1 and not seen
     capturing[0] = False
     n, got = python_calls(lambda: op(XQ, WQ, xs, ws))
     assert n == 0 and got is XQ and seen == [torch.bfloat16]  # the default dtype handed over
-    assert ext.remember_blockscale(XQ, WQ, xs, ws, torch.bfloat16, runner, cudagraph.capturing)
+    assert ext.remember(op, runner, cudagraph.capturing, XQ, WQ, xs, ws)
     cudagraph.capture_state.depth = 1
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1
     cudagraph.capture_state.depth = 0
@@ -461,8 +468,8 @@ def test_blockscale_entry_runs_remembered_decisions(built, tmp_path):
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1     # decided again, under the new tables
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 0
     # A runner that reloads (dropping the map, and the map's reference to it) while C++ is calling it.
-    assert ext.remember_blockscale(XQ, WQ, xs, ws, torch.bfloat16, lambda *a: (aiter_gemm.reload_configs(), a[0])[1],
-                                   None)
+    assert ext.remember(op, lambda *a: (aiter_gemm.reload_configs(), a[0])[1], None, XQ, WQ, xs, ws,
+                        torch.bfloat16)
     n, got = python_calls(lambda: op(XQ, WQ, xs, ws))
     assert n == 0 and got is XQ
     assert python_calls(lambda: op(XQ, WQ, xs, ws))[0] == 1     # the reload dropped it
@@ -516,7 +523,7 @@ def test_cuda_blockscale_entry_eager_and_under_capture(built):
         from aiter_gemm.ops import a8w8_blockscale as bs
         from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
         from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
-        assert bs.gemm_a8w8_blockscale is bs.EAGER_EXT.gemm_a8w8_blockscale
+        assert bs.gemm_a8w8_blockscale is bs.GEMM_A8W8_BLOCKSCALE_ENTRY.c_fn
         torch.manual_seed(0)
         for m, n, k in ((3, 2112, 7168), (100, 4096, 512), (1000, 7168, 2048)):
             XQ, WQ, xs, ws = (t.cuda() for t in quantize_blockscale(torch.randn(m, k), torch.randn(n, k) / k ** 0.5))

@@ -335,13 +335,13 @@ def test_twin_hands_torch_its_quantized_scales_without_a_copy(clean_runtime, tmp
 
 
 def test_twin_call_entry_matches_module_call_for_every_hook_store(clean_runtime):
-    """The twin's call entry (aiter_gemm.nn's Python one): with one entry in any hook store torch's nn.Module has
-    (enumerated from torch, per module and global) the twin's call and ``nn.Module.__call__`` give the same output and
-    run the hook as often; with every store empty it runs forward without ``nn.Module.__call__``."""
-    from aiter_gemm import nn as agnn
+    """The twin's call entry (aiter_gemm.call_entry's Python one): with one entry in any hook store torch's nn.Module
+    has (enumerated from torch, per module and global) the twin's call and ``nn.Module.__call__`` give the same output
+    and run the hook as often; with every store empty it runs forward without ``nn.Module.__call__``."""
+    from aiter_gemm import call_entry
     from op_tests.hook_stores import every_store, hook_in
 
-    assert type(fp8_linear.from_fp8_linear(_fp8(), "m")).__call__ is agnn.python_call
+    assert type(fp8_linear.from_fp8_linear(_fp8(), "m")).__call__ is call_entry.python_call
     model, _ = tiny_fp8_model()
     patch_linear(model)
     mod = model.get_submodule("model.layers.0.self_attn.q_proj")

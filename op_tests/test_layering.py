@@ -25,19 +25,10 @@ PACKAGES = ("aiter_gemm", "gradlib", "benchmarks", "examples")
 #: Packages the runtime must not import.
 NOT_RUNTIME = ("gradlib", "benchmarks", "examples")
 
-#: Known import circles (all in the runtime) outside this part of issue 48, each being removed by its own branch (the
-#: ``nn`` / ``fp8_linear`` entry work; the block-scale kernels' activation quantizer). Empty an entry when its circle
-#: is gone; a circle not listed here fails.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"aiter_gemm.fp8_linear", "aiter_gemm.nn"}): "nn <-> fp8_linear (issue 48, nn/fp8_linear entry)",
-    frozenset({"aiter_gemm.kernels.a8w8_blockscale", "aiter_gemm.kernels.act_quant"}):
-        "kernels.a8w8_blockscale <-> kernels.act_quant (issue 48, other circles)",
-}
-#: Known imports of another module's private name, outside this part of issue 48 (importer, module, name): same rule.
-KNOWN_PRIVATE: set[tuple[str, str, str]] = {
-    ("aiter_gemm.fp8_linear", "aiter_gemm.nn", "_FP8_INTEGRATION"),
-    ("aiter_gemm.nn", "aiter_gemm.ops.a16w16", "_CALLS"),
-}
+#: Known import circles and imports of another module's private name (importer, module, name): none are left (issue
+#: 48 removed the last: nn <-> fp8_linear, the block-scale kernels' activation quantizer, nn's use of the op's cache).
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
+KNOWN_PRIVATE: set[tuple[str, str, str]] = set()
 
 
 # ---- the import graph -----------------------------------------------------------------------------------------

@@ -8,14 +8,15 @@ import types
 
 import pytest
 
-from aiter_gemm import nn as agnn
+from aiter_gemm import call_entry
 from op_tests.test_eager_ext import built, run  # noqa: F401 (the fixture is requested by name)
 
 
 def test_installed_torch_hook_stores_are_the_known_ones():
-    own, glob = agnn.hook_stores()
-    assert set(agnn.CALL_HOOKS) <= set(own) and set(agnn.CALL_HOOKS) <= set(glob)
-    assert agnn.call_internals_error(own, glob) is None, "this torch's nn.Module changed: see aiter_gemm/nn.py"
+    own, glob = call_entry.hook_stores()
+    assert set(call_entry.CALL_HOOKS) <= set(own) and set(call_entry.CALL_HOOKS) <= set(glob)
+    why = call_entry.call_internals_error(own, glob)
+    assert why is None, f"this torch's nn.Module changed ({why}): see aiter_gemm/call_entry.py"
 
 
 @pytest.mark.parametrize(("change", "needle"), [
@@ -29,7 +30,7 @@ def test_set_up_check_refuses_unknown_or_missing_stores(change, needle):
     from torch.nn.modules import module as impl
 
     fake = types.SimpleNamespace(**{k: v for k, v in vars(impl).items() if k.startswith("_global_")})
-    own, glob = agnn.hook_stores(fake)
+    own, glob = call_entry.hook_stores(fake)
     if change == "new global kind":
         glob["_forward_hooks_v2"] = {}
     elif change == "new module kind":
@@ -38,7 +39,7 @@ def test_set_up_check_refuses_unknown_or_missing_stores(change, needle):
         del glob["_backward_pre_hooks"]
     else:
         glob["_forward_hooks"] = []
-    why = agnn.call_internals_error(own, glob)
+    why = call_entry.call_internals_error(own, glob)
     assert why is not None and needle in why
 
 
@@ -55,11 +56,11 @@ def test_entry_matches_module_call_for_every_hook_store_of_this_torch(impl, requ
         env["AITER_GEMM_EAGER_EXT"] = "off"
     out = run("""
         import torch
-        import aiter_gemm.nn as agnn
+        from aiter_gemm import call_entry
         from aiter_gemm.nn import TunedLinear
         from op_tests.hook_stores import every_store, hook_in
-        assert agnn._GLOBAL_CALL_HOOKS is not None, "the call entry is set up on this torch"
-        own, glob = agnn.hook_stores()
+        assert call_entry.GLOBAL_CALL_HOOKS is not None, "the call entry is set up on this torch"
+        own, glob = call_entry.hook_stores()
         tl = TunedLinear.from_linear(torch.nn.Linear(8, 16))
         x = torch.randn(2, 3, 8)
         module_call, module_calls = torch.nn.Module.__call__, []
@@ -70,8 +71,8 @@ def test_entry_matches_module_call_for_every_hook_store_of_this_torch(impl, requ
 
         with torch.no_grad():
             tl(x)                                                   # decided: plain F.linear on CPU
-            if agnn._c_call is not None:
-                assert agnn._c_call(tl, x) is not None              # bare: the C++ entry serves it
+            if call_entry.c_call is not None:
+                assert call_entry.c_call(tl, x) is not None         # bare: the C++ entry serves it
             torch.nn.Module.__call__ = counting
             try:
                 tl(x)
@@ -95,7 +96,7 @@ def test_entry_matches_module_call_for_every_hook_store_of_this_torch(impl, requ
             (ya, ga, na), (yb, gb, nb) = results
             assert torch.equal(ya, yb) and torch.equal(ga, gb) and na == nb, (name, na, nb)
             checked.append(name)
-        print(len(checked), len(own) + len(glob), agnn._c_call is not None)
+        print(len(checked), len(own) + len(glob), call_entry.c_call is not None)
     """, **env)
     done, total, cpp = out.split()
     assert done == total and int(total) >= 8 and cpp == str(impl == "cpp")

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from aiter_gemm import cudagraph, eager_ext, jsonconfigs
+from aiter_gemm import jsonconfigs, op_entry
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.backends.torch import run_plain
 from aiter_gemm.configs import BF16_UNTUNED_COLUMNS, ConfigTable, TunedRow
@@ -26,6 +26,7 @@ from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import Dispatcher, dispatcher_for, reload_all
 from aiter_gemm.dtypes import FP8_DTYPES, OUT_DTYPES, parse_dtype
 from aiter_gemm.jsonconfigs import JsonLevel
+from aiter_gemm.op_entry import OPTIONAL_TENSOR, VALUE, Arg, Decided, OpEntry
 from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import A16W16, op_spec, register_op
 from aiter_gemm.testbed import Inputs, cloned_sets, free_memory
@@ -133,21 +134,17 @@ def clear_config_cache() -> None:
 
 
 _DISPATCHER = dispatcher_for(GEMM_A16W16)
-_CALLS = _DISPATCHER.cache.calls  # the op's per-call cache: cleared in place on reload (DecisionCache)
-_is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _linear = torch.nn.functional.linear
-# The C++ eager fast path (aiter_gemm/eager_ext.py), or None: the Python hot path below does the same work.
-EAGER_EXT = eager_ext.load()
-_c_remember = None if EAGER_EXT is None else EAGER_EXT.remember
+#: The C++ eager extension (:data:`aiter_gemm.op_entry.EXT`), or None.
+EAGER_EXT = op_entry.EXT
 
 
 class CallEntry(NamedTuple):
     """What ``gemm_a16w16`` keeps per call key (:func:`call_key`) in the op's :class:`~aiter_gemm.dispatch.
     DecisionCache`: ``runner`` None means plain ``F.linear`` on A as given (no reshape, no extra frame);
     ``capturing`` (a :func:`aiter_gemm.cudagraph.probe`) is set where eager calls run plain ``F.linear`` and only
-    capture runs ``runner``: outside capture they then skip the switch and the reshapes too (3-D decode activations:
-    ~1 us each way on CPU)."""
+    capture runs ``runner``: outside capture they then skip the switch and the reshapes too."""
 
     runner: Any
     otype: torch.dtype
@@ -156,29 +153,15 @@ class CallEntry(NamedTuple):
     capturing: Any
 
 
-def call_key(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype | None,
-             scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, scale_c: torch.Tensor | None) -> tuple:
-    """The one key of this op's per-call cache: everything :func:`problem_of` validates (shapes, dtypes and devices
-    of every tensor, otype) and the weight's ``is_shuffled`` mark, so a call finds an entry only if that entry's
-    first call had operands passing the same checks (issue 31: a ``meta`` weight hit the entry of a CPU one). The
-    C++ entry's ``Key`` struct holds the same fields for calls without otype and scales (:func:`c_servable`).
-    AttributeError for an operand that is not a tensor (the checks then say which)."""
-    return (A.shape, B.shape, A.dtype, B.dtype, otype,
-            None if bias is None else (bias.shape, bias.dtype, bias.device),
-            None if scale_a is None and scale_b is None and scale_c is None
-            else (_scale_key(scale_a), _scale_key(scale_b), _scale_key(scale_c)),
-            A.device, B.device, getattr(B, "is_shuffled", False) is True)
-
-
 def c_servable(otype: torch.dtype | None, scaled: bool, shuffled: bool, entry: CallEntry) -> bool:
     """Whether the C++ entry may serve this key's eager calls: a call without otype, scales or a shuffled weight
     whose eager decision is plain ``F.linear`` (always, or outside capture): what ``at::linear`` does there."""
     return otype is None and not scaled and not shuffled and (entry.runner is None or entry.capturing is not None)
 
 
-def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> CallEntry:
-    """Validate a call whose key is new, decide its problem and cache its :class:`CallEntry` (and, where
-    :func:`c_servable`, in the C++ entry's map under the same key)."""
+def _decide(A, B, bias=None, otype=None, scale_a=None, scale_b=None, scale_c=None) -> Decided:
+    """Validate a call whose key is new (:func:`problem_of`), decide its problem: its :class:`CallEntry`, and
+    ``F.linear`` for the C++ entry where :func:`c_servable`."""
     shuffled = getattr(B, "is_shuffled", False) is True
     problem = problem_of(A, B, bias, otype, scale_a, scale_b, scale_c, shuffled)
     dec = _DISPATCHER.decide(problem, A.is_cuda)
@@ -195,33 +178,17 @@ def _fast_miss(key: tuple, A, B, bias, otype, scale_a, scale_b, scale_c) -> Call
             runner = dec.call_runner
     entry = CallEntry(None if runner is run_plain else runner, problem.otype, shape2d,
                       None if flat else (*A.shape[:-1], problem.N), capturing)
-    _CALLS[key] = entry
     scaled = scale_a is not None or scale_b is not None or scale_c is not None
-    if _c_remember is not None and c_servable(otype, scaled, shuffled, entry):
-        _c_remember(A, B, bias, capturing)
-    return entry
-
-
-def _scale_key(scale: torch.Tensor | None) -> tuple | None:
-    """What the cache key holds of a scale: everything :func:`problem_of` checks of it (AttributeError if it is not
-    a tensor: the checks then say which argument)."""
-    return None if scale is None else (scale.shape, scale.dtype, scale.device)
-
-
-def linear_entry(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> CallEntry:
-    """The cache entry of ``gemm_a16w16(A, B, bias)``, deciding on a new key (:class:`aiter_gemm.nn.TunedLinear`)."""
-    key = call_key(A, B, bias, None, None, None, None)
-    entry = _CALLS.get(key)
-    return entry if entry is not None else _fast_miss(key, A, B, bias, None, None, None, None)
+    return Decided(entry, _linear if c_servable(otype, scaled, shuffled, entry) else None, capturing)
 
 
 def run_linear_entry(entry: CallEntry, A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None,
-                     scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
-                     scale_c: torch.Tensor | None = None) -> torch.Tensor:
-    """``gemm_a16w16(A, B, bias, ...)`` through its cache entry (the hot path of gemm_a16w16 and TunedLinear). A plain
-    decision is ``F.linear``, which autograd records; the other runners (Triton, skinny, ...) record nothing, so a
-    call that wants a gradient of A, B or bias runs the custom op, whose backward is registered (its implementation
-    calls back here with grad mode off)."""
+                     otype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
+                     scale_b: torch.Tensor | None = None, scale_c: torch.Tensor | None = None) -> torch.Tensor:
+    """``gemm_a16w16(A, B, bias, ...)`` through its cache entry (the hot path of gemm_a16w16 and TunedLinear; the
+    entry holds the output dtype ``otype`` gave). A plain decision is ``F.linear``, which autograd records; the other
+    runners (Triton, skinny, ...) record nothing, so a call that wants a gradient of A, B or bias runs the custom op,
+    whose backward is registered (its implementation calls back here with grad mode off)."""
     runner, out_dtype, shape2d, out_shape, capturing = entry
     if runner is None or (capturing is not None and not capturing()):
         return _linear(A, B, bias)
@@ -331,48 +298,28 @@ _gemm_a16w16_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---- public API ----------------------------------------------------------------------------------------------
-def gemm_a16w16(
-    A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None, otype: torch.dtype | None = None,
-    scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None, scale_c: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``F.linear(A, B, bias)`` through the tuned dispatch: A (..., K), B (N, K) -> (..., N) in ``otype``
+#: The op's eager entry (:mod:`aiter_gemm.op_entry`): the key holds everything :func:`problem_of` validates (shapes,
+#: dtypes and devices of every tensor, otype) and the weight's ``is_shuffled`` mark, so a call finds an entry only if
+#: that entry's first call had operands passing the same checks (issue 31: a ``meta`` weight hit the entry of a CPU
+#: one). The C++ entry serves the keys :func:`c_servable` allows (plain ``F.linear``, as ``at::linear``).
+GEMM_A16W16_ENTRY = OpEntry(
+    "gemm_a16w16",
+    (Arg("A"), Arg("B", marks=("is_shuffled",)), Arg("bias", OPTIONAL_TENSOR, None), Arg("otype", VALUE, None),
+     Arg("scale_a", OPTIONAL_TENSOR, None), Arg("scale_b", OPTIONAL_TENSOR, None),
+     Arg("scale_c", OPTIONAL_TENSOR, None)),
+    _DISPATCHER.cache, _decide, module=__name__, run=run_linear_entry, runner_args=3,
+    compiled=torch.ops.aiter_gemm.gemm_a16w16,
+    doc="""``F.linear(A, B, bias)`` through the tuned dispatch: A (..., K), B (N, K) -> (..., N) in ``otype``
     (default A.dtype). fp8 inputs take per-tensor ``scale_a``/``scale_b``; ``scale_c`` multiplies the output.
 
-    Eager calls cost one dict lookup after a shape's first call: the key holds everything :func:`problem_of`
-    validates (shapes, dtypes and devices of every tensor, weight, bias and scales included, and otype), so a call
-    hits a cached entry only if that entry's first call had operands passing the same checks (issue 31: a ``meta``
-    weight hit the entry of a CPU one). Measured on CPU: building the key and looking it up 0.66 us (timeit; 0.53 us
-    before the devices were in it, +0.15 us median over 12 runs of --bench overhead with the C++ entry off;
-    with it, whose key is a struct of integers, no change); a plain-torch decision then calls ``F.linear`` on A as
-    given, since reshaping a 3-D activation in Python costs ~1 us each way."""
-    if _is_compiling():
-        return torch.ops.aiter_gemm.gemm_a16w16(A, B, bias, otype, scale_a, scale_b, scale_c)
-    try:
-        key = call_key(A, B, bias, otype, scale_a, scale_b, scale_c)
-    except AttributeError:  # not a tensor: the checks say which argument
-        problem_of(A, B, bias, otype, scale_a, scale_b, scale_c)
-        raise
-    fast = _CALLS.get(key)
-    if fast is None:
-        fast = _fast_miss(key, A, B, bias, otype, scale_a, scale_b, scale_c)
-    return run_linear_entry(fast, A, B, bias, scale_a, scale_b, scale_c)
-
-
-def _gemm_a16w16_traced(A, B, bias=None, otype=None, scale_a=None, scale_b=None, scale_c=None):
-    """What ``torch.compile`` traces in place of the C++ entry of ``gemm_a16w16`` (``substitute_in_graph``)."""
-    return torch.ops.aiter_gemm.gemm_a16w16(A, B, bias, otype, scale_a, scale_b, scale_c)
-
-
-def _c_entry(python_entry):
-    """``gemm_a16w16`` as the C++ extension's entry (cached plain decisions run ``at::linear`` there, every other
-    call runs ``python_entry``), or ``python_entry`` (:func:`aiter_gemm.eager_ext.entry`)."""
-    if EAGER_EXT is not None:
-        EAGER_EXT.setup(_DISPATCHER.cache, python_entry, cudagraph.capturing, cudagraph.capture_state)
-    return eager_ext.entry(EAGER_EXT, "gemm_a16w16", python_entry, _gemm_a16w16_traced)
-
-
-gemm_a16w16_python = gemm_a16w16
-gemm_a16w16 = _c_entry(gemm_a16w16_python)
+    Eager calls cost one lookup after a key's first call (:data:`GEMM_A16W16_ENTRY`); a plain-torch decision then
+    calls ``F.linear`` on A as given. ``torch.compile`` traces the ``aiter_gemm::gemm_a16w16`` custom op.""")
+gemm_a16w16_python = GEMM_A16W16_ENTRY.python
+gemm_a16w16 = GEMM_A16W16_ENTRY.entry
+#: The op's per-call key of a call's arguments (:attr:`aiter_gemm.op_entry.OpEntry.key`).
+call_key = GEMM_A16W16_ENTRY.key
+#: The cache entry of ``gemm_a16w16(A, B, bias)``, deciding on a new key (:class:`aiter_gemm.nn.TunedLinear`).
+linear_entry = GEMM_A16W16_ENTRY.value_for
 
 
 class TunedGemm:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from aiter_gemm import eager_ext, sglang_tilelang
+from aiter_gemm import sglang_tilelang
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import GemmProblem, Solution
 from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError, TunedRow
@@ -60,7 +60,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
-from aiter_gemm.ops.a16w16 import EAGER_EXT
+from aiter_gemm.op_entry import BYPASS, EXT, VALUE, Arg, Decided, OpEntry
 from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import register_op
 from aiter_gemm.testbed import Inputs, cloned_sets, free_memory
@@ -250,7 +250,9 @@ def csv_row(device: DeviceIdentity, M: int, N: int, K: int, cfg: Choice, us: flo
 # ------------------------------------------------------------------------------------------------ the op
 
 _DISPATCHER = dispatcher_for(GEMM_A8W8_BLOCKSCALE)
-_CALLS = _DISPATCHER.cache.calls  # the op's per-call cache (DecisionCache): cleared in place on reload
+EAGER_EXT = EXT  # the C++ eager extension (aiter_gemm.op_entry.EXT), or None
+#: x_scale_m_major's answers per shape, cleared with the op's decisions on reload.
+_LAYOUTS = _DISPATCHER.cache.derived("x_scale_m_major")
 
 
 def get_GEMM_A8W8_BLOCKSCALE_config(M: int, N: int, K: int, on_gpu: bool | None = None,
@@ -302,31 +304,9 @@ def _check_inputs(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_s
             raise ValueError(f"gemm_a8w8_blockscale: {_describe(name, t)} is on {t.device}, XQ on {dev}")
 
 
-def gemm_a8w8_blockscale(
-    XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-    dtype: torch.dtype = torch.bfloat16, config: Choice | str | None = None,
-) -> torch.Tensor:
-    """``(XQ * x_scale) @ (WQ * w_scale).T`` in ``dtype``: XQ (M, K) and WQ (N, K) fp8 e4m3, x_scale
-    (M, ceil(K/128)) and w_scale (ceil(N/128), ceil(K/128)) float32; any M, N, K (N and K multiples of 128 are the
-    common case; partial last blocks work). x_scale may be row-major or M-major (strides (1, M)): our Triton
-    kernels take either, torch's block-scaled matmul needs M-major and copies otherwise. ``config`` (a config,
-    :class:`TorchBlockwise`, or a kernelName) bypasses the dispatch, for the tuner; otherwise the tuned CSV row /
-    JSON bucket / default decides.
-
-    Every call is validated: the per-call key holds every property :func:`_check_inputs` looks at (shapes, dtypes,
-    devices), so a call hits the cache only with operands a validated call had (0.9 us of key against 3 us of
-    checks on CPU: the eager path stays close to torch's own block-scaled call). Where the C++ extension is built,
-    ``gemm_a8w8_blockscale`` is its entry, keyed on the same properties; this function runs the calls it has not
-    seen, and calls with ``config``. No gradient: an operand requiring grad gets none (docs/fp8_models.md)."""
-    if config is None:
-        try:
-            key = call_key(XQ, WQ, x_scale, w_scale, dtype)
-        except AttributeError:  # not tensors: the checks below say which
-            key = None
-        runner = _CALLS.get(key)
-        if runner is None:
-            runner = _fast_miss(key, XQ, WQ, x_scale, w_scale, dtype)
-        return runner(XQ, WQ, x_scale, w_scale, dtype)
+def _with_config(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                 dtype: torch.dtype, config: Choice | str) -> torch.Tensor:
+    """A call with ``config``: that choice, bypassing the dispatch (the tuner); ValueError when it cannot run."""
     _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
     M, K = XQ.shape
     N = WQ.shape[0]
@@ -341,37 +321,21 @@ def gemm_a8w8_blockscale(
     return runner(XQ, WQ, x_scale, w_scale, dtype)
 
 
-def call_key(XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-             dtype: torch.dtype) -> tuple:
-    """The one key of this op's per-call cache: every property :func:`_check_inputs` looks at (the four operands'
-    shapes, dtypes and devices, and the output dtype), the fields of the C++ entry's ``BlockKey`` too."""
-    return (XQ.shape, WQ.shape, x_scale.shape, w_scale.shape, XQ.dtype, WQ.dtype, x_scale.dtype, w_scale.dtype,
-            dtype, XQ.device, WQ.device, x_scale.device, w_scale.device)
-
-
-def _fast_miss(key: tuple | None, XQ, WQ, x_scale, w_scale, dtype: torch.dtype):
-    """Validate a key's first call (errors name the tensor), decide, and cache the runner under the key (and in the
-    C++ entry's map, with its eager plan: its calls skip this module's key and frames)."""
+def _decide(XQ, WQ, x_scale, w_scale, dtype: torch.dtype = torch.bfloat16, config=None) -> Decided:
+    """Validate a key's first call (errors name the tensor) and decide it: the runner, which the C++ entry calls
+    too (its eager plan: the runners are bound per shape, cheap to call)."""
     _check_inputs(XQ, WQ, x_scale, w_scale, dtype)
     M, K = XQ.shape
     N = WQ.shape[0]
     if M == 0:
-        runner = _empty_runner
-    else:
-        dec = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda)
-        runner = dec.call_runner
-        if _c_remember is not None:  # every decision of this op: its runners are bound per shape, cheap to call
-            plan = dec.eager_plan()
-            _c_remember(XQ, WQ, x_scale, w_scale, dtype, plan.eager, plan.probe)
-    _CALLS[key] = runner
-    return runner
+        return Decided(_empty_runner)
+    dec = _DISPATCHER.decide(GemmProblem(M, N, K, False, FP8, dtype), XQ.is_cuda)
+    plan = dec.eager_plan()
+    return Decided(dec.call_runner, plan.eager, plan.probe)
 
 
 def _empty_runner(XQ, WQ, x_scale, w_scale, dtype):
     return torch.empty((0, WQ.shape[0]), dtype=dtype, device=XQ.device)
-
-
-_LAYOUT = "x_scale_m_major"  # tags this op's layout entries in its per-call cache (call keys start with a Size)
 
 
 def x_scale_m_major(M: int, N: int, K: int, dtype: torch.dtype, on_gpu: bool) -> bool:
@@ -381,10 +345,10 @@ def x_scale_m_major(M: int, N: int, K: int, dtype: torch.dtype, on_gpu: bool) ->
     the H100 host); our Triton and TileLang kernels were tuned on row-major. Follows the decision's eager plan
     (eager calls of a Triton decision run torch's), decided once per shape under the op's cache, cleared by
     ``reload_configs``."""
-    key = (_LAYOUT, M, N, K, dtype, on_gpu)
-    entry = _CALLS.get(key)
+    key = (M, N, K, dtype, on_gpu)
+    entry = _LAYOUTS.get(key)
     if entry is None:
-        entry = _CALLS[key] = _layout_entry(M, N, K, dtype, on_gpu)
+        entry = _LAYOUTS[key] = _layout_entry(M, N, K, dtype, on_gpu)
     eager, graph, capturing = entry
     return graph if capturing is not None and capturing() else eager
 
@@ -401,11 +365,23 @@ def _layout_entry(M: int, N: int, K: int, dtype: torch.dtype, on_gpu: bool) -> t
     return _DISPATCHER.backend(dec.eager_solution.libtype).x_scale_m_major, graph, plan.probe
 
 
-# The C++ entry (aiter_gemm/eager_ext.py) where it is built: the first call of a key, and calls with a config, run
-# the Python function above.
-gemm_a8w8_blockscale_python = gemm_a8w8_blockscale
-_c_remember = None if EAGER_EXT is None else EAGER_EXT.remember_blockscale
-if EAGER_EXT is not None:
-    EAGER_EXT.setup_blockscale(_DISPATCHER.cache, gemm_a8w8_blockscale_python)
-gemm_a8w8_blockscale = eager_ext.entry(EAGER_EXT, "gemm_a8w8_blockscale", gemm_a8w8_blockscale_python,
-                                       gemm_a8w8_blockscale_python)
+#: The op's eager entry (:mod:`aiter_gemm.op_entry`): the key holds every property :func:`_check_inputs` looks at
+#: (the four operands' shapes, dtypes and devices, and the output dtype), so a call hits the cache only with
+#: operands a validated call had; the C++ entry serves every decision (the runner of its eager plan). Calls with
+#: ``config`` bypass the cache.
+GEMM_A8W8_BLOCKSCALE_ENTRY = OpEntry(
+    "gemm_a8w8_blockscale",
+    (Arg("XQ"), Arg("WQ"), Arg("x_scale"), Arg("w_scale"), Arg("dtype", VALUE, torch.bfloat16),
+     Arg("config", BYPASS, None)),
+    _DISPATCHER.cache, _decide, module=__name__, bypass=_with_config,
+    doc="""``(XQ * x_scale) @ (WQ * w_scale).T`` in ``dtype``: XQ (M, K) and WQ (N, K) fp8 e4m3, x_scale
+    (M, ceil(K/128)) and w_scale (ceil(N/128), ceil(K/128)) float32; any M, N, K (N and K multiples of 128 are the
+    common case; partial last blocks work). x_scale may be row-major or M-major (strides (1, M)): our Triton
+    kernels take either, torch's block-scaled matmul needs M-major and copies otherwise. ``config`` (a config,
+    :class:`TorchBlockwise`, or a kernelName) bypasses the dispatch, for the tuner; otherwise the tuned CSV row /
+    JSON bucket / default decides, once per key (:data:`GEMM_A8W8_BLOCKSCALE_ENTRY`). No gradient: an operand
+    requiring grad gets none (docs/fp8_models.md).""")
+gemm_a8w8_blockscale_python = GEMM_A8W8_BLOCKSCALE_ENTRY.python
+gemm_a8w8_blockscale = GEMM_A8W8_BLOCKSCALE_ENTRY.entry
+#: The op's per-call key of a call's arguments (:attr:`aiter_gemm.op_entry.OpEntry.key`).
+call_key = GEMM_A8W8_BLOCKSCALE_ENTRY.key

@@ -1,0 +1,34 @@
+// What the module call entry (module_call.cpp) uses of the op entries (eager_fast.cpp): one extension, two files.
+#pragma once
+
+#include <Python.h>
+
+namespace aiter_eager {
+
+constexpr int kMaxParams = 16;
+
+struct Op;  // a registered op (eager_fast.cpp)
+
+// The op behind an entry function register_op made, or nullptr with a TypeError set.
+Op* op_of(PyObject* fn);
+
+// Whether the op's leading parameters are (tensor, tensor, tensor or None): what ``op(input, weight, bias)`` binds.
+bool takes_linear_args(const Op& op);
+
+// The call's arguments in parameter order in ``out`` (borrowed; defaults filled), and how many leading ones the
+// call gave (all of them for a call with keywords). -1 when the entry does not bind the call: too many arguments,
+// an unknown or repeated keyword (names match by identity: call sites intern them), a required argument missing, a
+// bypass argument other than its default. The Python entry then takes it.
+Py_ssize_t bind(const Op& op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out);
+
+// What the op's remembered decision returns for a bound call (``given``: bind's answer). nullptr with no error set:
+// not served here (the caller runs the Python entry); nullptr with an error set: a Python error.
+PyObject* serve(Op& op, PyObject* const* bound, Py_ssize_t given);
+
+// The instance dict of ``obj`` (borrowed), or nullptr.
+PyObject* instance_dict(PyObject* obj);
+
+// Adds the module call entry's functions (call, linear, setup_call, setup_linear) to the extension module.
+bool init_module_call(PyObject* module);
+
+}  // namespace aiter_eager
