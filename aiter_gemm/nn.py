@@ -88,13 +88,12 @@ class TunedLinear(nn.Linear):
     """``nn.Linear`` whose forward runs ``aiter_gemm.gemm_a16w16``: same parameters, state-dict keys and results (up
     to the chosen kernel's rounding), so models and checkpoints need no change. Build one with :meth:`from_linear`."""
 
-    # nn.Module.__call__ runs _wrapped_call_impl and _call_impl (two Python frames, eight hook checks) before forward:
-    # 1.0 us of a 6.4 us TunedLinear call on this project's CPU, about twice that on the H100 host, where an eager
-    # decode step of Llama-3.1-8B makes 225 linear calls. The call entry makes the same checks (no hooks here or
-    # global, forward not replaced on the instance, no Module.compile(), no JIT trace) and runs forward itself: in
-    # C++ where the extension is built (which also runs the cached plain decision; a call it declines, e.g. another
-    # decision, goes on to the Python form), else in Python (TunedLinear 0.45 us below nn.Module.__call__'s path on
-    # CPU). Every other call is nn.Module.__call__'s (looked up per call: torch.fx patches it).
+    # nn.Module.__call__ runs _wrapped_call_impl and _call_impl (two Python frames, eight hook checks) before forward,
+    # a cost an eager decode step pays on each of its hundreds of linear calls (docs/exploration.md has the figures).
+    # The call entry makes the same checks (no hooks here or global, forward not replaced on the instance, no
+    # Module.compile(), no JIT trace) and runs forward itself: in C++ where the extension is built (which also runs
+    # the cached plain decision; a call it declines, e.g. another decision, goes on to the Python form), else in
+    # Python. Every other call is nn.Module.__call__'s (looked up per call: torch.fx patches it).
     if _c_call is not None:
         def __call__(self, *args, **kwargs):
             if len(args) == 1 and not kwargs and not _is_compiling():
