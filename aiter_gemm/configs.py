@@ -275,7 +275,7 @@ class ConfigTable:
     iteration first returns them (then kept): a table of many models' rows costs little until its rows are used."""
 
     def __init__(self, spec: TableSpec, rows: Mapping[tuple, TunedRow | int], sources: Sequence[str],
-                 build: Callable[[int], TunedRow] | None = None) -> None:
+                 build: Callable[[int, tuple], TunedRow] | None = None) -> None:
         self.spec = spec
         self._rows: dict[tuple, TunedRow | int] = rows if isinstance(rows, dict) else dict(rows)  # a dict: taken over
         self._build = build
@@ -285,7 +285,7 @@ class ConfigTable:
     def _get(self, k: tuple) -> TunedRow | None:
         row = self._rows.get(k)
         if row.__class__ is int:  # every row was checked at load: building it cannot fail
-            row = self._rows[k] = self._build(row)
+            row = self._rows[k] = self._build(row, k)
         return row
 
     def lookup(self, gfx: str, cu_num: int, key: tuple, device_name: str | None = None) -> TunedRow | None:
@@ -377,11 +377,12 @@ class _TunedFile:
     def us(self, line: int) -> float:
         return _time(self.spec, self.path, line, self.record(line), self.idx)
 
-    def row(self, line: int) -> TunedRow:
+    def row(self, line: int, index_key: tuple) -> TunedRow:
+        """The row of ``line``, whose typed key and ``cu_num`` the scan put in its :class:`ConfigTable` index key
+        (``(*key, cu_num, gfx, device_name)``): only the value cells are parsed again."""
         spec, path, idx = self.spec, self.path, self.idx
         rec = self.record(line)
-        key = tuple(parse_cell(path, line, c, _cell(rec, idx, c.name), strict=True) for c in spec.key)
-        cu_num = parse_cell(path, line, _CU_NUM, _cell(rec, idx, "cu_num"))
+        key, cu_num = index_key[:-3], index_key[-3]
         us = _time(spec, path, line, rec, idx)
         values = {c.name: parse_cell(path, line, c, _cell(rec, idx, c.name)) for c in spec.values}
         fields = {name: rec[i].strip() for name, i in idx.items()}
@@ -511,9 +512,9 @@ class _Files:
         file, line = self._at(handle)
         return file.us(line)
 
-    def build(self, handle: int) -> TunedRow:
+    def build(self, handle: int, index_key: tuple) -> TunedRow:
         file, line = self._at(handle)
-        return file.row(line)
+        return file.row(line, index_key)
 
 
 def load_table(kind: str, paths: Sequence[str | os.PathLike], strict: bool = True) -> ConfigTable:
