@@ -285,6 +285,53 @@ def test_torch_blockwise_is_the_default_above_the_measured_crossover(M, N, K, to
     assert torch_backend.BACKEND.default_for(GemmProblem(M, N, K, False, torch.float8_e4m3fn), other) is not None
 
 
+@pytest.mark.parametrize("M,N,K,tile", [
+    (32, 4096, 14336, "splitK-BM64_BN64_BK128_GM1_SK4_W4_S4_TMA"),  # long K, narrow N: torch's above M = 16 before
+    (100, 4096, 14336, "splitK-BM64_BN64_BK128_GM1_SK2_W4_S4_TMA"),
+    (17, 28672, 4096, "swapAB-BM32_BN64_BK128_GM1_SK1_W4_S6_TMA"),
+    (40, 28672, 4096, "base-BM64_BN128_BK128_GM1_SK1_W4_S4_TMA"),
+    (24, 6144, 4096, "swapAB-BM32_BN64_BK128_GM1_SK1_W4_S6_TMA"),
+    (64, 6144, 4096, "splitK-BM64_BN64_BK128_GM1_SK2_W4_S4_TMA"),
+    (17, 5120, 14336, None), (100, 28672, 4096, None), (16, 4096, 14336, None), (129, 4096, 14336, None),
+    (32, 2048, 14336, None), (48, 10240, 5120, None),  # outside the measured classes
+])
+def test_h200_decode_tiles_take_their_classes_from_torch(M, N, K, tile):
+    """On an H200 a measured decode tile is the default of its shape class (the Triton backend's default config,
+    which torch's path then leaves alone); on an H100, the same class (sm_90, 132), nothing changes."""
+    from aiter_gemm.backends.a8w8_blockscale import torch as torch_backend
+    from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
+    from aiter_gemm.device import DeviceIdentity
+    from aiter_gemm.kernels.a8w8_blockscale import config_error, decode_config
+
+    p = GemmProblem(M, N, K, False, torch.float8_e4m3fn, torch.bfloat16)
+    h200 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
+    h100 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H100 80GB HBM3")
+    cfg = decode_config(M, N, K, h200.name)
+    assert (cfg.name if cfg else None) == tile and decode_config(M, N, K, h100.name) is None
+    if tile is None:
+        return
+    assert config_error(cfg, M, N, K, "sm_90") is None
+    assert triton_backend.BACKEND.default_for(p, h200).kernelName == tile
+    assert torch_backend.BACKEND.default_for(p, h200) is None
+    assert triton_backend.BACKEND.default_for(p, h100).kernelName != tile
+
+
+def test_h200_decode_tile_is_the_dispatchers_graph_default(clean_runtime, fake_torch):
+    """Through the dispatcher: an untuned decode shape on an H200 runs the measured tile under graphs; eager calls
+    still run torch's matmul (the Triton launcher's host cost), and the H100 keeps torch's path."""
+    clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
+    clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
+    aiter_gemm.reload_configs()
+    disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
+    p = GemmProblem(32, 4096, 14336, False, torch.float8_e4m3fn, torch.bfloat16)
+    h200 = aiter_gemm.device.DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
+    h100 = aiter_gemm.device.DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H100 80GB HBM3")
+    dec = disp._decide(p, h200)
+    assert (dec.solution.libtype, dec.solution.kernelName) == ("triton", "splitK-BM64_BN64_BK128_GM1_SK4_W4_S4_TMA")
+    assert dec.eager_solution.libtype == "torch"
+    assert disp._decide(p, h100).solution.libtype == "torch"
+
+
 @pytest.fixture
 def h100_blockscale(clean_runtime, fake_torch):
     """The block-scale dispatcher on an sm_90 / 132-SM identity, torch's matmul available (the fake)."""

@@ -301,7 +301,36 @@ def _worth_timing(cfg: BlockscaleConfig, M: int, N: int, num_sms: int) -> bool:
     return True
 
 
-def default_config(M: int, N: int, K: int, num_sms: int = REFERENCE_CU) -> BlockscaleConfig:
+#: GPUs (``DeviceIdentity.name``) :func:`decode_config`'s tiles were measured on; elsewhere it gives no tile.
+DECODE_MEASURED_ON = frozenset({"NVIDIA H200"})
+
+
+def decode_config(M: int, N: int, K: int, device_name: str) -> BlockscaleConfig | None:
+    """The decode tile (16 < M <= 128) of shape classes where one fixed tile beat torch's block-scaled matmul on
+    every measured shape of the class, paired CUDA-graph timing on an H200: 9 tiles over 18 weights of 5 models and
+    M 17-256, checked on 14 weights of 4 other models (docs/exploration.md, "The FP8 decode default on the H200").
+    None outside those classes and on GPUs not in :data:`DECODE_MEASURED_ON` (the default rules below apply)."""
+    if device_name not in DECODE_MEASURED_ON or not 16 < M <= 128 or min(N, K) < 3072:  # the measured range
+        return None
+
+    def tile(variant: str, bm: int, bn: int, split: int = 1, stages: int = 4) -> BlockscaleConfig:
+        return BlockscaleConfig(variant=variant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_M=1,
+                                NUM_KSPLIT=split, num_warps=4, num_stages=stages, TMA=True)
+
+    if K >= 64 * BLOCK_SIZE_K:  # long K, narrow N: few output tiles, so split K
+        if N <= 4096:
+            return tile("splitK", 64, 64, 4 if M <= 64 else 2)
+        return tile("splitK", 64, 64, 4) if N <= 5120 and 32 <= M <= 64 else None
+    if M > 64:
+        return None
+    if N >= 16384:  # wide N: enough output tiles without a split
+        return tile("swapAB", 32, 64, stages=6) if M <= 20 else tile("base", 64, 128)
+    if M <= 32:
+        return tile("swapAB", 32, 64, stages=6)
+    return tile("splitK", 64, 64, 2) if N <= 8192 else None
+
+
+def default_config(M: int, N: int, K: int, num_sms: int = REFERENCE_CU, device_name: str = "") -> BlockscaleConfig:
     """Built-in choice when neither a tuned row nor a JSON entry exists. Rules read off the H100 quick search over
     DeepSeek-V3 and Llama-3-70B shapes (docs/exploration.md, the block-scale kernel):
 
@@ -313,7 +342,11 @@ def default_config(M: int, N: int, K: int, num_sms: int = REFERENCE_CU) -> Block
       more when the programs fill under 3/4 of the SMs and each split keeps >= 24 K blocks (a partial second wave
       of streaming programs beats idle SMs there: H100 grid of 132 off-model shapes, M 1-256, the 44 it changes
       1.01-1.39x faster, geomean 1.15x; at 8-16 K blocks a split the same doubling ran 0.90-1.11x: one wave there).
+    * Where :func:`decode_config` has a tile for ``device_name``, that tile.
     """
+    decode = decode_config(M, N, K, device_name)
+    if decode is not None:
+        return decode
     k_blocks = triton.cdiv(K, BLOCK_SIZE_K)
 
     def tile(bm: int, bn: int, warps: int = 4, stages: int = 4, gm: int = 8) -> dict[str, object]:

@@ -15,6 +15,7 @@ from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+from aiter_gemm.kernels.a8w8_blockscale import decode_config
 
 SOLUTION = solution_of(torch_impl.TorchBlockwise())
 
@@ -34,9 +35,12 @@ MEASURED_ON = frozenset({("sm_90", 132)})
 
 
 def triton_stays_default(M: int, N: int, K: int, device: DeviceIdentity) -> bool:
-    """Whether the Triton default config keeps shape (M, N, K) on ``device`` (see :data:`TRITON_BELOW`)."""
+    """Whether the Triton default config keeps shape (M, N, K) on ``device``: :data:`TRITON_BELOW`, or a measured
+    decode tile (:func:`~aiter_gemm.kernels.a8w8_blockscale.decode_config`)."""
     if (device.gfx, device.cu_num) not in MEASURED_ON:
         return False
+    if decode_config(M, N, K, device.name) is not None:
+        return True
     return M <= next(m for w, m in TRITON_BELOW if N * K <= w)
 
 

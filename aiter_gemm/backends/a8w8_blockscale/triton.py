@@ -77,7 +77,7 @@ class BlockscaleTritonBackend(Backend):
         return make_runner(BlockscaleConfig.from_name(solution.kernelName))
 
     def default_for(self, problem: GemmProblem, device: DeviceIdentity) -> Solution | None:
-        return solution_of(default_config(problem.M, problem.N, problem.K, device.heuristic_cu))
+        return solution_of(default_config(problem.M, problem.N, problem.K, device.heuristic_cu, device.name))
 
     def describe(self, solution: Solution) -> dict[str, Any]:
         """The config's parameters, as its JSON entry holds them."""
@@ -89,8 +89,9 @@ class BlockscaleTritonBackend(Backend):
         return solution_of(BlockscaleConfig.from_json(dict(entry)))
 
     def _space(self, problem: GemmProblem, device: DeviceIdentity, quick: bool) -> list[Solution]:
+        # the default config too: a tuned row is never worse than no row
         cfgs = [*config_space(problem.M, problem.N, problem.K, quick, device.heuristic_cu, _arch(device)),
-                default_config(problem.M, problem.N, problem.K, device.heuristic_cu)]  # never worse than no row
+                default_config(problem.M, problem.N, problem.K, device.heuristic_cu, device.name)]
         return [solution_of(c) for c in dict.fromkeys(cfgs)]
 
     def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
