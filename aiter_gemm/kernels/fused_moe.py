@@ -55,7 +55,7 @@ from aiter_gemm.kernels.moe_align import moe_align_block_size
 from aiter_gemm.kernels.names import KernelName
 
 __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "config_space", "default_config",
-           "fused_moe_ref", "fused_moe_triton", "moe_align_block_size"]
+           "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size"]
 
 #: The activations of the gate: SiLU, and GELU in torch's default (erf) form.
 ACTIVATIONS = ("silu", "gelu")
@@ -168,7 +168,7 @@ def config_space(*, fp8: bool, quick: bool = False) -> list[MoeConfig]:
     bks = (64, 128) if fp8 else (64, 128, 256)
     if quick:
         raw = [MoeConfig(bm, bn, bk, 1, 4, st, sk)
-               for bm, bn, bk, st, sk in itertools.product((16, 32), (32, 64, 128), (128,), (3, 4), (1, 2, 4))]
+               for bm, bn, bk, st, sk in itertools.product((16, 32), (32, 64, 128), (128,), (4,), (1, 2, 4))]
         raw += [MoeConfig(bm, bn, bk, 16, w, 3)
                 for bm, bn, bk, w in itertools.product((64, 128), (64, 128), (64, 128), (4, 8))]
     else:
@@ -337,6 +337,11 @@ def _act_mul_kernel(ws_ptr, out_ptr, N, stride_wm, stride_om, ACTIVATION: tl.con
 # ----------------------------------------------------------------------------------------------------- launcher
 
 
+def is_capturing(t: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on ``t``'s device (the driver's answer: any capture, however begun)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _describe(name: str, t: torch.Tensor) -> str:
     return f"{name} (shape {tuple(t.shape)}, dtype {t.dtype}, stride {t.stride()}, device {t.device})"
 
@@ -399,8 +404,7 @@ def check_moe_inputs(
     for name, t in (("topk_weight", topk_weight), ("topk_ids", topk_ids)):
         if not t.is_contiguous():
             raise ValueError(f"fused_moe: {_describe(name, t)} must be contiguous")
-    capturing = topk_ids.is_cuda and torch.cuda.is_current_stream_capturing()
-    if topk_ids.numel() and not capturing:
+    if topk_ids.numel() and not is_capturing(topk_ids):
         lo, hi = (int(v) for v in torch.aminmax(topk_ids))  # one reduction, one sync
         if lo < 0 or hi >= E:
             raise ValueError(f"fused_moe: topk_ids holds expert ids in [{lo}, {hi}], outside [0, {E}) "
@@ -408,14 +412,20 @@ def check_moe_inputs(
     return fp8
 
 
+def k_splits(K: int, cfg: MoeConfig) -> tuple[int, int]:
+    """(K blocks per split, splits) of ``cfg`` over K: no empty trailing split, so a ``split_k`` above the K blocks
+    runs fewer splits (one split: the plain, non-atomic path)."""
+    k_blocks = triton.cdiv(K, cfg.block_k)
+    per_split = triton.cdiv(k_blocks, cfg.split_k)
+    return per_split, triton.cdiv(k_blocks, per_split)
+
+
 def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, align, n, cfg: MoeConfig, *, a_row_div: int, c_row_div: int,
               gated: bool, activation: str, num_pairs: int) -> None:
     """Launch one grouped GEMM (see :func:`_fused_moe_kernel`) of ``n`` output columns over ``w``'s K."""
     sorted_ids, expert_ids, num_post = align
     K = a.shape[1]
-    k_blocks = triton.cdiv(K, cfg.block_k)
-    per_split = triton.cdiv(k_blocks, cfg.split_k)
-    splits = triton.cdiv(k_blocks, per_split)
+    per_split, splits = k_splits(K, cfg)
     num_m_blocks = expert_ids.numel()
     fp8 = w_scale is not None
     scales = (a_scale.stride(0), a_scale.stride(1), w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) \
@@ -462,7 +472,7 @@ def fused_moe_triton(
     a1, a1_scale = per_token_group_quant_fp8(hidden_states) if fp8 else (hidden_states, None)
     inter = torch.empty((num_pairs, inter_dim), dtype=dtype, device=dev)
     gemm1 = dict(a_row_div=topk, c_row_div=1, gated=True, **common)
-    if config1.split_k > 1:
+    if k_splits(H, config1)[1] > 1:
         ws = torch.zeros((num_pairs, 2 * inter_dim), dtype=torch.float32, device=dev)
         _moe_gemm(a1, a1_scale, w1, w1_scale, ws, None, align1, inter_dim, config1, **gemm1)
         block = min(1024, triton.next_power_of_2(inter_dim))
@@ -474,7 +484,7 @@ def fused_moe_triton(
     # GEMM2: (T * k, I) -> routing-weighted rows, summed over the k slots of each token.
     a2, a2_scale = per_token_group_quant_fp8(inter) if fp8 else (inter, None)
     weights = topk_weight.view(-1)
-    if config2.split_k > 1:
+    if k_splits(inter_dim, config2)[1] > 1:
         acc = torch.zeros((T, H), dtype=torch.float32, device=dev)
         _moe_gemm(a2, a2_scale, w2, w2_scale, acc, weights, align2, H, config2, a_row_div=1, c_row_div=topk,
                   gated=False, **common)
