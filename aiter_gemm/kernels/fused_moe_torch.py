@@ -133,7 +133,7 @@ def launcher(p: MoeProblem, name: str, fp8_gemm: Fp8Gemm | None = None) -> Calla
         if not p.fp8:
             return gated(x @ w1[e].t(), act) @ w2[e].t()
         xq, xs = _quant(x)
-        a = gated(fp8_gemm(xq, w1[e], xs, w1_scale[e], dtype), act)
+        a = gated(fp8_gemm(xq, w1[e], xs, w1_scale[e], torch.float32), act).to(dtype)  # act on float32, as fused
         aq, as_ = _quant(a)
         return fp8_gemm(aq, w2[e], as_, w2_scale[e], dtype)
 
