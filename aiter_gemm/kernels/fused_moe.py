@@ -142,7 +142,9 @@ class MoeConfig:
 #: Shared memory kept free beside the pipelined tiles for the epilogue's layout conversion (as the block-scale
 #: kernel's budget; docs/exploration.md).
 _EPILOGUE_SMEM = 27 * 1024
-#: float32 accumulator registers per thread (GEMM1 holds two accumulators) above which a config is not worth it.
+#: float32 tile registers per thread GEMM1 may hold: its two accumulators, and with FP8 the two unscaled K-block
+#: products too. At this bound ptxas (Triton 3.9, sm_90) gave bf16 tiles no spill and FP8 ones at most 64 bytes;
+#: at twice it, hundreds of bytes.
 _MAX_ACC_REGS = 128
 
 
@@ -156,9 +158,10 @@ def config_error(cfg: MoeConfig, *, fp8: bool, arch: str = REFERENCE_ARCH) -> st
     budget = smem_limit(arch) - _EPILOGUE_SMEM
     if smem > budget:
         return f"needs {smem} B of shared memory for {cfg.num_stages} stages (budget {budget} on {arch})"
-    regs = 2 * cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+    tiles = 4 if fp8 else 2  # accumulators (gate, up), and FP8's unscaled products of each K block
+    regs = tiles * cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
     if regs > _MAX_ACC_REGS:
-        return f"GEMM1's two accumulators need {regs} registers per thread (> {_MAX_ACC_REGS}: spills)"
+        return f"GEMM1's {tiles} float32 tiles need {regs} registers per thread (> {_MAX_ACC_REGS}: spills)"
     return None
 
 
@@ -199,10 +202,11 @@ def default_config(tokens: int, num_experts: int, topk: int, n: int, k: int, *, 
     bk = 128 if fp8 or bm <= 32 else 64
     if bm <= 32:
         cfg = dict(block_m=bm, block_n=64, block_k=bk, group_m=1, num_warps=4, num_stages=4)
-    elif bm == 64:
-        cfg = dict(block_m=64, block_n=128 if n >= 1024 else 64, block_k=bk, group_m=16, num_warps=4, num_stages=3)
+    elif bm == 64:  # FP8 holds twice the float32 tiles (config_error): twice the warps
+        cfg = dict(block_m=64, block_n=128 if n >= 1024 else 64, block_k=bk, group_m=16, num_warps=8 if fp8 else 4,
+                   num_stages=3)
     else:
-        cfg = dict(block_m=128, block_n=128, block_k=bk, group_m=16, num_warps=8, num_stages=3)
+        cfg = dict(block_m=128, block_n=64 if fp8 else 128, block_k=bk, group_m=16, num_warps=8, num_stages=3)
     programs = math.ceil(active + pairs / bm) * triton.cdiv(n, cfg["block_n"])
     k_blocks = triton.cdiv(k, bk)
     split = 1
