@@ -1,8 +1,9 @@
-"""aiter_gemm: tuned-GEMM dispatch for LLM inference (AITER-compatible configs; cuBLASLt, Triton, skinny, torch)."""
+"""aiter_gemm: tuned-GEMM dispatch for LLM inference (AITER-compatible configs; cuBLASLt, Triton, skinny, torch),
+FP8 block-scale GEMMs and fused MoE experts."""
 
 from __future__ import annotations
 
-from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.backends.base import GemmProblem, MoeProblem, Solution
 from aiter_gemm.configs import ConfigError
 from aiter_gemm.dispatch import get_padded_m
 from aiter_gemm.ops.a16w16 import (
@@ -41,8 +42,8 @@ def warmup(ops: tuple[str, ...] = ("gemm_a16w16", "gemm_a8w8_blockscale"), on_gp
 
 
 __all__ = [
-    "ConfigError", "GemmProblem", "Solution", "TunedGemm", "current_device_identity", "gemm_a16w16",
-    "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config",
+    "ConfigError", "GemmProblem", "MoeProblem", "Solution", "TunedGemm", "current_device_identity", "fused_moe",
+    "gemm_a16w16", "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "get_fused_moe_config",
     "get_GEMM_A16W16_config", "get_config_table", "get_dispatcher", "get_padded_m", "reload_configs", "tgemm",
     "warmup",
 ]

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Collection, Hashable, Sequence
 from pathlib import Path
 
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import Problem
 from aiter_gemm.configs import ConfigError, TableSpec, typed_key
 from aiter_gemm.fileio import file_problem, merge_csv_rows, read_csv_rows, render_csv
 from aiter_gemm.logs import WarnOnce
@@ -74,7 +74,7 @@ def refuse_tuned_header(path: str, header: Sequence[str], tuned_columns: Collect
 class ShapeRecorder:
     """Collects distinct untuned shapes of this process and merges them into ``path``."""
 
-    def __init__(self, path: str, columns: Sequence[str], row_of: Callable[[GemmProblem], dict[str, str]],
+    def __init__(self, path: str, columns: Sequence[str], row_of: Callable[[Problem], dict[str, str]],
                  key_of: Callable[[dict[str, str]], Hashable], flush_s: float = 30.0,
                  tuned_columns: Collection[str] = (), exit_wait_s: float = EXIT_WAIT_S,
                  read_key: Callable[[dict[str, str]], Hashable] | None = None) -> None:
@@ -95,8 +95,8 @@ class ShapeRecorder:
         self.flush_s, self.exit_wait_s = flush_s, exit_wait_s
         self._tuned_columns = frozenset(tuned_columns)
         self._check_header(read_csv_rows(self.path)[0])  # refuse a tuned file now, not at the first write
-        self._seen: set[GemmProblem] = set()
-        self._pending: list[GemmProblem] = []  # recorded, not yet in the file: only a finished write removes them
+        self._seen: set[Problem] = set()
+        self._pending: list[Problem] = []  # recorded, not yet in the file: only a finished write removes them
         self._lock = threading.Lock()  # guards _seen, _pending, _timer, _closed
         self._flushing = threading.Lock()  # one flush at a time (a timer flush, the exit flush, close)
         self._timer: threading.Timer | None = None
@@ -108,10 +108,10 @@ class ShapeRecorder:
     def _check_header(self, header: Sequence[str]) -> None:
         refuse_tuned_header(self.path, header, self._tuned_columns)
 
-    def record(self, problem: GemmProblem) -> None:
+    def record(self, problem: Problem) -> None:
         """Remember a shape (once); schedule a flush if none is pending. Empty GEMMs are not shapes to tune, nor
         are shapes whose row the tuner cannot read (``read_key`` refuses it: warned once per refused value)."""
-        if problem.M < 1 or problem.N < 1 or problem.K < 1:
+        if problem.empty:
             return
         with self._lock:
             if problem in self._seen or self._closed:
@@ -123,11 +123,11 @@ class ShapeRecorder:
                 self._schedule()
         if refused is not None:
             column, value, why = refused
-            self._warn(("refused", column, value), "aiter_gemm: not capturing M=%d N=%d K=%d (nor other shapes "
-                       "with %s %s) into %s: the tuner could not read its row (%s)", problem.M, problem.N,
-                       problem.K, column, value, self.path, why)
+            self._warn(("refused", column, value), "aiter_gemm: not capturing %s (nor other shapes with %s %s) "
+                       "into %s: the tuner could not read its row (%s)", problem.label(), column, value, self.path,
+                       why)
 
-    def _refused(self, problem: GemmProblem) -> tuple[str, str, str] | None:
+    def _refused(self, problem: Problem) -> tuple[str, str, str] | None:
         """(column, value, why) when ``read_key`` refuses the problem's untuned row, else None."""
         if self._read_key is None:
             return None
@@ -184,16 +184,16 @@ class ShapeRecorder:
         finally:
             self._flushing.release()
 
-    def _snapshot(self) -> list[GemmProblem]:
+    def _snapshot(self) -> list[Problem]:
         with self._lock:
             return list(self._pending)
 
-    def _forget(self, written: Collection[GemmProblem]) -> None:
+    def _forget(self, written: Collection[Problem]) -> None:
         done = set(written)
         with self._lock:
             self._pending = [p for p in self._pending if p not in done]
 
-    def _give_up(self, batch: list[GemmProblem], exc: BaseException) -> None:
+    def _give_up(self, batch: list[Problem], exc: BaseException) -> None:
         """The last chance for ``batch``: save it in ``<file>.<pid>.pending.csv`` (beside the file, else in the
         temp folder) and log an error listing the shapes and where they are."""
         if not batch:

@@ -192,6 +192,11 @@ SPECS: dict[str, TableSpec] = {
                  Column("expert", parse_int), Column("topk", parse_int), Column("act_type", parse_str),
                  _dtype_col("dtype"), _dtype_col("q_dtype_a"), _dtype_col("q_dtype_w"), Column("q_type", parse_str),
                  Column("use_g1u1", parse_bool), Column("doweight_stage1", parse_bool)),
+            # AITER's outputs (block_m, ksplit, the two stages' kernels, run_1stage) and our optional libtype.
+            values=(Column("libtype", parse_str, optional=True), Column("block_m", parse_int, 0),
+                    Column("ksplit", parse_int, 0), Column("kernelName1", parse_str, ""),
+                    Column("kernelName2", parse_str, ""), Column("run_1stage", parse_bool, False)),
+            numbers=("us1", "us2", "err1", "err2", "tflops", "bw"),
         ),
     )
 }

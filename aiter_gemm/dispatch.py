@@ -18,46 +18,36 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aiter_gemm import cudagraph, jsonconfigs, registry
-from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.backends.base import Backend, GemmProblem, Problem, Solution
+from aiter_gemm.backends.base import get_padded_m as get_padded_m  # AITER's getPaddedM, public here too
 from aiter_gemm.capture import ShapeRecorder, row_key_of, row_reader_of, tuned_columns_of
 from aiter_gemm.configs import ConfigError, ConfigTable, TunedRow, load_table
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity, apply_overrides, probe_cpu, probe_gpu
-from aiter_gemm.dtypes import dtype_name
 from aiter_gemm.logs import WarnOnce, ensure_info_handler
 from aiter_gemm.opspec import OpSpec
 from aiter_gemm.settings import Settings, load_settings
 
 log = logging.getLogger("aiter_gemm")
 
+#: The row levels of GEMM problems (exact, then AITER's getPaddedM levels: ``GemmProblem.padded``); an op's problem
+#: names its own padded levels (``MoeProblem``: ``padded``).
 MATCH_LEVELS = ("exact", "padded_gl0", "padded_gl1")
 DEFAULT_SOURCE = "default heuristic"
-#: AITER's INFO line for a shape that no tuned row serves (aiter/tuned_gemm.py), word for word but for the file
-#: list (every path of the op's variable, colon-separated).
-MISS_MESSAGE = ("shape is M:%d, N:%d, K:%d dtype='%s' otype='%s' bias=%s, scaleAB=%s, bpreshuffle=%s, not found "
-                "tuned config in %s, will use default config! using %s solution:%d")
-
-
-def get_padded_m(M: int, N: int, K: int, gl: int) -> int:
-    """AITER's getPaddedM. gl=0: round M up to 16 (M<=256), 32 (<=1024), 64 (<=4096), else 128. gl=1: 8192 if
-    M > 8192 and N > 4096, else the next power of two (1 for M <= 1)."""
-    if gl == 0:
-        step = 16 if M <= 256 else 32 if M <= 1024 else 64 if M <= 4096 else 128
-        return (M + step - 1) // step * step
-    if gl == 1:
-        if M > 8192 and N > 4096:
-            return 8192
-        return 1 if M <= 1 else 1 << (M - 1).bit_length()
-    raise ValueError(f"get_padded_m: gl must be 0 or 1, got {gl!r}")
+#: The end of AITER's INFO line for a shape that no tuned row serves, after the problem's ``MISS_SHAPE``.
+MISS_TAIL = " not found tuned config in %s, will use default config! using %s solution:%d"
+#: AITER's INFO line for a GEMM shape that no tuned row serves (aiter/tuned_gemm.py), word for word but for the
+#: file list (every path of the op's variable, colon-separated).
+MISS_MESSAGE = GemmProblem.MISS_SHAPE + MISS_TAIL
 
 
 @dataclass(frozen=True)
 class Decision:
     """What one GEMM key runs: the backend's prepared runner, and why (matched level, row, source)."""
 
-    problem: GemmProblem
+    problem: Problem
     device: DeviceIdentity
     solution: Solution
-    matched: str  # exact | padded_gl0 | padded_gl1 | json | default
+    matched: str  # exact | padded_gl0 | padded_gl1 (GEMMs) | padded (MoE) | json | default
     row: TunedRow | None
     runner: Any  # the op's runner signature
     source: str = DEFAULT_SOURCE  # the row's file, "<json file>#<bucket>", or "default heuristic"
@@ -106,7 +96,7 @@ class Decision:
         cfg.update(libtype=sol.libtype, solidx=sol.solidx, splitK=sol.splitK, kernelName=sol.kernelName,
                    us=self.row.us if self.row is not None else None, matched=self.matched, source=self.source,
                    line=self.row.line if self.row is not None else None, gfx=self.device.gfx,
-                   cu_num=self.device.cu_num, M=self.problem.M, N=self.problem.N, K=self.problem.K,
+                   cu_num=self.device.cu_num, **self.problem.config_fields(),
                    eager_libtype=eager.libtype, eager_kernelName=eager.kernelName)
         return cfg
 
@@ -134,7 +124,7 @@ class DecisionCache:
 
     def __init__(self) -> None:
         self.calls: dict[tuple, Any] = {}
-        self.decisions: dict[tuple[GemmProblem, bool], Decision] = {}
+        self.decisions: dict[tuple[Problem, bool], Decision] = {}
         self.generation = 0
         self._derived: dict[str, dict] = {}
 
@@ -229,7 +219,7 @@ class Dispatcher:
                     self._configured.add(id(backend))
         return backend
 
-    def warm_up(self, on_gpu: bool = True, problems: Iterable[GemmProblem] = ()) -> dict[str, Any]:
+    def warm_up(self, on_gpu: bool = True, problems: Iterable[Problem] = ()) -> dict[str, Any]:
         """Build and load, ahead of the first GEMM, what this device's rows need: every backend's
         :meth:`~aiter_gemm.backends.base.Backend.precompile` over the op's tuned rows and JSON buckets for this
         device (TileLang: kernels compiled in parallel into its disk cache, loaded from it after a restart), plus
@@ -238,8 +228,8 @@ class Dispatcher:
         failures (kernelName -> why) and the seconds taken."""
         t0 = time.monotonic()
         device = self.device(on_gpu)
-        jobs: dict[str, list[tuple[GemmProblem, Solution]]] = {}
-        exact: list[GemmProblem] = list(problems)
+        jobs: dict[str, list[tuple[Problem, Solution]]] = {}
+        exact: list[Problem] = list(problems)
         for problem in exact:  # what no row serves runs its default: build that ahead too
             for _backend, sol in self._default_solutions(problem, device):
                 jobs.setdefault(sol.libtype, []).append((problem, sol))
@@ -274,7 +264,7 @@ class Dispatcher:
             self._recorder.flush()
 
     # ---- deciding ----------------------------------------------------------------------------------------
-    def decide(self, problem: GemmProblem, on_gpu: bool) -> Decision:
+    def decide(self, problem: Problem, on_gpu: bool) -> Decision:
         """The (cached) decision for ``problem`` on this process's GPU (``on_gpu``) or CPU."""
         key = (problem, on_gpu)
         decisions = self.cache.decisions
@@ -286,18 +276,16 @@ class Dispatcher:
                     dec = decisions[key] = self._decide(problem, self.device(on_gpu))
         return dec
 
-    def _decide(self, problem: GemmProblem, device: DeviceIdentity) -> Decision:
+    def _decide(self, problem: Problem, device: DeviceIdentity) -> Decision:
         dec = None
-        if problem.M > 0 and problem.N > 0:
+        if not problem.empty:
             table = self.table()
-            for level in MATCH_LEVELS:
-                m = problem.M if level == "exact" else get_padded_m(problem.M, problem.N, problem.K, int(level[-1]))
-                if level != "exact" and m == problem.M:
+            for level, padded in (("exact", problem), *problem.padded()):
+                if level != "exact" and padded.M == problem.M:
                     continue  # same key as the exact lookup: already a miss
                 # The best row of this level that runs here: a device-exact row whose backend is missing (TileLang
                 # not installed) gives way to the class row of its key, not to the next level.
-                for row in table.rows_for(device.gfx, device.cu_num, self.op.row_key(problem.with_m(m)),
-                                          device.device_name):
+                for row in table.rows_for(device.gfx, device.cu_num, self.op.row_key(padded), device.device_name):
                     pad_min = row.values.get("pad_m_min")
                     if level != "exact" and pad_min is not None and problem.M < pad_min:
                         # The tuner checked this row for padded use only from pad_m_min up (docs/configs.md).
@@ -317,31 +305,28 @@ class Dispatcher:
         if self._recorder is not None and dec.matched != "exact":
             self._recorder.record(problem)  # padded and JSON hits too: the tuner can then tune the exact M
         if self.settings.log_tuned_config:
-            log.info("%s: M=%d N=%d K=%d bias=%s dtype=%s otype=%s scaleAB=%s bpreshuffle=%s -> matched=%s "
-                     "libtype=%s solidx=%d kernelName=%s source=%s", self.op.name, problem.M, problem.N, problem.K,
-                     problem.bias, dtype_name(problem.dtype), dtype_name(problem.otype), problem.scaleAB,
-                     problem.bpreshuffle, dec.matched, dec.solution.libtype, dec.solution.solidx,
+            log.info("%s: %s -> matched=%s libtype=%s solidx=%d kernelName=%s source=%s", self.op.name,
+                     problem.describe(), dec.matched, dec.solution.libtype, dec.solution.solidx,
                      dec.solution.kernelName or "-",
                      dec.source + (f":{dec.row.line}" if dec.row is not None and not self.op.source_with_line
                                    else ""))
         return dec
 
-    def _log_miss(self, problem: GemmProblem, dec: Decision) -> None:
+    def _log_miss(self, problem: Problem, dec: Decision) -> None:
         """AITER's INFO line for a shape no tuned row serves (once per shape: decisions are cached), visible even
         when the application set no logging up, so that logs can be scraped for untuned shapes as with AITER."""
         ensure_info_handler()
-        log.info(MISS_MESSAGE, problem.M, problem.N, problem.K, dtype_name(problem.dtype), dtype_name(problem.otype),
-                 problem.bias, problem.scaleAB, problem.bpreshuffle, ":".join(self.settings.config_paths[self.op.kind]),
-                 dec.solution.libtype, dec.solution.solidx)
+        log.info(problem.MISS_SHAPE + MISS_TAIL, *problem.miss_args(),
+                 ":".join(self.settings.config_paths[self.op.kind]), dec.solution.libtype, dec.solution.solidx)
 
-    def runner_for(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> tuple[Any, str | None]:
+    def runner_for(self, problem: Problem, solution: Solution, device: DeviceIdentity) -> tuple[Any, str | None]:
         """Public: ``(runner, None)`` if ``solution`` runs ``problem`` on ``device``, else ``(None, why not)``: the
         backend's availability, ``why_not`` and ``prepare``, the one rule the runtime's levels and the tuner share."""
         why = self.why_not(problem, solution, device)
         runner = self.backend(solution.libtype).prepare(problem, solution, device) if why is None else None
         return runner, (why or "prepare() returned None") if runner is None else None
 
-    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity | None) -> str | None:
+    def why_not(self, problem: Problem, solution: Solution, device: DeviceIdentity | None) -> str | None:
         """Public: why ``solution`` cannot run ``problem`` on ``device`` (the backend's availability, then its
         ``why_not``: :meth:`runner_for` without preparing anything), None if it can. ``device`` None leaves this
         machine out: the backend's ``shape_why_not`` on the reference arch (the tuner's check of a shape)."""
@@ -353,7 +338,7 @@ class Dispatcher:
             return f"backend {solution.libtype!r} unavailable: {unavailable}"
         return backend.why_not(problem, solution, device)
 
-    def _runner(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
+    def _runner(self, problem: Problem, device: DeviceIdentity, sol: Solution,
                 warn_unavailable: bool = True) -> tuple[Any, str | None]:
         """:meth:`runner_for` for a decision level: a libtype that cannot run here at all is warned once per libtype
         and returns (None, None), so callers need not say more (with ``warn_unavailable`` False: (None, why) and no
@@ -367,14 +352,14 @@ class Dispatcher:
             return None, None
         return self.runner_for(problem, sol, device)
 
-    def _decision(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution, matched: str,
+    def _decision(self, problem: Problem, device: DeviceIdentity, sol: Solution, matched: str,
                   row: TunedRow | None, runner: Any, source: str) -> Decision:
         extra = tuple(self.backend(sol.libtype).describe(sol).items())
         eager = self._eager_choice(problem, device, sol, row)
         eager_sol, eager_runner = eager if eager is not None else (None, None)
         return Decision(problem, device, sol, matched, row, runner, source, extra, eager_sol, eager_runner)
 
-    def _eager_choice(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution,
+    def _eager_choice(self, problem: Problem, device: DeviceIdentity, sol: Solution,
                       row: TunedRow | None) -> tuple[Solution, Any] | None:
         """What eager (non-capturing) calls run instead of ``sol``, or None for ``sol`` itself: on a GPU, a backend
         whose launches cost more host time than the library call's (``cheap_launch`` False, a row faster than the
@@ -393,7 +378,7 @@ class Dispatcher:
             return None
         return choice
 
-    def _from_row(self, problem: GemmProblem, device: DeviceIdentity, row: TunedRow, level: str) -> Decision | None:
+    def _from_row(self, problem: Problem, device: DeviceIdentity, row: TunedRow, level: str) -> Decision | None:
         try:
             sol = self.op.row_solution(row)
         except ConfigError as exc:  # a malformed row (a kernelName that does not parse): a miss, said once
@@ -403,14 +388,14 @@ class Dispatcher:
         runner, why = self._runner(problem, device, sol)
         if runner is None:
             if why is not None:
-                self.warn_once(("row", row.source, row.line), "aiter_gemm: %s:%d: %s %s cannot run M=%d N=%d K=%d "
-                               "here (%s); row ignored: a miss at this level", row.source, row.line, sol.libtype,
-                               _label(sol), problem.M, problem.N, problem.K, why)
+                self.warn_once(("row", row.source, row.line), "aiter_gemm: %s:%d: %s %s cannot run %s here (%s); "
+                               "row ignored: a miss at this level", row.source, row.line, sol.libtype, _label(sol),
+                               problem.label(), why)
             return None
         source = f"{row.source}:{row.line}" if self.op.source_with_line else row.source
         return self._decision(problem, device, sol, level, row, runner, source)
 
-    def _from_json(self, problem: GemmProblem, device: DeviceIdentity) -> Decision | None:
+    def _from_json(self, problem: Problem, device: DeviceIdentity) -> Decision | None:
         """The JSON level's first bucket covering M that runs here (:meth:`~aiter_gemm.jsonconfigs.JsonLevel.hits`:
         the op's own files, then e.g. SGLang's), else None (the default)."""
         for files, source, sol in self.op.json.hits(self._json_folders, device, problem, self.backend):
@@ -427,7 +412,7 @@ class Dispatcher:
                                "using the next level", path, key, _label(sol), problem.M, why)
         return None
 
-    def _filled(self, problem: GemmProblem, device: DeviceIdentity, sol: Solution) -> Solution:
+    def _filled(self, problem: Problem, device: DeviceIdentity, sol: Solution) -> Solution:
         """A row naming no kernel (kernelName empty or ``auto``) of the libtype the op's JSON files fill in, with the
         JSON bucket's kernel where one answers (:attr:`~aiter_gemm.jsonconfigs.JsonLevel.fills`)."""
         level = self.op.json
@@ -436,7 +421,7 @@ class Dispatcher:
         return next((hit for _files, _source, hit in level.hits(self._json_folders, device, problem, self.backend)),
                     sol)
 
-    def default_decision(self, problem: GemmProblem, device: DeviceIdentity, eager: bool = False) -> Decision:
+    def default_decision(self, problem: Problem, device: DeviceIdentity, eager: bool = False) -> Decision:
         """Public (the tuner's baseline, benchmarks): the default decision, uncached. AITER's order: pre-shuffled
         weights -> a BLASLt heuristic solution; else the highest-priority available backend whose ``default_for``
         accepts the shape (skinny for small M on a GPU); torch last. ``eager``: the decision as eager calls see it
@@ -449,13 +434,12 @@ class Dispatcher:
                                eager_runner=None)
             return dec
         raise RuntimeError(
-            f"aiter_gemm: no available {self.op.name} backend can run M={problem.M} N={problem.N} K={problem.K} "
-            f"dtype={dtype_name(problem.dtype)} bpreshuffle={problem.bpreshuffle} on {device.gfx}"
+            f"aiter_gemm: no available {self.op.name} backend can run {problem.describe()} on {device.gfx}"
             + (" (a pre-shuffled weight needs a BLASLt backend: cublaslt or hipblaslt)" if problem.bpreshuffle else "")
         )
 
 
-    def _default_solutions(self, problem: GemmProblem, device: DeviceIdentity, cheap_only: bool = False
+    def _default_solutions(self, problem: Problem, device: DeviceIdentity, cheap_only: bool = False
                            ) -> Iterator[tuple[Backend, Solution]]:
         """The backends that claim the shape as its default and can run it, highest priority first, with their
         solutions (nothing prepared)."""
@@ -469,7 +453,7 @@ class Dispatcher:
             if sol is not None and backend.why_not(problem, sol, device) is None:
                 yield backend, sol
 
-    def _default_choice(self, problem: GemmProblem, device: DeviceIdentity, cheap_only: bool = False
+    def _default_choice(self, problem: Problem, device: DeviceIdentity, cheap_only: bool = False
                         ) -> tuple[Solution, Any] | None:
         """(solution, runner) of the default: the highest-priority backend that claims the shape and can run it."""
         for backend, sol in self._default_solutions(problem, device, cheap_only):

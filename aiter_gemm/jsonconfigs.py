@@ -32,7 +32,7 @@ from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import atomic_write_text, file_problem, read_text
 
 if TYPE_CHECKING:
-    from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+    from aiter_gemm.backends.base import Backend, GemmProblem, Problem, Solution
     from aiter_gemm.device import DeviceIdentity
     from aiter_gemm.settings import Settings
 
@@ -58,16 +58,19 @@ BackendOf = Callable[[str], "Backend"]
 
 @dataclass(frozen=True)
 class JSONFiles:
-    """One family of per-(N, K) JSON config files read at the dispatcher's JSON level, after the families before
-    it (docs/configs.md, "Lookup"): the op's own ``{arch}-<family>-N=..-K=...json`` files, then SGLang's TileLang
-    files. Where they are, what the file of (N, K) on a device is called, and how one becomes buckets (the same
-    :data:`Buckets` every family selects from with :func:`select_bucket`)."""
+    """One family of JSON config files of M buckets read at the dispatcher's JSON level, after the families before
+    it (docs/configs.md, "Lookup"): the GEMM ops' own ``{arch}-<family>-N=..-K=...json`` files, then SGLang's
+    TileLang files; ``fused_moe``'s vLLM/SGLang files. Where they are, what the file of a problem on a device is
+    called, and how one becomes buckets (the same :data:`Buckets` every family selects from with
+    :func:`select_bucket`)."""
 
     label: str  # what warnings call one of these files
     folders: Callable[["Settings"], tuple[str, ...]]  # searched in order; the first holding the file decides
-    file_name: Callable[["DeviceIdentity", int, int], str]  # the file of (N, K) on a device
-    glob: Callable[["DeviceIdentity"], str]  # every file of a device (warm-up); its names match ``nk``
-    nk: re.Pattern[str]  # (N, K) of a file name, as groups 1 and 2
+    file_name: Callable[["DeviceIdentity", "Problem"], str]  # the file of a problem (its N, K; its E, N) on a device
+    #: (N, K) files only: every file of a device (warm-up), whose names match ``nk``; None: not enumerated (a file
+    #: name that does not give back a problem: fused_moe's files lack the model dim).
+    glob: Callable[["DeviceIdentity"], str] | None
+    nk: re.Pattern[str] | None  # (N, K) of a file name, as groups 1 and 2
     #: (path, the op's backends) -> the file's buckets of solutions; strict: JSONConfigError naming file and key.
     read: Callable[[str | os.PathLike, BackendOf], "Buckets"]
     #: One warning per file for entries that cannot run here (SGLang's files: written for another runtime), rather
@@ -166,6 +169,20 @@ def _bound(bucket: tuple[int | None, str, Any]) -> float:
     return math.inf if bucket[0] is None else bucket[0]
 
 
+def nearest_m_bounds(ms: list[int]) -> dict[int, int | None]:
+    """The nearest-M choice of SGLang's and vLLM's files (``min(keys, key=|key - M|)``) as the largest M each key
+    serves (None: any larger M). ``ms`` in file order: of two keys equally near an M, the one written first wins
+    (``min`` over the keys in order)."""
+    order = {m: i for i, m in enumerate(ms)}
+    ascending = sorted(order)
+    out: dict[int, int | None] = {}
+    for a, b in zip(ascending, ascending[1:]):
+        twice_mid = a + b  # the M at equal distance, times two
+        out[a] = twice_mid // 2 if twice_mid % 2 or order[a] < order[b] else twice_mid // 2 - 1
+    out[ascending[-1]] = None
+    return out
+
+
 def write_buckets(path: str | os.PathLike, buckets: Mapping[str, T | None], to_json: Callable[[T], dict],
                   named: Mapping[str, int | None] = NAMED_BUCKETS) -> None:
     """Write ``buckets`` (key -> entry, None for :data:`DEFAULT_ENTRY`) atomically, smallest bound first; keys
@@ -244,6 +261,8 @@ class JsonLevel:
     fills: str | None = None
     #: Further file families read after the op's own (entries already solutions), in order.
     more: tuple[JSONFiles, ...] = ()
+    #: False: the op has no AITER-style own family, only the ``more`` families (``fused_moe``).
+    own_files: bool = True
 
     @cached_property
     def own(self) -> JSONFiles:
@@ -251,13 +270,13 @@ class JsonLevel:
         family = self.family
         return JSONFiles(
             label="JSON config", folders=lambda settings: settings.triton_config_dirs,
-            file_name=lambda device, N, K: f"{device.gfx}-{family}-N={N}-K={K}.json",
+            file_name=lambda device, p: f"{device.gfx}-{family}-N={p.N}-K={p.K}.json",
             glob=lambda device: f"{glob.escape(device.gfx)}-{family}-N=*-K=*.json",
             nk=re.compile(r".*-N=([0-9]+)-K=([0-9]+)\.json"), read=self.read_own)
 
     @property
     def families(self) -> tuple[JSONFiles, ...]:
-        return (self.own, *self.more)
+        return (self.own, *self.more) if self.own_files else self.more
 
     def folders(self, settings: Settings) -> tuple[tuple[Path, ...], ...]:
         """Each family's folders under ``settings``, in :attr:`families` order (what :meth:`hits` searches)."""
@@ -281,21 +300,22 @@ class JsonLevel:
         return cached_file(path, lambda p: files.read(p, backend), strict, (files, backend))
 
     def _paths(self, files: JSONFiles, folders: Sequence[str | Path], device: DeviceIdentity,
-               nk: tuple[int, int] | None) -> Iterator[Path]:
-        """The one walk over a family's files: those that may hold (N, K) = ``nk`` in lookup order (each name over
-        the folders), or with ``nk`` None every (N, K) file of ``device`` (each folder's, sorted)."""
-        if nk is None:
-            for folder in folders:
+               problem: Problem | None) -> Iterator[Path]:
+        """The one walk over a family's files: those that may hold ``problem`` in lookup order (each name over the
+        folders), or with ``problem`` None every (N, K) file of ``device`` (each folder's, sorted; none for a family
+        without ``glob``)."""
+        if problem is None:
+            for folder in folders if files.glob is not None else ():
                 yield from sorted(Path(folder).glob(files.glob(device)))
             return
-        names = (files.file_name(device, *nk),)
+        names = (files.file_name(device, problem),)
         if files is self.own and self.arch_file:
             names += (f"{device.gfx}-{self.family}.json",)
         for name in names:
             for folder in folders:
                 yield Path(folder) / name
 
-    def hits(self, folders: Sequence[Sequence[str | Path]], device: DeviceIdentity, problem: GemmProblem,
+    def hits(self, folders: Sequence[Sequence[str | Path]], device: DeviceIdentity, problem: Problem,
              backend: BackendOf, strict: bool = False) -> Iterator[tuple[JSONFiles, str, Solution]]:
         """``(family, "<file>#<bucket>", solution)`` per family (``folders``: each family's, in order): the first of
         its files with a bucket covering ``problem.M`` that is not a ``"default"`` one (nothing confirmed there: the
@@ -303,7 +323,7 @@ class JsonLevel:
         once and skipped; strict, JSONConfigError naming file and key. The search of JSON files: the decision, its
         fill-in of rows naming no kernel, and the op modules' JSON helpers ask it."""
         for files, dirs in zip(self.families, folders):
-            for path in self._paths(files, dirs, device, (problem.N, problem.K)):
+            for path in self._paths(files, dirs, device, problem):
                 hit = select_bucket(self.buckets_of(files, path, backend, strict) or [], problem.M)
                 if hit is not None:
                     key, sol = hit
@@ -318,7 +338,7 @@ class JsonLevel:
         builds ahead. Files that cannot be used are warned once and skipped, as the decision skips them."""
         for files, dirs in zip(self.families, folders):
             for path in self._paths(files, dirs, device, None):
-                nk = files.nk.match(path.name)
+                nk = files.nk.match(path.name) if files.nk is not None else None
                 for bound, _key, sol in (self.buckets_of(files, path, backend) or ()) if nk is not None else ():
                     if sol is not None:
                         problem = key_problem((bound or 1, int(nk[1]), int(nk[2])))

@@ -65,13 +65,15 @@ class LazyRegistry(Generic[T]):
 # ---- ops -----------------------------------------------------------------------------------------------------
 #: Ops this package defines: name -> the module under aiter_gemm/ops/ that defines and registers it.
 OPS: LazyRegistry[OpSpec] = LazyRegistry("op", {"gemm_a16w16": "aiter_gemm.ops.a16w16",
-                                                 "gemm_a8w8_blockscale": "aiter_gemm.ops.a8w8_blockscale"},
+                                                 "gemm_a8w8_blockscale": "aiter_gemm.ops.a8w8_blockscale",
+                                                 "fused_moe": "aiter_gemm.ops.fused_moe"},
                                           lambda spec: spec.name)
 register_op = OPS.register
 op_spec = OPS.get
 #: Public names of ``aiter_gemm`` that an op module defines, imported on first access (``aiter_gemm.__getattr__``).
 PUBLIC: dict[str, str] = {"gemm_a8w8_blockscale": "gemm_a8w8_blockscale",
-                          "get_GEMM_A8W8_BLOCKSCALE_config": "gemm_a8w8_blockscale"}
+                          "get_GEMM_A8W8_BLOCKSCALE_config": "gemm_a8w8_blockscale",
+                          "fused_moe": "fused_moe", "get_fused_moe_config": "fused_moe"}
 
 
 def public_attribute(name: str) -> Any:

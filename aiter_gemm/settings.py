@@ -151,6 +151,8 @@ class Settings:
     triton_config_dirs: tuple[str, ...] = ()
     # AITER_GEMM_SGLANG_TILELANG_DIR folders (colon-separated): SGLang's TileLang files, below the project's own.
     sglang_tilelang_dirs: tuple[str, ...] = ()
+    # AITER_GEMM_FUSED_MOE_CONFIGS folders (colon-separated): vLLM/SGLang fused-MoE JSON files (E=..,N=..,...json).
+    fused_moe_dirs: tuple[str, ...] = ()
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -170,6 +172,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         device_name=env.get("AITER_GEMM_DEVICE_NAME", "").strip() or None,
         triton_config_dirs=_folders(env, "AITER_GEMM_TRITON_CONFIGS") + (str(default_config_dir() / "triton"),),
         sglang_tilelang_dirs=_folders(env, "AITER_GEMM_SGLANG_TILELANG_DIR"),
+        fused_moe_dirs=_folders(env, "AITER_GEMM_FUSED_MOE_CONFIGS"),
     )
 
 

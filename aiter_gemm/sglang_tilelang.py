@@ -9,9 +9,10 @@ the measurement (``latency_ms``, ``tflops``). SGLang runs the entry of the M nea
 
 Here those files are one more family of the block-scale op's JSON level (:data:`FILES`, after the op's own files,
 above the default: docs/configs.md), read from the folders of ``AITER_GEMM_SGLANG_TILELANG_DIR``. Their nearest-M
-rule becomes ``M_LEQ``-style bounds (:func:`nearest_m_bounds`), so the dispatcher selects from them as from any
-JSON file. Entries run on the ``tilelang`` backend (:class:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.
-TileLangConfig` is SGLang's key set); one whose values TileLang cannot run here is a miss, warned once per file.
+rule becomes ``M_LEQ``-style bounds (:func:`~aiter_gemm.jsonconfigs.nearest_m_bounds`), so the dispatcher selects
+from them as from any JSON file. Entries run on the ``tilelang`` backend
+(:class:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.TileLangConfig` is SGLang's key set); one whose values
+TileLang cannot run here is a miss, warned once per file.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.base import Solution
 from aiter_gemm.configs import parse_int
 from aiter_gemm.fileio import gc_paused, read_text, update_text
-from aiter_gemm.jsonconfigs import PARSE_ERRORS, Buckets, JSONConfigError, JSONFiles, load_object
+from aiter_gemm.jsonconfigs import PARSE_ERRORS, Buckets, JSONConfigError, JSONFiles, load_object, nearest_m_bounds
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import SPLIT, SWAPPED, TileLangConfig
 from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
@@ -82,19 +83,6 @@ def entry_solution(entry: Mapping[str, Any]) -> Solution:
         return tilelang_backend.solution_of(TileLangConfig(**values))
     except ValueError:  # a config this project's kernels cannot build: the backend says why when it is selected
         return Solution(tilelang_backend.NAME, -1, 0, tl_impl.config_name(values))
-
-
-def nearest_m_bounds(ms: list[int]) -> dict[int, int | None]:
-    """SGLang's nearest-M choice as the largest M each key serves (None: any larger M). ``ms`` in file order: of
-    two keys equally near an M, the one written first wins (``min`` over the keys in order)."""
-    order = {m: i for i, m in enumerate(ms)}
-    ascending = sorted(order)
-    out: dict[int, int | None] = {}
-    for a, b in zip(ascending, ascending[1:]):
-        twice_mid = a + b  # the M at equal distance, times two
-        out[a] = twice_mid // 2 if twice_mid % 2 or order[a] < order[b] else twice_mid // 2 - 1
-    out[ascending[-1]] = None
-    return out
 
 
 def read_file(path: str | os.PathLike) -> Buckets:
@@ -178,7 +166,7 @@ class _CheckedOnce(dict):
 
 FILES = JSONFiles(
     label="SGLang TileLang config", folders=lambda settings: settings.sglang_tilelang_dirs,
-    file_name=lambda device, N, K: file_name(N, K, device.device_name),
+    file_name=lambda device, p: file_name(p.N, p.K, device.device_name),
     glob=lambda device: "N=*,K=*," + glob.escape(f"device_name={device.device_name}{_SUFFIX}"),
     nk=_FILE_RE, read=lambda path, _backend: read_file(path),  # SGLang's values: read_file names the solutions
     warn_per_file=True)

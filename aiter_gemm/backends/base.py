@@ -10,12 +10,14 @@ dependencies.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 
 from aiter_gemm.device import DeviceIdentity, typical_cu
+from aiter_gemm.dtypes import dtype_name
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
 if TYPE_CHECKING:
     from aiter_gemm.settings import Settings
@@ -31,6 +33,25 @@ Runner = Callable[
 ]
 
 
+def get_padded_m(M: int, N: int, K: int, gl: int) -> int:
+    """AITER's getPaddedM. gl=0: round M up to 16 (M<=256), 32 (<=1024), 64 (<=4096), else 128. gl=1: 8192 if
+    M > 8192 and N > 4096, else the next power of two (1 for M <= 1)."""
+    if gl == 0:
+        step = 16 if M <= 256 else 32 if M <= 1024 else 64 if M <= 4096 else 128
+        return (M + step - 1) // step * step
+    if gl == 1:
+        if M > 8192 and N > 4096:
+            return 8192
+        return 1 if M <= 1 else 1 << (M - 1).bit_length()
+    raise ValueError(f"get_padded_m: gl must be 0 or 1, got {gl!r}")
+
+
+# An op's problem is a frozen dataclass whose fields are named as its untuned CSV columns (``problem_cells`` spells
+# them), with what the dispatcher, capture and the tuner read of any problem: ``M`` (the size that padded lookups
+# change), ``with_m``, ``padded()`` (the op's padded lookups after the exact key, AITER's rule), ``empty``,
+# ``label()`` (warnings, errors), ``describe()`` (the AITER_LOG_TUNED_CONFIG line), ``MISS_SHAPE`` with
+# ``miss_args()`` (the start of AITER's INFO line for a shape no row serves), ``config_fields()`` (what
+# ``get_*_config`` reports of the problem) and ``bpreshuffle`` (a pre-shuffled weight: BLASLt backends only).
 @dataclass(frozen=True)
 class GemmProblem:
     """One GEMM as the tuned CSVs key it (the untuned columns): out = A @ B.T (+ bias)."""
@@ -44,8 +65,40 @@ class GemmProblem:
     scaleAB: bool = False
     bpreshuffle: bool = False
 
+    #: AITER's words for a GEMM shape no tuned row serves (aiter/tuned_gemm.py), before the file list.
+    MISS_SHAPE: ClassVar[str] = ("shape is M:%d, N:%d, K:%d dtype='%s' otype='%s' bias=%s, scaleAB=%s, "
+                                 "bpreshuffle=%s,")
+
     def with_m(self, m: int) -> "GemmProblem":
         return GemmProblem(m, self.N, self.K, self.bias, self.dtype, self.otype, self.scaleAB, self.bpreshuffle)
+
+    def padded(self) -> tuple[tuple[str, "GemmProblem"], ...]:
+        """AITER's padded lookups after the exact M: M at getPaddedM granularity 0, then 1 (:func:`get_padded_m`)."""
+        return tuple((f"padded_gl{gl}", self.with_m(get_padded_m(self.M, self.N, self.K, gl))) for gl in (0, 1))
+
+    @property
+    def empty(self) -> bool:
+        """No work: M, N or K is 0 (no row is looked up, no shape captured)."""
+        return self.M < 1 or self.N < 1 or self.K < 1
+
+    def label(self) -> str:
+        return f"M={self.M} N={self.N} K={self.K}"
+
+    def describe(self) -> str:
+        return (f"M={self.M} N={self.N} K={self.K} bias={self.bias} dtype={dtype_name(self.dtype)} "
+                f"otype={dtype_name(self.otype)} scaleAB={self.scaleAB} bpreshuffle={self.bpreshuffle}")
+
+    def miss_args(self) -> tuple:
+        return (self.M, self.N, self.K, dtype_name(self.dtype), dtype_name(self.otype), self.bias, self.scaleAB,
+                self.bpreshuffle)
+
+    def config_fields(self) -> dict[str, Any]:
+        return {"M": self.M, "N": self.N, "K": self.K}
+
+    def inputs_bytes(self) -> tuple[int, str]:
+        """A lower bound of what the op's test inputs take (float32 operands and reference), and what they are."""
+        return (4 * (self.M * self.K + self.N * self.K + self.M * self.N),
+                f"float32 A, B and reference of M={self.M} N={self.N} K={self.K}")
 
     @property
     def flops(self) -> int:
@@ -55,6 +108,119 @@ class GemmProblem:
         """Fewest bytes moved: A and B read once, out written once (bias ignored: N elements)."""
         isz, osz = _itemsize(self.dtype), _itemsize(self.otype)
         return (self.M * self.K + self.N * self.K) * isz + self.M * self.N * osz
+
+
+def get_padded_token(token: int) -> int:
+    """AITER's ``get_padded_M`` of ``fused_moe`` (aiter/fused_moe.py): the token count its fmoe table is looked up
+    at: the next power of two (1 for 0 or 1) below 32768, then 32768 below 131072, then 131072."""
+    if token < 32768:
+        return 1 if token <= 1 else 1 << (token - 1).bit_length()
+    return 131072 if token >= 131072 else 32768
+
+
+#: AITER's ``act_type`` spelling (str of its ActivationType) of each activation ``fused_moe`` takes.
+ACT_TYPES: dict[str, str] = {"silu": "ActivationType.Silu", "gelu": "ActivationType.Gelu"}
+#: AITER's ``q_type`` of unquantized experts and of FP8 (128, 128) block scales (its per_128x128 is looked up as
+#: per_1x128: activations per token and 128-wide group).
+QUANT_NONE = "QuantType.No"
+QUANT_BLOCK = "QuantType.per_1x128"
+
+
+@dataclass(frozen=True)
+class MoeProblem:
+    """One fused-MoE call as AITER's fmoe tables key it (its untuned columns): ``token`` (T) rows of ``model_dim``
+    (H), ``expert`` (E) experts of ``inter_dim`` (I) with gate and up fused (``use_g1u1``), ``topk`` experts per
+    token, the routing weight applied in the second GEMM (``doweight_stage1`` False). ``M`` is the token count, as
+    AITER's ``fused_moe`` calls it: the size padded lookups change."""
+
+    token: int
+    model_dim: int
+    inter_dim: int
+    expert: int
+    topk: int
+    act_type: str = ACT_TYPES["silu"]
+    dtype: torch.dtype = torch.bfloat16
+    q_dtype_a: torch.dtype = torch.bfloat16
+    q_dtype_w: torch.dtype = torch.bfloat16
+    q_type: str = QUANT_NONE
+    use_g1u1: bool = True
+    doweight_stage1: bool = False
+
+    bpreshuffle: ClassVar[bool] = False
+    MISS_SHAPE: ClassVar[str] = ("[fused_moe] shape is token:%d, model_dim:%d, inter_dim:%d, expert:%d, topk:%d "
+                                 "act_type='%s' dtype='%s' q_dtype_a='%s' q_dtype_w='%s' q_type='%s' use_g1u1=%s, "
+                                 "doweight_stage1=%s,")
+
+    @property
+    def M(self) -> int:
+        return self.token
+
+    def with_m(self, m: int) -> "MoeProblem":
+        return replace(self, token=m)
+
+    def padded(self) -> tuple[tuple[str, "MoeProblem"], ...]:
+        """AITER's one padded lookup: the token count at :func:`get_padded_token`."""
+        return (("padded", self.with_m(get_padded_token(self.token))),)
+
+    @property
+    def empty(self) -> bool:
+        return min(self.token, self.model_dim, self.inter_dim, self.expert, self.topk) < 1
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 weights with (128, 128) block scales, activations quantized per token and 128-wide group."""
+        return self.q_type == QUANT_BLOCK
+
+    @property
+    def activation(self) -> str:
+        """The activation's name as ``fused_moe`` takes it (``silu``), from AITER's ``act_type``."""
+        return next((name for name, text in ACT_TYPES.items() if text == self.act_type), self.act_type)
+
+    def label(self) -> str:
+        return (f"token={self.token} model_dim={self.model_dim} inter_dim={self.inter_dim} expert={self.expert} "
+                f"topk={self.topk}")
+
+    def describe(self) -> str:
+        return (f"{self.label()} act_type={self.act_type} dtype={dtype_name(self.dtype)} "
+                f"q_dtype_a={dtype_name(self.q_dtype_a)} q_dtype_w={dtype_name(self.q_dtype_w)} q_type={self.q_type} "
+                f"use_g1u1={self.use_g1u1} doweight_stage1={self.doweight_stage1}")
+
+    def miss_args(self) -> tuple:
+        return (self.token, self.model_dim, self.inter_dim, self.expert, self.topk, self.act_type,
+                dtype_name(self.dtype), dtype_name(self.q_dtype_a), dtype_name(self.q_dtype_w), self.q_type,
+                self.use_g1u1, self.doweight_stage1)
+
+    def config_fields(self) -> dict[str, Any]:
+        return {"token": self.token, "model_dim": self.model_dim, "inter_dim": self.inter_dim,
+                "expert": self.expert, "topk": self.topk, "act_type": self.act_type, "dtype": dtype_name(self.dtype),
+                "q_dtype_a": dtype_name(self.q_dtype_a), "q_dtype_w": dtype_name(self.q_dtype_w),
+                "q_type": self.q_type, "use_g1u1": self.use_g1u1, "doweight_stage1": self.doweight_stage1}
+
+    def inputs_bytes(self) -> tuple[int, str]:
+        up = 2 if self.use_g1u1 else 1
+        return (4 * (self.expert * (up + 1) * self.inter_dim * self.model_dim + 2 * self.token * self.model_dim),
+                f"float32 experts, hidden states and reference of {self.label()}")
+
+    @property
+    def flops(self) -> int:
+        """Both GEMMs over every (token, expert) pair: gate and up (2I x H), then down (H x I)."""
+        up = 2 if self.use_g1u1 else 1
+        return 2 * self.token * self.topk * (up + 1) * self.inter_dim * self.model_dim
+
+    def min_bytes(self) -> int:
+        """Fewest bytes moved: the weights of the experts the tokens can reach (at most T * k of them, with their
+        block scales), the input read and the output written once."""
+        up = 2 if self.use_g1u1 else 1
+        experts = min(self.expert, self.token * self.topk)
+        per_expert = (up + 1) * self.inter_dim * self.model_dim
+        weights = experts * per_expert * _itemsize(self.q_dtype_w)
+        if self.fp8:
+            weights += experts * 4 * -(-per_expert // (SCALE_BLOCK * SCALE_BLOCK))
+        return weights + 2 * self.token * self.model_dim * _itemsize(self.dtype)
+
+
+#: An op's problem (see the comment above :class:`GemmProblem`).
+Problem = GemmProblem | MoeProblem
 
 
 def finish_scaled(out: torch.Tensor, bias: torch.Tensor | None, otype: torch.dtype, scale_a: torch.Tensor | None,

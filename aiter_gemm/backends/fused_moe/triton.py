@@ -1,0 +1,135 @@
+"""Backend ``triton`` of ``fused_moe``: the Triton fused-MoE kernels of :mod:`aiter_gemm.kernels.fused_moe`.
+
+A solution's ``kernelName`` names the two GEMMs' :class:`~aiter_gemm.kernels.fused_moe.MoeConfig` (``moe_BM16_BN64_
+BK128_GM1_SK1_W4_S4``; two joined by ``;`` when they differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`), as a
+tuned row's ``kernelName1`` / ``kernelName2`` do; ``splitK`` mirrors GEMM1's split count (AITER's ``ksplit``).
+vLLM's and SGLang's JSON values (one config for both GEMMs) read as such a pair (:meth:`parse_json_entry`).
+:func:`~aiter_gemm.kernels.fused_moe.config_error` is the one rule of what runs, for the tuner and the runtime; the
+default on a GPU (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.fused_moe.default_config` of each GEMM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends.base import QUANT_BLOCK, QUANT_NONE, Backend, MoeProblem, Solution
+from aiter_gemm.backends.fused_moe import pair_name, stage_names
+from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
+from aiter_gemm.dtypes import HALF_DTYPES
+from aiter_gemm.kernels import fused_moe as fm
+from aiter_gemm.kernels.blockscale_format import FP8
+from aiter_gemm.kernels.common import INTERPRET
+from aiter_gemm.kernels.fused_moe import MoeConfig
+
+NAME = "triton"
+
+
+def solution_of(config1: MoeConfig, config2: MoeConfig | None = None) -> Solution:
+    """The solution running ``config1`` for GEMM1 and ``config2`` (default: the same) for GEMM2."""
+    config2 = config2 or config1
+    return Solution(NAME, -1, config1.split_k if config1.split_k > 1 else 0, pair_name(config1.name(), config2.name()))
+
+
+def configs_of(solution: Solution) -> tuple[MoeConfig, MoeConfig]:
+    """(GEMM1's config, GEMM2's config) a solution names; ValueError saying what is wrong."""
+    first, second = stage_names(solution.kernelName)
+    return MoeConfig.parse(first), MoeConfig.parse(second)
+
+
+def problem_error(p: MoeProblem) -> str | None:
+    """Why the kernels cannot run ``p`` whatever the configs (dtypes, quantization, activation, layout)."""
+    if not isinstance(p, MoeProblem):
+        return f"libtype {NAME!r} of fused_moe runs MoE problems, not {p!r}"
+    if p.activation not in fm.ACTIVATIONS:
+        return f"act_type {p.act_type!r}: the kernels run {list(fm.ACTIVATIONS)}"
+    if p.dtype not in HALF_DTYPES or not p.use_g1u1 or p.doweight_stage1:
+        return (f"dtype {p.dtype}, use_g1u1 {p.use_g1u1}, doweight_stage1 {p.doweight_stage1}: the kernels run "
+                "bf16/fp16 with gate and up fused and the weight applied in the second GEMM")
+    quant = {QUANT_NONE: (p.dtype, p.dtype), QUANT_BLOCK: (FP8, FP8)}.get(p.q_type)
+    if quant != (p.q_dtype_a, p.q_dtype_w):
+        return (f"q_type {p.q_type} with q_dtype_a {p.q_dtype_a}, q_dtype_w {p.q_dtype_w}: the kernels run "
+                f"{QUANT_NONE} in the activations' dtype or {QUANT_BLOCK} with {FP8}")
+    return None
+
+
+class FusedMoeTritonBackend(Backend):
+    name = NAME
+    default_priority = 10  # above torch's grouped_mm / loop on a GPU (default_for)
+
+    def unavailable_reason(self) -> str | None:
+        return triton_unavailable_reason(f"{NAME} (fused_moe)")
+
+    def why_not(self, problem: MoeProblem, solution: Solution, device: DeviceIdentity) -> str | None:
+        if device.kind == "cpu" and not INTERPRET:
+            return "Triton kernels run on CPU tensors only under TRITON_INTERPRET=1"
+        return self.shape_why_not(problem, solution, device.gfx if device.is_gpu else REFERENCE_ARCH)
+
+    def shape_why_not(self, problem: MoeProblem, solution: Solution, arch: str) -> str | None:
+        why = problem_error(problem)
+        if why is not None:
+            return why
+        try:
+            configs = configs_of(solution)
+        except ValueError as exc:
+            return str(exc)
+        for stage, cfg in zip((1, 2), configs):
+            why = fm.config_error(cfg, fp8=problem.fp8, arch=arch)
+            if why is not None:
+                return f"GEMM{stage} {cfg.name()}: {why}"
+        return None
+
+    def prepare(self, problem: MoeProblem, solution: Solution, device: DeviceIdentity):
+        if self.why_not(problem, solution, device) is not None:
+            return None
+        config1, config2 = configs_of(solution)
+        activation = problem.activation
+
+        def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
+            return fm.fused_moe_triton(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=w1_scale,
+                                       w2_scale=w2_scale, activation=activation, config1=config1, config2=config2)
+
+        return run
+
+    def default_for(self, problem: MoeProblem, device: DeviceIdentity) -> Solution | None:
+        """Each GEMM's :func:`~aiter_gemm.kernels.fused_moe.default_config`, on a GPU (on CPU the interpreter is no
+        default: torch's experts run there)."""
+        if not device.is_gpu or problem_error(problem) is not None:
+            return None
+        return solution_of(*self._defaults(problem, device.heuristic_cu))
+
+    @staticmethod
+    def _defaults(p: MoeProblem, num_sms: int) -> tuple[MoeConfig, MoeConfig]:
+        return (fm.default_config(p.token, p.expert, p.topk, p.inter_dim, p.model_dim, fp8=p.fp8, num_sms=num_sms),
+                fm.default_config(p.token, p.expert, p.topk, p.model_dim, p.inter_dim, fp8=p.fp8, num_sms=num_sms))
+
+    def describe(self, solution: Solution) -> dict[str, Any]:
+        """Each GEMM's config as vLLM's JSON value holds it."""
+        config1, config2 = configs_of(solution)
+        first, second = stage_names(solution.kernelName)
+        return {"kernelName1": first, "kernelName2": second, "block_m": config1.block_m,
+                "config1": config1.to_vllm(), "config2": config2.to_vllm()}
+
+    def parse_json_entry(self, entry: Mapping[str, Any]) -> Solution:
+        """A vLLM / SGLang fused-MoE value (:meth:`~aiter_gemm.kernels.fused_moe.MoeConfig.from_vllm`): one config
+        for both GEMMs."""
+        return solution_of(MoeConfig.from_vllm(entry))
+
+    def _space(self, problem: MoeProblem, device: DeviceIdentity, quick: bool) -> list[Solution]:
+        if problem_error(problem) is not None:
+            return []
+        pairs = [(c, c) for c in fm.config_space(fp8=problem.fp8, quick=quick)]
+        pairs.append(self._defaults(problem, device.heuristic_cu))  # never worse than no row
+        arch = device.gfx if device.is_gpu else REFERENCE_ARCH
+        return [s for s in dict.fromkeys(solution_of(*p) for p in pairs)
+                if self.shape_why_not(problem, s, arch) is None]
+
+    def candidates(self, problem: MoeProblem, device: DeviceIdentity) -> list[Solution]:
+        return self._space(problem, device, quick=False)
+
+    def quick_candidates(self, problem: MoeProblem, device: DeviceIdentity) -> list[Solution]:
+        return self._space(problem, device, quick=True)
+
+
+BACKEND = FusedMoeTritonBackend()
