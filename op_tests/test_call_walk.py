@@ -27,3 +27,15 @@ def test_a_first_call_decides_without_going_back_up_to_the_op(op):
     assert sorted({name for f, name in deciding if f == op_file} - own) == []
     assert (backend_file, "parse_json_entry") in deciding  # the JSON bucket's entry, parsed by its backend
     assert not any(f.startswith("ops/") and f != op_file for f in files_of(result))
+
+
+#: Runtime files a first call ran at d14cee8, before issue 48 (docs/design.md, "One call through the files").
+FILES_BEFORE_ISSUE_48 = {"gemm_a16w16": 16, "gemm_a8w8_blockscale": 16}
+
+
+@pytest.mark.parametrize("op", SCENARIOS)
+def test_a_first_call_touches_fewer_files_than_before_issue_48(op):
+    """A new file on the first call's path is a new bounce: fold it where the call already goes, or raise this
+    bar with a reason in design.md."""
+    files = files_of(walk(op))
+    assert len(files) < FILES_BEFORE_ISSUE_48[op], files

@@ -97,7 +97,7 @@ DEFINITIONS = [
     ("CSV record reading", r"csv\.reader\(", "aiter_gemm/fileio.py"),
     ("a problem's key cells", r"\"cu_num\": str\(", "aiter_gemm/opspec.py"),
     ("setmaxnreg's register rule", r"def \w*math_registers\(", "aiter_gemm/kernels/a8w8_blockscale_tilelang_config.py"),
-    ("kernelName grammars", r"class KernelName\b|_NAME_RE\s*=", "aiter_gemm/kernels/names.py"),
+    ("kernelName grammars", r"class KernelName\b|_NAME_RE\s*=", "aiter_gemm/kernels/common.py"),
 ]
 
 

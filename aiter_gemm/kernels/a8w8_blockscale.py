@@ -46,11 +46,11 @@ from aiter_gemm.kernels.common import (
     MAX_GROUP_SIZE_M,
     MAX_KSPLIT,
     MAX_STAGES,
+    KernelName,
     splitk_reduce,
     tile_coords,
     tma_usable,
 )
-from aiter_gemm.kernels.names import KernelName
 
 BLOCK_SIZE_K = SCALE_BLOCK  # the K tile: one quantization group
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiter_gemm.configs import json_int
 from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
-from aiter_gemm.kernels.names import KernelName
+from aiter_gemm.kernels.common import KernelName
 
 #: Scale groups one pipeline stage of the swapped types may hold (``block_K`` up to 512): each weight row then streams
 #: 512 contiguous bytes a stage instead of 128, which brought M <= 16 decode closer to the weight read

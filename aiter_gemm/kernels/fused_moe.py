@@ -49,10 +49,10 @@ from aiter_gemm.kernels.common import (
     MAX_KSPLIT,
     MAX_STAGES,
     MAX_TILE_NUMEL,
+    KernelName,
     tile_coords,
 )
 from aiter_gemm.kernels.moe_align import moe_align_block_size
-from aiter_gemm.kernels.names import KernelName
 
 __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "config_space", "default_config",
            "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size"]

@@ -36,13 +36,13 @@ from aiter_gemm.kernels.common import (
     MAX_KSPLIT,
     MAX_STAGES,
     MAX_TILE_NUMEL,
+    KernelName,
     bias_agnostic,
     bias_stride_of,
     splitk_reduce,
     tile_coords,
     tma_usable,
 )
-from aiter_gemm.kernels.names import KernelName
 
 __all__ = ["INTERPRET", "GemmConfig", "check_operands", "default_config",
            "gemm_a16w16", "gemm_a16w16_ref", "launch_gemm_a16w16", "splitk_reduce", "tma_available", "tma_usable"]

@@ -49,12 +49,12 @@ from aiter_gemm.kernels.common import (
     MAX_KSPLIT,
     MAX_STAGES,
     MAX_TILE_NUMEL,
+    KernelName,
     bias_agnostic,
     bias_stride_of,
     splitk_reduce,
 )
 from aiter_gemm.kernels.gemm_a16w16 import check_operands
-from aiter_gemm.kernels.names import KernelName
 
 try:  # Hopper's grid dependency control (Triton >= 3.3); the interpreter has none
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
