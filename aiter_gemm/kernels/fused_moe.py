@@ -405,7 +405,7 @@ def check_moe_inputs(
         if not t.is_contiguous():
             raise ValueError(f"fused_moe: {_describe(name, t)} must be contiguous")
     if fp8 != (w1_scale is not None) or fp8 != (w2_scale is not None):
-        raise ValueError(f"fused_moe: w1_scale and w2_scale are {'required' if fp8 else 'only for'} FP8 weights "
+        raise ValueError(f"fused_moe: w1_scale and w2_scale are {'required for' if fp8 else 'only for'} FP8 weights "
                          f"(w1 is {w1.dtype})")
     if fp8:
         for name, t, rows, cols in (("w1_scale", w1_scale, 2 * inter_dim, H), ("w2_scale", w2_scale, H, inter_dim)):
@@ -422,12 +422,19 @@ def check_moe_inputs(
     for name, t in (("topk_weight", topk_weight), ("topk_ids", topk_ids)):
         if not t.is_contiguous():
             raise ValueError(f"fused_moe: {_describe(name, t)} must be contiguous")
-    if topk_ids.numel() and not is_capturing(topk_ids):
-        lo, hi = (int(v) for v in torch.aminmax(topk_ids))  # one reduction, one sync
-        if lo < 0 or hi >= E:
-            raise ValueError(f"fused_moe: topk_ids holds expert ids in [{lo}, {hi}], outside [0, {E}) "
-                             f"({_describe('topk_ids', topk_ids)})")
+    if not is_capturing(topk_ids):
+        check_expert_ids(topk_ids, E)
     return fp8
+
+
+def check_expert_ids(topk_ids: torch.Tensor, experts: int) -> None:
+    """ValueError naming ``topk_ids`` when one of its ids is outside [0, ``experts``): one reduction and one host
+    sync (skipped in CUDA-graph capture, where the kernels give such pairs no weight instead)."""
+    if topk_ids.numel():
+        lo, hi = (int(v) for v in torch.aminmax(topk_ids))
+        if lo < 0 or hi >= experts:
+            raise ValueError(f"fused_moe: {_describe('topk_ids', topk_ids)} holds expert ids in [{lo}, {hi}], "
+                             f"outside [0, {experts})")
 
 
 def k_splits(K: int, cfg: MoeConfig) -> tuple[int, int]:
@@ -472,13 +479,27 @@ def fused_moe_triton(
     fp8 = check_moe_inputs(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)
     T, H = hidden_states.shape
     E, inter_dim, topk = w1.shape[0], w1.shape[1] // 2, topk_ids.shape[1]
-    dtype, dev = hidden_states.dtype, hidden_states.device
     config1 = config1 or default_config(T, E, topk, inter_dim, H, fp8=fp8)
     config2 = config2 or default_config(T, E, topk, H, inter_dim, fp8=fp8)
     for name, cfg in (("config1", config1), ("config2", config2)):
         problem = config_error(cfg, fp8=fp8) if fp8 else None
         if problem:
             raise ValueError(f"fused_moe: {name} {cfg.name()}: {problem}")
+    return launch_fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation, config1,
+                            config2)
+
+
+def launch_fused_moe(
+    hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
+    topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, activation: str,
+    config1: MoeConfig, config2: MoeConfig,
+) -> torch.Tensor:
+    """:func:`fused_moe_triton` without its checks, for callers that validated this key's inputs and configs already
+    (the op's runners: once per key, the expert ids per call)."""
+    fp8 = w1_scale is not None
+    T, H = hidden_states.shape
+    E, inter_dim, topk = w1.shape[0], w1.shape[1] // 2, topk_ids.shape[1]
+    dtype, dev = hidden_states.dtype, hidden_states.device
     if T == 0 or topk == 0:
         return torch.zeros((T, H), dtype=dtype, device=dev)
     num_pairs = T * topk

@@ -41,7 +41,7 @@ from aiter_gemm.jsonconfigs import JsonLevel
 from aiter_gemm.kernels import fused_moe_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import quantize_weight_blockscale
 from aiter_gemm.kernels.blockscale_format import FP8
-from aiter_gemm.kernels.fused_moe import MoeConfig, check_moe_inputs, fused_moe_ref
+from aiter_gemm.kernels.fused_moe import MoeConfig, check_expert_ids, check_moe_inputs, fused_moe_ref
 from aiter_gemm.op_entry import BYPASS, OPTIONAL_TENSOR, VALUE, Arg, Decided, OpEntry
 from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import register_op
@@ -187,16 +187,6 @@ def problem_of(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, 
     q_dtype = FP8 if fp8 else hidden_states.dtype
     return MoeProblem(T, H, w2.shape[2], w1.shape[0], topk_ids.shape[1], ACT_TYPES[activation], hidden_states.dtype,
                       q_dtype, q_dtype, QUANT_BLOCK if fp8 else QUANT_NONE)
-
-
-def check_expert_ids(topk_ids: torch.Tensor, experts: int) -> None:
-    """ValueError naming ``topk_ids`` when one of its ids is outside [0, ``experts``): one reduction and a host
-    sync (the per-call check; the kernels give such pairs no weight where it is skipped, in CUDA-graph capture)."""
-    if topk_ids.numel():
-        lo, hi = (int(v) for v in torch.aminmax(topk_ids))
-        if lo < 0 or hi >= experts:
-            raise ValueError(f"fused_moe: topk_ids (shape {tuple(topk_ids.shape)}, dtype {topk_ids.dtype}, device "
-                             f"{topk_ids.device}) holds expert ids in [{lo}, {hi}], outside [0, {experts})")
 
 
 def _checked(runner, experts: int):

@@ -87,8 +87,9 @@ class FusedMoeTritonBackend(Backend):
         activation = problem.activation
 
         def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
-            return fm.fused_moe_triton(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=w1_scale,
-                                       w2_scale=w2_scale, activation=activation, config1=config1, config2=config2)
+            # The op checked this key's inputs at its first call and checks the expert ids per call.
+            return fm.launch_fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation,
+                                       config1, config2)
 
         return run
 
