@@ -5,9 +5,9 @@
 # arm). Run from the repository root; results under $OUT/hf (env.txt, capture.log, captured_gemm.csv, tune.log,
 # tuned_gemm.csv, measure.log, results.json, results.md, rounds.csv).
 #
-#   OUT=/tmp/hf COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_h100.sh          # all three steps
+#   OUT=/tmp/hf COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf.sh          # all three steps
 #   OUT=/tmp/hf STEPS=measure TUNED=benchmarks/results/hf/loop_h100_b7bec25/call3/tuned_gemm.csv \
-#     bash benchmarks/device/hf_h100.sh                      # the measure of record, with the tuned file of record
+#     bash benchmarks/device/hf.sh                      # the measure of record, with the tuned file of record
 #
 # Tuning the 36 captured shapes takes ~9.5 min on an H100 (most of it the M = 1 gemv spaces): with TUNE_LIMIT_S
 # under the call's limit the tuner saves what finished; rerun with RESUME_FROM=<that tuned_gemm.csv> to resume.

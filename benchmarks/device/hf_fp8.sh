@@ -8,7 +8,7 @@
 # a8w8_blockscale_untuned_gemm.csv, tune.log, a8w8_blockscale_tuned_gemm.csv + JSON, measure.log, results.json,
 # results.md, rounds.csv).
 #
-#   OUT=/tmp/hf8 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_fp8_h100.sh      # ~8 min on an H100
+#   OUT=/tmp/hf8 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_fp8.sh      # ~8 min on an H100
 #
 # The default tune includes TileLang, which must import: TL_PACK=<pack.tar.xz> unpacks its offline pack here
 # (docs/tilelang.md), or pass TUNE_ARGS without it. LAYERS (default 4: the per-layer GEMM shapes are the full

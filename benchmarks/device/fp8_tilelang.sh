@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The FP8 block-scale op with its TileLang backend, on one H100, in one call: the GPU tests of the backend, the shipped
-# rows retuned with TileLang candidates (--quick space: kept only where >= 3% faster than what ran before,
+# The FP8 block-scale op with its TileLang backend, on one sm_90 GPU, in one call: the GPU tests of the backend, the
+# shipped rows retuned with TileLang candidates (--quick space: kept only where >= 3% faster than what ran before,
 # --compare --update_improved), then the op (dispatch) against torch's block-scaled matmul per call
 # (torch_blockscale), the op before TileLang (baseline: the configs of commit 0e4b641, TileLang off) and bf16
 # F.linear, on held-out FP8 models (Qwen3-8B/32B-FP8) and DeepGEMM's published shapes; CUDA graphs, paired rounds;
 # eager timing at decode M. TileLang serves only tuned rows: add the retuned file's shapes (or a tuned CSV of the
 # held-out ones) for the comparison to show it. Run from the repository root:
 #
-#   OUT=/tmp/fp8 TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_tilelang_h100.sh
+#   OUT=/tmp/fp8 TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_tilelang.sh
 #
 # Writes under $OUT: record.log (every step's output), configs.tar (the retuned CSV and per-(N, K) JSON files, to copy over
 # configs/), fp8_tilelang_<GPU>.csv (+ _env.json), fp8_tilelang_eager_<GPU>.csv, record.log. STEPS picks steps;

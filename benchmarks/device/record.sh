@@ -4,7 +4,7 @@
 # on the shipped, off-grid and held-out shapes (graph and eager), against max-autotune at M = 1, the M = 1 default,
 # the FP8 block-scale op, the decoder layer and the host time of eager calls. Run from the repository root:
 #
-#   OUT=/tmp/record COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/record_h100.sh
+#   OUT=/tmp/record COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/record.sh
 #
 # Writes under $OUT: <name>_<GPU>.csv and <name>_<GPU>_env.json per step (names: overhead, overhead_python, bf16,
 # bf16_maxautotune, gemv_default, fp8, layer, host), record.log (each step's output and wall time) and build.log

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The held-out FP8 shapes (benchmarks/shapes.py: heldout_fp8, Qwen3-8B/32B-FP8 linears, none in the shipped tables) on
-# one H100, in one call: their decode shapes (M <= 256) tuned in the quick space (triton, torch, tilelang), every kernel
-# the decisions name compiled first (aiter_gemm.warmup), then the op with those rows (dispatch), its heuristic default,
+# one sm_90 GPU, in one call: their decode shapes (M <= 256) tuned in the quick space (triton, torch, tilelang), every
+# kernel the decisions name compiled first (aiter_gemm.warmup), then the op with those rows (dispatch), its heuristic default,
 # torch's block-scaled matmul per call (torch_blockscale), the op before TileLang (baseline: the configs of 0e4b641)
 # and the weight-read floor (weight_read: streaming the weight once, no math); CUDA graphs, paired rounds. Run from the
 # repository root:
 #
-#   OUT=/tmp/heldout TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_heldout_h100.sh
+#   OUT=/tmp/heldout TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/fp8_heldout.sh
 #
 # RESUME=<tuned CSV>: start from those rows (the tuner times only shapes without one); DROP_M=<lo>-<hi>[,<lo>-<hi>...]
 # drops the rows with M in those ranges from it first (to retune them after a change of the space there).
