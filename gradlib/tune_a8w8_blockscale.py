@@ -117,6 +117,7 @@ EXAMPLES = (
     f"{PROG} --model_dir deepseek_v3 --tp 8 -o dsv3_blockscale_tuned.csv",
     f"{PROG} --model_dir qwen3_8b_fp8 --m 1,16,64 --print_shapes",
     f"{PROG} -i a8w8_blockscale_untuned_gemm.csv --mp 8 --json_dir my_configs",
+    f"{PROG} -o configs/a8w8_blockscale_tuned_gemm.csv --json_dir configs/triton --recheck",
 )
 
 
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "faster than the runtime's default (and torch's block-scaled matmul) at its M (1.02)")
     cli.add_confirm_arguments(srch)
     cli.add_candidates_from_argument(srch)
+    cli.add_recheck_argument(srch)
     srch.add_argument("--x_scale_layout", choices=X_SCALE_LAYOUTS, default="row_major",
                       help="x_scale's memory layout as the model's quantizer writes it: row_major (default; "
                       "quantize_blockscale's, AITER's) or m_major (strides (1, M), vLLM's column_major_scales: "
@@ -212,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.configure_logging(args.verbose)
     plugins = cli.plugins_of(args.plugin, first=["gradlib.blockscale"])
     try:
+        cli.apply_recheck(args, "shapes")
         check_aiter_flags(args)
         run_config = args.run_config if isinstance(args.run_config, str) else None
         in_place = bool(args.all and args.shapes and os.path.abspath(args.shapes) == os.path.abspath(args.tuned_file))
