@@ -58,7 +58,6 @@ EXAMPLES = (
     "gemm-tuner --model_dir llama3_70b --tp 8 --nsets 1,32,512 -o llama70b_tp8.csv",
     "gemm-tuner -i tuned.csv -o tuned.csv --all --compare --update_improved  # re-time a stale file in place",
     "gemm-tuner --run_config tuned.csv                                      # its rows against F.linear",
-    "gemm-tuner -o tuned.csv --recheck                                      # this GPU's rows where they lose",
 )
 
 

@@ -117,7 +117,6 @@ EXAMPLES = (
     f"{PROG} --model_dir deepseek_v3 --tp 8 -o dsv3_blockscale_tuned.csv",
     f"{PROG} --model_dir qwen3_8b_fp8 --m 1,16,64 --print_shapes",
     f"{PROG} -i a8w8_blockscale_untuned_gemm.csv --mp 8 --json_dir my_configs",
-    f"{PROG} -o configs/a8w8_blockscale_tuned_gemm.csv --json_dir configs/triton --recheck",
 )
 
 
