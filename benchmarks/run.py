@@ -35,6 +35,7 @@ import torch
 
 import aiter_gemm
 from aiter_gemm.cliargs import device_arg, non_negative_float, positive_int
+from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import atomic_write_text, file_problem, render_csv, write_error
 from benchmarks import env as envmod
 from benchmarks import report as rep
@@ -85,6 +86,26 @@ def bench_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def bench_plan(ap: argparse.ArgumentParser, args: argparse.Namespace, ident: DeviceIdentity
+               ) -> tuple[str, list[str], list[str], list]:
+    """(op, providers, baselines, shapes) of a GEMM bench's arguments on device ``ident``; ``ap.error`` (exit 2) on a
+    provider, baseline or shape set the run cannot use."""
+    op = BENCH_OPS[args.bench]
+    default = "torch_blockscale,flinear,dispatch" if op == BENCH_OPS["fp8"] else "flinear,dispatch"
+    providers = [p.strip() for p in (args.providers or default).split(",") if p.strip()]
+    baselines = [p.strip() for p in (args.baselines or providers[0]).split(",") if p.strip()]
+    try:
+        for spec in providers:
+            resolve(op, spec)
+        shapes = build_sets(op, args.set or "shipped", args.m, ident)
+    except ValueError as exc:
+        ap.error(str(exc))
+    missing = [b for b in baselines if b not in providers]
+    if missing:
+        ap.error(f"--baselines {','.join(missing)}: not among --providers")
+    return op, providers, baselines, shapes
+
+
 def run_bench(argv: list[str], timer: Timer | None = None) -> int:
     ap = bench_parser()
     args = ap.parse_args(argv)
@@ -99,20 +120,8 @@ def run_bench(argv: list[str], timer: Timer | None = None) -> int:
     if device.type != "cuda" and timer is None and set(modes) & {"graph", "host"}:
         ap.error("--timing graph and host need a CUDA device (CPU runs time eagerly: --timing eager)")
     if args.bench in BENCH_OPS:  # providers, baselines and shape sets checked before anything is written
-        op = BENCH_OPS[args.bench]
-        default = "torch_blockscale,flinear,dispatch" if op == BENCH_OPS["fp8"] else "flinear,dispatch"
-        providers = [p.strip() for p in (args.providers or default).split(",") if p.strip()]
-        baselines = [p.strip() for p in (args.baselines or providers[0]).split(",") if p.strip()]
-        try:
-            for spec in providers:
-                resolve(op, spec)
-            ident = aiter_gemm.current_device_identity(on_gpu=device.type == "cuda")
-            shapes = build_sets(op, args.set or "shipped", args.m, ident)
-        except ValueError as exc:
-            ap.error(str(exc))
-        missing = [b for b in baselines if b not in providers]
-        if missing:
-            ap.error(f"--baselines {','.join(missing)}: not among --providers")
+        ident = aiter_gemm.current_device_identity(on_gpu=device.type == "cuda")
+        op, providers, baselines, shapes = bench_plan(ap, args, ident)
     torch.backends.cuda.matmul.allow_tf32 = False
     timer = timer or DeviceTimer(device, args.pairs, args.eager_pairs)
     csv_path, env_path = envmod.output_paths(args.out, args.name or args.bench, device)

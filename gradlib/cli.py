@@ -127,6 +127,35 @@ def add_output_arguments(group: argparse._ArgumentGroup, all_help: str) -> None:
                        "shape alone")
 
 
+def add_recheck_argument(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--recheck", action="store_true", help="check the tuned file (-o) on this GPU, no search: "
+                       "every row serving this device re-timed against the library call and the runtime default, "
+                       "and a row for this device (device_name) written beside the class row where one of them "
+                       "beats it by --min_improvement_pct; short for -i <-o> --all --keep_class_rows "
+                       "--candidates_from <-o> --compare --update_improved")
+
+
+def apply_recheck(args: argparse.Namespace, input_attr: str) -> None:
+    """``--recheck`` as the flags it stands for (``input_attr``: the tuner's ``-i`` destination); a UsageError where
+    a flag given with it asks for something else."""
+    if not args.recheck:
+        return
+    tuned = args.tuned_file
+    if not os.path.isfile(tuned):
+        raise UsageError(f"--recheck: the tuned file -o {tuned} does not exist")
+    if args.run_config:
+        raise UsageError("--recheck writes the rows that lose here; --run_config only times rows")
+    for flag in ("model_dir", "nk", "candidates"):  # the tuners that have them
+        if getattr(args, flag, None):
+            raise UsageError(f"--recheck times the rows of -o {tuned} as they are: not with --{flag}")
+    for flag, path in (("-i", getattr(args, input_attr)), ("--candidates_from", args.candidates_from)):
+        if path and os.path.abspath(path) != os.path.abspath(tuned):
+            raise UsageError(f"--recheck checks -o {tuned} in place: {flag} {path} is another file")
+    setattr(args, input_attr, tuned)
+    args.candidates_from = tuned
+    args.all = args.keep_class_rows = args.compare = args.update_improved = True
+
+
 def add_candidates_from_argument(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--candidates_from", metavar="TUNED_CSV", type=existing_file, help="no search: time each "
                        "shape's solution from this tuned file (and the library call), confirm it as a new winner "

@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     srch.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     cli.add_confirm_arguments(srch)
     cli.add_candidates_from_argument(srch)
+    cli.add_recheck_argument(srch)
     run = ap.add_argument_group("execution")
     cli.add_execution_arguments(run, "module to import in every process before tuning (registers extra backends)")
     run.add_argument("--peak_tflops", type=positive_float,
@@ -213,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.configure_logging(args.verbose)
     plugins = cli.plugins_of(args.plugin)
     try:
+        cli.apply_recheck(args, "input_file")
         check_aiter_flags(args)
         run_config = args.run_config if isinstance(args.run_config, str) else None
         if run_config is not None and not os.path.isfile(run_config):

@@ -154,12 +154,14 @@ def known_libtypes(op: str) -> frozenset[str]:
 
 def device_rows(path: str | os.PathLike, identity: DeviceIdentity, op: str) -> list[TunedRow]:
     """The rows of ``path`` the runtime would use on ``identity``, in file order (a missing file has none): a row
-    from a file without ``gfx`` counts, as it does for the runtime."""
+    from a file without ``gfx`` counts, as it does for the runtime, and a class row (no ``device_name``) only where
+    no row of this device has its key (the runtime's preference, wherever the rows stand in the file)."""
     if not os.path.isfile(path):
         return []
     table = load_table(op_spec(op).kind, [path])
     rows = [row for row in table if row.serves(identity.gfx, identity.cu_num, identity.device_name)]
-    return sorted(rows, key=lambda row: row.line)
+    exact = {row.key for row in rows if row.device_name is not None}
+    return sorted((row for row in rows if row.device_name is not None or row.key not in exact), key=lambda r: r.line)
 
 
 def tuned_keys(path: str | os.PathLike, identity: DeviceIdentity, op: str, exact_only: bool = False) -> set[tuple]:

@@ -196,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "faster than the runtime's default (and torch's block-scaled matmul) at its M (1.02)")
     cli.add_confirm_arguments(srch)
     cli.add_candidates_from_argument(srch)
+    cli.add_recheck_argument(srch)
     srch.add_argument("--x_scale_layout", choices=X_SCALE_LAYOUTS, default="row_major",
                       help="x_scale's memory layout as the model's quantizer writes it: row_major (default; "
                       "quantize_blockscale's, AITER's) or m_major (strides (1, M), vLLM's column_major_scales: "
@@ -212,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.configure_logging(args.verbose)
     plugins = cli.plugins_of(args.plugin, first=["gradlib.blockscale"])
     try:
+        cli.apply_recheck(args, "shapes")
         check_aiter_flags(args)
         run_config = args.run_config if isinstance(args.run_config, str) else None
         in_place = bool(args.all and args.shapes and os.path.abspath(args.shapes) == os.path.abspath(args.tuned_file))

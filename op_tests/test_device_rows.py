@@ -142,3 +142,17 @@ def test_resume_with_keep_class_rows_counts_only_this_devices_rows(tmp_path):
     assert tuned_keys(path, named, "gemm_a16w16") == {KEY}
     assert tuned_keys(path, named, "gemm_a16w16", exact_only=True) == set()
     assert tuned_keys(path, unnamed, "gemm_a16w16", exact_only=True) == {KEY}
+
+
+@pytest.mark.parametrize("generic_first", [True, False])
+def test_the_tuner_reads_a_devices_own_row_before_the_class_row(tmp_path, generic_first):
+    """What serves a device, for ``--compare``'s incumbent, ``--candidates_from`` and ``--recheck``: its own row
+    where the file has one, wherever the rows stand in the file; the class row for the other devices."""
+    from gradlib.results import device_rows, row_solutions
+
+    rows = [("", "generic", 1.0), (H200, "h200", 1.0)]
+    path = _csv(tmp_path, rows if generic_first else rows[::-1])
+    h100, h200 = DeviceIdentity("sm_90", 132, "cuda", H100), DeviceIdentity("sm_90", 132, "cuda", H200)
+    assert [r.values["kernelName"] for r in device_rows(path, h200, "gemm_a16w16")] == ["h200"]
+    assert [r.values["kernelName"] for r in device_rows(path, h100, "gemm_a16w16")] == ["generic"]
+    assert row_solutions(path, h200, "gemm_a16w16")[KEY].kernelName == "h200"

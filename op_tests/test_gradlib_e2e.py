@@ -408,3 +408,50 @@ def test_keep_class_rows_writes_this_devices_row_beside_the_class_row(tmp_path, 
     assert rows() == [("", "5.0"), ("cpu", "timed")]
     assert _run("-i", untuned, "-o", tuned, "--libtype", "torch", "--all") == 0
     assert rows() == [("cpu", "timed")]
+
+
+def test_recheck_writes_this_devices_row_where_the_class_row_loses(tmp_path, capsys):
+    """``--recheck``: every row serving this device re-timed, no search, against the library call and the runtime
+    default; where the class row loses (the fake's slow solution against F.linear), this device's row is written
+    beside it and the class row stays for the other devices of the class; a row that holds and another device's row
+    are left alone, and a second check writes nothing."""
+    cu = os.cpu_count()
+    tuned = tmp_path / "tuned.csv"
+    rows = (("cpu", cu, 4, 1, "slow"), ("cpu", cu, 5, 0, "fast"), ("sm_90", 132, 4, 1, "slow"))
+    tuned.write_text("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,"
+                     "device_name\n" + "".join(f"{gfx},{n},{m},64,32,False,torch.bfloat16,torch.bfloat16,False,False,"
+                                               f"fakepair,{i},0,5.0,{kernel},\n" for gfx, n, m, i, kernel in rows))
+    before = read_csv_rows(tuned)[1]
+    assert _run("-o", tuned, "--recheck", "--libtype", "torch") == 0
+    out = capsys.readouterr().out
+    assert "Updated: 1 (improved: 1, new: 0) | Skipped: 1" in out and "1 row(s) written" in out
+    rows = read_csv_rows(tuned)[1]
+    assert [{k: r[k] for k in before[0]} for r in rows[:3]] == before
+    (new,) = rows[3:]
+    assert (new["M"], new["device_name"], new["libtype"], new["kernelName"]) == ("4", "cpu", "torch", "F.linear")
+    after = tuned.read_text()
+    assert _run("-o", tuned, "--recheck", "--libtype", "torch") == 0  # this device's rows now hold
+    assert "Updated: 0" in capsys.readouterr().out and tuned.read_text() == after
+    # What serves this device is its own row wherever the file has one, listed before the class row or after it.
+    lines = after.splitlines()
+    tuned.write_text("\n".join([lines[0], lines[4], *lines[1:4]]) + "\n")
+    after = tuned.read_text()
+    assert _run("-o", tuned, "--recheck", "--libtype", "torch") == 0
+    assert "Updated: 0" in capsys.readouterr().out and tuned.read_text() == after
+
+
+@pytest.mark.parametrize("tuner", ["gemm_tuner", "tune_a8w8_blockscale"])
+@pytest.mark.parametrize("args, message", [
+    (("--run_config",), "--run_config only times rows"),
+    (("-i", "other.csv"), "-i other.csv is another file"),
+    (("--candidates_from", "other.csv"), "--candidates_from other.csv is another file"),
+    (("-o", "missing.csv"), "the tuned file -o missing.csv does not exist"),
+])
+def test_recheck_misuse_exits_2_naming_the_flag(tmp_path, capsys, monkeypatch, tuner, args, message):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    Path("tuned.csv").write_text("M,N,K\n")
+    Path("other.csv").write_text("M,N,K\n4,64,32\n")
+    assert importlib.import_module(f"gradlib.{tuner}").main(["-o", "tuned.csv", "--recheck", *args]) == 2
+    assert message in capsys.readouterr().err and Path("tuned.csv").read_text() == "M,N,K\n"

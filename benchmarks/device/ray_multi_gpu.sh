@@ -69,8 +69,10 @@ if ! python3 -c "import ray" 2>/dev/null; then
     ls "$WHL"/*.whl >/dev/null 2>&1 || { echo "no Ray and no wheels in $WHL: run MODE=wheels here and carry .whl"; exit 2; }
     # .whl/*.whl and .whl/extra/*.whl: the project's other carried wheels (nvmath-python and the cuda-core it
     # needs, for the cublaslt backend), if any.
+    shopt -s nullglob
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_ray "$WHL"/*.whl \
-        $(ls .whl/*.whl .whl/extra/*.whl 2>/dev/null) || exit 2
+        .whl/*.whl .whl/extra/*.whl || exit 2
+    shopt -u nullglob
     export PYTHONPATH=/tmp/site_ray${PYTHONPATH:+:$PYTHONPATH}
     export PATH=/tmp/site_ray/bin:$PATH  # the 'ray' command
 fi
@@ -86,6 +88,8 @@ TIME_LIMIT=${TIME_LIMIT:-130}
 MP1=${MP1:-1}
 WARMUP=${WARMUP:-1}
 EXTRA=${EXTRA:-}
+read -ra EXTRA_ARGS <<< "$EXTRA"
+read -ra LIST_NAMES <<< "$LISTS"
 SHAPES=/tmp/ray_shapes.csv  # not under $OUT: 8 files at most come back
 WALL="$OUT/ray_wall.txt"
 {
@@ -96,7 +100,7 @@ WALL="$OUT/ray_wall.txt"
 cat "$OUT/env.txt"
 if [ "$N" -lt 1 ]; then echo "no GPU visible"; exit 2; fi
 
-python3 - "$NSETS" "$SHAPES" $LISTS <<'PY'
+python3 - "$NSETS" "$SHAPES" "${LIST_NAMES[@]}" <<'PY'
 import sys
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.capture import untuned_row
@@ -118,7 +122,7 @@ run() {
     local t0 t1 rc
     t0=$(date +%s.%N)
     timeout -s INT -k 30 "$TIME_LIMIT" python3 -m gradlib.gemm_tuner -i "$SHAPES" -o "/tmp/$name.csv" \
-        --libtype "$LIBTYPE" "$@" $EXTRA > "$OUT/$name.log" 2>&1
+        --libtype "$LIBTYPE" "$@" "${EXTRA_ARGS[@]}" > "$OUT/$name.log" 2>&1
     rc=$?
     t1=$(date +%s.%N)
     tail -n 1 "$OUT/$name.log"

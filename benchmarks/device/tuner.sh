@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Tuner runs of record (BENCHMARKS.md, "Tuner time"; the shipped tables' device rows), on the GPU(s) it runs on, from the
-# repository root; output under $OUT.
+# Tuner runs of record (BENCHMARKS.md, "Tuner time"; the shipped tables' device rows), on the GPU(s) it runs on, from
+# the repository root; output under $OUT.
 #
 #   MODE=reconfirm bash benchmarks/device/tuner.sh   # re-confirm both shipped tables on this GPU (~70 s):
 #       every row's own solution against the runtime default and F.linear in alternating rounds, at its M and at
@@ -13,27 +13,27 @@
 #       (~12 min: stopped after TIME_LIMIT s, rerun with RESUME_FROM=<bf16_tuned.csv> to resume the missing shapes)
 #   MODE=bf16_retune bash benchmarks/device/tuner.sh  # this GPU's own rows for the shipped bf16 shapes: every backend,
 #       written as device-exact rows (device_name) beside the class rows they beat by >= 3% (--keep_class_rows
-#       --compare --update_improved) into configs/bf16_tuned_gemm.csv, copied to $OUT; MIN_M / MAX_M (default 1 / 64) and NK
-#       ("N:K N:K ...", default every shipped (N, K)) pick the shapes, leaving out those with a row for this GPU unless
-#       RETUNE_ALL=1 (so a rerun resumes); MP workers (default: every GPU). On an H200
-#       pair, 18-28 shapes in ~8 min (most of it compiling the skinny and Triton spaces).
+#       --compare --update_improved) into configs/bf16_tuned_gemm.csv, copied to $OUT; MIN_M / MAX_M (default 1 /
+#       64) and NK ("N:K N:K ...", default every shipped (N, K)) pick the shapes, leaving out those with a row for
+#       this GPU unless RETUNE_ALL=1 (so a rerun resumes); MP workers (default: every GPU). On an H200 pair, 18-28
+#       shapes in ~8 min (most of it compiling the skinny and Triton spaces).
 #
-# COMMIT names the checkout in env.txt. Wheels carried in .whl/ (nvmath-python) are installed when missing.
+# COMMIT names the checkout in env.txt; DRY_RUN=1 prints the tuner commands (common.sh's step). Wheels carried in
+# .whl/ (nvmath-python) are installed when missing.
 set -u
 OUT=${OUT:?set OUT to an output folder}
 mkdir -p "$OUT"
 . benchmarks/device/common.sh
 need_wheels nvmath
-env_header "$OUT/env.txt"
-echo "mode ${MODE:-reconfirm}" >> "$OUT/env.txt"
+LOG="$OUT/env.txt"
+STEPS=all  # MODE picks what runs
+env_header "$LOG"
+echo "mode ${MODE:-reconfirm}" >> "$LOG"
 BF16=configs/bf16_tuned_gemm.csv
 FP8=configs/a8w8_blockscale_tuned_gemm.csv
-run() {  # name limit_s command...: wall time and exit status into env.txt
-  local name=$1 limit=$2 s; shift 2
-  s=$(date +%s)
-  timeout -s TERM "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "$name rc=$? $(( $(date +%s) - s )) s" | tee -a "$OUT/env.txt"
-  tail -n 2 "$OUT/$name.log"
+run() {  # name limit_s command...: common.sh's step (rc and wall time in env.txt), the output in $OUT/<name>.log
+  STEP_LOG="$OUT/$1.log" step "$@"
+  dry || { grep "^== $1 rc=" "$LOG"; tail -n 2 "$OUT/$1.log"; }
 }
 case ${MODE:-reconfirm} in
   reconfirm)
@@ -44,9 +44,9 @@ case ${MODE:-reconfirm} in
   fp8)
     run fp8_tune "${TIME_LIMIT:-300}" python -m gradlib.tune_a8w8_blockscale -i "$FP8" --quick --mp 1 --batch 4 \
       -o "$OUT/fp8_tuned.csv" --json_dir /tmp/fp8_json --profile_file "$OUT/fp8_profile.csv"
-    tar -C /tmp/fp8_json -czf "$OUT/fp8_json.tar.gz" . ;;  # the device tool returns no file name with '='
+    dry || tar -C /tmp/fp8_json -czf "$OUT/fp8_json.tar.gz" . ;;  # the device tool returns no name with '='
   bf16)
-    [ -n "${RESUME_FROM:-}" ] && cp "$RESUME_FROM" "$OUT/bf16_tuned.csv"
+    if [ -n "${RESUME_FROM:-}" ] && ! dry; then cp "$RESUME_FROM" "$OUT/bf16_tuned.csv"; fi
     run bf16_tune "${TIME_LIMIT:-540}" python -m gradlib.gemm_tuner -i "$BF16" -o "$OUT/bf16_tuned.csv" --mp 1 \
       --screen_libtypes skinny,triton --timeout 60 --batch 1 --summary_file "$OUT/bf16_summary.csv" ;;
   bf16_retune)
@@ -69,7 +69,7 @@ PY
     run bf16_retune "${TIME_LIMIT:-500}" python -m gradlib.gemm_tuner -i /tmp/retune_shapes.csv -o "$BF16" --all \
       --keep_class_rows --compare --update_improved --libtype all --mp "${MP:-$(python -c 'import torch; print(torch.cuda.device_count())')}" \
       --screen_libtypes skinny,triton --timeout 60 --batch 1 --summary_file "$OUT/bf16_retune_summary.csv"
-    cp "$BF16" "$OUT/bf16_tuned_gemm.csv"; gzip -f "$OUT/bf16_retune.log" ;;
+    dry || { cp "$BF16" "$OUT/bf16_tuned_gemm.csv"; gzip -f "$OUT/bf16_retune.log"; } ;;
   *) echo "MODE must be reconfirm, fp8, bf16 or bf16_retune"; exit 2 ;;
 esac
 rm -f "$OUT"/*.lock
