@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.backends.base import Problem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
 from aiter_gemm.registry import op_spec
@@ -42,7 +42,7 @@ def cloned_sets(first: tuple, n: int) -> list[tuple]:
     return [first] + [tuple(clone(v) for v in first) for _ in range(n - 1)]
 
 
-def prepare_runner(op: str, p: GemmProblem, sol: Solution, identity: DeviceIdentity, eager: bool = False
+def prepare_runner(op: str, p: Problem, sol: Solution, identity: DeviceIdentity, eager: bool = False
                    ) -> tuple[Any, Solution, str | None]:
     """A runner of ``sol`` for ``p`` through the runtime dispatcher's public API (the one way a candidate becomes a
     runner, for the tuner's workers and ``kernel_check``): (runner, the solution it runs, None) or (None, sol, why
@@ -55,20 +55,20 @@ def prepare_runner(op: str, p: GemmProblem, sol: Solution, identity: DeviceIdent
     runner, why = disp.runner_for(p, sol, identity)
     if runner is None:
         return None, sol, (why if why.startswith("backend ") else
-                           f"{sol.kernelName or sol.libtype} cannot run M={p.M} N={p.N} K={p.K} here: {why}")
+                           f"{sol.kernelName or sol.libtype} cannot run {p.label()} here: {why}")
     return runner, sol, None
 
 
-def inputs_memory(p: GemmProblem, device: torch.device) -> tuple[bool, str | None]:
+def inputs_memory(p: Problem, device: torch.device) -> tuple[bool, str | None]:
     """(whether ``p``'s inputs can fit on ``device``, what they need against what it has; None where its memory is
-    unknown). Every op's inputs start as float32 A (M x K) and B (N x K) and end with a float32 reference (M x N): a
+    unknown). Every op's inputs start as float32 operands and end with a float32 reference (``p.inputs_bytes()``): a
     lower bound of what they take. The tuner's workers and ``kernel_check --shape`` check it before allocating."""
-    need = 4 * (p.M * p.K + p.N * p.K + p.M * p.N)
+    need, what = p.inputs_bytes()
     have, how = device_memory(device)
     if have is None:
         return True, None
-    return need <= have, (f"inputs need at least {need / 1e9:.1f} GB (float32 A, B and reference of M={p.M} "
-                          f"N={p.N} K={p.K}), {device.type} has {have / 1e9:.1f} GB {how}")
+    return need <= have, (f"inputs need at least {need / 1e9:.1f} GB ({what}), {device.type} has "
+                          f"{have / 1e9:.1f} GB {how}")
 
 
 def device_memory(device: torch.device) -> tuple[int | None, str]:

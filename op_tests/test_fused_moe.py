@@ -23,6 +23,7 @@ from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.fused_moe import MoeConfig, fused_moe_ref
 from aiter_gemm.ops import fused_moe as op
 from aiter_gemm.ops.fused_moe import FMOE_UNTUNED_COLUMNS, FUSED_MOE, fused_moe, get_fused_moe_config
+from aiter_gemm.testbed import DEFAULT, inputs_memory, prepare_runner
 
 H, INTER = 128, 64  # bf16 experts
 H8, INTER8 = 128, 128  # FP8 experts: one scale block each way
@@ -161,6 +162,25 @@ def test_torch_compile_fullgraph_traces_the_custom_op(clean_runtime):
     assert fake.shape == x.shape and fake.dtype == x.dtype
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8,libtype,name", [(False, None, None), (True, None, None), (False, "torch", "grouped_mm"),
+                                              (False, "torch", "loop")])
+def test_cuda_graph_capture_and_replay(clean_runtime, fp8, libtype, name):
+    """Captured after one eager call (which decides and compiles), replayed: the same result, no host sync inside
+    (a sync would fail the capture)."""
+    p = problem(8, 2, E=8, fp8=fp8)
+    made = FUSED_MOE.make_inputs(p, 0, torch.device("cuda"), 0, {})
+    args = made.sets[0]
+    config = None if libtype is None else Solution(libtype, -1, 0, name)
+    fused_moe(*args, config=config)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = fused_moe(*args, config=config)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(got.cpu(), made.ref.to(torch.bfloat16).cpu(), rel=0.04 if fp8 else 0.02)
+
+
 # ------------------------------------------------------------------------------------------------ the problem
 
 
@@ -289,6 +309,38 @@ def test_calls_are_captured_in_aiters_untuned_fmoe_columns(clean_runtime, tmp_pa
     assert [(r["token"], r["expert"], r["act_type"], r["q_type"]) for r in rows] == \
         [("3", "4", "ActivationType.Silu", "QuantType.No"), ("5", "4", "ActivationType.Silu", "QuantType.No")]
     assert [key[0] for key in load_untuned(path, "FMOE")] == [3, 5]  # the tuner reads them back
+
+
+def test_the_tuners_helpers_take_a_moe_problem(clean_runtime):
+    """A runner prepared as the tuner's workers prepare one (the default, a named solution, one that cannot run),
+    and the inputs' memory bound."""
+    p = problem(5, 2, E=4)
+    ident = aiter_gemm.current_device_identity(False)
+    fits, what = inputs_memory(p, torch.device("cpu"))
+    assert fits and "(float32 experts, hidden states and reference of token=5 model_dim=128" in what
+    assert p.inputs_bytes()[0] == 4 * (4 * 3 * INTER * H + 2 * 5 * H)
+    args, ref = inputs(p)
+    runner, sol, why = prepare_runner("fused_moe", p, DEFAULT, ident)
+    assert why is None and sol == Solution("torch", -1, 0, "grouped_mm")
+    assert_close(FUSED_MOE.call_runner(runner, args, p), ref)
+    fp8 = problem(5, 2, E=4, fp8=True)
+    runner, _, why = prepare_runner("fused_moe", fp8, Solution("torch", -1, 0, "grouped_mm"), ident)
+    assert runner is None and why.startswith("grouped_mm cannot run token=5 model_dim=128")
+
+
+def test_vllm_files_are_merged_keeping_their_other_keys(tmp_path):
+    from aiter_gemm import moe_json
+    from aiter_gemm.jsonconfigs import JSONConfigError
+
+    p = problem(3, 2, fp8=True)
+    path = moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {16: VLLM}, MoeConfig.from_vllm)
+    assert path.name == f"E=8,N={INTER8},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {1: dict(VLLM, BLOCK_SIZE_N=64)}, MoeConfig.from_vllm)
+    assert list(json.loads(path.read_text())) == ["1", "16"]
+    before = path.read_text()
+    with pytest.raises(JSONConfigError, match="key '2'"):
+        moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {2: dict(VLLM, num_warps=3)}, MoeConfig.from_vllm)
+    assert path.read_text() == before
 
 
 def test_inputs_rotate_past_the_cache_and_route_uniformly_or_skewed():

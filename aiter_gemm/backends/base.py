@@ -95,6 +95,11 @@ class GemmProblem:
     def config_fields(self) -> dict[str, Any]:
         return {"M": self.M, "N": self.N, "K": self.K}
 
+    def inputs_bytes(self) -> tuple[int, str]:
+        """A lower bound of what the op's test inputs take (float32 operands and reference), and what they are."""
+        return (4 * (self.M * self.K + self.N * self.K + self.M * self.N),
+                f"float32 A, B and reference of M={self.M} N={self.N} K={self.K}")
+
     @property
     def flops(self) -> int:
         return 2 * self.M * self.N * self.K
@@ -190,6 +195,11 @@ class MoeProblem:
                 "expert": self.expert, "topk": self.topk, "act_type": self.act_type, "dtype": dtype_name(self.dtype),
                 "q_dtype_a": dtype_name(self.q_dtype_a), "q_dtype_w": dtype_name(self.q_dtype_w),
                 "q_type": self.q_type, "use_g1u1": self.use_g1u1, "doweight_stage1": self.doweight_stage1}
+
+    def inputs_bytes(self) -> tuple[int, str]:
+        up = 2 if self.use_g1u1 else 1
+        return (4 * (self.expert * (up + 1) * self.inter_dim * self.model_dim + 2 * self.token * self.model_dim),
+                f"float32 experts, hidden states and reference of {self.label()}")
 
     @property
     def flops(self) -> int:

@@ -142,7 +142,9 @@ class MoeConfig:
 #: Shared memory kept free beside the pipelined tiles for the epilogue's layout conversion (as the block-scale
 #: kernel's budget; docs/exploration.md).
 _EPILOGUE_SMEM = 27 * 1024
-#: float32 accumulator registers per thread (GEMM1 holds two accumulators) above which a config is not worth it.
+#: float32 tile registers per thread GEMM1 may hold: its two accumulators, and with FP8 the two unscaled K-block
+#: products too. At this bound ptxas (Triton 3.9, sm_90) gave bf16 tiles no spill and FP8 ones at most 64 bytes;
+#: at twice it, hundreds of bytes.
 _MAX_ACC_REGS = 128
 
 
@@ -156,9 +158,10 @@ def config_error(cfg: MoeConfig, *, fp8: bool, arch: str = REFERENCE_ARCH) -> st
     budget = smem_limit(arch) - _EPILOGUE_SMEM
     if smem > budget:
         return f"needs {smem} B of shared memory for {cfg.num_stages} stages (budget {budget} on {arch})"
-    regs = 2 * cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+    tiles = 4 if fp8 else 2  # accumulators (gate, up), and FP8's unscaled products of each K block
+    regs = tiles * cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
     if regs > _MAX_ACC_REGS:
-        return f"GEMM1's two accumulators need {regs} registers per thread (> {_MAX_ACC_REGS}: spills)"
+        return f"GEMM1's {tiles} float32 tiles need {regs} registers per thread (> {_MAX_ACC_REGS}: spills)"
     return None
 
 
@@ -190,8 +193,8 @@ def default_config(tokens: int, num_experts: int, topk: int, n: int, k: int, *, 
                    num_sms: int = REFERENCE_CU) -> MoeConfig:
     """The built-in config of one GEMM of ``n`` output columns over ``k`` (GEMM1: n = I, k = H; GEMM2: n = H, k = I)
     when no tuned one exists; a heuristic, not measured. ``block_m`` follows the expected tokens per active expert
-    under uniform routing (16 for decode); split-K only while the tiles of the active experts fill under half of
-    ``num_sms`` and each split keeps >= 8 K blocks."""
+    under uniform routing (16 for decode); split-K doubles while the active experts' tiles, doubled, still fit one
+    wave of ``num_sms`` programs and each split keeps >= 8 K blocks."""
     pairs = max(tokens, 1) * topk
     active = num_experts * (1.0 - (1.0 - min(topk, num_experts) / num_experts) ** max(tokens, 1))
     per_expert = pairs / max(active, 1.0)
@@ -199,10 +202,11 @@ def default_config(tokens: int, num_experts: int, topk: int, n: int, k: int, *, 
     bk = 128 if fp8 or bm <= 32 else 64
     if bm <= 32:
         cfg = dict(block_m=bm, block_n=64, block_k=bk, group_m=1, num_warps=4, num_stages=4)
-    elif bm == 64:
-        cfg = dict(block_m=64, block_n=128 if n >= 1024 else 64, block_k=bk, group_m=16, num_warps=4, num_stages=3)
+    elif bm == 64:  # FP8 holds twice the float32 tiles (config_error): twice the warps
+        cfg = dict(block_m=64, block_n=128 if n >= 1024 else 64, block_k=bk, group_m=16, num_warps=8 if fp8 else 4,
+                   num_stages=3)
     else:
-        cfg = dict(block_m=128, block_n=128, block_k=bk, group_m=16, num_warps=8, num_stages=3)
+        cfg = dict(block_m=128, block_n=64 if fp8 else 128, block_k=bk, group_m=16, num_warps=8, num_stages=3)
     programs = math.ceil(active + pairs / bm) * triton.cdiv(n, cfg["block_n"])
     k_blocks = triton.cdiv(k, bk)
     split = 1
@@ -224,20 +228,20 @@ def _activate(x, ACTIVATION: tl.constexpr):
     return y
 
 
-@triton.jit(do_not_specialize=["N", "K", "num_pairs", "num_experts", "k_blocks_per_split"])
+@triton.jit(do_not_specialize=["N", "K", "num_pairs", "num_experts", "k_blocks_per_split", "num_m_blocks"])
 def _fused_moe_kernel(
     a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, topk_weight_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    N, K, num_pairs, num_experts, k_blocks_per_split,
+    N, K, num_pairs, num_experts, k_blocks_per_split, num_m_blocks,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
-    NUM_M_BLOCKS: tl.constexpr,
     A_ROW_DIV: tl.constexpr,  # pair -> row of a: k for GEMM1 (a = tokens), 1 for GEMM2 (a = pairs)
     C_ROW_DIV: tl.constexpr,  # pair -> row of c: k where GEMM2's split-K adds into a (T, H) buffer, else 1
     GATED: tl.constexpr,  # GEMM1: b rows [n] (gate) and [N + n] (up), two accumulators
     ACTIVATION: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     FP8: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,  # rows and K of one weight scale block, K of one activation scale group
     SPLIT_K: tl.constexpr,  # > 1: atomically add float32 partials (raw gate / up sums when GATED) into c
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask on the last K block
@@ -248,7 +252,7 @@ def _fused_moe_kernel(
     a (rows, K) are the activations (tokens or pairs), b (E, N or 2N, K) the experts' weights with K contiguous, c
     the output rows (pair or token) x N. The tile's pairs come from ``sorted_ids`` (sentinel ``num_pairs`` for
     padding); its expert from ``expert_ids`` (-1: pairs with a bad id, whose rows get zeros)."""
-    pid_m, pid_n = tile_coords(tl.program_id(0), NUM_M_BLOCKS, tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), num_m_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     pid_k = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
         return
@@ -278,8 +282,15 @@ def _fused_moe_kernel(
     if FP8:  # one scale per row (and 128-wide K group) of a, per (128, 128) block of b
         as_ptrs = a_scale_ptr + a_rows * stride_asm
         bs_base = b_scale_ptr + expert * stride_bse
-        bgs_ptrs = bs_base + (offs_bn // 128) * stride_bsn
-        bus_ptrs = bs_base + ((offs_bn + N) // 128) * stride_bsn
+        bgs_ptrs = bs_base + (offs_bn // SCALE_GROUP) * stride_bsn
+        bus_ptrs = bs_base + ((offs_bn + N) // SCALE_GROUP) * stride_bsn
+        # Scales are loaded one K block ahead (as the block-scale GEMM does): the pipeliner prefetches only the
+        # dot operands, and a plain load's latency would stall every iteration.
+        g0 = kb_start * BLOCK_K // SCALE_GROUP
+        a_s = tl.load(as_ptrs + g0 * stride_ask)
+        bg_s = tl.load(bgs_ptrs + g0 * stride_bsk)
+        if GATED:
+            bu_s = tl.load(bus_ptrs + g0 * stride_bsk)
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -295,8 +306,11 @@ def _fused_moe_kernel(
             a = a.to(tl.float32)
             bg = bg.to(tl.float32)
         if FP8:
-            a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask)
-            acc_g += tl.dot(a, bg) * a_s[:, None] * tl.load(bgs_ptrs + (k0 // 128) * stride_bsk)[None, :]
+            g_next = tl.minimum(kb + 1, kb_end - 1) * BLOCK_K // SCALE_GROUP  # the last iteration re-reads: harmless
+            a_s_next = tl.load(as_ptrs + g_next * stride_ask)
+            bg_s_next = tl.load(bgs_ptrs + g_next * stride_bsk)
+            acc_g += tl.dot(a, bg) * a_s[:, None] * bg_s[None, :]
+            bg_s = bg_s_next
         else:
             acc_g = tl.dot(a, bg, acc_g)
         if GATED:
@@ -307,9 +321,13 @@ def _fused_moe_kernel(
             if UPCAST:
                 bu = bu.to(tl.float32)
             if FP8:
-                acc_u += tl.dot(a, bu) * a_s[:, None] * tl.load(bus_ptrs + (k0 // 128) * stride_bsk)[None, :]
+                bu_s_next = tl.load(bus_ptrs + g_next * stride_bsk)
+                acc_u += tl.dot(a, bu) * a_s[:, None] * bu_s[None, :]
+                bu_s = bu_s_next
             else:
                 acc_u = tl.dot(a, bu, acc_u)
+        if FP8:
+            a_s = a_s_next
 
     if MUL_ROUTED_WEIGHT:
         acc_g *= tl.load(topk_weight_ptr + pair, mask=pair_mask, other=0.0).to(tl.float32)[:, None]
@@ -434,10 +452,10 @@ def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, align, n, cfg: MoeConfig, 
     _fused_moe_kernel[grid](
         a, w, c, a_scale if fp8 else a, w_scale if fp8 else w, topk_weight if topk_weight is not None else a,
         sorted_ids, expert_ids, num_post,
-        n, K, num_pairs, w.shape[0], per_split,
+        n, K, num_pairs, w.shape[0], per_split, num_m_blocks,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1), *scales,
-        NUM_M_BLOCKS=num_m_blocks, A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div, GATED=gated, ACTIVATION=activation,
-        MUL_ROUTED_WEIGHT=topk_weight is not None, FP8=fp8, SPLIT_K=splits,
+        A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div, GATED=gated, ACTIVATION=activation,
+        MUL_ROUTED_WEIGHT=topk_weight is not None, FP8=fp8, SCALE_GROUP=SCALE_BLOCK, SPLIT_K=splits,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         EVEN_K=K % cfg.block_k == 0, UPCAST=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -35,7 +35,9 @@ def padded_bound(numel: int, num_experts: int, block_m: int) -> int:
     return numel + min(numel, num_experts + 1) * (block_m - 1)
 
 
-@triton.jit
+# Sizes are not specialized on: one compiled kernel per block_m and expert count serves every token count (none
+# compiles during a CUDA-graph capture at a new batch size).
+@triton.jit(do_not_specialize=["numel", "num_experts", "bound", "num_blocks"])
 def _moe_align_kernel(
     ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr, cursor_ptr,
     numel, num_experts, bound, num_blocks,
