@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, QUANT_NONE, GemmProblem, MoeProblem
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import read_text
+from aiter_gemm.kernels.blockscale_format import FP8
 
 # model_type -> whether q/k/v projections carry a bias when config.json does not say (Qwen2 always has one).
 _QKV_BIAS_BY_TYPE = {"qwen2": True}
@@ -376,3 +377,22 @@ def moe_experts(model_dir: str | Path, tp: int = 1, ep: int = 1) -> MoeExperts:
                      f"topk {experts} (each token reaches every local expert)")
         topk = experts
     return MoeExperts(source, need("hidden_size"), inter, experts, topk, _MOE_ACTIVATIONS[act], fp8, tuple(notes))
+
+
+#: ``--dtype`` of MoE experts -> (dtype, q_dtype_a, q_dtype_w, q_type) of their problem: fp8 is e4m3 with (128, 128)
+#: block scales (AITER's per_1x128: activations quantized per token and 128-wide group).
+MOE_DTYPES: dict[str, tuple[torch.dtype, torch.dtype, torch.dtype, str]] = {
+    "bf16": (torch.bfloat16, torch.bfloat16, torch.bfloat16, QUANT_NONE),
+    "fp16": (torch.float16, torch.float16, torch.float16, QUANT_NONE),
+    "fp8": (torch.bfloat16, FP8, FP8, QUANT_BLOCK),
+}
+
+
+def moe_problems(m: MoeExperts, tokens: Iterable[int], dtype: str | None = None) -> list[MoeProblem]:
+    """``m``'s problem at each token count, its experts in ``dtype`` (a :data:`MOE_DTYPES` name; default the
+    checkpoint's: fp8 for FP8 with (128, 128) blocks, else bf16); ModelConfigError naming an unknown dtype."""
+    name = dtype or ("fp8" if m.fp8 else "bf16")
+    if name not in MOE_DTYPES:
+        raise ModelConfigError(f"--dtype {name}: not one of {', '.join(MOE_DTYPES)}")
+    return [MoeProblem(t, m.hidden, m.inter, m.experts, m.topk, ACT_TYPES[m.activation], *MOE_DTYPES[name])
+            for t in tokens]

@@ -35,9 +35,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 
-import torch
-
-from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, QUANT_NONE, MoeProblem, Solution
+from aiter_gemm.backends.base import QUANT_BLOCK, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import stage_names
 from aiter_gemm.backends.fused_moe import triton as triton_backend
 from aiter_gemm.configs import load_untuned
@@ -45,7 +43,6 @@ from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import render_csv
 from aiter_gemm.kernels import fused_moe_torch as torch_impl
-from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.fused_moe import MoeConfig
 from aiter_gemm.ops.fused_moe import FMOE_UNTUNED_COLUMNS, FUSED_MOE, KIND, ROUTINGS
 from aiter_gemm.registry import get_backend, known_backends
@@ -55,13 +52,13 @@ from gradlib import cli
 from gradlib.aiter_flags import add_aiter_flags, check_aiter_flags, compare_options, with_iterations
 from gradlib.cli import EXIT_OK, EXIT_USAGE, UsageError, fraction, gain, name_list, positive_int, positive_int_list
 from gradlib.driver import TuneJob, run
-from gradlib.models import ModelConfigError, moe_experts
+from gradlib.models import MOE_DTYPES, ModelConfigError, moe_experts, moe_problems
 from gradlib.moe import stage_refine, vllm_sidecar
 from gradlib.search import SearchOptions
 from gradlib.tasks import import_plugins
 from gradlib.tune_ops import tune_op
 
-__all__ = ["CPU_TIMING", "DEFAULT_TOKENS", "DTYPES", "PROG", "build_parser", "candidate_solution", "load_problems",
+__all__ = ["CPU_TIMING", "DEFAULT_TOKENS", "PROG", "build_parser", "candidate_solution", "load_problems",
            "main"]
 
 PROG = "python -m gradlib.tune_moe"
@@ -70,10 +67,6 @@ DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Interpreted Triton on CPU (tests): about a second a call on tiny shapes, so a few calls per candidate.
 CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budget_s=0.2)
 OP_LIBTYPES = (triton_backend.NAME, torch_impl.LIBTYPE)
-#: ``--dtype`` -> (dtype, q_dtype_a, q_dtype_w, q_type) of the problem: fp8 is AITER's per_1x128 block scales.
-DTYPES = {"bf16": (torch.bfloat16, torch.bfloat16, torch.bfloat16, QUANT_NONE),
-          "fp16": (torch.float16, torch.float16, torch.float16, QUANT_NONE),
-          "fp8": (torch.bfloat16, FP8, FP8, QUANT_BLOCK)}
 #: AITER spells (128, 128) block scales per_128x128 in some files; the op keys them as per_1x128.
 Q_TYPE_ALIASES = {"QuantType.per_128x128": QUANT_BLOCK}
 log = logging.getLogger("gradlib")
@@ -117,11 +110,8 @@ def load_problems(untuned: str | None, model_dir: str | None, tp: int, ep: int, 
         m = moe_experts(model_dir, tp, ep)
         if notes is not None:
             notes += list(m.notes)
-        for name in dtypes or (("fp8",) if m.fp8 else ("bf16",)):
-            if name not in DTYPES:
-                raise UsageError(f"--dtype {name}: not one of {', '.join(DTYPES)}")
-            problems += [MoeProblem(t, m.hidden, m.inter, m.experts, m.topk, ACT_TYPES[m.activation], *DTYPES[name])
-                         for t in tokens]
+        for name in dtypes or (None,):
+            problems += moe_problems(m, tokens, name)
     if not problems:
         raise UsageError("no shapes: give -i or --model_dir")
     return list(dict.fromkeys(problems))
@@ -154,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--token", "--m", dest="token", type=positive_int_list, default=list(DEFAULT_TOKENS),
                      help="token counts for --model_dir (default 1,2,4,...,4096)")
     src.add_argument("--dtype", type=name_list, help=f"experts' types for --model_dir, comma list of "
-                     f"{', '.join(DTYPES)} (fp8: e4m3 with (128, 128) block scales; default: the checkpoint's)")
+                     f"{', '.join(MOE_DTYPES)} (fp8: e4m3 with (128, 128) block scales; default: the checkpoint's)")
     src.add_argument("--print_shapes", action="store_true", help="print the shapes as an untuned fmoe CSV (AITER's "
                      "columns) and exit")
     out = ap.add_argument_group("output")
