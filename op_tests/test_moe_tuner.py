@@ -82,6 +82,25 @@ def test_shared_stage_search_keeps_one_config_for_both_gemms(tmp_path, tiny_mode
     assert [r["kernelName"] for r in read_csv_rows(prof)[1]] == ["s0", "s1", "s2"]
 
 
+def test_compare_then_run_config_on_moe_rows(tmp_path, tiny_model, inline, capsys):
+    """AITER's --compare --update_improved replaces a shared-config row that the per-stage search beats, and
+    --run_config times the file's rows: the shared machinery on MoE rows."""
+    tuned = tmp_path / "tuned.csv"
+    base = ["--model_dir", str(tiny_model), "--token", "2", "--libtype", "fakemoe", "--confirm_rounds", "0", "-o",
+            str(tuned), "--plugin", PLUGIN]
+    assert main([*base, "--stage_search", "shared"]) == 0
+    assert read_csv_rows(tuned)[1][0]["kernelName1"] == "s2"
+    capsys.readouterr()
+    assert main([*base, "--all", "--compare", "--update_improved"]) == 0
+    out = capsys.readouterr().out
+    assert "(token=2, H=128, I=64, E=4, k=2, w=bf16)" in out and "UPDATE" in out
+    (row,) = read_csv_rows(tuned)[1]
+    assert (row["kernelName1"], row["kernelName2"]) == ("s1", "s0")
+    assert main(["--run_config", str(tuned), "--libtype", "fakemoe", "--plugin", PLUGIN]) == 0
+    out = capsys.readouterr().out
+    assert "fakemoe   | s1;s0" in out and "| OK" in out and "nothing written" in out
+
+
 def test_stage_refine_rounds():
     """Round 1 varies GEMM2 beside the fastest pair's GEMM1, round 2 GEMM1 beside its GEMM2; other libtypes (torch)
     are left alone, and a search without a staged solution gets no more rounds."""
