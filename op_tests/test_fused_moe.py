@@ -25,6 +25,8 @@ from aiter_gemm.ops import fused_moe as op
 from aiter_gemm.ops.fused_moe import FMOE_UNTUNED_COLUMNS, FUSED_MOE, fused_moe, get_fused_moe_config
 from aiter_gemm.testbed import DEFAULT, inputs_memory, prepare_runner
 
+ON_GPU = torch.cuda.is_available()
+DEV = torch.device("cuda" if ON_GPU else "cpu")  # on CPU the Triton kernels are interpreted
 H, INTER = 128, 64  # bf16 experts
 H8, INTER8 = 128, 128  # FP8 experts: one scale block each way
 CFG = MoeConfig(16, 32, 64, num_stages=2)
@@ -40,7 +42,7 @@ def problem(T: int, k: int, E: int = 8, fp8: bool = False) -> MoeProblem:
 
 
 def inputs(p: MoeProblem, seed: int = 0, routing: str = "uniform"):
-    made = FUSED_MOE.make_inputs(p, seed, torch.device("cpu"), 0, {"routing": routing})
+    made = FUSED_MOE.make_inputs(p, seed, DEV, 0, {"routing": routing})
     return made.sets[0], made.ref
 
 
@@ -55,7 +57,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, rel: float = 0.02) -> Non
 
 def aiter_row(p: MoeProblem, kernel1: str, kernel2: str = "", us: float = 10.0, cu_num: int | None = None,
               block_m: int = 0, ksplit: int = 0) -> str:
-    cu = aiter_gemm.current_device_identity(False).cu_num if cu_num is None else cu_num
+    cu = aiter_gemm.current_device_identity(ON_GPU).cu_num if cu_num is None else cu_num
     cells = op.FUSED_MOE.untuned_row(p)
     key = ",".join(cells[c] for c in FMOE_UNTUNED_COLUMNS)
     return f"{cu},{key},{block_m},{ksplit},{us / 2},{kernel1},0.0%,{us / 2},{kernel2 or kernel1},0.0%,{us},0,1.0,1.0"
@@ -91,10 +93,13 @@ def test_torch_experts_match_the_reference(clean_runtime, T, k, name):
 @pytest.mark.parametrize("T", [1, 3, 37, 129])
 @pytest.mark.parametrize("k", [1, 2, 8])
 def test_fp8_experts_match_the_reference(clean_runtime, T, k):
-    """FP8 block-scale experts: the default on CPU is torch's loop through the block-scaled matmul op."""
+    """FP8 block-scale experts: the default is the Triton kernels on a GPU, on CPU torch's loop through the
+    block-scaled matmul op."""
     p = problem(T, k, E=4 if k < 8 else 8, fp8=True)
     args, ref = inputs(p, seed=T + k)
-    assert get_fused_moe_config(T, H8, INTER8, p.expert, k, q_dtype_w=FP8, on_gpu=False)["kernelName"] == "loop"
+    got = get_fused_moe_config(T, H8, INTER8, p.expert, k, q_dtype_w=FP8, on_gpu=ON_GPU)
+    want = ("triton",) if ON_GPU else ("torch", "loop")
+    assert (got["libtype"], got["kernelName"])[:len(want)] == want
     assert_close(fused_moe(*args), ref, rel=0.04)
 
 
@@ -103,7 +108,7 @@ def test_triton_kernels_through_a_tuned_row(clean_runtime, tmp_path, fp8, T, k):
     p = problem(T, k, E=max(4, k), fp8=fp8)
     cfg = FP8_CFG if fp8 else CFG
     use_table(clean_runtime, tmp_path, HEADER + "\n" + aiter_row(p, cfg.name(), block_m=16) + "\n")
-    got = get_fused_moe_config(T, p.model_dim, p.inter_dim, p.expert, k, q_dtype_w=p.q_dtype_w, on_gpu=False)
+    got = get_fused_moe_config(T, p.model_dim, p.inter_dim, p.expert, k, q_dtype_w=p.q_dtype_w, on_gpu=ON_GPU)
     assert (got["matched"], got["libtype"], got["kernelName"]) == ("exact", "triton", cfg.name())
     args, ref = inputs(p, seed=5)
     assert_close(fused_moe(*args), ref, rel=0.04 if fp8 else 0.02)
@@ -204,14 +209,14 @@ def test_aiter_table_is_looked_up_at_the_padded_token_and_merged(clean_runtime, 
     p64 = problem(64, 2)
     use_table(clean_runtime, tmp_path, HEADER + "\n" + aiter_row(p64, "loop", us=9.0) + "\n",
               HEADER + "\n" + aiter_row(p64, "grouped_mm", us=20.0) + "\n" + aiter_row(problem(3, 2), "loop") + "\n")
-    cfg = get_fused_moe_config(37, H, INTER, 8, 2, on_gpu=False)
+    cfg = get_fused_moe_config(37, H, INTER, 8, 2, on_gpu=ON_GPU)
     assert (cfg["matched"], cfg["libtype"], cfg["kernelName"], cfg["us"], cfg["token"]) == ("padded", "torch", "loop",
                                                                                             9.0, 37)
     assert cfg["source"].endswith("tuned_fmoe_0.csv:2") and cfg["kernelName1"] == "loop"
-    assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=False)["matched"] == "exact"
-    assert get_fused_moe_config(4, H, INTER, 8, 2, on_gpu=False)["matched"] == "default"  # 4 pads to 4: no row
+    assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "exact"
+    assert get_fused_moe_config(4, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "default"  # 4 pads to 4: no row
     with caplog.at_level(logging.INFO, logger="aiter_gemm"):
-        assert get_fused_moe_config(65, H, INTER, 8, 2, on_gpu=False)["matched"] == "default"
+        assert get_fused_moe_config(65, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "default"
     assert "[fused_moe] shape is token:65" in caplog.text and "will use default config!" in caplog.text
     args, ref = inputs(problem(37, 2))
     assert_close(fused_moe(*args), ref)
@@ -225,7 +230,7 @@ def test_aiters_own_kernels_and_malformed_rows_are_misses_said_once(clean_runtim
               aiter_row(problem(9, 2), ck) + "\n", bad)
     with caplog.at_level(logging.WARNING, logger="aiter_gemm"):
         for T in (3, 5, 7, 9, 3, 5, 7):
-            assert get_fused_moe_config(T, H, INTER, 8, 2, on_gpu=False)["matched"] == "default"
+            assert get_fused_moe_config(T, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "default"
     text = caplog.text
     assert text.count("column 'kernelName1'") == 1 and "tuned_fmoe_1.csv:2" in text
     assert "tuned_fmoe_1.csv:3, column 'ksplit'" in text
@@ -237,7 +242,7 @@ def test_a_malformed_table_is_skipped_with_a_warning(clean_runtime, tmp_path, ca
     with caplog.at_level(logging.WARNING):
         use_table(clean_runtime, tmp_path, HEADER + "\n" + row + "\n")
     assert "tuned_fmoe_0.csv:2, column 'token'" in caplog.text
-    assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=False)["matched"] == "default"
+    assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "default"
 
 
 # ------------------------------------------------------------------------------------------------ vLLM / SGLang JSON
@@ -267,15 +272,15 @@ def test_vllm_files_give_the_config_of_the_nearest_m(clean_runtime, tmp_path):
         f"E=4,N={INTER8},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json": {"8": VLLM},
         f"E=8,N={INTER8},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json": {"8": big},
         f"E=2,N={INTER},device_name=NVIDIA_H100.json": {"1": VLLM}})
-    picks = {T: get_fused_moe_config(T, H, INTER, 8, 2, on_gpu=False) for T in (1, 3, 8, 9, 40, 41, 5000)}
+    picks = {T: get_fused_moe_config(T, H, INTER, 8, 2, on_gpu=ON_GPU) for T in (1, 3, 8, 9, 40, 41, 5000)}
     assert {T: c["source"].rsplit("#", 1)[1] for T, c in picks.items()} == \
         {1: "1", 3: "1", 8: "1", 9: "16", 40: "16", 41: "64", 5000: "64"}
     assert picks[3]["matched"] == "json" and picks[3]["libtype"] == "triton"
     assert picks[3]["kernelName"] == MoeConfig.from_vllm(VLLM).name() and picks[41]["config1"] == big
-    fp8 = get_fused_moe_config(3, H8, INTER8, 4, 2, q_dtype_w=FP8, on_gpu=False)
+    fp8 = get_fused_moe_config(3, H8, INTER8, 4, 2, q_dtype_w=FP8, on_gpu=ON_GPU)
     assert fp8["matched"] == "json" and "block_shape=[128, 128]" in fp8["source"]
-    assert "block_shape=[128,128]" in get_fused_moe_config(3, H8, INTER8, 8, 2, q_dtype_w=FP8, on_gpu=False)["source"]
-    assert get_fused_moe_config(3, H, INTER, 2, 2, on_gpu=False)["matched"] == "default"
+    assert "block_shape=[128,128]" in get_fused_moe_config(3, H8, INTER8, 8, 2, q_dtype_w=FP8, on_gpu=ON_GPU)["source"]
+    assert get_fused_moe_config(3, H, INTER, 2, 2, on_gpu=ON_GPU)["matched"] == "default"
     args, ref = inputs(problem(3, 2))
     assert_close(fused_moe(*args), ref)  # the JSON config, interpreted
 
@@ -289,7 +294,7 @@ def test_vllm_files_give_the_config_of_the_nearest_m(clean_runtime, tmp_path):
 def test_a_malformed_vllm_file_is_skipped_with_a_warning(clean_runtime, tmp_path, caplog, text, needle):
     json_folder(clean_runtime, tmp_path, {f"E=8,N={INTER},device_name=NVIDIA_H200.json": text})
     with caplog.at_level(logging.WARNING):
-        assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=False)["matched"] == "default"
+        assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "default"
     assert f"E=8,N={INTER},device_name=NVIDIA_H200.json" in caplog.text and needle in caplog.text
 
 
@@ -315,13 +320,13 @@ def test_the_tuners_helpers_take_a_moe_problem(clean_runtime):
     """A runner prepared as the tuner's workers prepare one (the default, a named solution, one that cannot run),
     and the inputs' memory bound."""
     p = problem(5, 2, E=4)
-    ident = aiter_gemm.current_device_identity(False)
-    fits, what = inputs_memory(p, torch.device("cpu"))
+    ident = aiter_gemm.current_device_identity(ON_GPU)
+    fits, what = inputs_memory(p, DEV)
     assert fits and "(float32 experts, hidden states and reference of token=5 model_dim=128" in what
     assert p.inputs_bytes()[0] == 4 * (4 * 3 * INTER * H + 2 * 5 * H)
     args, ref = inputs(p)
     runner, sol, why = prepare_runner("fused_moe", p, DEFAULT, ident)
-    assert why is None and sol == Solution("torch", -1, 0, "grouped_mm")
+    assert why is None and sol.libtype == ("triton" if ON_GPU else "torch")
     assert_close(FUSED_MOE.call_runner(runner, args, p), ref)
     fp8 = problem(5, 2, E=4, fp8=True)
     runner, _, why = prepare_runner("fused_moe", fp8, Solution("torch", -1, 0, "grouped_mm"), ident)
@@ -380,7 +385,7 @@ def test_mismatched_inputs_are_named(clean_runtime):
         ((x, w1, w2.half(), tw, ti), r"w2 \(shape .* dtype torch.float16"),
         ((x, w1, w2, tw[:3], ti), r"topk_weight \(shape \(3, 2\)"),
         ((x, w1, w2, tw, ti.float()), r"topk_ids \(shape \(4, 2\), dtype torch.float32"),
-        ((x, w1, w2.to("meta"), tw, ti), r"w2 \(shape .* device meta\) is not on hidden_states' device cpu"),
+        ((x, w1, w2.to("meta"), tw, ti), rf"w2 \(shape .* device meta\) is not on hidden_states' device {DEV.type}"),
         ((x, w1.transpose(1, 2), w2, tw, ti), r"w1 \(shape \(4, 128, 128\)"),
     ]
     for args, pattern in cases:
