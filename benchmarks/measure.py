@@ -27,24 +27,23 @@ import torch
 
 import aiter_gemm
 from aiter_gemm.accuracy import rel_error
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import MoeProblem, Problem
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import atomic_write_text, render_csv
 from aiter_gemm.registry import op_spec
 from aiter_gemm.timing import TimingConfig, cache_bytes, host_and_gpu_us, time_paired
-from benchmarks.providers import A16W16, BLOCKSCALE, Context, Unavailable, resolve
+from benchmarks.providers import A16W16, BLOCKSCALE, MAX_REL_ERR, MOE, Context, Unavailable, resolve
 from gradlib.results import roofline_for
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ("bench", "set", "label", "M", "N", "K", "bias", "provider", "mode", "us", "vs", "vs_us", "ratio",
            "ratio_q1", "ratio_q3", "rounds", "roofline_us", "roof", "tflops", "libtype", "eager_libtype", "matched",
-           "rel_err", "gpu_us", "added_us", "note")
+           "rel_err", "gpu_us", "added_us", "note", "experts", "topk", "gbps")
 #: One replay holds ~500 us of calls: identical F.linear calls in 300 us replays ranged 0.960-1.031 over 291 shapes
 #: (held-out run 7), 0.991-1.016 with 500 us replays and a fresh capture every round (run 8).
 TIMING = TimingConfig(warmup=5, reps=9, target_us=500.0, budget_s=0.4)
 GRAPH_PAIRS, EAGER_PAIRS = 41, 21  # odd: the median is one round
-MAX_REL_ERR = 2e-2  # ||out - ref|| / ||ref|| against float32: bf16 rounding is ~2e-3 on these inputs
 #: FP8 dense tensor-core peak (H100 SXM datasheet, no sparsity): the block-scale op's compute roof; bytes from the
 #: bf16 roofline's measured copy bandwidth (gradlib.results.ROOFLINES).
 FP8_PEAK = {("sm_90", 132, "H100"): 1979e12}
@@ -130,21 +129,30 @@ def ratio_stats(ref: Sequence[float], us: Sequence[float]) -> tuple[float, float
     return q[1], q[0], q[2]
 
 
-def op_bytes(op: str, p: GemmProblem) -> int:
-    """Fewest bytes a GEMM of ``op`` moves: operands read once, output written once (block scales included)."""
+def shape_cells(p: Problem) -> dict[str, object]:
+    """A problem's cells of :data:`COLUMNS`: a GEMM's M, N, K and bias; a fused MoE's token count as M, its
+    ``inter_dim`` as N, ``model_dim`` as K, its experts and topk."""
+    if isinstance(p, MoeProblem):
+        return {"M": p.token, "N": p.inter_dim, "K": p.model_dim, "experts": p.expert, "topk": p.topk}
+    return {"M": p.M, "N": p.N, "K": p.K, "bias": p.bias}
+
+
+def op_bytes(op: str, p: Problem) -> int:
+    """Fewest bytes a call of ``op`` moves: operands read once, output written once (block scales included); a fused
+    MoE's, the experts its tokens can reach (:meth:`~aiter_gemm.backends.base.MoeProblem.min_bytes`)."""
     if op == BLOCKSCALE:
         kb, nb = -(-p.K // 128), -(-p.N // 128)
         return p.M * p.K + p.N * p.K + 2 * p.M * p.N + 4 * (p.M * kb + nb * kb)
     return p.min_bytes()
 
 
-def roofline_us(op: str, p: GemmProblem, ident: DeviceIdentity) -> float | None:
+def roofline_us(op: str, p: Problem, ident: DeviceIdentity) -> float | None:
     """max(flops / peak, bytes / copy bandwidth) in us on ``ident``'s device, if its roofline is known."""
     roof = roofline_for(ident)
     if roof is None:
         return None
     peak = roof.flops
-    if op == BLOCKSCALE:
+    if op == BLOCKSCALE or (isinstance(p, MoeProblem) and p.fp8):
         peak = next((v for (g, c, n), v in FP8_PEAK.items() if (g, c) == (ident.gfx, ident.cu_num) and n in ident.name),
                     None)
         if peak is None:
@@ -152,10 +160,12 @@ def roofline_us(op: str, p: GemmProblem, ident: DeviceIdentity) -> float | None:
     return max(p.flops / peak, op_bytes(op, p) / roof.bytes) * 1e6
 
 
-def decision_columns(op: str, p: GemmProblem) -> dict[str, str]:
+def decision_columns(op: str, p: Problem) -> dict[str, str]:
     """What the dispatch runs for ``p`` (graph / eager libtype, how it matched)."""
     if op == A16W16:
         cfg = aiter_gemm.get_GEMM_A16W16_config(p.M, p.N, p.K, p.bias, p.dtype, p.otype, p.scaleAB, p.bpreshuffle)
+    elif op == MOE:
+        cfg = aiter_gemm.get_fused_moe_config(**p.config_fields())
     else:
         from aiter_gemm.ops.a8w8_blockscale import get_GEMM_A8W8_BLOCKSCALE_config
 
@@ -175,7 +185,7 @@ class GemmBench:
 
     bench: str
     op: str
-    shapes: list[tuple[str, tuple[str, GemmProblem]]]
+    shapes: list[tuple[str, tuple[str, Problem]]]
     providers: list[str]
     baselines: list[str]
     modes: list[str]
@@ -196,10 +206,12 @@ class GemmBench:
         cache = cache_bytes(self.device)
         spec = op_spec(self.op)
         for set_name, (label, p) in self.shapes:
+            cells = shape_cells(p)
             if time.monotonic() - t0 > self.deadline_s:
-                self.skipped.append(f"{set_name}:{p.M}x{p.N}x{p.K}")
+                self.skipped.append(f"{set_name}:{cells['M']}x{cells['N']}x{cells['K']}")
                 continue
-            data = spec.make_inputs(p, p.M * 31 + p.N + p.K, self.device, cache, {})
+            data = spec.make_inputs(p, cells["M"] * 31 + cells["N"] + cells["K"], self.device, cache,
+                                    self.options.get("inputs", {}))
             built: dict[str, Callable[[int], object]] = {}
             for mode in self.modes:
                 self._shape(set_name, label, p, mode, data.sets, data.ref, built)
@@ -210,10 +222,9 @@ class GemmBench:
         atomic_write_text(self.out_csv, render_csv(COLUMNS, self.rows))
         return self.rows
 
-    def _shape(self, set_name: str, label: str, p: GemmProblem, mode: str, sets: list[tuple], ref: torch.Tensor,
+    def _shape(self, set_name: str, label: str, p: Problem, mode: str, sets: list[tuple], ref: torch.Tensor,
                built: dict[str, Callable[[int], object]]) -> None:
-        base = {"bench": self.bench, "set": set_name, "label": label, "M": p.M, "N": p.N, "K": p.K, "bias": p.bias,
-                "mode": mode}
+        base = {"bench": self.bench, "set": set_name, "label": label, **shape_cells(p), "mode": mode}
         roof = roofline_us(self.op, p, self.ident)
         calls, errs = {}, {}
         for s in self.providers:
@@ -225,15 +236,16 @@ class GemmBench:
                     built[key] = provider.build(ctx, arg)
                 call = built[key]
                 out = call(0)
-                err = math.nan if provider.floor else rel_error(out, ref)  # a floor's output is not a GEMM's
+                err = math.nan if provider.floor else rel_error(out, ref)  # a floor's output is not the op's
             except Unavailable as exc:
                 self.rows.append({**base, "provider": s, "note": f"unavailable: {exc}"})
                 continue
             except Exception as exc:  # one provider failing on one shape (a compile, a launch) ends only its row
-                log.warning("%s on M=%d N=%d K=%d: %s: %s", s, p.M, p.N, p.K, type(exc).__name__, exc)
+                log.warning("%s on %s: %s: %s", s, p.label(), type(exc).__name__, exc)
                 self.rows.append({**base, "provider": s, "note": f"error: {type(exc).__name__}: {exc}"[:300]})
                 continue
-            if not provider.floor and not err <= MAX_REL_ERR:
+            bound = provider.max_rel_err(p) if provider.max_rel_err is not None else MAX_REL_ERR
+            if not provider.floor and not err <= bound:
                 self.rows.append({**base, "provider": s, "rel_err": f"{err:.2e}", "note": "wrong result: not timed"})
                 continue
             calls[s], errs[s] = call, err
@@ -251,7 +263,7 @@ class GemmBench:
             try:
                 samples = self.timer.paired(calls, n_sets, mode)
             except Exception as exc:  # e.g. a capture that fails: say so for every provider of this shape and mode
-                log.warning("timing M=%d N=%d K=%d %s failed: %s: %s", p.M, p.N, p.K, mode, type(exc).__name__, exc)
+                log.warning("timing %s %s failed: %s: %s", p.label(), mode, type(exc).__name__, exc)
                 note = f"timing failed: {type(exc).__name__}: {exc}"[:300]
                 self.rows += [{**base, "provider": k, "rel_err": _err_text(errs[k]), "note": note} for k in calls]
                 return
@@ -265,6 +277,7 @@ class GemmBench:
             if roof is not None:
                 row.update(roofline_us=f"{roof:.4f}", roof=f"{roof / us:.4f}")
             row["tflops"] = f"{p.flops / us / 1e6:.3f}"
+            row["gbps"] = f"{op_bytes(self.op, p) / us / 1e3:.1f}"
             refs = [b for b in self.baselines if b in samples and b != s]
             if not refs:
                 self.rows.append(row)
@@ -272,5 +285,5 @@ class GemmBench:
                 med, q1, q3 = ratio_stats(samples[b], got)
                 self.rows.append({**row, "vs": b, "vs_us": f"{statistics.median(samples[b]):.4f}",
                                   "ratio": f"{med:.4f}", "ratio_q1": f"{q1:.4f}", "ratio_q3": f"{q3:.4f}"})
-        log.info("%s %s M=%d N=%d K=%d %s: %s", set_name, label, p.M, p.N, p.K, mode,
+        log.info("%s %s %s %s: %s", set_name, label, p.label(), mode,
                  ", ".join(f"{k} {statistics.median(v):.2f} us" for k, v in samples.items()))

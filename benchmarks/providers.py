@@ -1,4 +1,5 @@
-"""Providers: the things a benchmark times on a shape, registered per op (``gemm_a16w16``, ``gemm_a8w8_blockscale``).
+"""Providers: the things a benchmark times on a shape, registered per op (``gemm_a16w16``, ``gemm_a8w8_blockscale``,
+``fused_moe``).
 
 A provider spec is ``name`` or ``name:arg`` (``skinny:gemv_BN1_BK2048_SK1_W4_S1_EF``, ``cublaslt:v130100:<hex>``). Each
 provider builds, once per shape, a call ``call(i)`` that runs it on the op's rotating input set ``i`` (the sets the
@@ -13,6 +14,9 @@ one provider per backend of the op (``torch``, ``cublaslt``, ``triton``, ``skinn
 ``maxautotune`` (``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only), ``torch_blockscale``
 (the plain per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it) and, for both
 ops, ``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` against it is the fraction of that floor).
+``fused_moe`` has ``dispatch``, ``default``, its backends (``triton:<kernelName1;kernelName2>``, ``torch:grouped_mm``,
+``torch:loop``), ``grouped_mm`` (transformers' grouped_mm experts forward, the baseline of record) and ``weight_read``
+(the bytes of the experts the set's tokens reach, read once).
 """
 
 from __future__ import annotations
@@ -28,15 +32,16 @@ import torch
 import torch.nn.functional as F
 
 import aiter_gemm
-from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.backends.base import MoeProblem, Problem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import file_problem
 from aiter_gemm.registry import get_backend, known_backends, op_spec
 
 A16W16 = "gemm_a16w16"
 BLOCKSCALE = "gemm_a8w8_blockscale"
+MOE = "fused_moe"
 #: Benchmark name -> op it times.
-BENCH_OPS = {"bf16": A16W16, "fp8": BLOCKSCALE}
+BENCH_OPS = {"bf16": A16W16, "fp8": BLOCKSCALE, "moe": MOE}
 
 Call = Callable[[int], object]
 #: The shipped tuned CSV of each op, by file name (``baseline:<DIR>`` reads it from DIR).
@@ -51,7 +56,7 @@ class Unavailable(Exception):
 class Context:
     """What a provider builds from: the shape, its rotating input sets, where it runs and how it is timed."""
 
-    problem: GemmProblem
+    problem: Problem
     op: str
     sets: list[tuple]
     ident: DeviceIdentity
@@ -72,6 +77,8 @@ class Provider:
     floor: bool = False
     #: ``(op, arg) -> why no shape can use arg`` (None: it may), asked by :func:`resolve`; None: any arg.
     check: Callable[[str, str], str | None] | None = None
+    #: The largest ||out - ref|| / ||ref|| its output may have on a problem (None: the benchmark's own bound).
+    max_rel_err: Callable[[Problem], float] | None = None
 
 
 _REGISTRY: dict[tuple[str, str], Provider] = {}
@@ -114,6 +121,9 @@ def _dispatch(ctx: Context, arg: str) -> Call:
         # As model code calls it: no otype where it is the input's (the C++ eager entry serves only such calls).
         otype = None if p.otype == p.dtype else p.otype
         return lambda i: aiter_gemm.gemm_a16w16(sets[i][0], sets[i][1], sets[i][2], otype, sets[i][3], sets[i][4])
+    if ctx.op == MOE:  # as model code calls it: the scales only for FP8 experts, the problem's activation
+        act = p.activation
+        return lambda i: aiter_gemm.fused_moe(*sets[i], activation=act)
     from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale
 
     return lambda i: gemm_a8w8_blockscale(*sets[i], p.otype)
@@ -231,6 +241,75 @@ def _weight_read(ctx: Context, arg: str) -> Call:
     return lambda i: reads[i]()
 
 
+# ---- fused_moe -----------------------------------------------------------------------------------------------------
+def _bf16_experts(ctx: Context) -> list[tuple]:
+    """Each input set with bf16 experts: FP8 ones dequantized once (not timed), as a bf16 model holds them."""
+    from aiter_gemm.kernels.a8w8_blockscale import dequantize_weight_blockscale
+
+    if not ctx.problem.fp8:
+        return ctx.sets
+
+    def dequant(w, scale):
+        return torch.stack([dequantize_weight_blockscale(w[e], scale[e]).to(torch.bfloat16) for e in range(len(w))])
+
+    return [(x, dequant(w1, s1), dequant(w2, s2), tw, ti, None, None) for x, w1, w2, tw, ti, s1, s2 in ctx.sets]
+
+
+def _grouped_mm(ctx: Context, arg: str) -> Call:
+    """transformers' experts forward ``grouped_mm`` (``transformers.integrations.moe.grouped_mm_experts_forward``, what
+    ``experts_implementation="grouped_mm"`` runs) on a Qwen3-MoE experts module holding the set's experts (FP8 ones
+    dequantized to bf16: the bf16 path FP8 must beat), routing weights in the hidden dtype and int64 ids as the
+    model's router gives them."""
+    try:
+        from transformers import Qwen3MoeConfig
+        from transformers.integrations import moe as hf_moe
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+    except ImportError as exc:
+        raise Unavailable(f"transformers has no grouped_mm experts here: {exc}") from None
+    if "grouped_mm" not in hf_moe.ALL_EXPERTS_FUNCTIONS:
+        raise Unavailable("transformers' ExpertsInterface has no 'grouped_mm'")
+    p = ctx.problem
+    cfg = Qwen3MoeConfig(num_experts=p.expert, hidden_size=p.model_dim, moe_intermediate_size=p.inter_dim,
+                         num_experts_per_tok=p.topk, hidden_act="silu" if p.activation == "silu" else "gelu")
+    cfg._experts_implementation = "grouped_mm"
+    calls = []
+    for x, w1, w2, tw, ti, _, _ in _bf16_experts(ctx):
+        with torch.device("meta"):  # no (E, 2I, H) float32 allocation: the set's experts are put in
+            experts = Qwen3MoeExperts(cfg)
+        experts.gate_up_proj = torch.nn.Parameter(w1, requires_grad=False)
+        experts.down_proj = torch.nn.Parameter(w2, requires_grad=False)
+        calls.append(partial(experts, x, ti.long(), tw.to(x.dtype)))
+    return lambda i: calls[i]()
+
+
+def _moe_weight_read(ctx: Context, arg: str) -> Call:
+    """Streaming the bytes of the experts the set's tokens reach (their w1 and w2 rows, and block scales), once, as
+    one contiguous read (:mod:`benchmarks.read_floor`): the floor of a memory-bound MoE call at this T."""
+    from benchmarks.read_floor import bind, folds
+
+    out = folds(ctx.device)
+    reads = [bind(torch.empty(-(-reached_bytes(s) // 4), dtype=torch.int32, device=ctx.device), out)
+             for s in ctx.sets]
+    return lambda i: reads[i]()
+
+
+def reached_bytes(inputs: tuple) -> int:
+    """Bytes of the experts a fused-MoE input set's tokens reach: their w1 and w2 (and block scales), each once."""
+    _, w1, w2, _, topk_ids, s1, s2 = inputs
+    per_expert = sum(t[0].numel() * t.element_size() for t in (w1, w2, s1, s2) if t is not None)
+    return int(torch.unique(topk_ids).numel()) * per_expert
+
+
+def _grouped_mm_tolerance(p: Problem) -> float:
+    """bf16 experts match the reference as the op does; dequantized FP8 experts on unquantized activations differ
+    from the FP8 reference (which quantizes both GEMMs' activations) by that quantization, ~4% on unit inputs."""
+    return 0.1 if isinstance(p, MoeProblem) and p.fp8 else MAX_REL_ERR
+
+
+#: The benchmark's bound on ||out - ref|| / ||ref|| against the float32 reference (bf16 rounding is ~2e-3).
+MAX_REL_ERR = 2e-2
+
+
 # ---- gemm_a16w16 -----------------------------------------------------------------------------------------------------
 def _flinear(ctx: Context, arg: str) -> Call:
     sets, p = ctx.sets, ctx.problem
@@ -272,12 +351,18 @@ def _torch_blockscale(ctx: Context, arg: str) -> Call:
     return lambda i: torch_bs.gemm_a8w8_blockscale_torch(*sets[i], p.otype)
 
 
-for _op in (A16W16, BLOCKSCALE):
-    register_provider(Provider("flinear", _op, "bf16 F.linear (block-scale op: of the dequantized operands)", _flinear,
-                               check=_no_argument))
+for _op in (A16W16, BLOCKSCALE, MOE):
     register_provider(Provider("dispatch", _op, f"aiter_gemm.{_op}: the whole dispatch path", _dispatch,
                                check=_no_argument))
     register_provider(Provider("default", _op, "the runtime's heuristic default, tuned tables ignored", _default,
+                               check=_no_argument))
+register_provider(Provider("grouped_mm", MOE, "transformers' grouped_mm experts forward (FP8 experts dequantized to "
+                           "bf16): the baseline of record", _grouped_mm, check=_no_argument,
+                           max_rel_err=_grouped_mm_tolerance))
+register_provider(Provider("weight_read", MOE, "streaming the reached experts' bytes once, no math: the memory-bound "
+                           "floor", _moe_weight_read, floor=True, check=_no_argument))
+for _op in (A16W16, BLOCKSCALE):
+    register_provider(Provider("flinear", _op, "bf16 F.linear (block-scale op: of the dequantized operands)", _flinear,
                                check=_no_argument))
     # baseline: an earlier commit's configs/ before the TileLang backend; configs: any copy (the rows a device ran
     # before its own were added).

@@ -4,6 +4,8 @@
         --timing graph,eager --out $OUT            # one CSV per benchmark and GPU, plus <csv stem>_env.json
     python -m benchmarks.run --bench fp8 --set shipped --providers torch_blockscale,flinear,dispatch \\
         --baselines torch_blockscale,flinear --out $OUT
+    python -m benchmarks.run --bench moe --set moe_qwen3_30b,moe_qwen3_30b:fp8 \\
+        --providers grouped_mm,default,dispatch,weight_read --baselines grouped_mm,default,weight_read --out $OUT
     python -m benchmarks.run --bench overhead --out $OUT     # host time the dispatch adds (tiny shapes)
     python -m benchmarks.run --bench layer --set llama3_8b --m 1,8,32,128,2048 --out $OUT
     python -m benchmarks.run report FILE [--table summary|mclass|bym|matrix|overhead|overhead_ab|layer|host|hf|
@@ -12,7 +14,7 @@
     python -m benchmarks.run tables BENCHMARKS.md [--write]  # check (or regenerate) every table it quotes
     python -m benchmarks.run list                            # providers and shape sets
 
-``--bench bf16`` / ``fp8`` time every provider of ``--providers`` on every shape of ``--set`` in each mode of
+``--bench bf16`` / ``fp8`` / ``moe`` time every provider of ``--providers`` on every shape of ``--set`` in each mode of
 ``--timing`` (``graph``: CUDA-graph replays; ``eager``: loops of calls, host cost included; ``host``: host and GPU
 time per call), paired against each of ``--baselines`` (default: the first provider); see
 :mod:`benchmarks.providers`, :mod:`benchmarks.shapes` and :mod:`benchmarks.measure`. Arguments are checked before
@@ -37,10 +39,11 @@ import aiter_gemm
 from aiter_gemm.cliargs import device_arg, non_negative_float, positive_int
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import atomic_write_text, file_problem, render_csv, write_error
+from aiter_gemm.ops.fused_moe import ROUTINGS
 from benchmarks import env as envmod
 from benchmarks import report as rep
 from benchmarks.measure import COLUMNS, EAGER_PAIRS, GRAPH_PAIRS, DeviceTimer, GemmBench, Timer
-from benchmarks.providers import BENCH_OPS, providers_for, resolve
+from benchmarks.providers import BENCH_OPS, MOE, providers_for, resolve
 from benchmarks.shapes import build_sets, sets_for
 
 log = logging.getLogger("benchmarks")
@@ -62,11 +65,12 @@ def bench_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--bench", choices=BENCHES, default="bf16")
-    ap.add_argument("--set", default=None, help="comma list of shape sets, models or CSVs (default: shipped; layer: "
-                    "llama3_8b)")
+    ap.add_argument("--set", default=None, help="comma list of shape sets, models or CSVs (default: shipped; moe: "
+                    "moe_qwen3_30b,moe_mixtral,moe_dsv3_ep8; layer: llama3_8b)")
     ap.add_argument("--m", type=_ints, default=None, help="M values replacing the sets' own")
     ap.add_argument("--providers", default=None, help="comma list of provider specs name[:arg] (default: "
-                    "flinear,dispatch; fp8: torch_blockscale,flinear,dispatch)")
+                    "flinear,dispatch; fp8: torch_blockscale,flinear,dispatch; moe: grouped_mm,default,dispatch,"
+                    "weight_read)")
     ap.add_argument("--baselines", default=None, help="providers every other is paired against (default: the first)")
     ap.add_argument("--timing", default=None, help=f"comma list of {', '.join(MODES)} (default: graph on a GPU, "
                     "eager on CPU)")
@@ -83,21 +87,29 @@ def bench_parser() -> argparse.ArgumentParser:
                     help="maxautotune: compile no more after this many seconds of the run")
     ap.add_argument("--calls", type=positive_int, default=20000, help="overhead: calls per loop")
     ap.add_argument("--repeats", type=positive_int, default=21, help="overhead: loops per case")
+    ap.add_argument("--routing", choices=ROUTINGS, default="uniform", help="moe: how the tokens pick their experts "
+                    "(uniform, or skewed: Zipf, a few experts get most tokens)")
     return ap
+
+
+#: Per op: (default --providers, default --set).
+DEFAULTS = {BENCH_OPS["bf16"]: ("flinear,dispatch", "shipped"),
+            BENCH_OPS["fp8"]: ("torch_blockscale,flinear,dispatch", "shipped"),
+            MOE: ("grouped_mm,default,dispatch,weight_read", "moe_qwen3_30b,moe_mixtral,moe_dsv3_ep8")}
 
 
 def bench_plan(ap: argparse.ArgumentParser, args: argparse.Namespace, ident: DeviceIdentity
                ) -> tuple[str, list[str], list[str], list]:
-    """(op, providers, baselines, shapes) of a GEMM bench's arguments on device ``ident``; ``ap.error`` (exit 2) on a
+    """(op, providers, baselines, shapes) of a bench's arguments on device ``ident``; ``ap.error`` (exit 2) on a
     provider, baseline or shape set the run cannot use."""
     op = BENCH_OPS[args.bench]
-    default = "torch_blockscale,flinear,dispatch" if op == BENCH_OPS["fp8"] else "flinear,dispatch"
+    default, default_set = DEFAULTS[op]
     providers = [p.strip() for p in (args.providers or default).split(",") if p.strip()]
     baselines = [p.strip() for p in (args.baselines or providers[0]).split(",") if p.strip()]
     try:
         for spec in providers:
             resolve(op, spec)
-        shapes = build_sets(op, args.set or "shipped", args.m, ident)
+        shapes = build_sets(op, args.set or default_set, args.m, ident)
     except ValueError as exc:
         ap.error(str(exc))
     missing = [b for b in baselines if b not in providers]
@@ -142,8 +154,9 @@ def run_bench(argv: list[str], timer: Timer | None = None) -> int:
             rows += run_layer(name, int(tp or 1), args.m or [1, 8, 32, 128, 2048], modes, device, timer)
         atomic_write_text(csv_path, render_csv(COLUMNS, rows))
     else:
+        inputs = {"routing": args.routing} if op == MOE else {}
         bench = GemmBench(args.bench, op, shapes, providers, baselines, modes, device, ident, timer, str(csv_path),
-                          args.deadline_s, {"compile_budget_s": args.compile_budget_s})
+                          args.deadline_s, {"compile_budget_s": args.compile_budget_s, "inputs": inputs})
         rows = bench.run()
         env["skipped"] = bench.skipped
         env["shapes"] = len(shapes)

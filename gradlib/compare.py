@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import Problem
 from aiter_gemm.configs import TunedRow
 from gradlib.records import DEFAULT, Candidate, ShapeOutcome
 from gradlib.tune_ops import TuneOp
@@ -97,8 +97,8 @@ def _fmt(us: float) -> str:
     return f"{us:.2f}" if math.isfinite(us) and us > 0 else "N/A"
 
 
-def _shape(spec: TuneOp, p: GemmProblem) -> str:
-    return f"({p.M}, {p.N}, {p.K}" + (f", bias={p.bias}" if spec.show_bias else "") + ")"
+def _shape(spec: TuneOp, p: Problem) -> str:
+    return "(" + ", ".join(v if k in ("M", "N", "K") else f"{k}={v}" for k, v in spec.shape_cells(p).items()) + ")"
 
 
 def format_compare(spec: TuneOp, outcomes: list[ShapeOutcome], verdicts: Mapping[int, Verdict],
@@ -141,7 +141,7 @@ def run_config_status(timed: Candidate | None, row: TunedRow | None, err_limit: 
     return "OK"
 
 
-def format_run_config(spec: TuneOp, outcomes: list[ShapeOutcome], rows: Mapping[GemmProblem, TunedRow],
+def format_run_config(spec: TuneOp, outcomes: list[ShapeOutcome], rows: Mapping[Problem, TunedRow],
                       err_limit: float, label: str) -> tuple[str, int]:
     """The ``--run_config`` table (shape, what ran, its time, the baseline's, speedup, status) and how many shapes
     are not OK."""

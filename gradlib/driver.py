@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.backends.base import Problem, Solution
 from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import render_csv, write_error
@@ -35,7 +35,7 @@ from gradlib.records import DEFAULT, ShapeOutcome
 from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, sort_tuned_file, tuned_keys
 from gradlib.search import SearchOptions, ShapeSearch, run_searches
 from gradlib.tasks import backend_of
-from gradlib.tune_ops import Sidecar, TuneOp
+from gradlib.tune_ops import Sidecar, TuneOp, shape_label
 
 log = logging.getLogger("gradlib")
 
@@ -46,7 +46,7 @@ class TuneJob:
 
     prog: str  # for messages: "gemm-tuner", "python -m gradlib.tune_a8w8_blockscale"
     spec: TuneOp
-    problems: list[GemmProblem]
+    problems: list[Problem]
     search: SearchOptions
     tuned_file: str
     batch: int = 8
@@ -56,13 +56,13 @@ class TuneJob:
     split_shapes: bool = False  # split each shape's candidates over every worker (chunks = workers)
     #: Fixed candidates per (shape, device) (skips enumeration; the op's baseline is still timed beside them); an
     #: empty tuple: nothing can run that shape.
-    candidates: Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]] | None = None
+    candidates: Callable[[Problem, DeviceIdentity], tuple[Solution, ...]] | None = None
     profile_file: str | None = None
     summary_file: str | None = None
     peak_tflops: float | None = None  # TFLOP/s, overriding the measured roofline table
     peak_bw: float | None = None  # GB/s
     verbose: bool = False
-    sidecar: Callable[[DeviceIdentity, list[GemmProblem]], Sidecar] | None = None  # the op's side files
+    sidecar: Callable[[DeviceIdentity, list[Problem]], Sidecar] | None = None  # the op's side files
     #: A tuned file whose rows for the workers' device are the shapes (instead of ``problems``): ``-i X -o X
     #: --all`` retunes X in place; ``--run_config X`` times X's rows.
     rows_of: str | None = None
@@ -76,7 +76,7 @@ class TuneJob:
     output_dirs: tuple[tuple[str, str], ...] = ()
 
 
-def _baseline_of(op: str, libtype: str | None, p: GemmProblem, ident: DeviceIdentity) -> Solution | None:
+def _baseline_of(op: str, libtype: str | None, p: Problem, ident: DeviceIdentity) -> Solution | None:
     """The baseline backend's solution for ``p`` (its first candidate), for searches with fixed candidates."""
     if libtype is None:
         return None
@@ -102,7 +102,9 @@ def describe(sol: Solution) -> str:
 def format_table(spec: TuneOp, outcomes: list[ShapeOutcome], roof: Roofline | None) -> str:
     """One line per shape: winner, time, TFLOP/s, % of roofline and speedup over the baseline where known."""
     base = spec.baseline
-    head = (f"{'M':>6} {'N':>6} {'K':>6} " + (f"{'bias':>5} " if spec.show_bias else "")
+    headers = list(spec.shape_cells(outcomes[0].problem)) if outcomes else ["M", "N", "K"]
+    widths = [max(len(h), 6) for h in headers]
+    head = ("".join(f"{h:>{w}} " for h, w in zip(headers, widths))
             + f" {'winner':<52} {'us':>10} {'TFLOPS':>8}" + (f" {'%roof':>6}" if roof else "")
             + (f" {base + ' us':>10} {'speedup':>7}" if base else "") + f" {'ok/cands':>8} {'wall s':>7}")
     lines = [head, "-" * len(head)]
@@ -111,7 +113,7 @@ def format_table(spec: TuneOp, outcomes: list[ShapeOutcome], roof: Roofline | No
         full = [c for c in o.candidates if c.phase == "full"]
         ok = sum(1 for c in full if c.result.ok)
         base_us = b.us if b is not None else math.inf
-        key = f"{p.M:>6} {p.N:>6} {p.K:>6} " + (f"{p.bias!s:>5} " if spec.show_bias else "")
+        key = "".join(f"{v:>{w}} " for v, w in zip(spec.shape_cells(p).values(), widths))
         if w is None:
             label, us, tflops, roof_s, speed = "FAILED: " + ("; ".join(o.errors)[:44] or "no valid candidate"), \
                 "-", "-", "-", "-"
@@ -128,11 +130,11 @@ def _top(o: ShapeOutcome, n: int = 5) -> str:
     rows = [f"  {describe(c.solution):<52} {c.us:>10.3f} us  err {c.result.err_ratio:.4f}"
             + ("" if c.result.ok else f"  ({c.result.error[:60]})") for c in o.ranked()[:n]]
     p = o.problem
-    return f"M={p.M} N={p.N} K={p.K} bias={p.bias}: top {len(rows)}\n" + "\n".join(rows)
+    return f"{shape_label(p)}: top {len(rows)}\n" + "\n".join(rows)
 
 
-def precompile(op: str, libtypes: tuple[str, ...], problems: list[GemmProblem], ident: DeviceIdentity,
-               quick: bool, fixed: Callable[[GemmProblem, DeviceIdentity], tuple[Solution, ...]] | None) -> None:
+def precompile(op: str, libtypes: tuple[str, ...], problems: list[Problem], ident: DeviceIdentity,
+               quick: bool, fixed: Callable[[Problem, DeviceIdentity], tuple[Solution, ...]] | None) -> None:
     """Let each backend build what its candidates need before any is timed (TileLang: every kernel compiled in
     parallel into its disk cache, so each worker's ``prepare`` loads it in milliseconds instead of running nvcc per
     candidate). A backend that cannot build here (its package missing in this process) is skipped with a warning:
@@ -329,7 +331,7 @@ def _tune(job: TuneJob, pool: Executor) -> int:
             if job.run_config is not None:  # what runs today (the incumbent) against the op's baseline, if any
                 fixed = ()
             elif fixed is not None and not fixed:  # nothing can run it: a failed shape without work
-                log.warning("M=%d N=%d K=%d: no candidate can run this shape", p.M, p.N, p.K)
+                log.warning("%s: no candidate can run this shape", p.label())
                 on_outcome(ShapeOutcome(i, p, None, None, [], ["no candidate can run this shape"], 0.0))
                 continue
             searches.append(ShapeSearch(i, p, opts, fixed, _baseline_of(spec.op, opts.baseline, p, ident)
@@ -351,7 +353,7 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         print(format_table(spec, outcomes, roof))
         for o in sorted(outcomes, key=lambda o: o.shape_id):  # the table cuts reasons short
             if not o.tuned:
-                print(f"M={o.problem.M} N={o.problem.N} K={o.problem.K}: no winner: "
+                print(f"{o.problem.label()}: no winner: "
                       + ("; ".join(o.errors) or "no valid candidate"))
         if job.compare is not None:
             print(format_compare(spec, outcomes, verdicts, job.compare, job.tuned_file))

@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
-from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, QUANT_NONE, GemmProblem, MoeProblem
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import read_text
+from aiter_gemm.kernels.blockscale_format import FP8
 
 # model_type -> whether q/k/v projections carry a bias when config.json does not say (Qwen2 always has one).
 _QKV_BIAS_BY_TYPE = {"qwen2": True}
@@ -294,10 +295,104 @@ def fp8_model_shapes(model_dir: str | Path, tp: int) -> FP8Shapes:
     experts = next(((k, cfg[k]) for k in _EXPERT_KEYS if cfg.get(k)), None)
     if experts is not None:
         not_covered.append(f"routed experts ({experts[0]}={experts[1]}, moe_intermediate_size="
-                           f"{cfg.get('moe_intermediate_size')}): grouped GEMMs, not covered by this op")
+                           f"{cfg.get('moe_intermediate_size')}): grouped GEMMs, not covered by this op (python -m "
+                           f"gradlib.tune_moe --model_dir {model_dir} tunes them)")
     if "kv_lora_rank" in cfg:
         projs = deepseek_projections(cfg, tp, str(path))
     else:
         skip = {"lm_head"} | ({"gate_up", "down"} if experts is not None else set())
         projs = [p for p in projections(ModelArch.from_config(cfg, str(path)), tp) if p.name not in skip]
     return FP8Shapes(str(path), tuple(projs), tuple(not_covered))
+
+
+# ---- routed experts (python -m gradlib.tune_moe --model_dir) ---------------------------------------------------------
+#: ``hidden_act`` -> the activation ``fused_moe`` takes.
+_MOE_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu"}
+
+
+@dataclass(frozen=True)
+class MoeExperts:
+    """The routed experts of an MoE model on one rank, as ``fused_moe`` sees them: ``hidden`` (model_dim), ``inter``
+    (inter_dim, per rank), ``experts`` (local experts), ``topk`` (experts per token), and whether the checkpoint is
+    FP8 with (128, 128) weight blocks; ``notes``: what else the model runs that these shapes leave out."""
+
+    source: str
+    hidden: int
+    inter: int
+    experts: int
+    topk: int
+    activation: str
+    fp8: bool
+    notes: tuple[str, ...] = ()
+
+
+def moe_experts(model_dir: str | Path, tp: int = 1, ep: int = 1) -> MoeExperts:
+    """The routed experts of the model in ``model_dir/config.json`` (a folder or a shipped name: Qwen3-MoE's
+    ``num_experts``/``moe_intermediate_size``, DeepSeek's ``n_routed_experts``, Mixtral's ``num_local_experts`` with
+    ``intermediate_size``) on one rank: expert parallelism ``ep`` keeps E/ep experts per rank, tensor parallelism
+    ``tp`` splits each expert's intermediate size (vLLM's and SGLang's sharding). The rank's tokens are routed to
+    ``topk`` of its own experts (k over E/ep: the rank's work for the tokens that reach it, not the ~k/ep local hits
+    of a token routed over every expert); ModelConfigError naming the file and key when the model has no routed
+    experts or a key does not divide."""
+    if tp < 1 or ep < 1:
+        raise ModelConfigError(f"--tp and --ep must be >= 1, got {tp} and {ep}")
+    path = config_path(model_dir)
+    full = read_json(path)
+    cfg = full.get("text_config", full)
+    source = str(path)
+    found = next(((k, cfg[k]) for k in _EXPERT_KEYS if cfg.get(k)), None)
+    if found is None:
+        raise ModelConfigError(f"{source}: no routed experts (none of {', '.join(_EXPERT_KEYS)}): not an MoE model")
+
+    def need(key: str) -> int:
+        val = cfg.get(key)
+        if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
+            raise ModelConfigError(f"{source}: key {key!r} must be a positive integer, got {val!r}")
+        return val
+
+    def split(total: int, by: int, what: str, flag: str) -> int:
+        if total % by:
+            raise ModelConfigError(f"{source}: {what}={total} is not divisible by {flag} {by}")
+        return total // by
+
+    experts = split(need(found[0]), ep, found[0], "--ep")
+    inter_key = "moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"
+    inter = split(need(inter_key), tp, inter_key, "--tp")
+    act = cfg.get("hidden_act", "silu")
+    if act not in _MOE_ACTIVATIONS:
+        raise ModelConfigError(f"{source}: key 'hidden_act' is {act!r}: fused_moe runs {sorted(_MOE_ACTIVATIONS)}")
+    quant = cfg.get("quantization_config", full.get("quantization_config"))
+    fp8 = isinstance(quant, Mapping) and quant.get("quant_method") == "fp8" and quant.get("weight_block_size") == \
+        FP8_BLOCK
+    notes = []
+    if quant is not None and not fp8:
+        notes.append(f"{source}: quantization_config {quant!r} is not FP8 with {FP8_BLOCK} blocks: its experts are "
+                     "tuned as bf16 unless --dtype says fp8")
+    if cfg.get("n_shared_experts"):
+        notes.append(f"{source}: shared experts (n_shared_experts={cfg['n_shared_experts']}) are dense GEMMs: "
+                     "python -m gradlib.tune_a8w8_blockscale --model_dir tunes them")
+    topk = need("num_experts_per_tok")
+    if topk > experts:  # a token reaches at most every local expert once
+        notes.append(f"{source}: num_experts_per_tok={topk} is above the {experts} local experts of --ep {ep}: "
+                     f"topk {experts} (each token reaches every local expert)")
+        topk = experts
+    return MoeExperts(source, need("hidden_size"), inter, experts, topk, _MOE_ACTIVATIONS[act], fp8, tuple(notes))
+
+
+#: ``--dtype`` of MoE experts -> (dtype, q_dtype_a, q_dtype_w, q_type) of their problem: fp8 is e4m3 with (128, 128)
+#: block scales (AITER's per_1x128: activations quantized per token and 128-wide group).
+MOE_DTYPES: dict[str, tuple[torch.dtype, torch.dtype, torch.dtype, str]] = {
+    "bf16": (torch.bfloat16, torch.bfloat16, torch.bfloat16, QUANT_NONE),
+    "fp16": (torch.float16, torch.float16, torch.float16, QUANT_NONE),
+    "fp8": (torch.bfloat16, FP8, FP8, QUANT_BLOCK),
+}
+
+
+def moe_problems(m: MoeExperts, tokens: Iterable[int], dtype: str | None = None) -> list[MoeProblem]:
+    """``m``'s problem at each token count, its experts in ``dtype`` (a :data:`MOE_DTYPES` name; default the
+    checkpoint's: fp8 for FP8 with (128, 128) blocks, else bf16); ModelConfigError naming an unknown dtype."""
+    name = dtype or ("fp8" if m.fp8 else "bf16")
+    if name not in MOE_DTYPES:
+        raise ModelConfigError(f"--dtype {name}: not one of {', '.join(MOE_DTYPES)}")
+    return [MoeProblem(t, m.hidden, m.inter, m.experts, m.topk, ACT_TYPES[m.activation], *MOE_DTYPES[name])
+            for t in tokens]

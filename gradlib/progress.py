@@ -13,6 +13,7 @@ from typing import TextIO
 
 from gradlib.records import ENUMERATE, ItemResult, ShapeOutcome
 from gradlib.search import ShapeSearch
+from gradlib.tune_ops import shape_label
 
 HEARTBEAT_S = 30.0  # seconds between "still running" lines when not on a terminal
 
@@ -22,8 +23,7 @@ _PHASES = {ENUMERATE: "listing candidates", "screen": "screening", "full": "timi
 
 
 def _shape(search: ShapeSearch | ShapeOutcome) -> str:
-    p = search.problem
-    return f"M={p.M} N={p.N} K={p.K}" + (" bias" if p.bias else "")
+    return shape_label(search.problem)
 
 
 def _running(search: ShapeSearch) -> str:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.backends.base import Problem, Solution
 from aiter_gemm.configs import (
     DEVICE_NAME_COLUMN,
     SPECS,
@@ -51,7 +51,7 @@ class Roofline:
     bytes: float  # B/s
     source: str
 
-    def fraction(self, p: GemmProblem, us: float) -> float:
+    def fraction(self, p: Problem, us: float) -> float:
         """Roofline time over measured time: 1.0 = at the bound (compute or memory, whichever is slower)."""
         bound_s = max(p.flops / self.flops, p.min_bytes() / self.bytes)
         return bound_s / (us * 1e-6)
@@ -73,7 +73,7 @@ def roofline_for(identity: DeviceIdentity) -> Roofline | None:
     return None
 
 
-def metrics(p: GemmProblem, us: float) -> tuple[str, str]:
+def metrics(p: Problem, us: float) -> tuple[str, str]:
     """(TFLOP/s, GB/s) of ``p`` at ``us`` as written in rows; empty strings for a failed time."""
     if not math.isfinite(us) or us <= 0:
         return "", ""
@@ -99,7 +99,7 @@ def summary_columns(spec: TuneOp) -> tuple[str, ...]:
     return (*spec.key_columns, *(c.format(base=spec.baseline or "baseline") for c in _SUMMARY_TAIL))
 
 
-def profile_row(spec: TuneOp, identity: DeviceIdentity, p: GemmProblem, c: Candidate) -> dict[str, str]:
+def profile_row(spec: TuneOp, identity: DeviceIdentity, p: Problem, c: Candidate) -> dict[str, str]:
     """One candidate's result as a profile row."""
     res = c.result
     tflops, bw = metrics(p, res.us) if res.ok else ("", "")
@@ -225,8 +225,9 @@ def row_key(op: str, tail: Sequence[str] = (), device_name: str | None = None
     return key
 
 
-def _shape(row: Mapping[str, str]) -> str:
-    return " ".join(f"{c}={row[c]}" for c in ("M", "N", "K", "bias") if c in row)
+def _shape(row: Mapping[str, str], spec: TuneOp) -> str:
+    """A row's shape as warnings name it: its problem's first key cells (M, N, K, bias; token ... topk)."""
+    return " ".join(f"{c}={row[c]}" for c in spec.key_columns[2:7] if c in row and c not in ("dtype", "act_type"))
 
 
 @dataclass
@@ -355,7 +356,7 @@ class CheckpointWriter:
         if self._stale:
             self.stale_replaced += len(self._stale)
             log.warning("%s: replaced %d row(s) that were not usable as tuned rows: %s", self.tuned_file,
-                        len(self._stale), "; ".join(f"{_shape(old)} ({why})" for old, why in self._stale))
+                        len(self._stale), "; ".join(f"{_shape(old, self.spec)} ({why})" for old, why in self._stale))
         self.written += added + replaced
         log.info("checkpoint: %d row(s) added, %d replaced in %s", added, replaced, self.tuned_file)
 

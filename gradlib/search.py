@@ -8,7 +8,9 @@ accuracy check, failures are dropped before ranking and the fastest ``screen_top
 full (phase 2): those plus every candidate of the other backends, plus the baseline, are timed with full warm-up and
 checked against the float32 reference, split into up to ``chunks`` tasks that run on different workers at once.
 The winner is the fastest eligible candidate with ``err_ratio <= errRatio``; a failed candidate has ``us`` = inf and
-can never rank first; a winner other than the baseline must beat it by ``min_gain``.
+can never rank first; a winner other than the baseline must beat it by ``min_gain``. With ``refine``, further full
+rounds time the candidates it derives from the valid ones so far (the MoE tuner's per-stage search: GEMM2's configs
+beside GEMM1's winner, then GEMM1's beside GEMM2's), until it has nothing new.
 An ``incumbent`` (``--compare``: the tuned file's current solution for the shape, or :data:`DEFAULT` when it has
 none) is timed beside the candidates in the full phase and the confirmation rounds, so the row can be kept unless the
 new winner beats it under the same conditions (:mod:`gradlib.compare`).
@@ -21,11 +23,10 @@ import math
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from aiter_gemm.backends.base import GemmProblem, Solution
-from aiter_gemm.dispatch import get_padded_m
+from aiter_gemm.backends.base import GemmProblem, Problem, Solution
 from aiter_gemm.timing import TimingConfig
 from gradlib.pool import Executor, ItemDone, TaskDone
 from gradlib.records import A16W16, DEFAULT, DEFAULTS, ENUMERATE, TIME, Candidate, ItemResult, Probe, ShapeOutcome, Task
@@ -77,13 +78,16 @@ class SearchOptions:
     confirm: TimingConfig = CONFIRM
     pad_check: bool = True
     pad_tolerance: float = 1.01
+    #: (problem, the eligible valid solutions so far fastest first, round 1, 2, ...) -> solutions for one more full
+    #: round (those already timed are dropped); rounds stop when it returns nothing new. None: one full round.
+    refine: Callable[[Problem, list[Solution], int], Sequence[Solution]] | None = None
 
 
 @dataclass
 class _Job:
     """One task's worth of work in a phase: a problem and items, and the results as they arrive."""
 
-    problem: GemmProblem
+    problem: Problem
     items: tuple
     kind: str = TIME
     kw: dict = field(default_factory=dict)  # Task fields: timing, check, max_err, options
@@ -92,16 +96,27 @@ class _Job:
 
 
 def pad_probes(M: int, N: int, K: int) -> list[int]:
-    """The M values to confirm a row of M for padded use, ascending: the smallest M that pads to it at each
-    granularity level, and one in the middle of the widest range (none when no other M pads to it)."""
+    """:func:`pad_probes_of` a GEMM of (M, N, K)."""
+    return pad_probes_of(GemmProblem(M, N, K))
+
+
+def pad_probes_of(p: Problem) -> list[int]:
+    """The M values to confirm a row of ``p`` for padded use, ascending: the smallest M that pads to ``p.M`` at each
+    of the problem's padded lookup levels (``p.padded()``: AITER's getPaddedM granularities for GEMMs, the next
+    power of two of the token count for fused MoE), and one in the middle of the widest range (none when no other M
+    pads to it)."""
+    M = p.M
     lows = []
-    for gl in (0, 1):
-        if get_padded_m(M, N, K, gl) != M:
+    for level, _ in p.padded():
+        def pad(m: int, level: str = level) -> int:
+            return dict(p.with_m(m).padded())[level].M
+
+        if pad(M) != M:
             continue
         lo, hi = 1, M  # smallest m <= M with pad(m) == M: pad is non-decreasing for m <= M
         while lo < hi:
             mid = (lo + hi) // 2
-            if get_padded_m(mid, N, K, gl) >= M:
+            if pad(mid) >= M:
                 hi = mid
             else:
                 lo = mid + 1
@@ -128,7 +143,7 @@ class ShapeSearch:
     solution, when given: eligible only if its libtype is among ``opts.libtypes``); ``incumbent`` is timed beside
     them (a solution may win; :data:`DEFAULT` only competes as a reference)."""
 
-    def __init__(self, shape_id: int, problem: GemmProblem, opts: SearchOptions,
+    def __init__(self, shape_id: int, problem: Problem, opts: SearchOptions,
                  candidates: tuple[Solution, ...] | None = None, baseline: Solution | None = None,
                  incumbent: Solution | None = None) -> None:
         self.shape_id, self.problem, self.opts = shape_id, problem, opts
@@ -149,6 +164,8 @@ class ShapeSearch:
         self._default_at: dict[int, Solution] = {}  # M -> what the runtime's default runs there (resolved)
         self.incumbent = incumbent
         self._incumbent_timed: Candidate | None = None
+        self._round = 0  # refine rounds done
+        self._timed_full = 0  # candidates of the full rounds so far (a round's indexes follow them)
         if candidates is None:
             self.phase = ENUMERATE
             self._jobs = [_Job(problem, self._enumerate_items(), ENUMERATE,
@@ -216,8 +233,9 @@ class ShapeSearch:
             items = self._full_items()
             size = max(1, math.ceil(len(items) / max(1, o.chunks)))
             kw = {"timing": o.full, "check": True, "max_err": o.err_ratio}
-            self._jobs = [_Job(self.problem, tuple(items[i:i + size]), kw=kw, first=i)
-                          for i in range(0, len(items), size)] or [_Job(self.problem, (), kw=kw)]
+            first = self._timed_full
+            self._jobs = [_Job(self.problem, tuple(items[i:i + size]), kw=kw, first=first + i)
+                          for i in range(0, len(items), size)] or [_Job(self.problem, (), kw=kw, first=first)]
         elif phase == DEFAULTS:
             self._jobs = [_Job(self.problem, tuple(self._confirm_ms()), DEFAULTS, {"timing": o.confirm})]
         else:
@@ -284,7 +302,7 @@ class ShapeSearch:
 
     def _full_items(self) -> list[Solution]:
         items = list(dict.fromkeys(self._screened + self._others))
-        if self._baseline is not None and self._baseline not in items:
+        if self._round == 0 and self._baseline is not None and self._baseline not in items:
             items.append(self._baseline)
         return items
 
@@ -293,6 +311,7 @@ class ShapeSearch:
             for i, sol in enumerate(job.items):
                 self.candidates.append(Candidate(sol, "full", job.results[i], self._eligible.get(sol, False),
                                                  job.first + i))
+            self._timed_full += len(job.items)
         o = self.opts
         full = [c for c in self.candidates if c.phase == "full"]
         base = self._base_candidate()
@@ -301,6 +320,8 @@ class ShapeSearch:
             limit = max(o.rel_err_factor * base.result.rel_err, o.rel_err_floor)
         valid = [c for c in full if c.eligible and c.result.ok and math.isfinite(c.us)
                  and c.result.err_ratio <= o.err_ratio and not c.result.rel_err > limit]
+        if o.refine is not None and self._refine(sorted(valid, key=lambda c: c.us), full):
+            return
         winner = min(valid, key=lambda c: c.us) if valid else None
         if o.confirm_rounds > 0 and winner is not None:
             self._pick = winner
@@ -310,6 +331,21 @@ class ShapeSearch:
                 and base.us < winner.us * o.min_gain:
             winner = base
         self._finish(winner)
+
+    def _refine(self, ranked: list[Candidate], full: list[Candidate]) -> bool:
+        """Start another full round with what :attr:`SearchOptions.refine` derives from ``ranked`` (solutions not
+        timed yet); whether one started."""
+        self._round += 1
+        timed = {c.solution for c in full}
+        more = [s for s in dict.fromkeys(self.opts.refine(self.problem, [c.solution for c in ranked], self._round))
+                if s not in timed]
+        if not more:
+            return False
+        for sol in more:
+            self._eligible.setdefault(sol, sol.libtype not in self.opts.untunable)
+        self._screened, self._others = [], more
+        self._enter("full")
+        return True
 
     def _base_candidate(self) -> Candidate | None:
         if self._baseline is None:
@@ -321,7 +357,7 @@ class ShapeSearch:
     # ---- confirmation ------------------------------------------------------------------------------------
     def _confirm_ms(self) -> list[int]:
         p = self.problem
-        return [p.M] + (pad_probes(p.M, p.N, p.K) if self.opts.pad_check else [])
+        return [p.M] + (pad_probes_of(p) if self.opts.pad_check else [])
 
     def _after_defaults(self) -> None:
         (job,) = self._jobs
@@ -491,4 +527,4 @@ def run_searches(executor: Executor, searches: list[ShapeSearch], on_outcome: Ca
 
 
 __all__ = ["BASELINE", "Candidate", "Probe", "SearchOptions", "ShapeOutcome", "ShapeSearch", "pad_probes",
-           "run_searches"]
+           "pad_probes_of", "run_searches"]

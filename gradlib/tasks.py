@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from aiter_gemm.accuracy import err_ratio, rel_error, tolerance_for
-from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.backends.base import GemmProblem, Problem, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.registry import op_spec
 from aiter_gemm.testbed import Inputs, inputs_memory, prepare_runner
@@ -135,12 +135,13 @@ class WorkerRuntime:
         if task.check:
             # Poison the memory the output will most likely be allocated in (the caching allocator hands the same
             # block back), so a kernel that leaves elements unwritten fails instead of reading an older output.
-            torch.full((p.M, p.N), math.nan, dtype=p.otype, device=self.device)
+            shape, otype = tuple(data.ref.shape), output_dtype(p)
+            torch.full(shape, math.nan, dtype=otype, device=self.device)
             out = spec.call_runner(runner, data.sets[0], p)
-            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (p.M, p.N) or out.dtype != p.otype:
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != otype:
                 got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
-                return ItemResult.failed(task, index, f"returned {got}, expected ({p.M}, {p.N}) {p.otype}")
-            err = err_ratio(out, data.ref, tolerance_for(p.dtype, p.otype))
+                return ItemResult.failed(task, index, f"returned {got}, expected {shape} {otype}")
+            err = err_ratio(out, data.ref, tolerance_for(p.dtype, otype))
             rel = rel_error(out, data.ref)
             del out
             if err > task.max_err:
@@ -180,6 +181,12 @@ class WorkerRuntime:
         data.key = key
         self._data = data
         return data
+
+
+def output_dtype(p: Problem) -> torch.dtype:
+    """The dtype a runner of ``p`` must return: a GEMM's ``otype``; an op whose problem names none (fused MoE)
+    returns its inputs' ``dtype``. The shape is the float32 reference's."""
+    return getattr(p, "otype", p.dtype)
 
 
 def _is_allocation_error(exc: BaseException) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiter_gemm.backends.base import GemmProblem, Solution
+from aiter_gemm.backends.base import Problem, Solution
 from aiter_gemm.configs import TunedRow
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.registry import LazyRegistry, op_spec
@@ -20,7 +20,7 @@ class Sidecar:
     """Files an op writes beside its tuned CSV (the block-scale op's JSON buckets): told about every finished or
     skipped shape, flushed with each checkpoint, summarised in the final line."""
 
-    def skipped(self, problem: GemmProblem) -> None: ...
+    def skipped(self, problem: Problem) -> None: ...
     def add(self, outcome: ShapeOutcome) -> None: ...
     def flush(self) -> None: ...
 
@@ -44,6 +44,14 @@ class TuneOp:
     #: The candidate a tuned row names, equal to the search's own solution for that kernel (``--compare``,
     #: ``--run_config``); None: the runtime's ``OpSpec.row_solution``.
     row_candidate: Callable[[TunedRow], Solution] | None = None
+    #: A problem's cells in the printed tables (header -> text); None: M, N, K (and bias with :attr:`show_bias`).
+    table_cells: Callable[[Problem], dict[str, str]] | None = None
+
+    def shape_cells(self, p: Problem) -> dict[str, str]:
+        """``p`` as the printed tables show it (:attr:`table_cells`)."""
+        if self.table_cells is not None:
+            return self.table_cells(p)
+        return {"M": str(p.M), "N": str(p.N), "K": str(p.K), **({"bias": str(p.bias)} if self.show_bias else {})}
 
     @property
     def key_columns(self) -> tuple[str, ...]:
@@ -51,19 +59,25 @@ class TuneOp:
         return op_spec(self.op).key_columns
 
     @property
-    def key_problem(self) -> Callable[[tuple], GemmProblem] | None:
+    def key_problem(self) -> Callable[[tuple], Problem] | None:
         """The problem a table key names (a tuned file's rows as shapes to retune or time; the runtime op's
         :attr:`OpSpec.key_problem`); None: not supported."""
         return op_spec(self.op).key_problem
 
-    def key_of(self, identity: DeviceIdentity, p: GemmProblem) -> dict[str, str]:
+    def key_of(self, identity: DeviceIdentity, p: Problem) -> dict[str, str]:
         """``p``'s key cells on ``identity`` as the op's tuned rows spell them (:meth:`OpSpec.key_row`)."""
         return op_spec(self.op).key_row(identity, p)
 
 
+def shape_label(p: Problem) -> str:
+    """A problem as the tuner's console lines name it: its label, `` bias`` for a GEMM with a bias."""
+    return p.label() + (" bias" if getattr(p, "bias", False) else "")
+
+
 #: Op name -> module defining its TuneOp (imported on first use: a worker loads only its op's).
 TUNE_OPS: LazyRegistry[TuneOp] = LazyRegistry("tuner spec", {"gemm_a16w16": "gradlib.a16w16",
-                                                              "gemm_a8w8_blockscale": "gradlib.blockscale"},
+                                                              "gemm_a8w8_blockscale": "gradlib.blockscale",
+                                                              "fused_moe": "gradlib.moe"},
                                                lambda spec: spec.op)
 register_tune_op = TUNE_OPS.register
 tune_op = TUNE_OPS.get

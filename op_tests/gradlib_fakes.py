@@ -6,6 +6,7 @@ this module too, so every process sees the same backends.
 solidx 1 raises, solidx 2..20 are correct and take 0.1 ms more per step, 21..26 are correct but take 50 ms
 (screened out: the 20 fastest that ran are 0 and 2..20).
 ``fakeslow``: one correct candidate taking 20 ms per call (keeps a run busy long enough to be killed).
+``fakemoe``, ``fakemoeslow``, ``fakemoebad``: fused-MoE candidates (:class:`FakeMoeBackend` and below).
 ``fakepair``: two correct candidates, solidx 0 ``fast`` (F.linear in the input dtype, as the torch backend) and
 solidx 1 ``slow`` (20 ms more per call), neither of which can run N = 48 (``--compare`` / in-place retune tests: a
 deliberately slow row, a shape that cannot be tuned).
@@ -184,7 +185,101 @@ class FakePairBackend(Backend):
         return linear if solution.solidx == 0 else slow_linear
 
 
+# ---- fused_moe fakes (package aiter_gemm.backends.fused_moe) -------------------------------------------------------
+#: ``fakemoe``'s stage configs and the us each takes in GEMM1 / GEMM2: the best shared config (both GEMMs the same)
+#: is s2 (4 + 6 = 10 us), the best pair s1;s0 (1 + 2 = 3 us), which only a per-stage search finds.
+MOE_STAGE1_US = {"s0": 10.0, "s1": 2.0, "s2": 6.0}
+MOE_STAGE2_US = {"s0": 1.0, "s1": 8.5, "s2": 4.0}
+MOE_PACKAGE = "aiter_gemm.backends.fused_moe"
+
+
+def moe_exact(problem):
+    """A correct fused MoE (the float32 reference) for ``problem``'s activation."""
+    from aiter_gemm.kernels.fused_moe import fused_moe_ref
+
+    def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
+        return fused_moe_ref(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=w1_scale, w2_scale=w2_scale,
+                             activation=problem.activation)
+
+    return run
+
+
+def moe_taking(problem, seconds: float, real: bool = False):
+    exact_run = moe_exact(problem)
+
+    def run(*args):
+        spend(seconds, real)
+        return exact_run(*args)
+
+    return run
+
+
+class FakeMoeBackend(Backend):
+    """``fakemoe``: pairs of :data:`MOE_STAGE1_US` / :data:`MOE_STAGE2_US` configs (``s1;s0``), correct, taking the
+    sum of their stages' times; it lists the shared pairs only, as the Triton backend does."""
+
+    name = "fakemoe"
+
+    def candidates(self, problem, device):
+        return [Solution(self.name, -1, 0, n) for n in MOE_STAGE1_US]
+
+    def why_not(self, problem, solution, device):
+        from aiter_gemm.backends.fused_moe import stage_names
+
+        first, second = stage_names(solution.kernelName)
+        return None if first in MOE_STAGE1_US and second in MOE_STAGE2_US else f"no stage {solution.kernelName!r}"
+
+    def prepare(self, problem, solution, device):
+        from aiter_gemm.backends.fused_moe import stage_names
+
+        if self.why_not(problem, solution, device) is not None:
+            return None
+        first, second = stage_names(solution.kernelName)
+        return moe_taking(problem, (MOE_STAGE1_US[first] + MOE_STAGE2_US[second]) * 1e-6)
+
+
+class FakeMoeSlowBackend(Backend):
+    """``fakemoeslow``: one correct candidate really taking 20 ms a call (held by GRADLIB_FAKES_HOLD): keeps a run
+    busy long enough to be killed."""
+
+    name = "fakemoeslow"
+
+    def candidates(self, problem, device):
+        return [Solution(self.name, -1, 0, "slow")]
+
+    def prepare(self, problem, solution, device):
+        return moe_taking(problem, 0.02, real=True)
+
+
+class FakeMoeFaultyBackend(Backend):
+    """``fakemoebad``: a correct candidate (``good``, 5 us) and one per fault: raises, hangs, sigkill (the GEMM fakes,
+    which take the op's seven arguments as a GEMM's seven) and wrong_shape (a (T, H - 1) output)."""
+
+    name = "fakemoebad"
+    FAULTS = ("raises", "hangs", "sigkill", "wrong_shape")
+
+    def candidates(self, problem, device):
+        return [Solution(self.name, -1, 0, n) for n in (*self.FAULTS, "good")]
+
+    def prepare(self, problem, solution, device):
+        if solution.kernelName == "good":
+            return moe_taking(problem, 5e-6)
+        if solution.kernelName == "wrong_shape":
+            return lambda hidden_states, *rest: hidden_states[:, :-1].clone()
+        return FAKE_BEHAVIOURS[solution.kernelName] if solution.kernelName in self.FAULTS else None
+
+
+def _register_moe_fakes() -> None:
+    from gradlib.moe import STAGED
+
+    for backend in (FakeMoeBackend(), FakeMoeSlowBackend(), FakeMoeFaultyBackend()):
+        register_backend(backend, MOE_PACKAGE)
+    # fakemoe's pairs are searched stage by stage, as the Triton backend's are
+    STAGED["fakemoe"] = lambda a, b: Solution("fakemoe", -1, 0, a if a == b else f"{a};{b}")
+
+
 for _b in (FakeBackend(), FakeLtBackend(), FakeSlowBackend(), FakePairBackend()):
     register_backend(_b)
+_register_moe_fakes()
 if os.environ.get(VIRTUAL_CLOCK_ENV) == "1":  # a worker of a test that uses the virtual_clock fixture
     timing.cpu_clock = CLOCK

@@ -155,6 +155,54 @@ def test_weight_read_rejects_what_it_cannot_stream():
         read_weight(torch.zeros(3, 1, dtype=torch.float8_e4m3fn))
 
 
+def test_moe_bench_pairs_the_op_with_grouped_mm_its_default_and_the_floor(tmp_path, clean_runtime):
+    """``--bench moe`` on tiny experts (interpreted Triton on CPU): the op, its untuned default, torch's experts, an
+    explicit Triton pair and transformers' grouped_mm, each checked against the float32 reference and paired with
+    grouped_mm and the weight-read floor; the rows name T as M, I as N, H as K, the experts and topk."""
+    pair = "moe_BM16_BN32_BK64_GM1_SK1_W4_S2;moe_BM16_BN64_BK64_GM1_SK1_W4_S2"
+    timer = FakeTimer({"grouped_mm": 12.0, "default": 8.0, "dispatch": 6.0, "torch": 9.0, "triton": 5.0,
+                       "weight_read": 3.0})
+    assert main(["--bench", "moe", "--set", "tiny", "--m", "5", "--providers",
+                 f"grouped_mm,default,dispatch,torch,triton:{pair},weight_read", "--baselines",
+                 "grouped_mm,weight_read", "--timing", "graph", "--device", "cpu", "--out", str(tmp_path)], timer) == 0
+    rows = _rows(tmp_path / "moe_cpu.csv")
+    assert {(r["M"], r["N"], r["K"], r["experts"], r["topk"], r["label"]) for r in rows} == {
+        ("5", "64", "128", "4", "2", "tiny")}
+    assert all(r["note"] == "" for r in rows), [r["note"] for r in rows]
+    ratio = {(r["provider"], r["vs"]): r["ratio"] for r in rows}
+    assert ratio[("dispatch", "grouped_mm")] == "2.0000" and ratio[("dispatch", "weight_read")] == "0.5000"
+    assert ratio[(f"triton:{pair}", "grouped_mm")] == "2.4000" and ratio[("default", "grouped_mm")] == "1.5000"
+    assert all(float(r["rel_err"]) < 2e-2 for r in rows if r["provider"] != "weight_read")
+    assert all(r["rel_err"] == "" for r in rows if r["provider"] == "weight_read")
+    disp = [r for r in rows if r["provider"] == "dispatch"]
+    assert {(r["matched"], r["libtype"]) for r in disp} == {("default", "torch")}  # no table: CPU's default
+
+
+def test_moe_sets_and_the_floors_bytes():
+    """The MoE sets of record (T 1..4096) with their dtype option; the floor reads the reached experts' bytes."""
+    from aiter_gemm.ops.fused_moe import make_inputs
+    from benchmarks.providers import MOE, reached_bytes
+
+    sets = {name: build_sets(MOE, name, None, H100) for name in
+            ("moe_qwen3_30b", "moe_mixtral:fp8", "moe_dsv3_ep8", "moe_dsv3_ep8:bf16")}
+    assert all(len(v) == 11 for v in sets.values())
+    got = {name: {(lab, p.model_dim, p.inter_dim, p.expert, p.topk, p.fp8) for _, (lab, p) in v}
+           for name, v in sets.items()}
+    assert got == {"moe_qwen3_30b": {("moe_qwen3_30b_bf16", 2048, 768, 128, 8, False)},
+                   "moe_mixtral:fp8": {("moe_mixtral_fp8", 4096, 14336, 8, 2, True)},
+                   "moe_dsv3_ep8": {("moe_dsv3_ep8_fp8", 7168, 2048, 32, 8, True)},
+                   "moe_dsv3_ep8:bf16": {("moe_dsv3_ep8_bf16", 7168, 2048, 32, 8, False)}}
+    assert [p.token for _, (_, p) in sets["moe_qwen3_30b"]] == [1, 2, 4, 8, 16, 32, 64, 128, 512, 1024, 4096]
+    with pytest.raises(ValueError, match="moe_mixtral takes one of :bf16, :fp16, :fp8"):
+        build_sets(MOE, "moe_mixtral:int4", None, H100)
+    with pytest.raises(ValueError, match="no gemm_a16w16 shapes"):
+        build_sets(A16W16, "moe_mixtral", None, H100)
+    (_, (_, p)), = build_sets(MOE, "tiny", [1], H100)
+    inputs = make_inputs(p, 0, torch.device("cpu"), 0, {}).sets[0]
+    per_expert = (2 * 64 * 128 + 128 * 64) * 2  # w1 (2I, H) and w2 (H, I) in bf16
+    assert reached_bytes(inputs) == len(set(inputs[4].flatten().tolist())) * per_expert == 2 * per_expert
+
+
 def test_bad_arguments_exit_2_naming_the_problem(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--bench", "bf16", "--providers", "flinear,nosuch", "--device", "cpu", "--out", str(tmp_path)])
