@@ -16,11 +16,13 @@ from aiter_gemm.kernels import a8w8_blockscale_torch as torch_bs
 from aiter_gemm.kernels.common import INTERPRET
 from aiter_gemm.ops.a8w8_blockscale import GEMM_A8W8_BLOCKSCALE
 from aiter_gemm.ops.a16w16 import GEMM_A16W16
+from aiter_gemm.ops.fused_moe import FUSED_MOE
 from aiter_gemm.registry import get_backend
 from aiter_gemm.settings import default_config_dir
 
 OPS = [GEMM_A16W16, GEMM_A8W8_BLOCKSCALE]
-FILES = {GEMM_A16W16.name: "bf16_tuned_gemm.csv", GEMM_A8W8_BLOCKSCALE.name: "a8w8_blockscale_tuned_gemm.csv"}
+FILES = {GEMM_A16W16.name: "bf16_tuned_gemm.csv", GEMM_A8W8_BLOCKSCALE.name: "a8w8_blockscale_tuned_gemm.csv",
+         FUSED_MOE.name: "tuned_fmoe.csv"}
 FP8 = torch.float8_e4m3fn
 
 
@@ -29,12 +31,14 @@ def _rows(op):
 
 
 def _problem(op, row) -> GemmProblem:
+    if op is FUSED_MOE:
+        return op.key_problem(row.key)
     if op is GEMM_A8W8_BLOCKSCALE:
         return GemmProblem(*row.key, False, FP8, torch.bfloat16)
     return GemmProblem(*row.key)
 
 
-@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+@pytest.mark.parametrize("op", [*OPS, FUSED_MOE], ids=lambda op: op.name)
 def test_every_shipped_row_parses_and_its_backend_accepts_its_shape(op):
     rows = _rows(op)
     assert rows, f"{FILES[op.name]} ships rows"
