@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiter_gemm.configs import parse_int, shown
 from aiter_gemm.errors import ConfigError
-from aiter_gemm.fileio import atomic_write_text, file_problem, read_text
+from aiter_gemm.fileio import atomic_write_text, file_problem, read_text, update_text
 
 if TYPE_CHECKING:
     from aiter_gemm.backends.base import Backend, GemmProblem, Problem, Solution
@@ -129,6 +129,30 @@ def load_object(path: str | os.PathLike, what: str = "M buckets") -> dict[str, A
     if not isinstance(data, dict) or not data:
         raise JSONConfigError(path, None, f"must be a non-empty object mapping {what} to configs")
     return data
+
+
+def merge_m_file(path: Path, entries: Mapping[int, Mapping[str, Any]], read_whole: Callable[[Path], object],
+                 check_entry: Callable[[dict], object]) -> Path:
+    """Write ``entries`` (M -> config object) into the M-keyed JSON file ``path`` under its lock, atomically: the
+    file's other M keys kept as written, keys sorted by M (as vLLM and SGLang write them). A file that does not read
+    (``read_whole``) or a new entry ``check_entry`` refuses raises, the file untouched (JSONConfigError naming it and
+    the key): a user's configs are never dropped."""
+
+    def merged(current: Path | None) -> str:
+        old: dict[str, Any] = {}
+        if current is not None:
+            read_whole(current)  # the whole file must read before any of it is rewritten
+            old = load_object(current, "M values")
+        out = {**old, **{str(m): dict(v) for m, v in entries.items()}}
+        for key in entries:
+            try:
+                check_entry(out[str(key)])
+            except PARSE_ERRORS as exc:
+                raise JSONConfigError(path, str(key), str(exc)) from None
+        return json.dumps({k: out[k] for k in sorted(out, key=int)}, indent=4) + "\n"
+
+    update_text(path, merged)
+    return path
 
 
 def read_buckets(path: str | os.PathLike, parse_entry: Callable[[dict], T],

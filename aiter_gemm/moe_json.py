@@ -15,7 +15,6 @@ warning naming it and the key.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -24,8 +23,15 @@ from typing import Any
 
 from aiter_gemm.backends.base import MoeProblem, Solution
 from aiter_gemm.configs import parse_int
-from aiter_gemm.fileio import update_text
-from aiter_gemm.jsonconfigs import PARSE_ERRORS, Buckets, JSONConfigError, JSONFiles, load_object, nearest_m_bounds
+from aiter_gemm.jsonconfigs import (
+    PARSE_ERRORS,
+    Buckets,
+    JSONConfigError,
+    JSONFiles,
+    load_object,
+    merge_m_file,
+    nearest_m_bounds,
+)
 from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
 __all__ = ["DTYPE", "LIBTYPE", "SGLANG_FILES", "VLLM_FILES", "file_name", "merge_file", "read_file"]
@@ -94,19 +100,4 @@ def merge_file(directory: str | os.PathLike, device_name: str, p: MoeProblem, en
     if not entries:
         raise ValueError(f"merge_file: no entries for {p.label()}")
     path = Path(directory) / problem_file_name(device_name, p)
-
-    def merged(current: Path | None) -> str:
-        old: dict[str, Any] = {}
-        if current is not None:
-            read_file(current, check_entry)  # the whole file must read before any of it is rewritten
-            old = load_object(current, "M values")
-        out = {**old, **{str(m): dict(v) for m, v in entries.items()}}
-        for key in entries:
-            try:
-                check_entry(out[str(key)])
-            except PARSE_ERRORS as exc:
-                raise JSONConfigError(path, str(key), str(exc)) from None
-        return json.dumps({k: out[k] for k in sorted(out, key=int)}, indent=4) + "\n"
-
-    update_text(path, merged)
-    return path
+    return merge_m_file(path, entries, lambda current: read_file(current, check_entry), check_entry)

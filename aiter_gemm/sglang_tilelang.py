@@ -29,8 +29,16 @@ from typing import Any
 from aiter_gemm.backends.a8w8_blockscale import tilelang as tilelang_backend
 from aiter_gemm.backends.base import Solution
 from aiter_gemm.configs import parse_int
-from aiter_gemm.fileio import gc_paused, read_text, update_text
-from aiter_gemm.jsonconfigs import PARSE_ERRORS, Buckets, JSONConfigError, JSONFiles, load_object, nearest_m_bounds
+from aiter_gemm.fileio import gc_paused, read_text
+from aiter_gemm.jsonconfigs import (
+    PARSE_ERRORS,
+    Buckets,
+    JSONConfigError,
+    JSONFiles,
+    load_object,
+    merge_m_file,
+    nearest_m_bounds,
+)
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tl_impl
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import SPLIT, SWAPPED, TileLangConfig
 from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
@@ -201,20 +209,5 @@ def merge_file(directory: str | os.PathLike, device_name: str, N: int, K: int,
     if not entries:
         raise ValueError(f"merge_file: no entries for N={N} K={K}")
     path = Path(directory) / file_name(N, K, device_name)
-
-    def merged(current: Path | None) -> str:
-        old: dict[str, Any] = {}
-        if current is not None:
-            read_file(current)  # the whole file must read as SGLang's before any of it is rewritten
-            old = load_object(current, "M values")
-        out = {**old, **{str(m): dict(v) for m, v in entries.items()}}
-        for key in entries:
-            try:
-                entry_solution(out[str(key)])
-            except ValueError as exc:
-                raise JSONConfigError(path, str(key), str(exc)) from None
-        return json.dumps({k: out[k] for k in sorted(out, key=int)}, indent=4) + "\n"
-
-    update_text(path, merged)
-    return path
+    return merge_m_file(path, entries, read_file, entry_solution)
 

@@ -135,6 +135,24 @@ def add_recheck_argument(group: argparse._ArgumentGroup) -> None:
                        "--candidates_from <-o> --compare --update_improved")
 
 
+def rows_source(args: argparse.Namespace, input_attr: str = "shapes") -> tuple[str | None, str | None]:
+    """(the ``--run_config`` file or None, the file whose rows are the shapes to time or None): a run of rows
+    (``--run_config FILE``) or an in-place retune (``--all`` with the same input and output file) takes its shapes
+    from rows; UsageError when the ``--run_config`` file is missing."""
+    run_config = args.run_config if isinstance(args.run_config, str) else None
+    shapes = getattr(args, input_attr)
+    in_place = bool(args.all and shapes and os.path.abspath(shapes) == os.path.abspath(args.tuned_file))
+    if run_config is not None and not os.path.isfile(run_config):
+        raise UsageError(f"--run_config {run_config}: file not found")
+    return run_config, run_config or (args.tuned_file if in_place and not args.run_config else None)
+
+
+def print_notes(prog: str, notes: Sequence[str]) -> None:
+    """The shape loaders' notes, on stderr (``--print_shapes``' stdout stays a CSV)."""
+    for note in notes:
+        print(f"{prog}: note: {note}", file=sys.stderr)
+
+
 def apply_recheck(args: argparse.Namespace, input_attr: str) -> None:
     """``--recheck`` as the flags it stands for (``input_attr``: the tuner's ``-i`` destination); a UsageError where
     a flag given with it asks for something else."""

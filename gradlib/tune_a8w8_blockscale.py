@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -215,15 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cli.apply_recheck(args, "shapes")
         check_aiter_flags(args)
-        run_config = args.run_config if isinstance(args.run_config, str) else None
-        in_place = bool(args.all and args.shapes and os.path.abspath(args.shapes) == os.path.abspath(args.tuned_file))
-        if run_config is not None and not os.path.isfile(run_config):
-            raise UsageError(f"--run_config {run_config}: file not found")
-        rows_of = run_config or (args.tuned_file if in_place and not args.run_config else None)
+        _, rows_of = cli.rows_source(args)
         notes: list[str] = []
         shapes = [] if rows_of else load_shapes(args.shapes, args.nk, args.model_dir, args.tp, args.m, notes)
-        for note in notes:  # stderr: --print_shapes' stdout stays a CSV
-            print(f"{PROG}: note: {note}", file=sys.stderr)
+        cli.print_notes(PROG, notes)
         if args.print_shapes:
             sys.stdout.write(render_csv(("M", "N", "K"), [dict(zip("MNK", s)) for s in shapes]))
             return EXIT_OK

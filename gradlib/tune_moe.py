@@ -190,16 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     plugins = cli.plugins_of(args.plugin, first=["gradlib.moe"])
     try:
         check_aiter_flags(args)
-        run_config = args.run_config if isinstance(args.run_config, str) else None
-        in_place = bool(args.all and args.shapes and os.path.abspath(args.shapes) == os.path.abspath(args.tuned_file))
-        if run_config is not None and not os.path.isfile(run_config):
-            raise UsageError(f"--run_config {run_config}: file not found")
-        rows_of = run_config or (args.tuned_file if in_place and not args.run_config else None)
+        _, rows_of = cli.rows_source(args)
         notes: list[str] = []
         problems = [] if rows_of else load_problems(args.shapes, args.model_dir, args.tp, args.ep, args.token,
                                                     args.dtype, args.last, notes)
-        for note in notes:  # stderr: --print_shapes' stdout stays a CSV
-            print(f"{PROG}: note: {note}", file=sys.stderr)
+        cli.print_notes(PROG, notes)
         if args.print_shapes:
             sys.stdout.write(render_csv(FMOE_UNTUNED_COLUMNS, [FUSED_MOE.untuned_row(p) for p in problems]))
             return EXIT_OK

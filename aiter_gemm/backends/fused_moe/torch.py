@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from aiter_gemm.backends.base import Backend, MoeProblem, Solution
+from aiter_gemm.backends.fused_moe import problem_error
 from aiter_gemm.device import DeviceIdentity
-from aiter_gemm.dtypes import HALF_DTYPES
 from aiter_gemm.kernels import fused_moe_torch as impl
 from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref
 from aiter_gemm.kernels.common import INTERPRET
@@ -42,15 +42,9 @@ class FusedMoeTorchBackend(Backend):
     def _why(self, p: MoeProblem, solution: Solution, kind: str, cap: tuple[int, int] | None) -> str | None:
         if solution.kernelName not in impl.NAMES:
             return f"libtype {NAME!r} runs one of {list(impl.NAMES)}, not {solution.kernelName!r}"
-        if not isinstance(p, MoeProblem):
-            return f"libtype {NAME!r} of fused_moe runs MoE problems, not {p!r}"
-        if p.activation not in impl.ACTIVATIONS:
-            return f"act_type {p.act_type!r}: the torch experts run {sorted(impl.ACTIVATIONS)}"
-        if p.dtype not in HALF_DTYPES or not p.use_g1u1 or p.doweight_stage1:
-            return (f"dtype {p.dtype}, use_g1u1 {p.use_g1u1}, doweight_stage1 {p.doweight_stage1}: the torch experts "
-                    "run bf16/fp16 with gate and up fused and the weight applied in the second GEMM")
-        if p.q_dtype_w != p.dtype and not p.fp8:
-            return f"q_dtype_w {p.q_dtype_w} with q_type {p.q_type}: unquantized experts are in the activations' dtype"
+        why = problem_error(p, NAME, impl.ACTIVATIONS, "the torch experts")
+        if why is not None:
+            return why
         if solution.kernelName == impl.GROUPED:
             return impl.grouped_mm_error(kind, cap, p)
         return None

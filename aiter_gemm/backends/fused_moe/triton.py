@@ -14,12 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
-from aiter_gemm.backends.base import QUANT_BLOCK, QUANT_NONE, Backend, MoeProblem, Solution
+from aiter_gemm.backends.base import Backend, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import pair_name, stage_names
+from aiter_gemm.backends.fused_moe import problem_error as moe_problem_error
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
-from aiter_gemm.dtypes import HALF_DTYPES
 from aiter_gemm.kernels import fused_moe as fm
-from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.common import INTERPRET
 from aiter_gemm.kernels.fused_moe import MoeConfig
 
@@ -39,19 +38,9 @@ def configs_of(solution: Solution) -> tuple[MoeConfig, MoeConfig]:
 
 
 def problem_error(p: MoeProblem) -> str | None:
-    """Why the kernels cannot run ``p`` whatever the configs (dtypes, quantization, activation, layout)."""
-    if not isinstance(p, MoeProblem):
-        return f"libtype {NAME!r} of fused_moe runs MoE problems, not {p!r}"
-    if p.activation not in fm.ACTIVATIONS:
-        return f"act_type {p.act_type!r}: the kernels run {list(fm.ACTIVATIONS)}"
-    if p.dtype not in HALF_DTYPES or not p.use_g1u1 or p.doweight_stage1:
-        return (f"dtype {p.dtype}, use_g1u1 {p.use_g1u1}, doweight_stage1 {p.doweight_stage1}: the kernels run "
-                "bf16/fp16 with gate and up fused and the weight applied in the second GEMM")
-    quant = {QUANT_NONE: (p.dtype, p.dtype), QUANT_BLOCK: (FP8, FP8)}.get(p.q_type)
-    if quant != (p.q_dtype_a, p.q_dtype_w):
-        return (f"q_type {p.q_type} with q_dtype_a {p.q_dtype_a}, q_dtype_w {p.q_dtype_w}: the kernels run "
-                f"{QUANT_NONE} in the activations' dtype or {QUANT_BLOCK} with {FP8}")
-    return None
+    """Why the kernels cannot run ``p`` whatever the configs (the op's shared rule, :func:`~aiter_gemm.backends.
+    fused_moe.problem_error`)."""
+    return moe_problem_error(p, NAME, fm.ACTIVATIONS, "the kernels")
 
 
 class FusedMoeTritonBackend(Backend):
