@@ -47,6 +47,8 @@ _LEQ_RE = re.compile(r"M_LEQ_(.*)", re.DOTALL)
 #: What parsing a file's text or an entry can raise: every one is that file's problem (a JSONConfigError naming it),
 #: never the caller's (issue 47: an integer of thousands of digits, an entry's value int() cannot convert).
 PARSE_ERRORS = (ValueError, TypeError, ArithmeticError, RecursionError)
+#: The dtype part of vLLM's and SGLang's FP8 config file names (``...,dtype=fp8_w8a8,block_shape=[128, 128].json``).
+FP8_FILE_DTYPE = "fp8_w8a8"
 
 #: Parsed buckets: (M bound or None for any M, bucket key, entry or None for DEFAULT_ENTRY), smallest bound first.
 Buckets = list[tuple[int | None, str, Any]]

@@ -24,6 +24,7 @@ from typing import Any
 from aiter_gemm.backends.base import MoeProblem, Solution
 from aiter_gemm.configs import parse_int
 from aiter_gemm.jsonconfigs import (
+    FP8_FILE_DTYPE,
     PARSE_ERRORS,
     Buckets,
     JSONConfigError,
@@ -37,7 +38,7 @@ from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 __all__ = ["DTYPE", "LIBTYPE", "SGLANG_FILES", "VLLM_FILES", "file_name", "merge_file", "read_file"]
 
 #: The dtype part of an FP8 file's name.
-DTYPE = "fp8_w8a8"
+DTYPE = FP8_FILE_DTYPE
 #: The backend whose ``parse_json_entry`` reads the values (vLLM's and SGLang's configs are Triton configs).
 LIBTYPE = "triton"
 _M_KEY = re.compile(r"[1-9][0-9]*")

@@ -31,6 +31,7 @@ from aiter_gemm.backends.base import Solution
 from aiter_gemm.configs import parse_int
 from aiter_gemm.fileio import gc_paused, read_text
 from aiter_gemm.jsonconfigs import (
+    FP8_FILE_DTYPE,
     PARSE_ERRORS,
     Buckets,
     JSONConfigError,
@@ -45,7 +46,7 @@ from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 
 __all__ = ["FILES", "entry_solution", "file_name", "merge_file", "nearest_m_bounds", "read_file", "sglang_entry"]
 
-DTYPE = "fp8_w8a8"
+DTYPE = FP8_FILE_DTYPE
 BLOCK_SHAPE = (SCALE_BLOCK, SCALE_BLOCK)
 _SUFFIX = f",dtype={DTYPE},block_shape=[{BLOCK_SHAPE[0]}, {BLOCK_SHAPE[1]}].json"
 _FILE_RE = re.compile(r"N=([0-9]+),K=([0-9]+),device_name=(.+)" + re.escape(_SUFFIX))
