@@ -200,8 +200,8 @@ def patch_moe(model: nn.Module) -> list[str]:
             module.__dict__[_FALLBACK] = current
         why = unsupported_reason(module)
         if why is not None:
-            _warn(why, "aiter_gemm: patch_moe leaves %s (%s) on its own experts forward: %s (warned once per cause)",
-                  name, type(module).__qualname__, why)
+            _warn(why, "aiter_gemm: patch_moe leaves %s (%s) on its own experts forward, not fused_moe: %s "
+                  "(warned once per cause)", name, type(module).__qualname__, why)
             continue
         switched.append(name)
     for name in switched:
