@@ -63,9 +63,10 @@ def register() -> None:
 def is_experts_module(module: nn.Module) -> bool:
     """Whether ``module`` is an experts module dispatched through transformers' experts interface (its class went
     through ``@use_experts_implementation``: the instance has ``has_gate`` and a config choosing the implementation)."""
-    return (hasattr(module, "has_gate") and hasattr(module, "_is_expert_parallel")
-            and hasattr(getattr(module, "config", None), "_experts_implementation")
-            and hasattr(type(module).forward, "__wrapped__"))
+    params = module._parameters
+    return (hasattr(getattr(module, "config", None), "_experts_implementation")
+            and hasattr(type(module).forward, "__wrapped__")
+            and (hasattr(module, "has_gate") or "gate_up_proj" in params or "up_proj" in params))
 
 
 def _activation(module: nn.Module) -> str | None:
@@ -84,7 +85,7 @@ def _activation(module: nn.Module) -> str | None:
 def _own_gate(module: nn.Module) -> str | None:
     """Why the module's gating is not ``act(gate) * up`` (None: it is)."""
     gate = getattr(type(module), "_apply_gate", None)
-    if gate is _moe()._default_apply_gate:
+    if gate is None or gate is getattr(_moe(), "_default_apply_gate", None):  # older transformers: no _apply_gate
         return None
     if type(module).__name__ == "FP8Experts":  # its _apply_gate is act(gate) * up unless one of these is set
         extras = [a for a in ("gate_softcap", "swiglu_alpha", "limit") if getattr(module, a, None) is not None]
