@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from aiter_gemm.dtypes import HALF_DTYPES as _HALF
 from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
 from aiter_gemm.logs import WarnOnce
 
@@ -30,7 +31,6 @@ __all__ = ["IMPLEMENTATION", "experts_forward", "is_experts_module", "patch_moe"
 
 #: The name the experts implementation is registered under.
 IMPLEMENTATION = "aiter_gemm"
-_HALF = (torch.bfloat16, torch.float16)
 _PLAIN = (nn.Parameter, torch.Tensor)
 _FALLBACK = "_aiter_moe_fallback"  # instance attribute: the implementation patch_moe replaced
 _warn = WarnOnce(log)
