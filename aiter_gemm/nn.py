@@ -40,7 +40,7 @@ from aiter_gemm.ops.a16w16 import run_linear_entry as _run_linear_entry
 
 log = logging.getLogger("aiter_gemm")
 
-__all__ = ["TunedLinear", "clone_module", "patch_linear", "unpatch", "unpatch_linear"]
+__all__ = ["TunedLinear", "clone_module", "patch_linear", "patch_moe", "unpatch", "unpatch_linear"]
 
 #: ``include`` / ``exclude`` of :func:`patch_linear`: glob pattern(s), or a predicate on (qualified name, module).
 Selector = str | Iterable[str] | Callable[[str, nn.Module], bool] | None
@@ -266,3 +266,11 @@ def unpatch_linear(model: nn.Module) -> list[str]:
 
 
 unpatch = unpatch_linear
+
+
+def patch_moe(model: nn.Module) -> list[str]:
+    """Run ``model``'s transformers experts modules on ``aiter_gemm.fused_moe`` (:func:`aiter_gemm.hf_moe.patch_moe`,
+    imported here on first use: it imports transformers); returns the qualified names switched."""
+    from aiter_gemm import hf_moe
+
+    return hf_moe.patch_moe(model)
