@@ -182,3 +182,30 @@ def test_compiled_patched_model(ids, op_calls):
     assert sum("aiter_gemm.fused_moe" in t for t in traced) == LAYERS, "each layer's experts: one custom-op node"
     assert len(op_calls) == LAYERS, "the custom op ran the op once per layer"
     assert_close_logits(got, ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_patched_model_under_a_cuda_graph_matches_eager(ids):
+    """On a GPU the patched model's experts run the op's Triton kernels; a CUDA graph of the whole forward (no host
+    sync in the experts' path: the expert-id check is skipped in capture) replays the eager logits, and both match
+    transformers' own eager experts."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ref = logits(tiny_moe().cuda(), ids.cuda())
+    model = tiny_moe().cuda()
+    assert patch_moe(model) == EXPERT_NAMES
+    static = ids.cuda()
+    eager = logits(model, static)
+    assert_close_logits(eager, ref, torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.no_grad():
+        for _ in range(2):  # warm up on the side stream (decisions made, kernels compiled) before capture
+            model(static, use_cache=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = model(static, use_cache=False).logits
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_logits(out.float(), eager, torch.bfloat16)  # split-K's float32 atomics may reorder sums
