@@ -92,6 +92,34 @@ def fp8_capture_file(captured: Path) -> Path:
     return captured.parent / UNTUNED_FILE
 
 
+def fmoe_capture_file(captured: Path) -> Path:
+    """Where ``fused_moe``'s shapes go when ``captured`` is AITER_UNTUNED_GEMM_FILE (its folder: AITER's
+    ``untuned_fmoe.csv``)."""
+    from aiter_gemm.ops.fused_moe import UNTUNED_FILE
+
+    return captured.parent / UNTUNED_FILE
+
+
+MoeKey = tuple[int, int, int, int, int, str]  # token, model_dim, inter_dim, expert, topk, dtype name
+
+
+def read_untuned_fmoe(path: Path) -> set[MoeKey]:
+    """The shapes of an untuned fmoe CSV (AITER's columns) as :data:`MoeKey`."""
+    from aiter_gemm.configs import load_untuned
+    from aiter_gemm.ops.fused_moe import KIND
+
+    return {(*key[:5], str(key[6])) for key in load_untuned(path, KIND)}
+
+
+def moe_expected(config_dir: Path, tokens: set[int], dtype: torch.dtype) -> set[MoeKey]:
+    """Every experts call an MoE model makes for these token counts, from ``gradlib.models.moe_experts`` (what
+    ``python -m gradlib.tune_moe --model_dir`` derives; tp = ep = 1)."""
+    from gradlib.models import moe_experts
+
+    m = moe_experts(config_dir)
+    return {(t, m.hidden, m.inter, m.experts, m.topk, str(dtype)) for t in tokens}
+
+
 def compare(got: set[Key], want: set[Key]) -> dict[str, Any]:
     return {"match": got == want, "missing": sorted(want - got), "unexpected": sorted(got - want)}
 
@@ -124,16 +152,20 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
     fp8 = bool(state.fp8_suffixes)
     if fp8:
         fp8_capture_file(captured).unlink(missing_ok=True)
+    fmoe_capture_file(captured).unlink(missing_ok=True)
     env: dict[str, str | None] = {"AITER_TUNE_GEMM": "1", "AITER_UNTUNED_GEMM_FILE": str(captured),
                                   "AITER_TUNE_GEMM_FLUSH_S": "3600"}
     if not args.capture_misses_only:  # capture every shape, not only those the tuned tables miss
         empty = out / "empty_tuned_gemm.csv"
         atomic_write_text(empty, "")
         env["AITER_CONFIG_GEMM_BF16"] = str(empty)
+        env["AITER_CONFIG_FMOE"] = str(empty)
         if fp8:
             env["AITER_CONFIG_GEMM_A8W8_BLOCKSCALE"] = str(empty)
     dtype, device = DTYPES[args.dtype], next(model.parameters()).device
     seen: set[tuple[str, Key]] = set()
+    moe_seen: set[MoeKey] = set()
+    moe_hits: set[MoeKey] = set()  # --capture-misses-only: experts calls a tuned fmoe row covers
     with runtime_env(env):
         state.set(True)
         hooks = []
@@ -146,6 +178,13 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                 seen.add((suffix, (math.prod(x.shape[:-1]), mod.out_features, mod.in_features, *kind)))
 
             hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
+        for name in state.experts:  # transformers' experts forward(hidden_states (T, H), top_k_index (T, k), ...)
+
+            def moe_hook(mod: torch.nn.Module, inputs: tuple) -> None:
+                x, idx, w2 = inputs[0], inputs[1], mod.down_proj
+                moe_seen.add((x.shape[0], w2.shape[1], w2.shape[2], w2.shape[0], idx.shape[1], str(x.dtype)))
+
+            hooks.append(model.get_submodule(name).register_forward_pre_hook(moe_hook))
         try:
             with torch.no_grad():
                 for b in args.batch:
@@ -162,6 +201,8 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
         aiter_gemm.get_dispatcher().flush_capture()
         if fp8:
             aiter_gemm.get_dispatcher("gemm_a8w8_blockscale").flush_capture()
+        if state.experts:
+            aiter_gemm.get_dispatcher("fused_moe").flush_capture()
         hits: dict[Key, str] = {}
         if args.capture_misses_only:  # shapes a tuned row covers are, by design, not captured
             for _, key in seen:
@@ -170,6 +211,8 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                                                                                    dtype))
                 if cfg["matched"] != "default":
                     hits[key] = cfg["matched"]
+            moe_hits = {k for k in moe_seen
+                        if aiter_gemm.get_fused_moe_config(*k[:5], dtype=k[5])["matched"] != "default"}
     got = read_untuned(captured) if captured.exists() else set()
     if fp8 and fp8_capture_file(captured).exists():
         got |= read_untuned(fp8_capture_file(captured))
@@ -190,6 +233,14 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
         "captured_vs_hf_layout": compare(got, hf),
         "captured_vs_gradlib_models": compare(got, fused),
     }
+    if state.experts:  # an MoE model: its experts calls on fused_moe, captured to AITER's untuned_fmoe.csv
+        moe_file = fmoe_capture_file(captured)
+        moe_got = read_untuned_fmoe(moe_file) if moe_file.exists() else set()
+        result["moe"] = {"file": str(moe_file), "rows": len(moe_got), "modules_patched": len(state.experts),
+                         "covered_by_tuned_rows": sorted(moe_hits),
+                         "captured_vs_ran": compare(moe_got, moe_seen - moe_hits),
+                         "captured_vs_gradlib_moe": compare(moe_got, moe_expected(args.config_dir, want_nsets, dtype)
+                                                            - moe_hits)}
     print_capture(result, arch)
     atomic_write_text(out / "capture_check.json", json.dumps(result, indent=1, default=str))
     return result
@@ -221,6 +272,17 @@ def print_capture(r: dict[str, Any], arch: Any) -> None:
                 print(f"      {tag}: {label(key)}")
             if len(c[tag]) > 12:
                 print(f"      ... {len(c[tag]) - 12} more {tag}")
+    moe = r.get("moe")
+    if moe is not None:
+        print(f"capture: {moe['rows']} fused_moe shapes in {moe['file']} from {moe['modules_patched']} experts modules")
+        for what, title in (("captured_vs_ran", "calls the experts modules saw"),
+                            ("captured_vs_gradlib_moe", "gradlib.models.moe_experts (tune_moe --model_dir)")):
+            c = moe[what]
+            print(f"  vs {title}: {'MATCH' if c['match'] else 'MISMATCH'}")
+            for tag in ("missing", "unexpected"):
+                for key in c[tag][:12]:
+                    print(f"      {tag}: token={key[0]} model_dim={key[1]} inter_dim={key[2]} expert={key[3]} "
+                          f"topk={key[4]} {key[5]}")
     if not r["captured_vs_gradlib_models"]["match"]:
         print("  note: gradlib.models derives vLLM's fused qkv_proj and gate_up_proj (and pads the vocabulary to 64);"
               " a Hugging Face model runs q/k/v and gate/up as separate GEMMs, so tune the captured file, not "

@@ -29,6 +29,11 @@ two arms); the report also gives medians and min/max over rounds, and the ratio 
 of different rounds and, within the rounds' spread, can even disagree with the speedup in direction. ``--control``
 adds a second unpatched arm to the same rounds: its ratio to "without" is what the method reads for identical work
 (A/A). ``generate()`` is used for capture only (its wall time varies ~10%).
+
+MoE models (``--config qwen3_30b_a3b``): "with" also runs the experts on ``fused_moe``
+(:func:`aiter_gemm.nn.patch_moe`, ``--tuned-fmoe`` in front of AITER_CONFIG_FMOE), "without" on transformers' own
+experts implementation (``grouped_mm`` by default); capture writes their shapes to AITER's ``untuned_fmoe.csv`` in
+``--out`` as well (tune: ``python -m gradlib.tune_moe -i untuned_fmoe.csv``).
 """
 
 from __future__ import annotations
@@ -98,6 +103,10 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
         from aiter_gemm.settings import SHIPPED
 
         env[var] = f"{args.tuned}:{os.environ.get(var) or SHIPPED}"
+    if args.tuned_fmoe:  # an MoE model's experts table, the same way
+        from aiter_gemm.settings import SHIPPED
+
+        env["AITER_CONFIG_FMOE"] = f"{args.tuned_fmoe}:{os.environ.get('AITER_CONFIG_FMOE') or SHIPPED}"
     base, main = state.arms[:2]
     arms = state.arms + (CONTROL,) if args.control else state.arms
     rounds: list[dict[str, Any]] = []
@@ -105,6 +114,8 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
     profiles: list[dict[str, Any]] = []
     with runtime_env(env), torch.no_grad():
         print(f"measure: {var}={os.environ.get(var) or '(shipped default)'}")
+        if args.tuned_fmoe:
+            print(f"measure: AITER_CONFIG_FMOE={os.environ['AITER_CONFIG_FMOE']}")
         for b in args.batch:
             steps = StaticSteps(model, b, args.prompt_len, device)
             for phase in args.phases:
@@ -296,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tuned", default=None, help="tuned CSV(s) (colon list) put in front of AITER_CONFIG_GEMM_BF16 "
                     "(an FP8 model's: AITER_CONFIG_GEMM_A8W8_BLOCKSCALE; default: the shipped table) for the "
                     "measurement")
+    ap.add_argument("--tuned-fmoe", "--tuned_fmoe", dest="tuned_fmoe", default=None,
+                    help="an MoE model's tuned fmoe CSV(s) (colon list) put in front of AITER_CONFIG_FMOE for the "
+                    "measurement (default: the shipped table)")
     ap.add_argument("--profile", action="store_true", help="profile decode steps (torch.profiler): GEMM share of GPU "
                     "time and launch gaps, traces in <out>")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
@@ -323,10 +337,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     why = write_error(args.out, folder=True)
     if why is not None:
         ap.error(f"--out {args.out}: {why}")
-    for path in (args.tuned or "").split(":"):
-        why = file_problem(path) if path and path != "@shipped" else None
-        if why is not None:
-            ap.error(f"--tuned {path}: {why}")
+    for flag, value in (("--tuned", args.tuned), ("--tuned-fmoe", args.tuned_fmoe)):
+        for path in (value or "").split(":"):
+            why = file_problem(path) if path and path != "@shipped" else None
+            if why is not None:
+                ap.error(f"{flag} {path}: {why}")
     return args
 
 
@@ -362,12 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"model": model_name, "config": str(config_dir), "args": vars(args), "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "transformers": transformers.__version__, "aiter_gemm": aiter_gemm.__version__,
-            "python": platform.python_version(), "parameters": n_params}
+            "python": platform.python_version(), "parameters": n_params,
+            "experts_implementation": getattr(model.config, "_experts_implementation", None)}  # the unpatched arm's
     report: dict[str, Any] = {"meta": meta}
     rc = 0
     if args.mode in ("capture", "all"):
         report["capture"] = cap = run_capture(args, model, state, arch, out)
-        if not (cap["captured_vs_ran"]["match"] and cap["captured_vs_hf_layout"]["match"]):
+        moe = cap.get("moe", {"captured_vs_ran": {"match": True}, "captured_vs_gradlib_moe": {"match": True}})
+        if not (cap["captured_vs_ran"]["match"] and cap["captured_vs_hf_layout"]["match"]
+                and moe["captured_vs_ran"]["match"] and moe["captured_vs_gradlib_moe"]["match"]):
             print("capture: the captured shapes differ from what the model ran (see above)")
             rc = 1
         if args.tune and args.mode == "all":

@@ -91,6 +91,7 @@ class ArmState:
 
     arms = ARMS
     table_var = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE"
+    experts: tuple[str, ...] = ()  # the FP8 loop patches linears only (PatchState's experts on fused_moe)
 
     def __init__(self, model: nn.Module, swapped: list[tuple[str, nn.Module, nn.Module]],
                  include: list[str] | None, exclude: list[str] | None) -> None:

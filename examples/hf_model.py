@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from aiter_gemm.nn import TunedLinear, patch_linear
+from aiter_gemm.nn import TunedLinear, patch_linear, patch_moe
 
 # ---------------------------------------------------------------------------------------------------------------
 # model
@@ -59,9 +59,11 @@ def _from_config_takes_dtype() -> bool:
 
 
 class PatchState:
-    """Which arm the model is in: patched (TunedLinear) or not. The first patch is :func:`patch_linear`; later
-    switches put the same module objects back in their slots (no copy, and the patched modules keep their dispatch
-    entries), so switching costs ~225 dict stores and an arm's first step after a switch is like any other."""
+    """Which arm the model is in: patched (TunedLinear, and an MoE model's experts on ``fused_moe``) or not (its
+    linears and transformers' own experts implementation, ``grouped_mm`` by default). The first patch is
+    :func:`patch_linear` and :func:`~aiter_gemm.nn.patch_moe`; later switches put the same module objects back in
+    their slots (no copy, and the patched modules keep their dispatch entries) and the experts configs' implementation
+    name back, so switching costs ~225 dict stores and an arm's first step after a switch is like any other."""
 
     arms = ("without", "with")  # baseline first (hf_decode's report divides by it); --control adds an unpatched arm
     table_var = "AITER_CONFIG_GEMM_BF16"  # the table --tuned goes in front of
@@ -71,7 +73,9 @@ class PatchState:
         self.model, self.include, self.exclude = model, include, exclude
         self.patched = False
         self.names: list[str] = []
+        self.experts: list[str] = []  # the experts modules patch_moe switched to fused_moe
         self._slots: list[tuple[dict, str, torch.nn.Module, torch.nn.Module]] = []  # (parent._modules, attr, new, old)
+        self._moe: list[tuple[Any, str, str]] = []  # (experts config, implementation unpatched, patched)
 
     def set_arm(self, arm: str) -> None:
         """The arm by name: "with" patched, any other ("without", "control") not."""
@@ -85,6 +89,8 @@ class PatchState:
         if self._slots:
             for modules, attr, new, old in self._slots:
                 modules[attr] = new if patched else old
+            for cfg, old_impl, new_impl in self._moe:
+                cfg._experts_implementation = new_impl if patched else old_impl
         elif patched:
             self.names = patch_linear(self.model, self.include, self.exclude)
             if not self.names:
@@ -92,7 +98,19 @@ class PatchState:
             self._slots = [(parent._modules, attr, child, child._aiter_original)
                            for parent in self.model.modules() for attr, child in parent._modules.items()
                            if isinstance(child, TunedLinear)]
+            self._patch_experts()
         self.patched = patched
+
+    def _patch_experts(self) -> None:
+        """:func:`~aiter_gemm.nn.patch_moe` on the model (nothing for a model without transformers experts modules),
+        each experts config's implementation name before and after recorded for the switches."""
+        configs = {id(m.config): (m.config, m.config._experts_implementation) for m in self.model.modules()
+                   if hasattr(getattr(m, "config", None), "_experts_implementation")}
+        if not configs:  # transformers without experts interfaces
+            return
+        self.experts = patch_moe(self.model)
+        self._moe = [(cfg, old, cfg._experts_implementation) for cfg, old in configs.values()
+                     if cfg._experts_implementation != old]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -209,3 +209,67 @@ def test_gpu_patched_model_under_a_cuda_graph_matches_eager(ids):
     graph.replay()
     torch.cuda.synchronize()
     assert_close_logits(out.float(), eager, torch.bfloat16)  # split-K's float32 atomics may reorder sums
+
+
+# ---- examples.hf_decode's loop on an MoE model, on CPU --------------------------------------------------------------
+
+
+def test_hf_decode_loop_on_a_tiny_moe(clean_runtime, tmp_path, capsys):
+    """Capture writes the attention / lm_head GEMMs to the GEMM CSV and every experts call to AITER's untuned_fmoe.csv
+    (its columns), each matching what the model ran; measure times the tuned arm (patch_linear + patch_moe) against
+    transformers' grouped_mm experts and the A/A control, with --tuned-fmoe in front of AITER_CONFIG_FMOE."""
+    import csv
+    import json
+
+    from aiter_gemm.ops.fused_moe import FMOE_UNTUNED_COLUMNS
+    from examples import hf_decode
+
+    cfg_dir = tmp_path / "tiny_moe"
+    cfg_dir.mkdir()
+    tiny_moe().config.to_json_file(str(cfg_dir / "config.json"))
+    cfg = json.loads((cfg_dir / "config.json").read_text())
+    cfg.pop("experts_implementation", None)  # transformers' default (grouped_mm) for the unpatched arm
+    (cfg_dir / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    tuned_fmoe = tmp_path / "tuned_fmoe.csv"
+    tuned_fmoe.write_text("")
+    common = ["--config", str(cfg_dir), "--device", "cpu", "--batch", "1,3", "--prompt-len", "5", "--out", str(out)]
+    assert hf_decode.main([*common, "--mode", "capture", "--new-tokens", "3"]) == 0, capsys.readouterr().out
+    cap = json.loads((out / "capture_check.json").read_text())
+    assert cap["captured_vs_ran"]["match"] and cap["captured_vs_hf_layout"]["match"]
+    moe = cap["moe"]
+    assert moe["modules_patched"] == LAYERS and moe["captured_vs_ran"]["match"]
+    assert moe["captured_vs_gradlib_moe"]["match"], "the shapes tune_moe --model_dir derives are those the model ran"
+    with open(out / "untuned_fmoe.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == FMOE_UNTUNED_COLUMNS
+    assert sorted(int(r["token"]) for r in rows) == [1, 3, 5, 15], "decode (batch) and prefill (batch x 5) tokens"
+    assert {(r["model_dim"], r["inter_dim"], r["expert"], r["topk"]) for r in rows} == {
+        (str(HIDDEN), str(MOE_INTER), str(EXPERTS), str(TOPK))}
+    with open(out / "captured_gemm.csv", newline="") as f:
+        assert {"M", "N", "K", "bias", "dtype"} <= set(next(csv.DictReader(f)))
+
+    rc = hf_decode.main([*common, "--mode", "measure", "--decode-steps", "2", "--prefill-steps", "1", "--rounds", "2",
+                         "--eager-rounds", "2", "--control", "--tuned-fmoe", str(tuned_fmoe)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert f"AITER_CONFIG_FMOE={tuned_fmoe}:" in text, "--tuned-fmoe goes in front of the configured table"
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["experts_implementation"] == "grouped_mm"
+    assert {(r["batch"], r["mode"], r["phase"]) for r in res["summary"]} == {
+        (b, "eager", p) for b in (1, 3) for p in ("prefill", "decode")}
+    assert {r["arm"] for r in res["rounds"]} == {"without", "with", "control"} and len(res["rounds"]) == 4 * 2 * 3
+    assert all(c["max_abs_diff_over_max_abs"] < TOLERANCES[torch.bfloat16].atol for c in res["agreement"])
+
+
+def test_patch_state_switches_the_experts_implementation(clean_runtime):
+    """hf_decode's arms: "with" runs the experts on fused_moe, "without" on the model's own implementation again."""
+    from examples.hf_model import PatchState
+
+    model = tiny_moe(experts_implementation="grouped_mm")
+    state = PatchState(model, None, None)
+    for _ in range(2):
+        state.set_arm("with")
+        assert state.experts == EXPERT_NAMES and model.config._experts_implementation == hf_moe.IMPLEMENTATION
+        state.set_arm("without")
+        assert model.config._experts_implementation == "grouped_mm"

@@ -112,7 +112,7 @@ def check_command(words: list[str], out: Path) -> str:
         args = ap.parse_args(argv)
         if args.bench in BENCH_OPS:
             assert bench_plan(ap, args, H200)[3]
-    elif prog in ("gradlib.gemm_tuner", "gradlib.tune_a8w8_blockscale"):
+    elif prog in ("gradlib.gemm_tuner", "gradlib.tune_a8w8_blockscale", "gradlib.tune_moe"):
         args = importlib.import_module(prog).build_parser().parse_args(argv)
         src = Path(getattr(args, "input_file", None) or args.shapes)
         assert (src if src.is_absolute() else REPO / src).is_file(), src
@@ -121,7 +121,7 @@ def check_command(words: list[str], out: Path) -> str:
 
         args = build_parser().parse_args(argv)
         resolve_config(args.config)
-        for path in (args.tuned or "").split(":"):
+        for path in f"{args.tuned or ''}:{args.tuned_fmoe or ''}".split(":"):
             assert not path or path.startswith(str(out)) or (REPO / path).is_file(), path
     else:
         raise AssertionError(f"unexpected program {prog}")
@@ -135,6 +135,16 @@ def test_record_commands_parse_for_an_h200(call, tmp_path):
     lines = dry_run(tmp_path, CALL=call)
     progs = {check_command(words, tmp_path) for _, _, words in lines if words[-2:-1] != ["bash"]}
     assert progs
+
+
+def test_hf_moe_commands_parse(tmp_path):
+    """``DRY_RUN=1 hf_moe.sh`` (not a record.sh call) prints its four steps, each a command its program accepts."""
+    res = bash(DEVICE / "hf_moe.sh", {"DRY_RUN": "1", "OUT": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    lines = [m.groups() for m in map(STEP_LINE.match, res.stdout.splitlines()) if m]
+    assert [name for name, _, _ in lines] == ["capture", "tune_gemm", "tune_moe", "measure"]
+    progs = [check_command(shlex.split(cmd), tmp_path) for _, _, cmd in lines]
+    assert progs == ["examples.hf_decode", "gradlib.gemm_tuner", "gradlib.tune_moe", "examples.hf_decode"]
 
 
 def docs_table() -> tuple[dict[str, set[str]], list[str]]:
