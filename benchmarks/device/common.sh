@@ -84,6 +84,15 @@ build_ext() {
 }
 
 # env_header FILE: date, GPU, versions, the C++ eager path's state and COMMIT appended to FILE (not with DRY_RUN).
+# hf_header FOLDER NOTE: the HF loop scripts' start of $LOG: the C++ eager path built (its output in FOLDER/build.log),
+# env_header, transformers' version and "steps $STEPS; NOTE".
+hf_header() {
+  build_ext "$1/build.log" > "$LOG"
+  env_header "$LOG"
+  dry || python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1 >> "$LOG"
+  echo "steps $STEPS; $2" >> "$LOG"
+}
+
 env_header() {
   dry && return 0
   {

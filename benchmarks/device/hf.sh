@@ -24,10 +24,7 @@ mkdir -p "$D"
 need_wheels nvmath transformers
 LOG="$D/env.txt"
 STEPS=${STEPS:-capture tune measure}
-build_ext "$D/build.log" > "$LOG"
-env_header "$LOG"
-dry || python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1 >> "$LOG"
-echo "steps $STEPS; resume from ${RESUME_FROM:-nothing}" >> "$LOG"
+hf_header "$D" "resume from ${RESUME_FROM:-nothing}"
 read -ra TUNE <<< "${TUNE_ARGS:---libtype cublaslt,torch,skinny}"
 read -ra MEASURE <<< "${MEASURE_ARGS:---control}"
 [ "${PROFILE:-0}" = 0 ] || MEASURE+=(--profile)

@@ -27,10 +27,7 @@ need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
 LOG="$D/env.txt"
 STEPS=${STEPS:-capture tune measure}
 L=${LAYERS:-4}
-build_ext "$D/build.log" > "$LOG"
-env_header "$LOG"
-dry || python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1 >> "$LOG"
-echo "steps $STEPS; layers $L" >> "$LOG"
+hf_header "$D" "layers $L"
 read -ra TUNE <<< "${TUNE_ARGS:---quick --libtype triton,torch,tilelang}"
 read -ra MEASURE <<< "${MEASURE_ARGS:---rounds 5 --eager-rounds 200 --decode-steps 16 --control}"
 HF=(python -m examples.hf_decode --config qwen3_8b_fp8 --layers "$L" --out "$D")

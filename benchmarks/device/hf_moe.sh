@@ -23,10 +23,7 @@ need_wheels nvmath transformers
 LOG="$D/env.txt"
 STEPS=${STEPS:-capture tune_gemm tune_moe measure}
 L=${LAYERS:-4}
-build_ext "$D/build.log" > "$LOG"
-env_header "$LOG"
-dry || python -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -n 1 >> "$LOG"
-echo "steps $STEPS; layers $L" >> "$LOG"
+hf_header "$D" "layers $L"
 read -ra TUNE <<< "${TUNE_ARGS:---libtype cublaslt,torch,skinny}"
 read -ra TUNE_MOE <<< "${TUNE_MOE_ARGS:---quick}"
 read -ra MEASURE <<< "${MEASURE_ARGS:---control}"
