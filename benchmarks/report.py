@@ -1,7 +1,7 @@
 """BENCHMARKS.md's tables, rendered as markdown from committed raw files (``python -m benchmarks.run report``).
 
 Inputs: the harness's CSVs (:data:`benchmarks.measure.COLUMNS`), the raw files of the scripts it replaced (converted
-by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json``. Tables (``--table``):
+by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json.gz``. Tables (``--table``):
 
 * ``summary``: per (set, baseline, mode) the shapes, geomean ratio, worst shape and how many fall below the bar
   (``--bars``, default issue 13's: graph 0.98, eager 0.97); ``identical`` adds the spread of shapes whose dispatch
@@ -11,13 +11,14 @@ by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json``. Tables (``--
   the dispatch's libtype (``ratio+lib``), the time (``us``) or the roofline fraction (``roof``).
 * ``overhead``, ``layer``, ``host``: the dispatch-overhead and decoder-layer benchmarks, and host / GPU time per
   eager call, as they are.
-* ``hf``: ``hf_decode`` runs (``results.json``): graph and eager speedup with the A/A control, per batch and phase.
+* ``hf``: ``hf_decode`` runs (``results.json.gz``): graph and eager speedup with the A/A control, per batch and phase.
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import math
 import re
@@ -33,10 +34,25 @@ LIB = {"cublaslt": "c", "skinny": "s", "triton": "t", "tilelang": "l", "torch": 
 DEFAULT_BARS = {"graph": 0.98, "eager": 0.97}
 
 
-def load_rows(path: str | Path) -> list[dict]:
-    """Rows of a harness CSV, or of a raw file the harness replaced (converted); ValueError if neither."""
+def read_text(path: str | Path) -> str:
+    """A raw file's text, gunzipped where its name ends in ``.gz`` (large raw files are stored compressed)."""
     path = Path(path)
-    header, rows = read_csv_rows(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", newline="") as f:
+            return f.read()
+    return path.read_text()
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Rows of a harness CSV (``.csv`` or ``.csv.gz``), or of a raw file the harness replaced (converted); ValueError
+    if neither."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        reader = csv.DictReader(io.StringIO(read_text(path)))
+        rows = list(reader)
+        header = list(reader.fieldnames or [])
+    else:
+        header, rows = read_csv_rows(path)
     if {"bench", "provider", "mode"} <= set(header):
         return rows
     conv = legacy.convert(path)
@@ -237,7 +253,7 @@ def host(rows: Sequence[dict]) -> str:
 def hf(paths: Sequence[str | Path]) -> str:
     """One row per (batch, phase): graph and eager speedup (median of per-round without / with) and A/A, each run
     of ``paths`` a column pair."""
-    runs = [json.loads(Path(p).read_text())["summary"] for p in paths]
+    runs = [json.loads(read_text(p))["summary"] for p in paths]
     keys = list(dict.fromkeys((s["batch"], s["phase"]) for s in runs[0]))
     header = ["batch", "phase"]
     for i in range(len(runs)):
@@ -256,10 +272,10 @@ def hf(paths: Sequence[str | Path]) -> str:
 
 
 def hf_rounds(path: str | Path) -> list[dict]:
-    """The per-round timings of an ``hf_decode`` results.json: inline (``rounds``) or in the gzipped CSV it names
+    """The per-round timings of an ``hf_decode`` results.json.gz: inline (``rounds``) or in the gzipped CSV it names
     (``rounds_file``, beside it)."""
     path = Path(path)
-    res = json.loads(path.read_text())
+    res = json.loads(read_text(path))
     if "rounds" in res:
         return res["rounds"]
     with gzip.open(path.parent / res["rounds_file"], "rt", newline="") as f:

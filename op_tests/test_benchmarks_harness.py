@@ -501,3 +501,18 @@ def test_dispatch_provider_calls_as_model_code_does(monkeypatch, otype, passed):
     provider, arg = providers.resolve(A16W16, "dispatch")
     provider.build(ctx, arg)(0)
     assert seen == [passed]
+
+
+def test_report_reads_gzipped_raw_files_as_the_plain_ones(tmp_path):
+    """Large raw files are stored gzipped: a ``.csv.gz`` harness file and a ``.json.gz`` results file read as the
+    plain ones do."""
+    import gzip
+
+    text = "bench,set,label,M,N,K,provider,mode,us\nbf16,s,l,1,64,64,flinear,graph,2.5\n"
+    (tmp_path / "a.csv").write_text(text)
+    with gzip.open(tmp_path / "b.csv.gz", "wt") as f:
+        f.write(text)
+    assert report.load_rows(tmp_path / "b.csv.gz") == report.load_rows(tmp_path / "a.csv")
+    with gzip.open(tmp_path / "r.json.gz", "wt") as f:
+        f.write(json.dumps({"rounds": [{"batch": 1, "ms": 2.0}]}))
+    assert report.hf_rounds(tmp_path / "r.json.gz") == [{"batch": 1, "ms": 2.0}]
