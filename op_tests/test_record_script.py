@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEVICE = REPO / "benchmarks" / "device"
 RECORD = DEVICE / "record.sh"
 H200 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
-CALLS = ("1", "2", "3", "4", "5")
+CALLS = ("1", "2", "3", "4")
 STEP_LINE = re.compile(r"^== (\w+) \((\d+) s\): (.*)$")
 SCRIPTS = sorted(p.name for p in DEVICE.glob("*.sh"))
 
@@ -58,10 +58,20 @@ def test_device_scripts_parse(script):
         assert res.returncode == 0, res.stdout
 
 
+def steps_only() -> list[str]:
+    """The steps record.sh's header lists as run by STEPS only (no CALL group)."""
+    text = RECORD.read_text()
+    block = text[text.index("#   STEPS only"):]
+    block = block[:block.index("\n#\n")]
+    return re.findall(r"(\w+) \d+", block)
+
+
 def test_record_calls_hold_every_step_once(tmp_path):
-    """CALL=1..5 partition record.sh's steps; each runs them in the file's order, every limit within the budget."""
+    """CALL=1..4 and the header's STEPS-only list partition record.sh's steps; each call runs them in the file's
+    order, every limit within the budget."""
     steps = record_steps()
-    seen: list[str] = []
+    seen: list[str] = list(steps_only())
+    assert seen
     for call in CALLS:
         lines = dry_run(tmp_path / call, CALL=call)
         top = [name for name, _, _ in lines if name in steps]
@@ -73,9 +83,9 @@ def test_record_calls_hold_every_step_once(tmp_path):
 
 @pytest.mark.parametrize("env, message", [
     ({"CALL": "1", "STEPS": "overhead"}, "give CALL or STEPS, not both"),
-    ({"CALL": "7"}, "CALL must be 1-5, got 7"),
-    ({"CALL": "one"}, "CALL must be 1-5, got one"),
-    ({}, "set CALL (1-5) or STEPS"),
+    ({"CALL": "7"}, "CALL must be 1-4, got 7"),
+    ({"CALL": "one"}, "CALL must be 1-4, got one"),
+    ({}, "set CALL (1-4) or STEPS"),
     ({"STEPS": "bf16 fp9"}, "unknown step 'fp9'"),
 ])
 def test_record_rejects_bad_calls_and_steps(tmp_path, env, message):
@@ -128,11 +138,11 @@ def check_command(words: list[str], out: Path) -> str:
     return prog
 
 
-@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize("call", [*CALLS, "steps only"])
 def test_record_commands_parse_for_an_h200(call, tmp_path):
-    """Every command a call prints is one its program accepts: flags, providers, shape sets (built for an H200),
-    the committed files it reads; the sub-scripts' commands too."""
-    lines = dry_run(tmp_path, CALL=call)
+    """Every command a call (or the STEPS-only list) prints is one its program accepts: flags, providers, shape sets
+    (built for an H200), the committed files it reads; the sub-scripts' commands too."""
+    lines = dry_run(tmp_path, **({"CALL": call} if call in CALLS else {"STEPS": " ".join(steps_only())}))
     progs = {check_command(words, tmp_path) for _, _, words in lines if words[-2:-1] != ["bash"]}
     assert progs
 
@@ -207,10 +217,10 @@ def test_step_keeps_to_the_call_deadline(tmp_path):
 
 def test_record_sub_scripts_end_within_their_step(tmp_path):
     """A sub-script's own steps are cut to its step's limit and to the call's budget."""
-    lines = dict((name, limit) for name, limit, _ in dry_run(tmp_path, CALL="4", CALL_BUDGET_S="100"))
+    lines = dict((name, limit) for name, limit, _ in dry_run(tmp_path, CALL="3", CALL_BUDGET_S="100"))
     assert lines["hf"] <= 100 and lines["measure"] < lines["hf"]
-    lines = dict((name, limit) for name, limit, _ in dry_run(tmp_path, CALL="4"))
-    assert lines["hf"] == 470 and lines["measure"] < 470
+    lines = dict((name, limit) for name, limit, _ in dry_run(tmp_path, CALL="3"))
+    assert lines["hf"] == 260 and lines["measure"] < 260
 
 
 def test_record_runs_the_overhead_step_on_cpu(tmp_path):
