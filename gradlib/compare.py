@@ -4,7 +4,8 @@
 (its solution), or the runtime's default when the file has none (:class:`~gradlib.search.ShapeSearch`'s
 ``incumbent``), in the same phase and the same confirmation rounds as the winner. A shape is *improved* when the
 winner is another solution at least ``min_improvement_pct`` % faster than the incumbent (``(pre - post) / pre``, as
-AITER computes it), or when the incumbent cannot run here any more; with ``--update_improved`` exactly those rows
+AITER computes it), or the op's baseline (the library call) faster by any margin (never slower than the library
+call: falling back to it risks nothing), or when the incumbent cannot run here any more; with ``--update_improved`` exactly those rows
 are written (replaced or added) and every other row of the file is left as it was; without it the tuned file is not
 touched and the winners go to a candidate copy (:func:`candidate_path`). This is the answer to a stale file after a
 driver or library upgrade: ``gemm-tuner -i tuned.csv -o tuned.csv --all --compare --update_improved``.
@@ -72,6 +73,9 @@ def verdict(outcome: ShapeOutcome, has_row: bool, opts: CompareOptions) -> Verdi
         why = "no row and the default did not run" if not has_row else "the row's solution no longer runs here"
         return Verdict(new, pre, post, math.nan, why)
     pct = (pre - post) / pre * 100.0
+    base = outcome.baseline
+    if pct > 0 and base is not None and outcome.winner.solution == base.solution:
+        return Verdict(new, pre, post, pct, "the library call is faster than the row")
     if pct >= opts.min_improvement_pct:
         return Verdict(new, pre, post, pct, f">= {opts.min_improvement_pct:g}% faster")
     return Verdict("KEEP", pre, post, pct, f"< {opts.min_improvement_pct:g}% faster")

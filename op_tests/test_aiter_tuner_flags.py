@@ -193,3 +193,24 @@ def test_blockscale_tuner_with_aiters_flags(inline, tmp_path, capsys):
                     *map(str, common)]) == 0
     out = capsys.readouterr().out
     assert "KEEP | the row's solution still wins" in out and tuned.read_text() == before
+
+
+@pytest.mark.parametrize(("winner", "post", "action"), [
+    ("library", 99.0, "UPDATE"),   # the library call 1% faster than the row: never slower than the library call
+    ("other", 99.0, "KEEP"),       # another kernel 1% faster: under --min_improvement_pct
+    ("other", 90.0, "UPDATE"),     # 10% faster: over it
+    ("library", 100.5, "KEEP"),    # the row still faster than the library call
+])
+def test_compare_falls_back_to_the_library_call_by_any_margin(winner, post, action):
+    from types import SimpleNamespace as NS
+
+    from gradlib.compare import CompareOptions, verdict
+
+    row, library, other = NS(name="row"), NS(name="F.linear"), NS(name="other")
+    ok = NS(ok=True)
+    outcome = NS(incumbent=NS(us=100.0, result=ok, solution=row), baseline=NS(us=post, result=ok, solution=library),
+                 winner=NS(us=post, result=ok, solution=library if winner == "library" else other))
+    if post > 100.0:  # the row would have won: the search's winner is the row itself
+        outcome.winner = outcome.incumbent
+    v = verdict(outcome, True, CompareOptions(min_improvement_pct=3.0))
+    assert v.action == action, v
