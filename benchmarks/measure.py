@@ -33,7 +33,7 @@ from aiter_gemm.fileio import atomic_write_text, render_csv
 from aiter_gemm.registry import op_spec
 from aiter_gemm.timing import TimingConfig, cache_bytes, host_and_gpu_us, time_paired
 from benchmarks.providers import A16W16, BLOCKSCALE, MAX_REL_ERR, MOE, Context, Unavailable, resolve
-from gradlib.results import roofline_for
+from gradlib.results import fp8_peak_for, roofline_for
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,6 @@ COLUMNS = ("bench", "set", "label", "M", "N", "K", "bias", "provider", "mode", "
 #: (held-out run 7), 0.991-1.016 with 500 us replays and a fresh capture every round (run 8).
 TIMING = TimingConfig(warmup=5, reps=9, target_us=500.0, budget_s=0.4)
 GRAPH_PAIRS, EAGER_PAIRS = 41, 21  # odd: the median is one round
-#: FP8 dense tensor-core peak (H100 SXM datasheet, no sparsity): the block-scale op's compute roof; bytes from the
-#: bf16 roofline's measured copy bandwidth (gradlib.results.ROOFLINES).
-FP8_PEAK = {("sm_90", 132, "H100"): 1979e12}
 
 
 class Timer(Protocol):
@@ -147,14 +144,14 @@ def op_bytes(op: str, p: Problem) -> int:
 
 
 def roofline_us(op: str, p: Problem, ident: DeviceIdentity) -> float | None:
-    """max(flops / peak, bytes / copy bandwidth) in us on ``ident``'s device, if its roofline is known."""
+    """max(flops / peak, bytes / copy bandwidth) in us on ``ident``'s device, if its roofline is known (FP8: the
+    datasheet's peak, the measured bandwidth)."""
     roof = roofline_for(ident)
     if roof is None:
         return None
     peak = roof.flops
     if op == BLOCKSCALE or (isinstance(p, MoeProblem) and p.fp8):
-        peak = next((v for (g, c, n), v in FP8_PEAK.items() if (g, c) == (ident.gfx, ident.cu_num) and n in ident.name),
-                    None)
+        peak = fp8_peak_for(ident)  # the datasheet's (gradlib.results.FP8_PEAKS)
         if peak is None:
             return None
     return max(p.flops / peak, op_bytes(op, p) / roof.bytes) * 1e6

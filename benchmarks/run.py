@@ -8,6 +8,7 @@
         --providers grouped_mm,default,dispatch,weight_read --baselines grouped_mm,default,weight_read --out $OUT
     python -m benchmarks.run --bench overhead --out $OUT     # host time the dispatch adds (tiny shapes)
     python -m benchmarks.run --bench layer --set llama3_8b --m 1,8,32,128,2048 --out $OUT
+    python -m benchmarks.run --bench roofline --out $OUT     # bf16 matmul peak, copy bandwidth: the ROOFLINES entry
     python -m benchmarks.run report FILE [--table summary|mclass|bym|matrix|overhead|overhead_ab|layer|host|hf|
         hf_pooled] ...
     python -m benchmarks.run plot FILE --out DIR --stem NAME
@@ -47,7 +48,7 @@ from benchmarks.providers import BENCH_OPS, MOE, providers_for, resolve
 from benchmarks.shapes import build_sets, sets_for
 
 log = logging.getLogger("benchmarks")
-BENCHES = (*BENCH_OPS, "overhead", "layer")
+BENCHES = (*BENCH_OPS, "overhead", "layer", "roofline")
 MODES = ("graph", "eager", "host")
 
 
@@ -61,12 +62,27 @@ def _ints(text: str) -> list[int]:
     return out
 
 
+def _check_roofline(ap: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device,
+                    modes: list[str]) -> None:
+    """``ap.error`` where ``--bench roofline`` cannot measure: a set it does not have, host timing, or a CPU device
+    for the peak set (a GPU's ceilings are timed on that GPU; on CPU only ``--set tiny``, a smoke run)."""
+    from benchmarks.roofline import SETS
+
+    if (args.set or "peak") not in SETS:
+        ap.error(f"--set {args.set}: --bench roofline has the sets {', '.join(SETS)}")
+    if "host" in modes:
+        ap.error("--timing host: --bench roofline times GPU work only (graph, or eager)")
+    if device.type != "cuda" and (args.set or "peak") != "tiny":
+        ap.error("--bench roofline measures a GPU's matmul peak and copy bandwidth: it times on a GPU only "
+                 "(on CPU: --set tiny, a smoke run whose numbers are no roofline)")
+
+
 def bench_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--bench", choices=BENCHES, default="bf16")
     ap.add_argument("--set", default=None, help="comma list of shape sets, models or CSVs (default: shipped; moe: "
-                    "moe_qwen3_30b,moe_mixtral,moe_dsv3_ep8; layer: llama3_8b)")
+                    "moe_qwen3_30b,moe_mixtral,moe_dsv3_ep8; layer: llama3_8b; roofline: peak, or tiny: a smoke run)")
     ap.add_argument("--m", type=_ints, default=None, help="M values replacing the sets' own")
     ap.add_argument("--providers", default=None, help="comma list of provider specs name[:arg] (default: "
                     "flinear,dispatch; fp8: torch_blockscale,flinear,dispatch; moe: grouped_mm,default,dispatch,"
@@ -131,6 +147,8 @@ def run_bench(argv: list[str], timer: Timer | None = None) -> int:
         ap.error(f"--timing {','.join(bad)}: not one of {', '.join(MODES)}")
     if device.type != "cuda" and timer is None and set(modes) & {"graph", "host"}:
         ap.error("--timing graph and host need a CUDA device (CPU runs time eagerly: --timing eager)")
+    if args.bench == "roofline":
+        _check_roofline(ap, args, device, modes)
     if args.bench in BENCH_OPS:  # providers, baselines and shape sets checked before anything is written
         ident = aiter_gemm.current_device_identity(on_gpu=device.type == "cuda")
         op, providers, baselines, shapes = bench_plan(ap, args, ident)
@@ -153,6 +171,14 @@ def run_bench(argv: list[str], timer: Timer | None = None) -> int:
             name, _, tp = item.partition(":tp")
             rows += run_layer(name, int(tp or 1), args.m or [1, 8, 32, 128, 2048], modes, device, timer)
         atomic_write_text(csv_path, render_csv(COLUMNS, rows))
+    elif args.bench == "roofline":
+        from benchmarks import roofline
+
+        rows = roofline.run_roofline(args.set or "peak", modes, device, timer)
+        atomic_write_text(csv_path, render_csv(COLUMNS, rows))
+        ident = aiter_gemm.current_device_identity(on_gpu=device.type == "cuda")
+        source = f"benchmarks/results/roofline/{envmod.gpu_slug(device).lower()}_{env['commit']}/{csv_path.name}"
+        log.info("%s", roofline.summary(rows, ident, source))
     else:
         inputs = {"routing": args.routing} if op == MOE else {}
         bench = GemmBench(args.bench, op, shapes, providers, baselines, modes, device, ident, timer, str(csv_path),

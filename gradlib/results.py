@@ -14,6 +14,7 @@ import math
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aiter_gemm.backends.base import Problem, Solution
 from aiter_gemm.configs import (
@@ -35,6 +36,7 @@ from gradlib.records import Candidate, ShapeOutcome
 from gradlib.tune_ops import Sidecar, TuneOp
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _PROFILE_TAIL = ("phase", "libtype", "solidx", "splitK", "kernelName", "status", "us", "{err}", "tflops", "bw",
                  "method", "error")
@@ -57,20 +59,41 @@ class Roofline:
         return bound_s / (us * 1e-6)
 
 
-# Measured, not datasheet (BENCHMARKS.md): bf16 dense cuBLAS peak and device-to-device copy bandwidth. Matched on
-# (gfx, cu_num) and a substring of the device name, since an H200 is also sm_90 with 132 SMs but has more bandwidth.
-# Other devices: pass --peak_tflops / --peak_bw.
+# Measured, not datasheet: bf16 dense cuBLAS peak and device-to-device copy bandwidth, counted as bytes read + written
+# (a copy of B bytes moves 2B: the convention of the H100's figures, measured by 178edab's bench_tuned_gemm with an
+# 8192^3 torch.mm and a 1 GiB copy; no raw file kept). A new entry's source names its raw file:
+# `python -m benchmarks.run --bench roofline` measures both and logs the entry to add here.
+# Matched on (gfx, cu_num) and a substring of the device name, since an H200 is also sm_90 with 132 SMs but has more
+# bandwidth. Other devices: pass --peak_tflops / --peak_bw.
 ROOFLINES: tuple[tuple[str, int, str, Roofline], ...] = (
     ("sm_90", 132, "H100", Roofline(790e12, 3.0e12, "H100 SXM, measured")),
 )
+#: Dense FP8 tensor-core peak, FLOP/s, from the datasheet (no sparsity): the block-scale op's compute roof (its bytes
+#: take the bandwidth of :data:`ROOFLINES`). 1979 TFLOP/s is the Hopper SXM value, the H100 SXM's and the H200 SXM's.
+HOPPER_SXM_FP8 = 1979e12
+FP8_PEAKS: tuple[tuple[str, int, str, float], ...] = (
+    ("sm_90", 132, "H100", HOPPER_SXM_FP8),
+    ("sm_90", 132, "H200", HOPPER_SXM_FP8),
+)
+
+
+def device_entry(table: Sequence[tuple[str, int, str, T]], identity: DeviceIdentity) -> T | None:
+    """The value of the first entry of ``table`` whose (gfx, cu_num) is ``identity``'s and whose name is a
+    substring of its device name (the one match rule of :data:`ROOFLINES` and :data:`FP8_PEAKS`)."""
+    for gfx, cu_num, name, value in table:
+        if identity.gfx == gfx and identity.cu_num == cu_num and name in identity.name:
+            return value
+    return None
 
 
 def roofline_for(identity: DeviceIdentity) -> Roofline | None:
-    """The measured roofline of ``identity``'s device, if this table has one."""
-    for gfx, cu_num, name, roof in ROOFLINES:
-        if identity.gfx == gfx and identity.cu_num == cu_num and name in identity.name:
-            return roof
-    return None
+    """The measured roofline of ``identity``'s device, if :data:`ROOFLINES` has one."""
+    return device_entry(ROOFLINES, identity)
+
+
+def fp8_peak_for(identity: DeviceIdentity) -> float | None:
+    """The datasheet dense FP8 peak (FLOP/s) of ``identity``'s device, if :data:`FP8_PEAKS` has one."""
+    return device_entry(FP8_PEAKS, identity)
 
 
 def metrics(p: Problem, us: float) -> tuple[str, str]:
