@@ -5,7 +5,8 @@ by :mod:`benchmarks.legacy`), and ``hf_decode``'s ``results.json.gz``. Tables (`
 
 * ``summary``: per (set, baseline, mode) the shapes, geomean ratio, worst shape and how many fall below the bar
   (``--bars``, default issue 13's: graph 0.98, eager 0.97); ``identical`` adds the spread of shapes whose dispatch
-  runs plain F.linear in both modes (the method's own noise).
+  runs the baseline's own kernel in both modes (bf16: plain F.linear; fp8, graph mode: torch's block-scaled matmul):
+  the method's own noise.
 * ``mclass``: geomean and minimum per M class (<= 16, 17-256, > 256, all); ``bym`` the same per M.
 * ``matrix``: one row per (label, N, K), one column per M; the cell is the ratio (``--cell ratio``), the ratio with
   the dispatch's libtype (``ratio+lib``), the time (``us``) or the roofline fraction (``roof``).
@@ -114,20 +115,26 @@ def summary(rows: Sequence[dict], provider: str = "dispatch", bars: dict[str, fl
     return out
 
 
+#: Per benchmark, (the baseline whose own kernel the dispatch runs where its libtype is ``torch`` in both modes, the
+#: modes where that is identical work): bf16 plain F.linear; fp8 torch's block-scaled matmul, the same copies and
+#: kernel on the GPU, graph mode only (eagerly the dispatch's runner skips F.scaled_mm's wrapper: less host time).
+IDENTICAL_BASELINES = {"bf16": ("flinear", ("graph", "eager")), "fp8": ("torch_blockscale", ("graph",))}
+
+
 def identical_calls(rows: Sequence[dict]) -> str:
-    """The spread of dispatch / F.linear where the dispatch runs plain F.linear in both modes: identical work, so
-    whatever the ratios show is the method's resolution."""
+    """The spread of dispatch / baseline where the dispatch runs the baseline's own kernel in both modes
+    (:data:`IDENTICAL_BASELINES`): identical work, so whatever the ratios show is the method's resolution."""
     body = []
-    for mode in ("graph", "eager"):
-        aa = sorted(num(r["ratio"]) for r in select(rows, "dispatch", "flinear", mode)
-                    if r.get("bench") == "bf16" and r.get("libtype") == r.get("eager_libtype") == "torch")
-        if len(aa) >= 2:
-            q = statistics.quantiles(aa, n=20, method="inclusive")
-            lo, hi = q[0], q[-1]
-            body.append((mode, len(aa), f"{geomean(aa):.3f}", f"{lo:.3f}", f"{hi:.3f}", f"{aa[0]:.3f}",
-                         f"{aa[-1]:.3f}"))
-    return _table(("identical calls (plain F.linear decisions)", "shapes", "geomean", "5%", "95%", "min", "max"),
-                  ("---", "---:", "---:", "---:", "---:", "---:", "---:"), body)
+    for bench, (vs, modes) in IDENTICAL_BASELINES.items():
+        for mode in modes:
+            aa = sorted(num(r["ratio"]) for r in select(rows, "dispatch", vs, mode)
+                        if r.get("bench") == bench and r.get("libtype") == r.get("eager_libtype") == "torch")
+            if len(aa) >= 2:
+                q = statistics.quantiles(aa, n=20, method="inclusive")
+                body.append((f"{bench} vs {vs}", mode, len(aa), f"{geomean(aa):.3f}", f"{q[0]:.3f}", f"{q[-1]:.3f}",
+                             f"{aa[0]:.3f}", f"{aa[-1]:.3f}"))
+    return _table(("identical calls (the dispatch runs the baseline's kernel)", "mode", "shapes", "geomean", "5%",
+                   "95%", "min", "max"), ("---", "---", "---:", "---:", "---:", "---:", "---:", "---:"), body)
 
 
 M_CLASSES = (("M <= 16", 1, 16), ("M 17-256", 17, 256), ("M > 256", 257, 1 << 40), ("all", 1, 1 << 40))

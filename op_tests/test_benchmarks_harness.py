@@ -350,7 +350,71 @@ def test_report_tables():
     assert report.matrix(ROWS, "dispatch", "flinear", "graph", "ratio+lib").splitlines()[:3] == [
         "| label | N | K | M=1 | M=300 |", "|---|---:|---:|---:|---:|", "| m | 64 | 32 | 1.200 s | 0.970 f |"]
     assert report.identical_calls(ROWS + [{**ROWS[1], "M": "400", "ratio": "1.01"}]).splitlines()[2] == (
-        "| graph | 2 | 0.990 | 0.972 | 1.008 | 0.970 | 1.010 |")
+        "| bf16 vs flinear | graph | 2 | 0.990 | 0.972 | 1.008 | 0.970 | 1.010 |")
+
+
+def test_identical_calls_cover_fp8_torch_decisions_in_graph_mode():
+    """FP8 cells whose dispatch runs torch's block-scaled matmul in both modes are torch's kernel against itself
+    (same copies, same kernel) in graph mode: the spread a default's ratio there is read against. Eagerly the
+    dispatch's runner skips F.scaled_mm's wrapper (not identical host work); Triton decisions are not identical."""
+    fp8 = {**ROWS[1], "bench": "fp8", "set": "third", "vs": "torch_blockscale"}
+    rows = [{**fp8, "M": "17", "ratio": "0.97"}, {**fp8, "M": "24", "ratio": "1.05"},
+            {**fp8, "M": "32", "ratio": "1.5", "libtype": "triton"},
+            {**fp8, "M": "40", "ratio": "1.2", "mode": "eager"}]
+    assert report.identical_calls(rows).splitlines()[2:] == [
+        "| fp8 vs torch_blockscale | graph | 2 | 1.009 | 0.974 | 1.046 | 0.970 | 1.050 |"]
+
+
+def test_fp8_default_provider_runs_the_ops_call(clean_runtime):
+    """On an H200 the ``default`` provider runs what an untuned call of the op runs (graph and eager): at a padded M
+    where the default is torch's kernel (issue 49's (17, 6144, 16384) class: M % 4 != 0, a row-major x_scale), the
+    same operations with the same operands as ``dispatch`` and ``torch_blockscale``; at a decode tile, the op's
+    capture-time choice under graphs and its eager choice eagerly."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import aiter_gemm
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+
+    class Ops(TorchDispatchMode):  # every aten op of a call, with its tensors' shapes and strides
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append((str(func), [(tuple(a.shape), a.stride()) for a in args if isinstance(a, torch.Tensor)]))
+            return func(*args, **(kwargs or {}))
+
+    def scaled_mm(a, b, sa, ra, sb, rb, *rest, output_dtype=torch.bfloat16, **kw):  # what cuBLASLt would be handed
+        return torch.zeros(a.shape[0], b.shape[1], dtype=output_dtype)
+
+    clean_runtime.setattr(torch.nn.functional, "scaled_mm", scaled_mm)
+    clean_runtime.setattr(torch_impl, "unavailable_reason", lambda device: None)
+    h200 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
+    disp = aiter_gemm.get_dispatcher(BLOCKSCALE)
+    clean_runtime.setitem(disp._devices, False, h200)  # CPU tensors decided as on an H200
+    for M, N, K, graph, eager in ((97, 4096, 4608, "torch", "torch"), (32, 4096, 14336, "triton", "torch")):
+        p = GemmProblem(M, N, K, False, torch.float8_e4m3fn, torch.bfloat16)
+        dec = disp.decide(p, False)
+        assert (dec.matched, dec.solution.libtype, (dec.eager_solution or dec.solution).libtype) == (
+            "default", graph, eager)
+        for mode, want in (("graph", dec.solution), ("eager", dec.eager_solution or dec.solution)):
+            assert disp.default_decision(p, h200, eager=mode == "eager").solution == want
+    M, N, K = 97, 4096, 4608
+    sets = [(torch.randn(M, K).to(torch.float8_e4m3fn), torch.randn(N, K).to(torch.float8_e4m3fn),
+             torch.rand(M, K // 128), torch.rand(N // 128, K // 128))]
+    p = GemmProblem(M, N, K, False, torch.float8_e4m3fn, torch.bfloat16)
+    seen = {}
+    for mode in ("graph", "eager"):
+        for name in ("torch_blockscale", "default", "dispatch"):
+            provider, arg = providers.resolve(BLOCKSCALE, name)
+            call = provider.build(providers.Context(p, BLOCKSCALE, sets, h200, torch.device("cpu"), mode), arg)
+            call(0)
+            with Ops() as ops:
+                call(0)
+            seen[mode, name] = ops.ops
+    first = seen["graph", "torch_blockscale"]
+    assert sum(op == "aten.copy_.default" for op, _ in first) == 2  # XQ into 100 rows, x_scale M-major
+    assert all(ops == first for ops in seen.values())
 
 
 LEGACY = {  # header + one line of each raw format the harness replaced
