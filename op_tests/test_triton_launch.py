@@ -216,3 +216,37 @@ def test_quant_bound_launch_on_a_side_stream_and_in_a_graph():
     want = act_quant.per_token_group_quant_fp8_ref(x, True)
     torch.cuda.synchronize()
     assert torch.equal(gq.view(torch.uint8), want[0].view(torch.uint8)) and torch.allclose(gs, want[1])
+
+
+# ---- the quantizer's plan cache (CPU: fake plans) --------------------------------------------------------------
+def test_quant_runs_a_cached_plan_and_falls_back_when_it_declines(monkeypatch):
+    x = torch.randn(4, 256)
+    key = (x.shape, x.stride(), x.dtype, x.device, True)
+    calls = []
+    monkeypatch.setattr(act_quant, "_PLANS", {key: "plan"})
+    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: calls.append((plan, t)) or answer)
+    answer = ("q", "s")
+    assert act_quant.per_token_group_quant_fp8(x, True) == answer and calls == [("plan", x)]
+    answer = None  # the plan declines (another stream's device, a misaligned view...): Triton's launch runs
+    q, s = act_quant.per_token_group_quant_fp8(x, True)
+    ref_q, ref_s = act_quant.per_token_group_quant_fp8_ref(x, True)
+    assert torch.equal(q.float(), ref_q.float()) and torch.allclose(s, ref_s) and s.stride() == (1, 4)
+    assert len(calls) == 2 and act_quant.per_token_group_quant_fp8(x, False)[1].stride() == (2, 1)
+    assert len(calls) == 2  # another key: no plan asked
+
+
+def test_quant_binds_a_shape_once_and_never_a_copied_input(monkeypatch):
+    bound = []
+    monkeypatch.setattr(act_quant, "_PLANS", {})
+    monkeypatch.setattr(act_quant, "INTERPRET", False)  # binding is for compiled launches; the kernel still runs
+    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: None)
+    monkeypatch.setattr(triton_launch, "bind", lambda compiled, grid, args, inputs, outputs:
+                        bound.append((grid, inputs, outputs)) or None)
+    x = torch.randn(3, 300)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    act_quant.per_token_group_quant_fp8(x, True)
+    act_quant.per_token_group_quant_fp8(x, True)  # cached as None: Triton's launch, no second bind
+    assert len(bound) == 1 and bound[0][0] == (3, 3) and bound[0][1] == (x,)
+    assert [t.shape for t in bound[0][2]] == [(3, 300), (3, 3)]
+    act_quant.per_token_group_quant_fp8(torch.randn(300, 3).t(), True)  # copied to contiguous: nothing bound
+    assert len(bound) == 1
