@@ -112,7 +112,7 @@ def build(verbose: bool = False) -> ModuleType:
         if module is not None:
             return module
         return load(name=name, sources=[str(p) for p in sources() if p.suffix == ".cpp"],
-                    build_directory=str(folder), extra_cflags=["-O2"],
+                    build_directory=str(folder), extra_cflags=["-O2"], extra_ldflags=["-ldl"],
                     with_cuda=False, is_python_module=True, verbose=verbose)
 
 

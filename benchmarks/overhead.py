@@ -2,7 +2,9 @@
 
 For an exact hit, a padded hit and a default decision (2-D A), an exact hit with a 3-D A, ``TunedLinear`` against the
 ``nn.Linear`` it replaces, the ``torch.ops`` custom op that compiled graphs call, and on a GPU a graph-timed row whose
-eager calls run F.linear and ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call: N calls of the torch
+eager calls run F.linear, ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call, and FP8 linears
+(the bound activation quantizer against Triton's launcher; the op, torch's block-scaled arm and the ``FP8Linear``
+twin against bf16 F.linear / nn.Linear of the same shape): N calls of the torch
 call and N of ours back to back, R times, the median of the per-repeat differences (``added_us``). The decisions come
 from a tuned CSV this bench writes to a temporary folder (the environment is restored afterwards).
 """
@@ -95,6 +97,43 @@ def _blockscale_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list
     return rows
 
 
+def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
+    """FP8 linears on one decode shape: the activation quantizer's bound launch against Triton's launcher, and the
+    whole FP8 linear (quantize, GEMM) through the op, through torch's block-scaled matmul and as transformers'
+    ``FP8Linear`` twin, each against bf16 F.linear / nn.Linear of the same shape (issue 53: within 5 us)."""
+    from aiter_gemm.fp8_linear import fp8_block_linear, from_fp8_linear
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+    from aiter_gemm.kernels import act_quant
+    from aiter_gemm.kernels.a8w8_blockscale import quantize_blockscale
+
+    if torch_impl.unavailable_reason(torch.device("cuda")) is not None:
+        return []
+    m, n, k = 8, 512, 512
+    x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    linear = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+    w = linear.weight.detach()
+    _, wq, _, ws = quantize_blockscale(x[0].float(), w.float())
+    x2 = x[0]
+    got = measure(lambda: act_quant.quant_triton(x2, True), lambda: act_quant.per_token_group_quant_fp8(x2, True),
+                  calls // 4, repeats, sync)
+    rows = [_row("fp8_quant", "act_quant_bound", "triton_launcher", m, n, k, got, repeats)]
+    for provider, gemm in (("fp8_block_linear", None), ("torch_blockscale", torch_impl.gemm_a8w8_blockscale_torch)):
+        got = measure(lambda: F.linear(x, w), lambda gemm=gemm: fp8_block_linear(x, wq, ws, None, gemm, True),
+                      calls // 4, repeats, sync)
+        rows.append(_row("fp8_linear", provider, "flinear", m, n, k, got, repeats))
+    try:
+        from transformers.integrations.finegrained_fp8 import FP8Linear
+    except ImportError:
+        return rows
+    fp8 = FP8Linear(k, n, block_size=(128, 128), activation_scheme="dynamic", has_bias=False).cuda()
+    fp8.weight.data, fp8.weight_scale_inv.data = wq, ws
+    twin = from_fp8_linear(fp8, "overhead")
+    with torch.no_grad():
+        got = measure(lambda: linear(x), lambda: twin(x), calls // 4, repeats, sync)
+    rows.append(_row("fp8_linear", "TunedFP8Linear", "nn.Linear", m, n, k, got, repeats))
+    return rows
+
+
 def run_overhead(device: torch.device, calls: int, repeats: int) -> list[dict]:
     """Every case's row (see the module docstring)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -142,6 +181,7 @@ def _cases(dev: torch.device, dtype: torch.dtype, calls: int, repeats: int, sync
             got = measure(lambda: linear(a4), lambda: tuned(a4), calls, repeats, sync)
         rows.append(_row("eager_switch_3d", "TunedLinear", "nn.Linear", 4, N, K, got, repeats))
         rows += _blockscale_rows(calls, repeats, sync)
+        rows += _fp8_rows(calls, repeats, sync)
     a = torch.randn(8, K, device=dev, dtype=dtype)
     op = torch.ops.aiter_gemm.gemm_a16w16
     got = measure(lambda: F.linear(a, b), lambda: op(a, b), calls // 4, repeats, sync)

@@ -28,6 +28,13 @@ PyObject* serve(Op& op, PyObject* const* bound, Py_ssize_t given);
 // The instance dict of ``obj`` (borrowed), or nullptr.
 PyObject* instance_dict(PyObject* obj);
 
+// A bound Triton launch (triton_launch.cpp) of ``plan`` (a plan object) with these inputs: a new reference to the
+// tuple of its outputs; nullptr with no error set: not taken (the caller runs Triton's launch); with one: an error.
+PyObject* run_plan(PyObject* plan, PyObject* const* args, Py_ssize_t nargs);
+
+// Adds the bound Triton launch functions (triton_plan, triton_run, triton_plan_params) to the extension module.
+bool init_triton_launch(PyObject* module);
+
 // Adds the module call entry's functions (call, linear, setup_call, setup_linear) to the extension module.
 bool init_module_call(PyObject* module);
 

@@ -1,27 +1,31 @@
 """Dynamic fp8 activation quantization per token and 128-wide K group, in one Triton launch: the activation side of
-:func:`aiter_gemm.gemm_a8w8_blockscale` for FP8 models (transformers' ``FP8Linear``, DeepSeek-style checkpoints).
-
-For x (M, K) it writes XQ (M, K) fp8 e4m3 and x_scale (M, ceil(K/128)) float32 with ``x ~= XQ * x_scale`` per group:
+:func:`aiter_gemm.gemm_a8w8_blockscale` for FP8 models (transformers' ``FP8Linear``, DeepSeek-style checkpoints). For
+x (M, K) it writes XQ (M, K) fp8 e4m3 and x_scale (M, ceil(K/128)) float32 with ``x ~= XQ * x_scale`` per group:
 ``x_scale = max(amax(|group|) / 448, 1e-12)``, ``XQ = clamp(x / x_scale, -448, 448)`` (the format's rule,
-:mod:`aiter_gemm.kernels.blockscale_format`, as transformers' and vLLM's quantizers apply it). One
-program per (row, group): the group is loaded once, reduced and written, so the whole step is one read of x and one
-write of XQ. ``m_major=True`` writes x_scale with strides (1, M), the layout torch's block-scaled matmul takes without
-a copy; the Triton GEMM takes either. :func:`per_token_group_quant_fp8_ref` is the torch reference.
+:mod:`aiter_gemm.kernels.blockscale_format`, as transformers' and vLLM's quantizers apply it). One program per (row,
+group): the group is loaded once, reduced and written, so the whole step is one read of x and one write of XQ. On a
+GPU each shape's launch is bound once and later calls launch it from C++ (:mod:`aiter_gemm.triton_launch`), without
+Triton's Python launcher. ``m_major=True`` writes x_scale with strides (1, M), the layout torch's block-scaled matmul
+takes without a copy; the Triton GEMM takes either. :func:`per_token_group_quant_fp8_ref` is the torch reference.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from aiter_gemm import triton_launch
 from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET
 
-__all__ = ["FP8", "GROUP", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref"]
+__all__ = ["FP8", "GROUP", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref", "quant_triton"]
 
 GROUP = SCALE_BLOCK
+_run_plan = triton_launch.run
 
 
 @triton.jit
@@ -53,12 +57,35 @@ def _scale_out(M: int, groups: int, m_major: bool, device: torch.device) -> torc
     return torch.empty((M, groups), dtype=torch.float32, device=device)
 
 
+#: Bound launches (:mod:`aiter_gemm.triton_launch`) per (shape, strides, dtype, device, m_major) of x: the key fixes
+#: every integer argument; None where the launch cannot be bound (Triton's launcher runs).
+_PLANS: dict[tuple, Any] = {}
+_MAX_PLANS = 4096  # distinct prefill lengths each bind one; past this many the cache starts over
+
+
 def per_token_group_quant_fp8(x: torch.Tensor, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(XQ, x_scale) of x (M, K) bf16/fp16/fp32, one launch (see the module docstring). Rows may be strided (the
-    last dimension must be contiguous: a copy is made otherwise); no host sync, so it runs in CUDA graphs."""
+    last dimension must be contiguous: a copy is made otherwise); no host sync, so it runs in CUDA graphs. On a GPU
+    a shape's first call binds the launch (:mod:`aiter_gemm.triton_launch`) and later calls run it from C++."""
+    try:
+        key = (x.shape, x.stride(), x.dtype, x.device, m_major)
+    except AttributeError:  # not a tensor: _check says so
+        key = None
+    plan = _PLANS.get(key)
+    if plan is not None:
+        out = _run_plan(plan, x)
+        if out is not None:
+            return out
+    return quant_triton(x, m_major, key is not None and key not in _PLANS and x.is_cuda and _run_plan is not None)
+
+
+def quant_triton(x: torch.Tensor, m_major: bool = False, bind: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`per_token_group_quant_fp8` through Triton's launcher (``bind``: then bind the launch for x's key);
+    the benchmarks' reference for the bound launch."""
     _check(x)
+    key = (x.shape, x.stride(), x.dtype, x.device, m_major)
     if x.stride(-1) != 1:
-        x = x.contiguous()
+        x, bind = x.contiguous(), False
     M, K = x.shape
     groups = triton.cdiv(K, GROUP)
     # Triton 3.9's interpreter rounds float32 -> fp8 wrongly (126.2 became 64): interpreted, the kernel writes the
@@ -66,8 +93,14 @@ def per_token_group_quant_fp8(x: torch.Tensor, m_major: bool = False) -> tuple[t
     q = torch.empty((M, K), dtype=torch.float32 if INTERPRET else FP8, device=x.device)
     s = _scale_out(M, groups, m_major, x.device)
     if M and K:
-        _quant_kernel[(M, groups)](x, q, s, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
-                                   FP8_MAX=FP8_MAX, EPS=MIN_SCALE, GROUP_SIZE=GROUP, num_warps=1)
+        grid = (M, groups)
+        args = {"x_ptr": x, "q_ptr": q, "s_ptr": s, "K": K, "stride_xm": x.stride(0), "stride_qm": q.stride(0),
+                "stride_sm": s.stride(0), "stride_sg": s.stride(1)}
+        compiled = _quant_kernel[grid](**args, FP8_MAX=FP8_MAX, EPS=MIN_SCALE, GROUP_SIZE=GROUP, num_warps=1)
+        if bind and not INTERPRET:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = triton_launch.bind(compiled, grid, args, (x,), (q, s))
     return (q.to(FP8) if INTERPRET else q), s
 
 

@@ -1,0 +1,366 @@
+// Bound Triton launches: a compiled Triton kernel launched with cuLaunchKernel, without Triton's Python launcher
+// (aiter_gemm/triton_launch.py builds the plans and documents them; docs/eager_path.md).
+//
+// Why: Triton's Python launcher (argument binding, specialization key, cache lookup, launch metadata, its C
+// launcher's per-pointer driver queries) cost an activation quantizer call 30-54 us of host time on the H200 host,
+// several times the kernel. A plan is one launch of one CompiledKernel with the arguments of the call that bound it
+// (grid, integers, block and shared memory fixed): a call gives new tensors of the same dtype, device, sizes and
+// strides (checked; pointers aligned where the bound ones were, as Triton specialized the kernel on it), the plan
+// allocates the outputs, writes the pointers into the packed parameters and launches on torch's current stream. A
+// call it cannot take returns None and the caller runs Triton's own launch.
+//
+// No CUDA header or library is needed at build time: the three driver functions used are declared here and found
+// at run time in the libcuda.so.1 the process has loaded (torch and Triton load it), so the extension builds and
+// its packing is tested on machines without CUDA (triton_plan_params: the checks and the packed parameters, no
+// launch).
+#include <Python.h>
+#include <dlfcn.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "eager_fast.h"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace aiter_eager {
+namespace {
+
+constexpr int kMaxKernelParams = 64;
+constexpr size_t kMaxParamBytes = 1024;
+constexpr int kMaxTensors = 16;
+
+// The CUDA driver API as declared in cuda.h (CUDA 11 and later; opaque handles as void*).
+using CUresult = int;
+using LaunchKernelFn = CUresult (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shared, void* stream, void** params, void** extra);
+using CtxGetCurrentFn = CUresult (*)(void** ctx);
+using GetErrorStringFn = CUresult (*)(CUresult err, const char** str);
+
+struct Driver {
+  bool tried = false;
+  LaunchKernelFn launch = nullptr;
+  CtxGetCurrentFn ctx_get_current = nullptr;
+  GetErrorStringFn error_string = nullptr;
+};
+Driver g_driver;
+
+// The driver functions, from the libcuda.so.1 already loaded (it is, once torch or Triton touched the GPU); false
+// when absent: no plan launches and callers run Triton's launch.
+bool driver_ready() {
+  if (!g_driver.tried) {
+    g_driver.tried = true;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib != nullptr) {
+      g_driver.launch = reinterpret_cast<LaunchKernelFn>(dlsym(lib, "cuLaunchKernel"));
+      g_driver.ctx_get_current = reinterpret_cast<CtxGetCurrentFn>(dlsym(lib, "cuCtxGetCurrent"));
+      g_driver.error_string = reinterpret_cast<GetErrorStringFn>(dlsym(lib, "cuGetErrorString"));
+    }
+  }
+  return g_driver.launch != nullptr && g_driver.ctx_get_current != nullptr;
+}
+
+// What a bound tensor must look like in a later call (inputs) or how an output is made (outputs).
+struct TensorSpec {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes, strides;
+  bool align16 = false;  // inputs: the data pointer must be 16-byte aligned (the kernel was specialized on it)
+};
+
+struct Plan {
+  uintptr_t function = 0;  // CUfunction of the loaded CompiledKernel (kept alive by ``keepalive``)
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block = 32;
+  unsigned shared = 0;
+  c10::Device device{c10::DeviceType::CPU};
+  std::vector<unsigned char> blob;       // the packed parameters (pointers zero until a call fills them)
+  std::vector<uint32_t> offsets;         // each kernel parameter's offset in blob
+  std::vector<std::pair<uint32_t, uint32_t>> pointers;  // (offset in blob, tensor index: inputs, then outputs)
+  std::vector<TensorSpec> inputs, outputs;
+  PyObject* keepalive = nullptr;  // strong: what owns the CUmodule (Triton's CompiledKernel)
+};
+
+void plan_destructor(PyObject* capsule) {
+  auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(capsule, "aiter_gemm.triton_plan"));
+  if (plan != nullptr) {
+    Py_XDECREF(plan->keepalive);
+    delete plan;
+  }
+}
+
+bool int_list(PyObject* seq, std::vector<int64_t>& out, const char* what) {
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (fast == nullptr) {
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  out.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+  }
+  Py_DECREF(fast);
+  return !PyErr_Occurred();
+}
+
+// (dtype, sizes, strides, align16) tuples.
+bool parse_specs(PyObject* seq, std::vector<TensorSpec>& out) {
+  PyObject* fast = PySequence_Fast(seq, "triton_plan: tensor specs must be a sequence");
+  if (fast == nullptr) {
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  bool ok = n <= kMaxTensors;
+  if (!ok) {
+    PyErr_Format(PyExc_ValueError, "triton_plan: at most %d tensors", kMaxTensors);
+  }
+  for (Py_ssize_t i = 0; ok && i < n; ++i) {
+    PyObject *dtype, *sizes, *strides;
+    int align16 = 0;
+    TensorSpec spec;
+    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "OOOp", &dtype, &sizes, &strides, &align16) &&
+         int_list(sizes, spec.sizes, "sizes") && int_list(strides, spec.strides, "strides");
+    if (ok && (!THPDtype_Check(dtype) || spec.sizes.size() != spec.strides.size())) {
+      PyErr_SetString(PyExc_TypeError, "triton_plan: a tensor spec is (torch.dtype, sizes, strides, align16)");
+      ok = false;
+    }
+    if (ok) {
+      spec.dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+      spec.align16 = align16 != 0;
+      out.push_back(std::move(spec));
+    }
+  }
+  Py_DECREF(fast);
+  return ok;
+}
+
+// triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive) -> plan.
+// ``pointers``: (parameter index, tensor index) pairs; ``inputs``/``outputs``: (dtype, sizes, strides, align16).
+PyObject* triton_plan(PyObject* /*self*/, PyObject* args) {
+  HANDLE_TH_ERRORS
+  unsigned long long function;
+  unsigned gx, gy, gz, block, shared;
+  PyObject *device, *offsets, *pointers, *inputs, *outputs, *keepalive;
+  Py_buffer blob;
+  if (!PyArg_ParseTuple(args, "K(III)IIOy*OOOOO", &function, &gx, &gy, &gz, &block, &shared, &device, &blob,
+                        &offsets, &pointers, &inputs, &outputs, &keepalive)) {
+    return nullptr;
+  }
+  auto plan = std::make_unique<Plan>();
+  plan->function = static_cast<uintptr_t>(function);
+  plan->grid[0] = gx;
+  plan->grid[1] = gy;
+  plan->grid[2] = gz;
+  plan->block = block;
+  plan->shared = shared;
+  plan->blob.assign(static_cast<unsigned char*>(blob.buf), static_cast<unsigned char*>(blob.buf) + blob.len);
+  PyBuffer_Release(&blob);
+  if (!THPDevice_Check(device)) {
+    PyErr_SetString(PyExc_TypeError, "triton_plan: device must be a torch.device");
+    return nullptr;
+  }
+  plan->device = reinterpret_cast<THPDevice*>(device)->device;
+  std::vector<int64_t> offs, ptrs;
+  if (!int_list(offsets, offs, "offsets") || !int_list(pointers, ptrs, "pointers") ||
+      !parse_specs(inputs, plan->inputs) || !parse_specs(outputs, plan->outputs)) {
+    return nullptr;
+  }
+  const size_t n_tensors = plan->inputs.size() + plan->outputs.size();
+  bool ok = offs.size() <= kMaxKernelParams && plan->blob.size() <= kMaxParamBytes && ptrs.size() % 2 == 0;
+  for (const int64_t off : offs) {
+    ok = ok && off >= 0 && static_cast<size_t>(off) <= plan->blob.size();
+    plan->offsets.push_back(static_cast<uint32_t>(off));
+  }
+  for (size_t i = 0; ok && i < ptrs.size(); i += 2) {
+    const int64_t param = ptrs[i], tensor = ptrs[i + 1];
+    ok = param >= 0 && static_cast<size_t>(param) < offs.size() && tensor >= 0 &&
+         static_cast<size_t>(tensor) < n_tensors && offs[param] + 8 <= static_cast<int64_t>(plan->blob.size());
+    if (ok) {
+      plan->pointers.emplace_back(static_cast<uint32_t>(offs[param]), static_cast<uint32_t>(tensor));
+    }
+  }
+  if (!ok) {
+    PyErr_Format(PyExc_ValueError, "triton_plan: at most %d parameters of %d bytes; pointer slots must name a "
+                 "parameter of 8 bytes and a tensor", kMaxKernelParams, static_cast<int>(kMaxParamBytes));
+    return nullptr;
+  }
+  Py_INCREF(keepalive);
+  plan->keepalive = keepalive;
+  PyObject* capsule = PyCapsule_New(plan.get(), "aiter_gemm.triton_plan", plan_destructor);
+  if (capsule == nullptr) {
+    Py_DECREF(keepalive);
+    return nullptr;
+  }
+  plan.release();
+  return capsule;
+  END_HANDLE_TH_ERRORS
+}
+
+Plan* plan_of(PyObject* obj) {
+  return static_cast<Plan*>(PyCapsule_GetPointer(obj, "aiter_gemm.triton_plan"));
+}
+
+// Whether ``obj`` is a plain tensor matching ``spec`` on the plan's device.
+bool matches(const Plan& plan, PyObject* obj, const TensorSpec& spec) {
+  if (!THPVariable_CheckExact(obj)) {
+    return false;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  return t.scalar_type() == spec.dtype && t.device() == plan.device && t.sizes().equals(spec.sizes) &&
+         t.strides().equals(spec.strides) &&
+         (!spec.align16 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
+}
+
+// The outputs allocated and every pointer written into ``buf`` (a copy of the plan's blob). False: the inputs do
+// not match the bound ones.
+bool pack(const Plan& plan, PyObject* const* args, Py_ssize_t nargs, unsigned char* buf,
+          std::vector<at::Tensor>& outs) {
+  if (nargs != static_cast<Py_ssize_t>(plan.inputs.size())) {
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    if (!matches(plan, args[i], plan.inputs[i])) {
+      return false;
+    }
+  }
+  outs.reserve(plan.outputs.size());
+  for (const TensorSpec& spec : plan.outputs) {
+    outs.push_back(at::empty_strided(spec.sizes, spec.strides, at::TensorOptions(spec.dtype).device(plan.device)));
+  }
+  std::memcpy(buf, plan.blob.data(), plan.blob.size());
+  for (const auto& [offset, index] : plan.pointers) {
+    const at::Tensor& t = index < plan.inputs.size() ? THPVariable_Unpack(args[index])
+                                                    : outs[index - plan.inputs.size()];
+    const uint64_t ptr = reinterpret_cast<uintptr_t>(t.data_ptr());
+    std::memcpy(buf + offset, &ptr, sizeof(ptr));
+  }
+  return true;
+}
+
+PyObject* wrap_outputs(std::vector<at::Tensor>& outs) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(outs.size()));
+  if (tuple == nullptr) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    PyObject* item = THPVariable_Wrap(std::move(outs[i]));
+    if (item == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
+  }
+  return tuple;
+}
+
+}  // namespace
+
+// (eager_fast.h)
+PyObject* run_plan(PyObject* plan_obj, PyObject* const* args, Py_ssize_t nargs) {
+  Plan* plan = plan_of(plan_obj);
+  if (plan == nullptr) {
+    return nullptr;
+  }
+  if (plan->device.type() != c10::DeviceType::CUDA || !driver_ready()) {
+    return nullptr;
+  }
+  const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  void* ctx = nullptr;
+  // The kernel's module lives in the plan device's context: another current device (or none yet on this thread)
+  // goes to Triton's launch, which sets it up.
+  if (cuda->getDevice() != plan->device || g_driver.ctx_get_current(&ctx) != 0 || ctx == nullptr) {
+    return nullptr;
+  }
+  alignas(16) unsigned char buf[kMaxParamBytes];
+  std::vector<at::Tensor> outs;
+  if (!pack(*plan, args, nargs, buf, outs)) {
+    return nullptr;
+  }
+  std::array<void*, kMaxKernelParams> params{};
+  for (size_t i = 0; i < plan->offsets.size(); ++i) {
+    params[i] = buf + plan->offsets[i];
+  }
+  void* stream = cuda->getStream(plan->device).native_handle();
+  const CUresult err = g_driver.launch(reinterpret_cast<void*>(plan->function), plan->grid[0], plan->grid[1],
+                                       plan->grid[2], plan->block, 1, 1, plan->shared, stream, params.data(),
+                                       nullptr);
+  if (err != 0) {
+    const char* msg = nullptr;
+    if (g_driver.error_string == nullptr || g_driver.error_string(err, &msg) != 0) {
+      msg = "unknown error";
+    }
+    PyErr_Format(PyExc_RuntimeError, "aiter_gemm: cuLaunchKernel of a bound Triton kernel failed: %s (CUresult %d)",
+                 msg, err);
+    return nullptr;
+  }
+  return wrap_outputs(outs);
+}
+
+namespace {
+
+// triton_run(plan, *inputs) -> tuple of outputs, or None (not taken: the caller runs Triton's launch).
+PyObject* triton_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "triton_run(plan, *inputs)");
+    return nullptr;
+  }
+  PyObject* out = run_plan(args[0], args + 1, nargs - 1);
+  if (out != nullptr || PyErr_Occurred()) {
+    return out;
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// triton_plan_params(plan, *inputs) -> (bytes, outputs) | None: what a launch would pass (the packed parameters,
+// pointers written) and the outputs it allocated, without launching, on any device (tests).
+PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  Plan* plan = nargs >= 1 ? plan_of(args[0]) : nullptr;
+  if (plan == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "triton_plan_params(plan, *inputs)");
+    }
+    return nullptr;
+  }
+  alignas(16) unsigned char buf[kMaxParamBytes];
+  std::vector<at::Tensor> outs;
+  if (!pack(*plan, args + 1, nargs - 1, buf, outs)) {
+    Py_RETURN_NONE;
+  }
+  PyObject* blob = PyBytes_FromStringAndSize(reinterpret_cast<char*>(buf), static_cast<Py_ssize_t>(plan->blob.size()));
+  PyObject* tensors = blob == nullptr ? nullptr : wrap_outputs(outs);
+  if (tensors == nullptr) {
+    Py_XDECREF(blob);
+    return nullptr;
+  }
+  return Py_BuildValue("(NN)", blob, tensors);
+  END_HANDLE_TH_ERRORS
+}
+
+#define AITER_FASTCALL(fn) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fn))
+
+PyMethodDef kMethods[] = {
+    {"triton_plan", triton_plan, METH_VARARGS,
+     "triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive) -> plan"},
+    {"triton_run", AITER_FASTCALL(triton_run), METH_FASTCALL,
+     "triton_run(plan, *inputs) -> tuple of outputs | None: the bound launch, or None where it does not apply"},
+    {"triton_plan_params", AITER_FASTCALL(triton_plan_params), METH_FASTCALL,
+     "triton_plan_params(plan, *inputs) -> (bytes, outputs) | None: the packed parameters, no launch (tests)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+bool init_triton_launch(PyObject* module) {
+  return PyModule_AddFunctions(module, kMethods) == 0;
+}
+
+}  // namespace aiter_eager

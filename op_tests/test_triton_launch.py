@@ -1,0 +1,252 @@
+"""Bound Triton launches (aiter_gemm/triton_launch.py, csrc/triton_launch.cpp): the parameters packed from Triton's
+signature and the kernel's PTX (compiled for sm_90 on the CPU), the C++ checks of a later call, and on a GPU the
+same results as Triton's own launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aiter_gemm import triton_launch
+from aiter_gemm.kernels import act_quant
+from aiter_gemm.op_entry import EXT
+
+QUANT_ARGS = ("x_ptr", "q_ptr", "s_ptr", "K", "stride_xm", "stride_qm", "stride_sm", "stride_sg")
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from aiter_gemm.kernels import act_quant
+names = %r
+out = {}
+for one in ((), ("stride_sm",)):
+    sig = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
+    sig.update({n: "constexpr" if n in one else "i32" for n in names[3:]})
+    sig.update(FP8_MAX="constexpr", EPS="constexpr", GROUP_SIZE="constexpr")
+    consts = {"FP8_MAX": 448.0, "EPS": 1e-12, "GROUP_SIZE": 128, **{n: 1 for n in one}}
+    k = triton.compile(ASTSource(act_quant._quant_kernel, sig, constexprs=consts, attrs={}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    meta = {f: getattr(k.metadata, f) for f in k.metadata._fields if f != "target"}
+    out[",".join(one)] = {"meta": meta, "signature": k.src.signature, "arg_names": k.src.fn.arg_names,
+                          "ptx": k.asm["ptx"]}
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled_quant():
+    """act_quant's kernel compiled for sm_90 by the installed Triton (no GPU needed), plain and with stride_sm
+    specialized as the constant 1 (as Triton's JIT specializes an argument equal to 1): what ``plan_args`` reads of
+    a CompiledKernel. In a fresh interpreter: the Triton interpreter these tests run under cannot compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE % (QUANT_ARGS,)], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1], timeout=600)
+    if res.returncode != 0:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {res.stderr[-500:]}")
+    kernels = {}
+    for key, k in json.loads(res.stdout).items():
+        kernels[key] = SimpleNamespace(metadata=SimpleNamespace(**k["meta"]), asm={"ptx": k["ptx"]},
+                                       src=SimpleNamespace(signature=k["signature"],
+                                                           fn=SimpleNamespace(arg_names=k["arg_names"])))
+    return kernels
+
+
+def quant_call(M: int, K: int, m_major: bool):
+    x = torch.randn(M, K, dtype=torch.bfloat16)
+    q = torch.empty(M, K, dtype=torch.float8_e4m3fn)
+    s = act_quant._scale_out(M, -(-K // 128), m_major, x.device)
+    args = dict(zip(QUANT_ARGS, (x, q, s, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1))))
+    return x, q, s, args
+
+
+def test_ptx_params_reads_the_entry_and_refuses_by_value_arrays():
+    ptx = ".entry k(\n .param .u64 .ptr .global .align 1 k_param_0,\n .param .u32 k_param_1,\n .param .f32 k_p2\n)"
+    assert triton_launch.ptx_params(ptx, "k") == ["u64", "u32", "f32"]
+    with pytest.raises(triton_launch.Unsupported, match="not a scalar"):
+        triton_launch.ptx_params(".entry k(\n .param .align 64 .b8 k_param_0[128]\n)", "k")
+    with pytest.raises(triton_launch.Unsupported, match="no .entry"):
+        triton_launch.ptx_params(ptx, "other")
+
+
+def test_plan_args_follow_the_signature_and_the_ptx(compiled_quant):
+    compiled = compiled_quant[""]
+    x, q, s, args = quant_call(3, 1000, m_major=True)
+    pa = triton_launch.plan_args(compiled, (3, 8), args, (x,), (q, s))
+    ptx = triton_launch.ptx_params(compiled.asm["ptx"], compiled.metadata.name)
+    assert ptx[:8] == ["u64"] * 3 + ["u32"] * 5 and all(t == "u64" for t in ptx[8:])  # trailing scratch pointers
+    assert pa.grid == (3, 8, 1) and pa.block == 32 and pa.pointers == (0, 0, 1, 1, 2, 2)
+    ints = struct.pack("<5i", 1000, 1000, 1000, 1, 3)
+    assert pa.blob == bytes(24) + ints + bytes(-(24 + 20) % 8) + bytes(8 * (len(ptx) - 8))
+    assert pa.offsets[:8] == (0, 8, 16, 24, 28, 32, 36, 40)
+    assert pa.inputs == ((torch.bfloat16, (3, 1000), (1000, 1), x.data_ptr() % 16 == 0),)
+    assert pa.outputs[1] == (torch.float32, (3, 8), (1, 3), False)
+
+
+def test_plan_args_skip_arguments_specialized_as_constants(compiled_quant):
+    compiled = compiled_quant["stride_sm"]
+    x, q, s, args = quant_call(1, 256, m_major=True)
+    pa = triton_launch.plan_args(compiled, (1, 2), args, (x,), (q, s))
+    assert pa.blob[24:40] == struct.pack("<4i", 256, 256, 256, 1)  # K, stride_xm, stride_qm, stride_sg
+    assert len(pa.offsets) == len(triton_launch.ptx_params(compiled.asm["ptx"], compiled.metadata.name))
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda a: a.update(q_ptr=torch.empty(1)), "neither an input nor an output"),
+    (lambda a: a.update(K=2 ** 40), "does not fit"),
+    (lambda a: a.pop("K"), "was not given"),
+])
+def test_plan_args_refuse_what_they_cannot_pack(change, reason, compiled_quant):
+    compiled = compiled_quant[""]
+    x, q, s, args = quant_call(3, 256, m_major=False)
+    change(args)
+    with pytest.raises(triton_launch.Unsupported, match=reason):
+        triton_launch.plan_args(compiled, (3, 2), args, (x,), (q, s))
+
+
+def test_plan_args_refuse_an_abi_they_do_not_know(monkeypatch, compiled_quant):
+    compiled = compiled_quant[""]
+    x, q, s, args = quant_call(3, 256, m_major=False)
+
+    class Fewer:  # a PTX entry with one parameter less than the signature's arguments
+        metadata, src = compiled.metadata, compiled.src
+        asm = {"ptx": compiled.asm["ptx"].replace(",\n\t.param .u32 _quant_kernel_param_7", "", 1)}
+    assert Fewer.asm["ptx"] != compiled.asm["ptx"]
+    with pytest.raises(triton_launch.Unsupported, match="not the Triton ABI"):
+        triton_launch.plan_args(Fewer, (3, 2), args, (x,), (q, s))
+
+
+@pytest.fixture
+def ext():
+    if EXT is None or not hasattr(EXT, "triton_plan"):
+        pytest.skip("the C++ eager extension (with bound launches) is not built")
+    return EXT
+
+
+def test_cpp_plan_packs_pointers_and_checks_later_calls(ext, compiled_quant):
+    compiled = compiled_quant[""]
+    x, q, s, args = quant_call(5, 300, m_major=True)
+    pa = triton_launch.plan_args(compiled, (5, 3), args, (x,), (q, s))
+    plan = ext.triton_plan(0x1234, *pa, compiled)
+    x2 = torch.randn(5, 300, dtype=torch.bfloat16)
+    blob, (q2, s2) = ext.triton_plan_params(plan, x2)
+    assert q2.dtype == q.dtype and q2.shape == q.shape and s2.stride() == (1, 5)
+    want = bytearray(pa.blob)
+    for off, t in zip(pa.offsets[:3], (x2, q2, s2)):
+        want[off:off + 8] = struct.pack("<Q", t.data_ptr())
+    assert blob == bytes(want)
+    assert ext.triton_run(plan, x2) is None  # a CPU plan never launches
+    class Sub(torch.Tensor):
+        pass
+
+    for other in (torch.randn(5, 301, dtype=torch.bfloat16), torch.randn(5, 300),
+                  torch.randn(5, 600, dtype=torch.bfloat16)[:, :300], x2.as_subclass(Sub)):
+        assert ext.triton_plan_params(plan, other) is None, other.shape
+    assert ext.triton_plan_params(plan) is None and ext.triton_plan_params(plan, x2, x2) is None
+
+
+def test_cpp_plan_refuses_a_misaligned_pointer_the_kernel_assumed_aligned(ext, compiled_quant):
+    compiled = compiled_quant[""]
+    x, q, s, args = quant_call(2, 256, m_major=False)
+    plan = ext.triton_plan(1, *triton_launch.plan_args(compiled, (2, 2), args, (x,), (q, s)), compiled)
+    base = torch.randn(2 * 256 + 1, dtype=torch.bfloat16)
+    odd = base[1:].view(2, 256)  # 2-byte offset: same sizes and strides, not 16-byte aligned
+    assert odd.data_ptr() % 16 and ext.triton_plan_params(plan, odd) is None
+    assert ext.triton_plan_params(plan, base[:512].view(2, 256)) is not None
+
+
+def test_bind_declines_without_a_loaded_kernel(caplog, compiled_quant):
+    compiled = compiled_quant[""]  # never loaded: no CUfunction
+    x, q, s, args = quant_call(2, 256, m_major=False)
+    with caplog.at_level("INFO", logger="aiter_gemm"):
+        assert triton_launch.bind(compiled, (2, 2), args, (x,), (q, s)) is None
+    assert "keeps Triton's launcher" in caplog.text
+
+
+# ---- GPU: the bound launch gives what Triton's launch gives --------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3, 17, 97])
+@pytest.mark.parametrize("K", [1000, 4096, 7168])
+@pytest.mark.parametrize("m_major", [False, True])
+def test_quant_bound_launch_is_bit_identical_to_triton(M, K, m_major):
+    if EXT is None:
+        pytest.skip("the C++ eager extension is not built")
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda") * 3
+    act_quant._PLANS.clear()
+    q0, s0 = act_quant.per_token_group_quant_fp8(x, m_major)       # Triton's launch, binds the plan
+    plan = act_quant._PLANS[(x.shape, x.stride(), x.dtype, x.device, m_major)]
+    assert plan is not None
+    x2 = x.clone()
+    q1, s1 = EXT.triton_run(plan, x2)                                # the bound launch, directly
+    q2, s2 = act_quant.per_token_group_quant_fp8(x2, m_major)      # through the cache
+    torch.cuda.synchronize()
+    for q, s in ((q1, s1), (q2, s2)):
+        assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
+        assert s.stride() == s0.stride()
+
+
+@pytest.mark.gpu
+def test_quant_bound_launch_on_a_side_stream_and_in_a_graph():
+    if EXT is None:
+        pytest.skip("the C++ eager extension is not built")
+    x = torch.randn(8, 4096, dtype=torch.bfloat16, device="cuda")
+    ref = act_quant.per_token_group_quant_fp8(x, True)
+    act_quant.per_token_group_quant_fp8(x, True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        q, s = act_quant.per_token_group_quant_fp8(x, True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(q.view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(s, ref[1])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gq, gs = act_quant.per_token_group_quant_fp8(x, True)
+    x.mul_(2)
+    g.replay()
+    want = act_quant.per_token_group_quant_fp8_ref(x, True)
+    torch.cuda.synchronize()
+    assert torch.equal(gq.view(torch.uint8), want[0].view(torch.uint8)) and torch.allclose(gs, want[1])
+
+
+# ---- the quantizer's plan cache (CPU: fake plans) --------------------------------------------------------------
+def test_quant_runs_a_cached_plan_and_falls_back_when_it_declines(monkeypatch):
+    x = torch.randn(4, 256)
+    key = (x.shape, x.stride(), x.dtype, x.device, True)
+    calls = []
+    monkeypatch.setattr(act_quant, "_PLANS", {key: "plan"})
+    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: calls.append((plan, t)) or answer)
+    answer = ("q", "s")
+    assert act_quant.per_token_group_quant_fp8(x, True) == answer and calls == [("plan", x)]
+    answer = None  # the plan declines (another stream's device, a misaligned view...): Triton's launch runs
+    q, s = act_quant.per_token_group_quant_fp8(x, True)
+    ref_q, ref_s = act_quant.per_token_group_quant_fp8_ref(x, True)
+    assert torch.equal(q.float(), ref_q.float()) and torch.allclose(s, ref_s) and s.stride() == (1, 4)
+    assert len(calls) == 2 and act_quant.per_token_group_quant_fp8(x, False)[1].stride() == (2, 1)
+    assert len(calls) == 2  # another key: no plan asked
+
+
+def test_quant_binds_a_shape_once_and_never_a_copied_input(monkeypatch):
+    bound = []
+    monkeypatch.setattr(act_quant, "_PLANS", {})
+    monkeypatch.setattr(act_quant, "INTERPRET", False)  # binding is for compiled launches; the kernel still runs
+    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: None)
+    monkeypatch.setattr(triton_launch, "bind", lambda compiled, grid, args, inputs, outputs:
+                        bound.append((grid, inputs, outputs)) or None)
+    x = torch.randn(3, 300)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    act_quant.per_token_group_quant_fp8(x, True)
+    act_quant.per_token_group_quant_fp8(x, True)  # cached as None: Triton's launch, no second bind
+    assert len(bound) == 1 and bound[0][0] == (3, 3) and bound[0][1] == (x,)
+    assert [t.shape for t in bound[0][2]] == [(3, 300), (3, 3)]
+    act_quant.per_token_group_quant_fp8(torch.randn(300, 3).t(), True)  # copied to contiguous: nothing bound
+    assert len(bound) == 1
