@@ -204,6 +204,8 @@ def report_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mode", default="graph")
     ap.add_argument("--set", default=None, help="comma list: only these sets")
     ap.add_argument("--max-m", type=int, default=None, help="only shapes with M up to this (e.g. 256: decode)")
+    ap.add_argument("--not-lib", default=None, help="only rows whose decision's libtype is not this (torch: the "
+                    "shapes where the dispatch runs something other than plain F.linear)")
     ap.add_argument("--cell", choices=("ratio", "ratio+lib", "us", "roof"), default="ratio")
     ap.add_argument("--bars", default="graph=0.98,eager=0.97")
     ap.add_argument("--identical", action="store_true", help="summary: add the identical-calls spread")
@@ -236,6 +238,8 @@ def _table(args: argparse.Namespace, files: list[str]) -> str:
         rows = [r for r in rows if r["set"] in keep]
     if args.max_m is not None:
         rows = [r for r in rows if int(r["M"]) <= args.max_m]
+    if args.not_lib:
+        rows = [r for r in rows if r.get("libtype") != args.not_lib]
     if args.table == "summary":
         bars = {k: float(v) for k, v in (b.split("=") for b in args.bars.split(",") if b)}
         return rep.summary(rows, args.provider, bars, args.identical)

@@ -67,6 +67,8 @@ class Roofline:
 # bandwidth. Other devices: pass --peak_tflops / --peak_bw.
 ROOFLINES: tuple[tuple[str, int, str, Roofline], ...] = (
     ("sm_90", 132, "H100", Roofline(790e12, 3.0e12, "H100 SXM, measured")),
+    ("sm_90", 132, "H200", Roofline(768e12, 4.16e12, "NVIDIA H200, measured: "
+                                    "benchmarks/results/roofline/h200_04f7390/roofline_H200.csv")),
 )
 #: Dense FP8 tensor-core peak, FLOP/s, from the datasheet (no sparsity): the block-scale op's compute roof (its bytes
 #: take the bandwidth of :data:`ROOFLINES`). 1979 TFLOP/s is the Hopper SXM value, the H100 SXM's and the H200 SXM's.

@@ -107,7 +107,8 @@ def test_the_logged_entry_is_what_the_table_looks_up(monkeypatch):
     text = roofline.entry_text(rows, H200, "benchmarks/results/roofline/h200_abc1234/roofline_H200.csv")
     entry = eval(text, {"Roofline": Roofline})[0]
     assert entry[:3] == ("sm_90", 132, "H200")
-    monkeypatch.setattr(results, "ROOFLINES", (*results.ROOFLINES, entry))
+    others = tuple(e for e in results.ROOFLINES if e[2] != "H200")
+    monkeypatch.setattr(results, "ROOFLINES", (*others, entry))
     roof = roofline_for(H200)
     assert roof is entry[3] and roofline_for(H100) is results.ROOFLINES[0][3]
     assert roof.flops == pytest.approx(2 * 8192 ** 3 / BASE_US["flinear"] * 1e6, rel=2e-3)
@@ -126,3 +127,22 @@ def test_fp8_peak_found_by_the_roofline_match(ident, peak):
     """The datasheet FP8 peak is looked up as ROOFLINES are, (gfx, cu_num, name substring): the H100 and H200 SXM
     have it, other devices none."""
     assert fp8_peak_for(ident) == peak
+
+
+def test_each_measured_entry_is_its_raw_files_maxima():
+    """Every ROOFLINES entry that names a raw file under benchmarks/results/ holds that file's graph maxima, as
+    entry_text rounds them (no typed number)."""
+    import csv
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    checked = 0
+    for gfx, cu, name, roof in results.ROOFLINES:
+        path = next((w for w in roof.source.split() if w.startswith("benchmarks/results/")), None)
+        if path is None:
+            continue
+        rows = list(csv.DictReader((repo / path).open()))
+        ident = DeviceIdentity(gfx, cu, "cuda", f"NVIDIA {name}")
+        assert eval(roofline.entry_text(rows, ident, path), {"Roofline": Roofline})[0] == (gfx, cu, name, roof)
+        checked += 1
+    assert checked
