@@ -8,7 +8,8 @@ AITER computes it), or the op's baseline (the library call) faster by any margin
 call: falling back to it risks nothing), or when the incumbent cannot run here any more; with
 ``--update_improved`` exactly those rows are written (replaced or added) and every other row of the file is left as
 it was; without it the tuned file is not touched and the winners go to a candidate copy (:func:`candidate_path`).
-This is the answer to a stale file after a driver or library upgrade: ``gemm-tuner -i tuned.csv -o tuned.csv --all --compare --update_improved``.
+This is the answer to a stale file after a driver or library upgrade:
+``gemm-tuner -i tuned.csv -o tuned.csv --all --compare --update_improved``.
 
 ``--run_config [FILE]``: time the rows of FILE on this device (or, with no FILE, the runtime's default for the input
 shapes) against the op's baseline (``F.linear``) and print the table; nothing is written.
