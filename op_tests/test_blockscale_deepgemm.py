@@ -350,3 +350,32 @@ def test_gpu_warm_then_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(got, want)
+
+
+# ---- the device script -----------------------------------------------------------------------------------------------
+def test_device_script_commands_parse_for_an_h200(tmp_path):
+    """``DRY_RUN=1 fp8_deepgemm.sh`` prints its five steps, each a command its program accepts on an H200 (the
+    harness's providers and shape sets included); the warm-up program compiles."""
+    import re
+    import shlex
+
+    from op_tests.test_record_script import DEVICE, STEP_LINE, bash, check_command
+
+    res = bash(DEVICE / "fp8_deepgemm.sh", {"DRY_RUN": "1", "OUT": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    lines = [m.groups() for m in map(STEP_LINE.match, res.stdout.splitlines()) if m]
+    assert [name for name, _, _ in lines] == ["tests", "dg_warm", "bench", "tune", "bench_tuned"]
+    assert sum(int(limit) for _, limit, _ in lines) <= 420  # the call's 7 minutes
+    (tmp_path / "prefill_shapes.csv").write_text("M,N,K\n4096,2112,7168\n")  # written by the script before "tune"
+    (tmp_path / "dg_tuned.csv").write_text(HEADER)  # written by "tune"
+    progs = []
+    for name, _, cmd in lines:
+        if name == "tests":
+            assert shlex.split(cmd)[-1] == "op_tests/test_blockscale_deepgemm.py"
+        elif name == "dg_warm":  # printed as bash's $'...': its program is read from the script
+            text = (DEVICE / "fp8_deepgemm.sh").read_text()
+            program = re.search(r'step dg_warm \d+ python -c "(.*?)" "\$SETS"', text, re.S).group(1)
+            compile(program, "dg_warm", "exec")
+        else:
+            progs.append(check_command(shlex.split(cmd), tmp_path))
+    assert progs == ["benchmarks.run", "gradlib.tune_a8w8_blockscale", "benchmarks.run"]
