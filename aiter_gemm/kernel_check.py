@@ -55,7 +55,7 @@ WARMUP, ITERS = 10, 50
 #: --op -> (the op's name, the libtypes checked here; None: every backend of the op's package).
 OPS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "a16w16": ("gemm_a16w16", None),
-    "a8w8_blockscale": ("gemm_a8w8_blockscale", ("triton", "tilelang", "torch")),
+    "a8w8_blockscale": ("gemm_a8w8_blockscale", ("triton", "tilelang", "torch", "deepgemm")),
 }
 _SOLUTION_KEYS = {f.name for f in fields(Solution)}
 NO_CUDA = "--bench: times with CUDA events and needs a CUDA GPU; this machine has none"
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "on one shape.", formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", required=True, choices=sorted(OPS), help="the op")
     ap.add_argument("--libtype", required=True, help="the backend (a16w16: every backend the dispatcher knows; "
-                    "a8w8_blockscale: triton, tilelang, torch)")
+                    "a8w8_blockscale: triton, tilelang, torch, deepgemm)")
     ap.add_argument("--shape", required=True, help="M,N,K")
     ap.add_argument("--config", default="default", help="a kernelName as the CSVs write it, a JSON object, an "
                     "integer solidx, or default (the libtype's default for the shape)")

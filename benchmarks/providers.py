@@ -12,7 +12,9 @@ function: the whole dispatch path), ``default`` (the runtime's heuristic default
 one provider per backend of the op (``torch``, ``cublaslt``, ``triton``, ``skinny``; the block-scale op's ``triton`` and
 ``torch``) taking a kernelName as ``arg`` (without one: the backend's own default for the shape). Besides:
 ``maxautotune`` (``torch.compile(mode="max-autotune-no-cudagraphs")`` of ``F.linear``, GPU only), ``torch_blockscale``
-(the plain per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it) and, for both
+(the plain per-call ``F.scaled_mm`` with block scales, torch's block-scaled matmul as a user calls it), ``deepgemm``
+(DeepGEMM's ``fp8_gemm_nt`` as a user calls it; it takes the name of the op's ``deepgemm`` backend, which runs
+through ``dispatch`` where a tuned row names it) and, for both
 ops, ``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` against it is the fraction of that floor).
 ``fused_moe`` has ``dispatch``, ``default``, its backends (``triton:<kernelName1;kernelName2>``, ``torch:grouped_mm``,
 ``torch:loop``), ``grouped_mm`` (transformers' grouped_mm experts forward, the baseline of record) and ``weight_read``
@@ -351,6 +353,19 @@ def _torch_blockscale(ctx: Context, arg: str) -> Call:
     return lambda i: torch_bs.gemm_a8w8_blockscale_torch(*sets[i], p.otype)
 
 
+def _deepgemm(ctx: Context, arg: str) -> Call:
+    """DeepGEMM's ``fp8_gemm_nt`` as a user calls it: per call the output allocated and the operands, scales
+    included, passed as the harness lays them out (DeepGEMM transforms x_scale itself where it needs to)."""
+    from aiter_gemm.kernels import a8w8_blockscale_deepgemm as dg
+
+    p = ctx.problem
+    why = dg.unavailable_reason(ctx.device) or dg.shape_error(p.M, p.N, p.K, p.otype)
+    if why is not None:
+        raise Unavailable(why)
+    sets = ctx.sets
+    return lambda i: dg.gemm_a8w8_blockscale_deepgemm(*sets[i], p.otype)
+
+
 for _op in (A16W16, BLOCKSCALE, MOE):
     register_provider(Provider("dispatch", _op, f"aiter_gemm.{_op}: the whole dispatch path", _dispatch,
                                check=_no_argument))
@@ -377,3 +392,6 @@ register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no
                            _maxautotune, check=_no_argument))
 register_provider(Provider("torch_blockscale", BLOCKSCALE, "plain per-call F.scaled_mm with block scales",
                            _torch_blockscale, check=_no_argument))
+# The user's call of DeepGEMM, under the backend's name: the op's deepgemm backend runs through ``dispatch``.
+register_provider(Provider("deepgemm", BLOCKSCALE, "DeepGEMM's fp8_gemm_nt as a user calls it, per call (deep_gemm "
+                           "installed, sm_90)", _deepgemm, check=_no_argument))

@@ -31,7 +31,7 @@ from aiter_gemm.fileio import read_csv_rows
 from benchmarks import legacy
 from benchmarks.hf_summary import arm_times, summarize
 
-LIB = {"cublaslt": "c", "skinny": "s", "triton": "t", "tilelang": "l", "torch": "f"}
+LIB = {"cublaslt": "c", "skinny": "s", "triton": "t", "tilelang": "l", "torch": "f", "deepgemm": "d"}
 DEFAULT_BARS = {"graph": 0.98, "eager": 0.97}
 
 

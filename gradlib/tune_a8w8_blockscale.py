@@ -14,7 +14,8 @@ registered launchers) to time instead. ``--libtype`` (default ``triton,torch`` o
 ``torch`` adds torch's block-scaled ``F.scaled_mm`` (cuBLASLt) where it supports the shape; when it wins, the row
 and JSON bucket say ``libtype=torch``. ``tilelang`` (default where TileLang is installed and the GPU is sm_90) adds
 :func:`~aiter_gemm.kernels.a8w8_blockscale_tilelang.config_space`; its kernels are compiled in parallel, before any
-is timed, into TileLang's disk cache (:func:`gradlib.driver.precompile`).
+is timed, into TileLang's disk cache (:func:`gradlib.driver.precompile`). ``deepgemm`` (default where ``deep_gemm``
+imports and the GPU is sm_90) adds DeepGEMM's ``fp8_gemm_nt`` (one candidate; its JIT called once per shape first).
 Each candidate runs in a worker of the crash-isolated pool (``--mp``,
 ``--timeout``, ``--ray``), is checked against the float32 dequantized reference (``err_ratio`` <= ``--errRatio``)
 and timed with CUDA-graph replay over rotating inputs larger than twice the L2. One shape's candidates are split into
@@ -51,6 +52,7 @@ from aiter_gemm.device import REFERENCE_ARCH, REFERENCE_CU, DeviceIdentity
 from aiter_gemm.dtypes import OUT_DTYPES, parse_dtype
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import render_csv
+from aiter_gemm.kernels import a8w8_blockscale_deepgemm as deepgemm_impl
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import VARIANTS
@@ -94,19 +96,25 @@ DEFAULT_MS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Interpreted Triton on CPU (tests): ~50 ms a launch at N = K = 256, so a few launches per candidate.
 CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budget_s=0.2)
 log = logging.getLogger("gradlib")
-OP_LIBTYPES = ("triton", torch_impl.LIBTYPE, tilelang_impl.TileLangConfig.libtype)
+OP_LIBTYPES = ("triton", torch_impl.LIBTYPE, tilelang_impl.TileLangConfig.libtype, deepgemm_impl.LIBTYPE)
+#: The optional implementations: libtype -> its kernel module, whose ``unavailable_reason()`` says why it cannot run
+#: here (None: it can).
+OPTIONAL = {tilelang_impl.TileLangConfig.libtype: tilelang_impl, deepgemm_impl.LIBTYPE: deepgemm_impl}
 
 
 def default_libtypes(on_gpu: bool) -> tuple[str, ...]:
-    """Every implementation that can run here: on a GPU triton and torch, plus tilelang where it is installed and
-    the GPU is sm_90 (its absence is said once, not an error); on CPU triton (interpreter)."""
+    """Every implementation that can run here: on a GPU triton and torch, plus tilelang and deepgemm where they are
+    installed and the GPU is sm_90 (an absence is said once, not an error); on CPU triton (interpreter)."""
     if not on_gpu:
         return ("triton",)
-    why = tilelang_impl.unavailable_reason()
-    if why is not None:
-        log.info("tilelang candidates not timed: %s", why)
-        return ("triton", torch_impl.LIBTYPE)
-    return OP_LIBTYPES
+    out = []
+    for lib in OP_LIBTYPES:
+        why = OPTIONAL[lib].unavailable_reason() if lib in OPTIONAL else None
+        if why is not None:
+            log.info("%s candidates not timed: %s", lib, why)
+        else:
+            out.append(lib)
+    return tuple(out)
 
 
 DESCRIPTION = ("Tune the A8W8 block-scale GEMM per (M, N, K): write the tuned CSV rows and the per-(N, K) JSON files "
@@ -182,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     srch.add_argument("--quick", action="store_true", help="a short hand-picked config list per M class")
     srch.add_argument("--libtype", type=name_list,
                       help="implementations to time: triton (our kernels), torch (F.scaled_mm block-wise, "
-                      "cuBLASLt), tilelang (our TileLang kernels, sm_90); default all that run here (a GPU: "
-                      "triton,torch and tilelang where installed), triton on CPU")
+                      "cuBLASLt), tilelang (our TileLang kernels, sm_90), deepgemm (DeepGEMM's fp8_gemm_nt, sm_90); "
+                      "default all that run here (a GPU: triton,torch, tilelang and deepgemm where installed), "
+                      "triton on CPU")
     srch.add_argument("--variants", type=name_list, help=f"only these variants (comma list of {', '.join(VARIANTS)})")
     srch.add_argument("--candidates", type=name_list,
                       help="time exactly these kernelNames (or names registered by a --plugin) instead")
@@ -234,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_gpu = devices[0] is not None
         if torch_impl.LIBTYPE in (args.libtype or ()) and not on_gpu:
             raise UsageError(f"--libtype torch: {torch_impl.unavailable_reason(torch.device('cpu'))}")
+        for lib in (lib for lib in args.libtype or () if lib in OPTIONAL):
+            why = OPTIONAL[lib].unavailable_reason() if on_gpu else f"{lib} runs on an sm_90 GPU, not on CPU"
+            if why is not None:
+                raise UsageError(f"--libtype {lib}: {why}")
         libtypes = tuple(args.libtype or default_libtypes(on_gpu))
         if args.sglang_dir and tilelang_impl.TileLangConfig.libtype not in libtypes:
             why = tilelang_impl.unavailable_reason() or "add it to --libtype"

@@ -2,8 +2,9 @@
 
 This module is the op's :class:`~aiter_gemm.opspec.OpSpec` (:data:`GEMM_A8W8_BLOCKSCALE`), its file formats and its
 public entry points; the implementations are its backends in :mod:`aiter_gemm.backends.a8w8_blockscale`
-(``triton``: our kernels; ``torch``: torch's block-scaled ``F.scaled_mm``). Which one runs a shape (M, N, K) is
-decided once per shape, in the dispatcher's order (docs/design.md):
+(``triton``: our kernels; ``torch``: torch's block-scaled ``F.scaled_mm``; ``tilelang``; ``deepgemm``: DeepGEMM's
+``fp8_gemm_nt`` where ``deep_gemm`` is installed). Which one runs a shape (M, N, K) is decided once per shape, in
+the dispatcher's order (docs/design.md):
 
 1. a row of the ``GEMM_A8W8_BLOCKSCALE`` table (``AITER_CONFIG_GEMM_A8W8_BLOCKSCALE``, default the shipped
    ``configs/a8w8_blockscale_tuned_gemm.csv``) keyed ``gfx, cu_num, M, N, K``, exact M first, then M padded as AITER
@@ -11,16 +12,16 @@ decided once per shape, in the dispatcher's order (docs/design.md):
    ``gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio``. ``libtype`` ``triton``: our
    kernel, ``kernelName`` is :attr:`BlockscaleConfig.name` (e.g. ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3``,
    then optionally ``_NS2``, ``_TMA``, ``_WS``) and ``splitK`` must equal its split count (0 or 1 when unsplit);
-   ``libtype`` ``torch``: ``kernelName`` ``scaled_mm_blockwise``. ``kernelId`` is the candidate's index in the
-   tuner's listing (informational). A malformed row (its :class:`ConfigError` names file, line and column) and a
-   well-formed choice that cannot run the shape here (or torch's where this torch/GPU lacks it) are misses (warned
-   once).
+   ``libtype`` ``torch``: ``kernelName`` ``scaled_mm_blockwise``; ``libtype`` ``deepgemm`` (DeepGEMM, optional):
+   ``deepgemm_fp8_gemm_nt``. ``kernelId`` is the candidate's index in the tuner's listing (informational). A
+   malformed row (its :class:`ConfigError` names file, line and column) and a well-formed choice that cannot run
+   the shape here (torch's or DeepGEMM's where this machine lacks it) are misses (warned once).
 2. the per-device JSON ``{arch}-GEMM-A8W8_BLOCKSCALE-N={N}-K={K}.json``, searched in the folders of
    ``AITER_GEMM_TRITON_CONFIGS`` (colon-separated) and then the shipped ``configs/triton/``. Its keys are M buckets
    (:mod:`aiter_gemm.jsonconfigs`: ``M_LEQ_<n>``, ``small_M`` / ``medium_M`` / ``large_M`` = M <= 256 / 2048 / any,
    ``any``), each mapped to a config object that the backend its ``libtype`` names parses (none: ``triton``,
-   :meth:`BlockscaleConfig.to_json`; ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}``; a
-   ``tilelang`` :meth:`TileLangConfig.to_json`). The tuner writes one ``M_LEQ_<m>`` per tuned M
+   :meth:`BlockscaleConfig.to_json`; ``{"libtype": "torch", "kernelName": "scaled_mm_blockwise"}`` or its
+   ``deepgemm`` twin; a ``tilelang`` :meth:`TileLangConfig.to_json`). The tuner writes one ``M_LEQ_<m>`` per tuned M
    plus ``any`` for the largest (:func:`buckets_from_tuned`): the best variant changes between M = 16 (swapAB,
    split-K) and M = 256 (base) and again above 1024 (larger tiles).
    Below those, SGLang's TileLang files (``AITER_GEMM_SGLANG_TILELANG_DIR``, this device's name; nearest M as
@@ -49,6 +50,7 @@ from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.dispatch import dispatcher_for
 from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.jsonconfigs import NAMED_BUCKETS, JSONConfigError, JsonLevel, select_bucket, write_buckets
+from aiter_gemm.kernels import a8w8_blockscale_deepgemm as deepgemm_impl
 from aiter_gemm.kernels import a8w8_blockscale_tilelang as tilelang_impl
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import (
@@ -57,6 +59,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
     dequantize_blockscale,
     quantize_blockscale,
 )
+from aiter_gemm.kernels.a8w8_blockscale_deepgemm import DeepGemmFP8
 from aiter_gemm.kernels.a8w8_blockscale_tilelang import TileLangConfig
 from aiter_gemm.kernels.a8w8_blockscale_torch import TorchBlockwise
 from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
@@ -69,7 +72,8 @@ from aiter_gemm.timing import rotating_sets
 __all__ = [
     "BLOCKSCALE_TUNED_COLUMNS", "BLOCKSCALE_UNTUNED_COLUMNS", "GEMM_A8W8_BLOCKSCALE", "KIND", "LIBTYPE", "LIBTYPES",
     "UNTUNED_FILE", "X_SCALE_LAYOUTS",
-    "Choice", "JSONConfigError", "TorchBlockwise", "buckets_from_tuned", "choice_error", "choice_of", "config_space",
+    "Choice", "DeepGemmFP8", "JSONConfigError", "TorchBlockwise", "buckets_from_tuned", "choice_error", "choice_of",
+    "config_space",
     "call_runner", "csv_row", "gemm_a8w8_blockscale", "get_GEMM_A8W8_BLOCKSCALE_config", "json_config_path",
     "make_inputs", "parse_choice", "read_json_configs", "select_bucket", "solution_of", "write_json_configs",
     "x_scale_m_major",
@@ -77,9 +81,9 @@ __all__ = [
 
 KIND = "GEMM_A8W8_BLOCKSCALE"
 LIBTYPE = BlockscaleConfig.libtype
-LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE, TileLangConfig.libtype)
-#: What runs a shape: one of our Triton configs, torch's block-scaled matmul, or one of our TileLang configs.
-Choice = BlockscaleConfig | TorchBlockwise | TileLangConfig
+LIBTYPES = (LIBTYPE, torch_impl.LIBTYPE, TileLangConfig.libtype, deepgemm_impl.LIBTYPE)
+#: What runs a shape: one of our Triton configs, torch's block-scaled matmul, one of our TileLang configs, or DeepGEMM.
+Choice = BlockscaleConfig | TorchBlockwise | TileLangConfig | DeepGemmFP8
 BLOCKSCALE_UNTUNED_COLUMNS = ("M", "N", "K")
 #: AITER's untuned shape list of this op; captured shapes (``AITER_TUNE_GEMM=1``) go to this name in the folder of
 #: ``AITER_UNTUNED_GEMM_FILE`` (default: the working directory).
@@ -93,15 +97,19 @@ BLOCKSCALE_TUNED_COLUMNS = ("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId
 
 #: libtype -> the choice class whose ``from_name`` parses its kernelNames (rows are checked against it).
 CHOICES: dict[str, type] = {LIBTYPE: BlockscaleConfig, torch_impl.LIBTYPE: TorchBlockwise,
-                            TileLangConfig.libtype: TileLangConfig}
+                            TileLangConfig.libtype: TileLangConfig, deepgemm_impl.LIBTYPE: DeepGemmFP8}
+#: The parameterless choices, by their one kernelName.
+NAMED_CHOICES: dict[str, type] = {torch_impl.NAME: TorchBlockwise, deepgemm_impl.NAME: DeepGemmFP8}
 
 
 def parse_choice(name: str) -> Choice:
-    """The choice a ``kernelName`` names (torch's :data:`~aiter_gemm.kernels.a8w8_blockscale_torch.NAME`, a TileLang
-    config name ``<type>-BM.._BN.._BK.._S.._T.._SK..``, or a Triton config name ``<variant>-BM.._BN.._BK.._GM..``:
-    the two grammars differ after ``BK``); ValueError saying what is wrong."""
-    if name.strip() == torch_impl.NAME:
-        return TorchBlockwise()
+    """The choice a ``kernelName`` names (torch's :data:`~aiter_gemm.kernels.a8w8_blockscale_torch.NAME` or
+    DeepGEMM's :data:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.NAME`, a TileLang config name
+    ``<type>-BM.._BN.._BK.._S.._T.._SK..``, or a Triton config name ``<variant>-BM.._BN.._BK.._GM..``: the two
+    grammars differ after ``BK``); ValueError saying what is wrong."""
+    named = NAMED_CHOICES.get(name.strip())
+    if named is not None:
+        return named()
     return (TileLangConfig if tilelang_impl.is_config_name(name) else BlockscaleConfig).from_name(name)
 
 

@@ -27,6 +27,16 @@ need_tilelang() {
   fi
 }
 
+# need_deepgemm PACK: unpack a built DeepGEMM package (the folder holding deep_gemm/, built against this torch:
+# docs/deepgemm.md) to /tmp/dg unless deep_gemm imports; its JIT compiles with $CUDA_HOME's nvcc into $DG_JIT_CACHE_DIR.
+need_deepgemm() {
+  dry && return 0
+  export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dg_jit}
+  if ! python -c "import deep_gemm" 2>/dev/null && [ -f "$1" ]; then
+    mkdir -p /tmp/dg && tar -xJf "$1" -C /tmp/dg && export PYTHONPATH="$PYTHONPATH:/tmp/dg"
+  fi
+}
+
 # quoted WORD...: the words as a shell reads them back, quoted only where they need it.
 quoted() {
   local w out=()
@@ -101,6 +111,7 @@ env_header() {
     python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
     python -c "import nvmath; print('nvmath', nvmath.__version__)" 2>&1 | tail -n 1
     python -c "import tilelang; print('tilelang', tilelang.__version__)" 2>&1 | tail -n 1
+    python -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)" 2>&1 | tail -n 1
     python -c "from aiter_gemm import eager_ext; from aiter_gemm.ops import a16w16 as ops; print('eager_ext', 'loaded' if ops.EAGER_EXT else eager_ext.status)" 2>&1 | tail -n 1
     echo "commit ${COMMIT:-unknown}"
   } >> "$1" 2>&1
