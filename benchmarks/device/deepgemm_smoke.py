@@ -80,22 +80,17 @@ def errors(out, ref) -> dict:
 
 
 def timed(fn: Callable[[], None], iters: int, torch) -> dict:
-    """First call's wall time (includes the JIT compile or a disk-cache load), then the mean of `iters` calls."""
+    """First call's wall time (includes the JIT compile or a disk-cache load), then the mean of `iters` calls after 3
+    untimed ones (aiter_gemm.timing.ms_per_call: CUDA events)."""
+    from aiter_gemm.timing import ms_per_call
+
     t = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     first = time.perf_counter() - t
     if iters <= 0:
         return {"first_call_s": round(first, 3)}
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return {"first_call_s": round(first, 3), "us": round(start.elapsed_time(end) * 1e3 / iters, 2)}
+    return {"first_call_s": round(first, 3), "us": round(ms_per_call(fn, iters, True, warmup=3) * 1e3, 2)}
 
 
 def fp8_dense(dg, torch, m: int, n: int, k: int, iters: int, pretransform: bool) -> dict:
