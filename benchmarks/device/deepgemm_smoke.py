@@ -180,7 +180,7 @@ def main() -> int:
     p.add_argument("--m", default="1,64,4096", help="M values of the dense FP8 cases")
     p.add_argument("--iters", type=int, default=10, help="timed calls a dense case (0: the first call only)")
     args = p.parse_args()
-    sys.path.insert(0, args.path)
+    sys.path[:0] = [args.path, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]  # + repo
     try:
         import deep_gemm as dg
         import torch
