@@ -29,7 +29,7 @@ from aiter_gemm.backends.base import MoeProblem, Problem, Solution
 from aiter_gemm.backends.fused_moe import stage_names
 from aiter_gemm.backends.fused_moe import triton as triton_backend
 from aiter_gemm.configs import EXTRA_TUNED_COLUMNS, ConfigError
-from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
 from aiter_gemm.jsonconfigs import JSONConfigError
 from aiter_gemm.kernels.fused_moe import MoeConfig
 from aiter_gemm.moe_json import merge_file
@@ -45,11 +45,18 @@ OP = FUSED_MOE.name
 FMOE_TUNED_COLUMNS = ("gfx", "cu_num", *FMOE_UNTUNED_COLUMNS, "block_m", "ksplit", "us1", "kernelName1", "err1",
                       "us2", "kernelName2", "err2", "us", "run_1stage", "tflops", "bw", "libtype",
                       *EXTRA_TUNED_COLUMNS)
-#: A stage pair ``(kernelName1, kernelName2)`` -> the solution of that libtype running it.
-PairMaker = Callable[[str, str], Solution]
+#: ``(problem, kernelName1, kernelName2)`` -> the solution of a libtype running that stage pair on the problem, or
+#: None where one of the names cannot run as its stage (a GEMM2-only config as GEMM1, ...).
+PairMaker = Callable[[Problem, str, str], "Solution | None"]
+
+
+def _triton_pair(problem: Problem, first: str, second: str) -> Solution | None:
+    sol = triton_backend.solution_of(MoeConfig.parse(first), MoeConfig.parse(second))
+    return sol if triton_backend.BACKEND.shape_why_not(problem, sol, REFERENCE_ARCH) is None else None
+
+
 #: The libtypes whose solutions are searched stage by stage, and how each makes a pair.
-STAGED: dict[str, PairMaker] = {
-    triton_backend.NAME: lambda a, b: triton_backend.solution_of(MoeConfig.parse(a), MoeConfig.parse(b))}
+STAGED: dict[str, PairMaker] = {triton_backend.NAME: _triton_pair}
 
 
 # ---- rows ---------------------------------------------------------------------------------------------------------
@@ -83,7 +90,7 @@ def stage_refine(makers: Mapping[str, PairMaker] = STAGED) -> Callable[[Problem,
     """:attr:`gradlib.search.SearchOptions.refine` for staged solutions (``makers``' libtypes): round 1 pairs the
     fastest such solution's GEMM1 config with every config that ran correctly so far (GEMM2 varies), round 2 pairs
     every such config with round 1's GEMM2 winner (GEMM1 varies); then nothing. Configs come from the fastest
-    solution's libtype only."""
+    solution's libtype only; pairs its maker refuses (a config that runs only as the other stage) are left out."""
 
     def refine(problem: Problem, ranked: list[Solution], round_: int) -> list[Solution]:
         best = next((s for s in ranked if s.libtype in makers), None)
@@ -92,7 +99,8 @@ def stage_refine(makers: Mapping[str, PairMaker] = STAGED) -> Callable[[Problem,
         make = makers[best.libtype]
         names = list(dict.fromkeys(n for s in ranked if s.libtype == best.libtype for n in stage_names(s.kernelName)))
         first, second = stage_names(best.kernelName)
-        return [make(first, n) for n in names] if round_ == 1 else [make(n, second) for n in names]
+        made = [make(problem, first, n) if round_ == 1 else make(problem, n, second) for n in names]
+        return [sol for sol in made if sol is not None]
 
     return refine
 
@@ -100,14 +108,15 @@ def stage_refine(makers: Mapping[str, PairMaker] = STAGED) -> Callable[[Problem,
 # ---- vLLM / SGLang files --------------------------------------------------------------------------------------------
 def vllm_runs(sol: Solution) -> bool:
     """Whether vLLM's and SGLang's fused-MoE kernel runs ``sol``: a Triton config, the same for both GEMMs, without
-    split-K (their kernel has none)."""
+    split-K or variant flags (their kernel has neither)."""
     if sol.libtype != triton_backend.NAME:
         return False
     first, second = stage_names(sol.kernelName)
     try:
-        return first == second and MoeConfig.parse(first).split_k == 1
+        cfg = MoeConfig.parse(first)
     except ValueError:
         return False
+    return first == second and cfg.split_k == 1 and cfg.plain
 
 
 def best_vllm(outcome: ShapeOutcome) -> Solution | None:

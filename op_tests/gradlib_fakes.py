@@ -275,7 +275,7 @@ def _register_moe_fakes() -> None:
     for backend in (FakeMoeBackend(), FakeMoeSlowBackend(), FakeMoeFaultyBackend()):
         register_backend(backend, MOE_PACKAGE)
     # fakemoe's pairs are searched stage by stage, as the Triton backend's are
-    STAGED["fakemoe"] = lambda a, b: Solution("fakemoe", -1, 0, a if a == b else f"{a};{b}")
+    STAGED["fakemoe"] = lambda p, a, b: Solution("fakemoe", -1, 0, a if a == b else f"{a};{b}")
 
 
 for _b in (FakeBackend(), FakeLtBackend(), FakeSlowBackend(), FakePairBackend()):

@@ -4,9 +4,15 @@ validation. Shapes are tiny: on CPU every kernel is interpreted."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
+from aiter_gemm import current_device_identity
+from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, MoeProblem
+from aiter_gemm.backends.fused_moe import triton as triton_backend
+from aiter_gemm.device import REFERENCE_ARCH
 from aiter_gemm.kernels import fused_moe as fm
 from aiter_gemm.kernels.a8w8_blockscale import quantize_weight_blockscale
 from aiter_gemm.kernels.blockscale_format import FP8
@@ -135,12 +141,94 @@ def test_fp8_blockscale(T, inter, cfg):
 
 
 def test_bad_ids_contribute_nothing_when_unchecked(monkeypatch):
-    """Under graph capture the ids are not checked: the kernels must read no weight for them and add nothing."""
+    """Under graph capture the ids are not checked: the kernels must read no weight for them and add nothing (and,
+    with KSUM, still count their arrival, or their token's row would never be written)."""
     monkeypatch.setattr(fm, "is_capturing", lambda t: True)
     x, w1, w2, tw, ti = problem(4, 2, 4, 64, 32)
     ti[0, 1], ti[2, 0] = 4, -7
     for cfg in (MoeConfig(16, 32, 32), MoeConfig(16, 32, 32, split_k=2)):
         assert_close(fused_moe_triton(x, w1, w2, tw, ti, config1=cfg, config2=cfg), fused_moe_ref(x, w1, w2, tw, ti))
+    for direct in (False, True):
+        c1, c2 = MoeConfig(16, 32, 32, direct=direct), MoeConfig(16, 32, 32, direct=direct, ksum=True)
+        assert_close(fused_moe_triton(x, w1, w2, tw, ti, config1=c1, config2=c2), fused_moe_ref(x, w1, w2, tw, ti))
+
+
+# ------------------------------------------------------------------------------------------------- variants
+
+#: (GEMM1, GEMM2) configs of the variants: no sorting, the k-sum in GEMM2, both; FP8 adds in-kernel quantization.
+BF16_VARIANTS = {
+    "direct": (MoeConfig(16, 32, 32, direct=True), MoeConfig(16, 32, 32, direct=True)),
+    "ksum": (MoeConfig(16, 32, 32), MoeConfig(16, 32, 32, ksum=True)),
+    "direct_ksum": (MoeConfig(16, 32, 32, direct=True), MoeConfig(16, 32, 32, direct=True, ksum=True)),
+}
+FP8_VARIANTS = {
+    "qa": (MoeConfig(16, 32, 128, quant_a=True), MoeConfig(16, 32, 128, quant_a=True)),
+    "qa_gemm2_split": (MoeConfig(16, 32, 128, split_k=2), MoeConfig(16, 32, 128, split_k=2, quant_a=True)),
+    "qa_direct_ksum": (MoeConfig(16, 32, 128, quant_a=True, direct=True),
+                       MoeConfig(16, 32, 128, quant_a=True, direct=True, ksum=True)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(BF16_VARIANTS))
+@pytest.mark.parametrize("T,k", [(1, 8), (3, 2), (37, 1), (129, 8)])
+def test_variants_bf16(T, k, variant):
+    """H 96 and I 40: masked K tails and wrapped columns; experts 3 and 11 get no token. DIRECT (one block per pair)
+    runs to T = 37: the tuner offers it only for few pairs."""
+    if T > 37 and "direct" in variant:
+        pytest.skip("DIRECT is for few pairs")
+    args = problem(T, k, 16, 96, 40, absent=(3, 11))
+    c1, c2 = BF16_VARIANTS[variant]
+    assert_close(fused_moe_triton(*args, config1=c1, config2=c2), fused_moe_ref(*args))
+
+
+@pytest.mark.parametrize("variant", sorted(FP8_VARIANTS))
+@pytest.mark.parametrize("T,k,inter", [(1, 8, 128), (3, 2, 192), (37, 1, 128)])
+def test_variants_fp8(T, k, inter, variant):
+    """QA quantizes each activation tile in the kernel by the quantizer's rule: the reference's quantization. I 192:
+    a ragged last group in GEMM2's quantization."""
+    x, w1, w2, tw, ti, s1, s2 = fp8_problem(T, k, 8, 256, inter)
+    c1, c2 = FP8_VARIANTS[variant]
+    out = fused_moe_triton(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, config1=c1, config2=c2)
+    assert_close(out, fused_moe_ref(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2), rel=0.04)
+
+
+def test_variant_names_and_rules():
+    flagged = MoeConfig(16, 64, 128, quant_a=True, direct=True, ksum=True)
+    assert flagged.name() == "moe_BM16_BN64_BK128_GM1_SK1_W4_S3_QA_DIRECT_KSUM"
+    assert MoeConfig.parse(flagged.name()) == flagged
+    assert MoeConfig.parse("moe_BM16_BN64_BK128_GM1_SK1_W4_S3_DIRECT") == MoeConfig(16, 64, 128, direct=True)
+    assert MoeConfig(16, 64, 128).plain and not flagged.plain
+    with pytest.raises(ValueError, match="kernelName"):
+        MoeConfig.parse("moe_BM16_BN64_BK128_GM1_SK1_W4_S3_KSUM_QA")  # flags in the grammar's order only
+    with pytest.raises(ValueError, match="split-K adds"):
+        MoeConfig(16, 64, 128, split_k=2, ksum=True)
+    assert "not FP8" in config_error(MoeConfig(16, 64, 128, quant_a=True), fp8=False)
+    assert "block_k=128" in config_error(MoeConfig(16, 64, 64, quant_a=True), fp8=True)
+    ksum = MoeConfig(16, 64, 128, ksum=True)
+    assert config_error(ksum, fp8=True, stage=2) is None
+    assert "GEMM2 config only" in config_error(ksum, fp8=True, stage=1)
+    assert "GEMM2 config only" in config_error(ksum, fp8=True)
+    # One accumulator (GEMM2): FP8 128 x 128 on 8 warps holds the accumulator and one K block's product.
+    big = MoeConfig(128, 128, 128, 16, 8, 3)
+    assert config_error(big, fp8=True, stage=2) is None and "registers" in config_error(big, fp8=True, stage=1)
+    with pytest.raises(ValueError, match="config1 .*GEMM2 config only"):
+        fused_moe_triton(*problem(2, 2, 4, 64, 32), config1=ksum)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_variant_space(fp8):
+    """Decode token counts add the flagged variants (DIRECT up to DIRECT_MAX_PAIRS pairs, KSUM for GEMM2 only),
+    prefill ones the large tiles; every config valid for its stage."""
+    both = config_space(fp8=fp8, quick=True, tokens=4, topk=8)
+    gemm2 = config_space(fp8=fp8, quick=True, tokens=4, topk=8, stage=2)
+    assert any(c.direct for c in both) and not any(c.ksum for c in both) and any(c.ksum for c in gemm2)
+    assert any(c.quant_a for c in both) == fp8
+    assert not any(c.direct for c in config_space(fp8=fp8, quick=True, tokens=64, topk=8))
+    prefill = config_space(fp8=fp8, quick=True, tokens=4096, topk=8, stage=2)
+    assert any(c.block_m * c.block_n >= 128 * 128 and c.num_warps == 8 for c in prefill)
+    for stage, space in ((None, both), (2, gemm2), (2, prefill)):
+        assert len(set(space)) == len(space)
+        assert all(config_error(c, fp8=fp8, stage=stage) is None for c in space)
 
 
 def test_no_tokens():
@@ -212,6 +300,17 @@ def test_default_config():
     for tokens in (1, 16, 64, 512, 4096):
         for fp8 in (False, True):
             assert config_error(default_config(tokens, 32, 8, 2048, 7168, fp8=fp8), fp8=fp8) is None
+
+
+def test_backend_space_pairs_stage_configs():
+    """The Triton backend's quick space at decode on FP8 experts: the variants, GEMM2-only configs only as GEMM2,
+    every pair one the backend runs."""
+    p = MoeProblem(4, 256, 128, 16, 8, ACT_TYPES["silu"], torch.bfloat16, FP8, FP8, QUANT_BLOCK)
+    sols = triton_backend.BACKEND.quick_candidates(p, current_device_identity(False))
+    pairs = [triton_backend.configs_of(s) for s in sols]
+    assert any(c2.ksum for _, c2 in pairs) and not any(c1.ksum for c1, _ in pairs)
+    assert any(c1.direct and c1.quant_a for c1, _ in pairs)
+    assert all(triton_backend.BACKEND.shape_why_not(p, s, REFERENCE_ARCH) is None for s in sols)
 
 
 # ------------------------------------------------------------------------------------------------- bad input
@@ -287,3 +386,34 @@ def test_cuda_graph_capture_has_no_host_sync():
         g.replay()
         torch.cuda.synchronize()
         assert_close(out, fused_moe_ref(x, w1, w2, tw, ti))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("T", [1, 3, 37])
+def test_variants_compiled(T, fp8):
+    """The variants and the large one-accumulator GEMM2 tiles compiled, on odd T (I 192: ragged scale groups),
+    against the reference; KSUM's sum is deterministic (two runs agree bit for bit), also when graph-replayed."""
+    if fp8:
+        x, w1, w2, tw, ti, s1, s2 = fp8_problem(T, 8, 16, 256, 192)
+        pairs = [FP8_VARIANTS["qa"], FP8_VARIANTS["qa_direct_ksum"],
+                 (MoeConfig(64, 64, 128, 16, 4, 3), MoeConfig(128, 128, 128, 16, 8, 3, quant_a=True)),
+                 (MoeConfig(16, 64, 128, split_k=2, quant_a=True), MoeConfig(16, 64, 128, quant_a=True, ksum=True))]
+    else:
+        x, w1, w2, tw, ti = problem(T, 8, 16, 256, 192)
+        s1 = s2 = None
+        pairs = [*BF16_VARIANTS.values(), (MoeConfig(64, 128, 64, 16, 4, 3), MoeConfig(128, 256, 64, 16, 8, 3))]
+    ref = fused_moe_ref(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2)
+    for c1, c2 in pairs:
+        run = partial(fused_moe_triton, x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, config1=c1, config2=c2)
+        first = run()
+        assert_close(first, ref, rel=0.04 if fp8 else 0.02)
+        assert torch.equal(first, run()), f"{c1.name()};{c2.name()} differs between runs"
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = run()
+        for _ in range(2):
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, first), f"{c1.name()};{c2.name()} differs under graph replay"

@@ -104,13 +104,29 @@ def test_compare_then_run_config_on_moe_rows(tmp_path, tiny_model, inline, capsy
 def test_stage_refine_rounds():
     """Round 1 varies GEMM2 beside the fastest pair's GEMM1, round 2 GEMM1 beside its GEMM2; other libtypes (torch)
     are left alone, and a search without a staged solution gets no more rounds."""
-    refine = stage_refine({"fakemoe": lambda a, b: Solution("fakemoe", -1, 0, f"{a};{b}")})
+    refine = stage_refine({"fakemoe": lambda p, a, b: Solution("fakemoe", -1, 0, f"{a};{b}")})
     ranked = [Solution("torch", -1, 0, "grouped_mm"), Solution("fakemoe", -1, 0, "b"),
               Solution("fakemoe", -1, 0, "a;c")]
     p = _problem(2)
     assert [s.kernelName for s in refine(p, ranked, 1)] == ["b;b", "b;a", "b;c"]
     assert [s.kernelName for s in refine(p, ranked, 2)] == ["b;b", "a;b", "c;b"]
     assert refine(p, ranked, 3) == [] and refine(p, ranked[:1], 1) == []
+
+
+def test_stage_refine_leaves_out_pairs_a_stage_cannot_run():
+    """A GEMM2-only config (KSUM) of the ranked Triton solutions is paired as GEMM2 in round 1, never as GEMM1 in
+    round 2; vLLM's files take no flagged config."""
+    from aiter_gemm.backends.fused_moe import triton as triton_backend
+    from gradlib.moe import vllm_runs
+
+    plain, ksum = MoeConfig(16, 32, 32), MoeConfig(16, 32, 32, ksum=True)
+    ranked = [triton_backend.solution_of(plain, ksum)]
+    p = _problem(2)
+    refine = stage_refine()
+    assert [s.kernelName for s in refine(p, ranked, 1)] == [plain.name(), f"{plain.name()};{ksum.name()}"]
+    assert [s.kernelName for s in refine(p, ranked, 2)] == [f"{plain.name()};{ksum.name()}"]
+    direct = MoeConfig(16, 32, 32, direct=True)
+    assert vllm_runs(triton_backend.solution_of(plain)) and not vllm_runs(triton_backend.solution_of(direct))
 
 
 def test_pad_probes_follow_the_moe_padded_token():

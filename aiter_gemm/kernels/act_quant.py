@@ -22,7 +22,7 @@ from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET
 
-__all__ = ["FP8", "GROUP", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref", "quant_triton"]
+__all__ = ["FP8", "GROUP", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref", "quant_rows", "quant_triton"]
 
 GROUP = SCALE_BLOCK
 _run_plan = triton_launch.run
@@ -40,6 +40,30 @@ def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, strid
     q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
     tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_sm + g * stride_sg, scale)
+
+
+@triton.jit
+def _round_fp8_e4m3(x):
+    """float32 ``x`` (|x| <= 448) rounded to the nearest e4m3 value, ties to even, kept in float32: the cast the
+    interpreter gets wrong, done in float32 arithmetic (3 mantissa bits; below 2^-6 a fixed step of 2^-9)."""
+    exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    step = ((exponent + 124) << 23).to(tl.float32, bitcast=True)  # 2^(exponent - 3)
+    magic = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds |x / step| < 2^22 to an integer, ties to even
+    return ((x / step + magic) - magic) * step
+
+
+@triton.jit
+def quant_rows(x, FP8_MAX: tl.constexpr, EPS: tl.constexpr, EMULATE: tl.constexpr):
+    """(q, scale) of a float32 (rows, group) tile, one group per row, by this module's rule: ``scale`` (rows,) =
+    max(amax / FP8_MAX, EPS), ``q`` = clamp(x / scale) in fp8 e4m3 (``EMULATE``: in float32 holding e4m3 values,
+    for the interpreter). The fused-MoE kernels quantize their activation tiles with it."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1) / FP8_MAX, EPS)
+    q = tl.clamp(x / scale[:, None], -FP8_MAX, FP8_MAX)
+    if EMULATE:
+        q = _round_fp8_e4m3(q)
+    else:
+        q = q.to(tl.float8e4nv)
+    return q, scale
 
 
 def _check(x: torch.Tensor) -> None:

@@ -1,8 +1,9 @@
 """Backend ``triton`` of ``fused_moe``: the Triton fused-MoE kernels of :mod:`aiter_gemm.kernels.fused_moe`.
 
 A solution's ``kernelName`` names the two GEMMs' :class:`~aiter_gemm.kernels.fused_moe.MoeConfig` (``moe_BM16_BN64_
-BK128_GM1_SK1_W4_S4``; two joined by ``;`` when they differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`), as a
-tuned row's ``kernelName1`` / ``kernelName2`` do; ``splitK`` mirrors GEMM1's split count (AITER's ``ksplit``).
+BK128_GM1_SK1_W4_S4``, with the variants' flags ``_QA`` / ``_DIRECT`` / ``_KSUM``; two joined by ``;`` when they
+differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`), as a tuned row's ``kernelName1`` / ``kernelName2`` do;
+``splitK`` mirrors GEMM1's split count (AITER's ``ksplit``).
 vLLM's and SGLang's JSON values (one config for both GEMMs) read as such a pair (:meth:`parse_json_entry`).
 :func:`~aiter_gemm.kernels.fused_moe.config_error` is the one rule of what runs, for the tuner and the runtime; the
 default on a GPU (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.fused_moe.default_config` of each GEMM.
@@ -64,7 +65,7 @@ class FusedMoeTritonBackend(Backend):
         except ValueError as exc:
             return str(exc)
         for stage, cfg in zip((1, 2), configs):
-            why = fm.config_error(cfg, fp8=problem.fp8, arch=arch)
+            why = fm.config_error(cfg, fp8=problem.fp8, arch=arch, stage=stage)
             if why is not None:
                 return f"GEMM{stage} {cfg.name()}: {why}"
         return None
@@ -109,8 +110,15 @@ class FusedMoeTritonBackend(Backend):
     def _space(self, problem: MoeProblem, device: DeviceIdentity, quick: bool) -> list[Solution]:
         if problem_error(problem) is not None:
             return []
-        pairs = [(c, c) for c in fm.config_space(fp8=problem.fp8, quick=quick)]
-        pairs.append(self._defaults(problem, device.heuristic_cu))  # never worse than no row
+        # Configs for both GEMMs, then those for one stage only (GEMM2's KSUM, its one-accumulator FP8 tiles) beside
+        # the other stage's default; the per-stage search (gradlib.moe) pairs them with the winners.
+        space = dict(fp8=problem.fp8, quick=quick, tokens=problem.token, topk=problem.topk)
+        both = fm.config_space(**space)
+        default1, default2 = self._defaults(problem, device.heuristic_cu)
+        pairs = [(c, c) for c in both]
+        pairs += [(c, default2) for c in fm.config_space(**space, stage=1) if c not in both]
+        pairs += [(default1, c) for c in fm.config_space(**space, stage=2) if c not in both]
+        pairs.append((default1, default2))  # never worse than no row
         arch = device.gfx if device.is_gpu else REFERENCE_ARCH
         return [s for s in dict.fromkeys(solution_of(*p) for p in pairs)
                 if self.shape_why_not(problem, s, arch) is None]
