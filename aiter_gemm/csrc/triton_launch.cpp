@@ -7,7 +7,10 @@
 // (grid, integers, block and shared memory fixed): a call gives new tensors of the same dtype, device, sizes and
 // strides (checked; pointers aligned where the bound ones were, as Triton specialized the kernel on it), the plan
 // allocates the outputs, writes the pointers into the packed parameters and launches on torch's current stream. A
-// call it cannot take returns None and the caller runs Triton's own launch.
+// call it cannot take returns None and the caller runs Triton's own launch. So does every call while a Triton
+// launch hook is installed (a profiler's, e.g. proton's): Triton's launcher calls the hooks, a plan would skip them.
+// An empty hook is none: Triton 3.5+ keeps its hooks in HookChain objects that are never None (empty ``calls``),
+// older ones None; the hooks' owner (``triton.knobs.runtime``, or CompiledKernel before knobs) is read per call.
 //
 // No CUDA header or library is needed at build time: the three driver functions used are declared here and found
 // at run time in the libcuda.so.1 the process has loaded (torch and Triton load it), so the extension builds and
@@ -86,12 +89,14 @@ struct Plan {
   std::vector<std::pair<uint32_t, uint32_t>> pointers;  // (offset in blob, tensor index: inputs, then outputs)
   std::vector<TensorSpec> inputs, outputs;
   PyObject* keepalive = nullptr;  // strong: what owns the CUmodule (Triton's CompiledKernel)
+  PyObject* hooks = nullptr;      // strong: what holds Triton's launch_enter_hook / launch_exit_hook
 };
 
 void plan_destructor(PyObject* capsule) {
   auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(capsule, "aiter_gemm.triton_plan"));
   if (plan != nullptr) {
     Py_XDECREF(plan->keepalive);
+    Py_XDECREF(plan->hooks);
     delete plan;
   }
 }
@@ -141,16 +146,17 @@ bool parse_specs(PyObject* seq, std::vector<TensorSpec>& out) {
   return ok;
 }
 
-// triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive) -> plan.
-// ``pointers``: (parameter index, tensor index) pairs; ``inputs``/``outputs``: (dtype, sizes, strides, align16).
+// triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive, hooks)
+// -> plan. ``pointers``: (parameter index, tensor index) pairs; ``inputs``/``outputs``: (dtype, sizes, strides,
+// align16); ``hooks``: the object whose launch_enter_hook / launch_exit_hook attributes Triton's launcher calls.
 PyObject* triton_plan(PyObject* /*self*/, PyObject* args) {
   HANDLE_TH_ERRORS
   unsigned long long function;
   unsigned gx, gy, gz, block, shared;
-  PyObject *device, *offsets, *pointers, *inputs, *outputs, *keepalive;
+  PyObject *device, *offsets, *pointers, *inputs, *outputs, *keepalive, *hooks;
   Py_buffer blob;
-  if (!PyArg_ParseTuple(args, "K(III)IIOy*OOOOO", &function, &gx, &gy, &gz, &block, &shared, &device, &blob,
-                        &offsets, &pointers, &inputs, &outputs, &keepalive)) {
+  if (!PyArg_ParseTuple(args, "K(III)IIOy*OOOOOO", &function, &gx, &gy, &gz, &block, &shared, &device, &blob,
+                        &offsets, &pointers, &inputs, &outputs, &keepalive, &hooks)) {
     return nullptr;
   }
   auto plan = std::make_unique<Plan>();
@@ -193,9 +199,12 @@ PyObject* triton_plan(PyObject* /*self*/, PyObject* args) {
   }
   Py_INCREF(keepalive);
   plan->keepalive = keepalive;
+  Py_INCREF(hooks);
+  plan->hooks = hooks;
   PyObject* capsule = PyCapsule_New(plan.get(), "aiter_gemm.triton_plan", plan_destructor);
   if (capsule == nullptr) {
     Py_DECREF(keepalive);
+    Py_DECREF(hooks);
     return nullptr;
   }
   plan.release();
@@ -218,11 +227,40 @@ bool matches(const Plan& plan, PyObject* obj, const TensorSpec& spec) {
          (!spec.align16 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
 }
 
-// The outputs allocated and every pointer written into ``buf`` (a copy of the plan's blob). False: the inputs do
-// not match the bound ones.
+// Whether Triton's launch hook ``name`` of ``owner`` is none: None, or an empty HookChain (a ``calls`` list with no
+// entry). Anything else (a callable, a chain with hooks, an attribute error) is a hook that does something.
+bool hook_is_empty(PyObject* owner, PyObject* name) {
+  static PyObject* calls_name = PyUnicode_InternFromString("calls");
+  PyObject* hook = PyObject_GetAttr(owner, name);
+  if (hook == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  bool empty = hook == Py_None;
+  if (!empty) {
+    PyObject* calls = PyObject_GetAttr(hook, calls_name);
+    if (calls == nullptr) {
+      PyErr_Clear();
+    } else {
+      empty = PyList_CheckExact(calls) && PyList_GET_SIZE(calls) == 0;
+      Py_DECREF(calls);
+    }
+  }
+  Py_DECREF(hook);
+  return empty;
+}
+
+bool no_launch_hooks(const Plan& plan) {
+  static PyObject* enter = PyUnicode_InternFromString("launch_enter_hook");
+  static PyObject* exit_ = PyUnicode_InternFromString("launch_exit_hook");
+  return hook_is_empty(plan.hooks, enter) && hook_is_empty(plan.hooks, exit_);
+}
+
+// The outputs allocated and every pointer written into ``buf`` (a copy of the plan's blob). False: the bound launch
+// does not take this call (the inputs do not match the bound ones, or a Triton launch hook is installed).
 bool pack(const Plan& plan, PyObject* const* args, Py_ssize_t nargs, unsigned char* buf,
           std::vector<at::Tensor>& outs) {
-  if (nargs != static_cast<Py_ssize_t>(plan.inputs.size())) {
+  if (nargs != static_cast<Py_ssize_t>(plan.inputs.size()) || !no_launch_hooks(plan)) {
     return false;
   }
   for (Py_ssize_t i = 0; i < nargs; ++i) {
@@ -321,7 +359,8 @@ PyObject* triton_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs
 }
 
 // triton_plan_params(plan, *inputs) -> (bytes, outputs) | None: what a launch would pass (the packed parameters,
-// pointers written) and the outputs it allocated, without launching, on any device (tests).
+// pointers written) and the outputs it allocated, without launching, on any device (tests); None where the bound
+// launch does not take the call (as triton_run answers None).
 PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   Plan* plan = nargs >= 1 ? plan_of(args[0]) : nullptr;
@@ -350,7 +389,8 @@ PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize
 
 PyMethodDef kMethods[] = {
     {"triton_plan", triton_plan, METH_VARARGS,
-     "triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive) -> plan"},
+     "triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive, hooks) "
+     "-> plan"},
     {"triton_run", AITER_FASTCALL(triton_run), METH_FASTCALL,
      "triton_run(plan, *inputs) -> tuple of outputs | None: the bound launch, or None where it does not apply"},
     {"triton_plan_params", AITER_FASTCALL(triton_plan_params), METH_FASTCALL,

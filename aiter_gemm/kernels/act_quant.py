@@ -66,7 +66,8 @@ _MAX_PLANS = 4096  # distinct prefill lengths each bind one; past this many the 
 def per_token_group_quant_fp8(x: torch.Tensor, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(XQ, x_scale) of x (M, K) bf16/fp16/fp32, one launch (see the module docstring). Rows may be strided (the
     last dimension must be contiguous: a copy is made otherwise); no host sync, so it runs in CUDA graphs. On a GPU
-    a shape's first call binds the launch (:mod:`aiter_gemm.triton_launch`) and later calls run it from C++."""
+    a shape's first call binds the launch (:mod:`aiter_gemm.triton_launch`) and later calls run it from C++. CPU
+    tensors run the kernel under ``TRITON_INTERPRET=1``, else the torch reference (the same results)."""
     try:
         key = (x.shape, x.stride(), x.dtype, x.device, m_major)
     except AttributeError:  # not a tensor: _check says so
@@ -76,6 +77,8 @@ def per_token_group_quant_fp8(x: torch.Tensor, m_major: bool = False) -> tuple[t
         out = _run_plan(plan, x)
         if out is not None:
             return out
+    if key is not None and not (x.is_cuda or INTERPRET):  # compiled Triton takes no CPU tensor: the torch rule runs
+        return per_token_group_quant_fp8_ref(x, m_major)
     return quant_triton(x, m_major, key is not None and key not in _PLANS and x.is_cuda and _run_plan is not None)
 
 
