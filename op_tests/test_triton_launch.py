@@ -228,7 +228,7 @@ def test_quant_bound_launch_is_bit_identical_to_triton(M, K, m_major):
     if EXT is None:
         pytest.skip("the C++ eager extension is not built")
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda") * 3
-    act_quant._PLANS.clear()
+    act_quant.clear_plans()
     q0, s0 = act_quant.per_token_group_quant_fp8(x, m_major)       # Triton's launch, binds the plan
     plan = act_quant._PLANS[(x.shape, x.stride(), x.dtype, x.device, m_major)]
     assert plan is not None
@@ -269,23 +269,25 @@ def test_quant_runs_a_cached_plan_and_falls_back_when_it_declines(monkeypatch, d
     x = torch.randn(4, 256, device=device)
     key = (x.shape, x.stride(), x.dtype, x.device, True)
     calls = []
-    monkeypatch.setattr(act_quant, "_PLANS", {key: "plan"})
-    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: calls.append((plan, t)) or answer)
+    monkeypatch.setattr(act_quant, "_PLANS", {key: "plan"})  # bound: Triton's launch never binds it again
+    monkeypatch.setattr(act_quant, "TABLES", ("row-major", "m-major"))
+    monkeypatch.setattr(act_quant, "_run_table", lambda table, t: calls.append((table, t)) or answer)
     answer = ("q", "s")
-    assert act_quant.per_token_group_quant_fp8(x, True) == answer and calls == [("plan", x)]
-    answer = None  # the plan declines (another stream's device, a misaligned view...): Triton's launch runs
+    assert act_quant.per_token_group_quant_fp8(x, True) == answer and calls == [("m-major", x)]
+    answer = None  # the plan declines (another stream's device, a misaligned view, a launch hook...): Triton's
     q, s = act_quant.per_token_group_quant_fp8(x, True)
     ref_q, ref_s = act_quant.per_token_group_quant_fp8_ref(x, True)
     assert torch.equal(q.float(), ref_q.float()) and torch.allclose(s, ref_s) and s.stride() == (1, 4)
     assert len(calls) == 2 and act_quant.per_token_group_quant_fp8(x, False)[1].stride() == (2, 1)
-    assert len(calls) == 2  # another key: no plan asked
+    assert calls[-1] == ("row-major", x)
 
 
 def test_quant_binds_a_shape_once_and_never_a_copied_input(monkeypatch, device):
     bound = []
     monkeypatch.setattr(act_quant, "_PLANS", {})
     monkeypatch.setattr(act_quant, "INTERPRET", False)  # binding is for compiled launches; the kernel still runs
-    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: None)
+    monkeypatch.setattr(act_quant, "TABLES", (None, None))
+    monkeypatch.setattr(act_quant, "_run_table", lambda table, t: None)
     monkeypatch.setattr(triton_launch, "bind", lambda compiled, grid, args, inputs, outputs:
                         bound.append((grid, inputs, outputs)) or None)
     x = torch.randn(3, 300, device=device)
@@ -297,6 +299,54 @@ def test_quant_binds_a_shape_once_and_never_a_copied_input(monkeypatch, device):
     assert [t.shape for t in bound[0][2]] == [(3, 300), (3, 3)]
     act_quant.per_token_group_quant_fp8(torch.randn(300, 3, device=device).t(), True)  # copied: nothing bound
     assert len(bound) == 1
+
+
+def test_plan_table_finds_a_plan_by_its_first_input(ext, compiled_quant):
+    """The plan table keys a plan by its first input's dtype, device, sizes and strides (the quantizer's per-call
+    lookup, in C++); a later plan of the same key replaces it; clear drops them; a CPU plan never launches."""
+    compiled = compiled_quant[""]
+    table = ext.triton_table()
+    x, q, s, args = quant_call(3, 300, m_major=True)
+    plan = ext.triton_plan(1, *triton_launch.plan_args(compiled, (3, 3), args, (x,), (q, s)), compiled,
+                           triton_launch.hooks_owner())
+    assert ext.triton_table_find(table, x) is None
+    ext.triton_table_add(table, plan)
+    assert ext.triton_table_find(table, torch.randn(3, 300, dtype=torch.bfloat16)) is plan
+    for other in (torch.randn(3, 301, dtype=torch.bfloat16), torch.randn(3, 300),
+                  torch.randn(3, 600, dtype=torch.bfloat16)[:, :300], torch.randn(1, 3, 300, dtype=torch.bfloat16)):
+        assert ext.triton_table_find(table, other) is None, (other.shape, other.stride(), other.dtype)
+    assert ext.triton_table_run(table, x) is None  # found, on CPU: not launched
+    again = ext.triton_plan(2, *triton_launch.plan_args(compiled, (3, 3), args, (x,), (q, s)), compiled,
+                            triton_launch.hooks_owner())
+    ext.triton_table_add(table, again)
+    assert ext.triton_table_find(table, x) is again
+    assert ext.triton_table_clear(table) == 1 and ext.triton_table_find(table, x) is None
+
+
+def test_quant_stores_what_it_binds_in_the_table_of_its_layout(monkeypatch, compiled_quant):
+    """A bound launch goes to the plan table of its x_scale layout, where the next call (and the FP8Linear twin's
+    C++ call) finds it; clear_plans forgets both."""
+    if act_quant.TABLES is None:
+        pytest.skip("the C++ eager extension is not built")
+    compiled = compiled_quant[""]
+    monkeypatch.setattr(act_quant, "INTERPRET", False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+
+    def fake_bind(_compiled, grid, args, inputs, outputs):  # the real plan of this call, from the sm_90 kernel
+        return EXT.triton_plan(1, *triton_launch.plan_args(compiled, grid, args, inputs, outputs), compiled,
+                               triton_launch.hooks_owner())
+
+    monkeypatch.setattr(triton_launch, "bind", fake_bind)
+    act_quant.clear_plans()
+    try:
+        x = torch.randn(3, 300, dtype=torch.bfloat16)
+        act_quant.per_token_group_quant_fp8(x, True)
+        plan = EXT.triton_table_find(act_quant.TABLES[1], x)
+        assert plan is not None and plan is act_quant._PLANS[(x.shape, x.stride(), x.dtype, x.device, True)]
+        assert EXT.triton_table_find(act_quant.TABLES[0], x) is None
+    finally:
+        act_quant.clear_plans()
+    assert EXT.triton_table_find(act_quant.TABLES[1], x) is None and not act_quant._PLANS
 
 
 def test_quant_cpu_tensors_without_the_interpreter_run_the_torch_rule(monkeypatch):
@@ -331,7 +381,7 @@ def test_quant_bound_launch_gives_way_to_a_triton_launch_hook():
     if not hasattr(chain, "add"):
         pytest.skip("this Triton has no HookChain (Triton 3.5+)")
     x = torch.randn(4, 512, dtype=torch.bfloat16, device="cuda")
-    act_quant._PLANS.clear()
+    act_quant.clear_plans()
     ref = act_quant.per_token_group_quant_fp8(x, True)  # binds
     assert act_quant._PLANS[(x.shape, x.stride(), x.dtype, x.device, True)] is not None
     seen = []

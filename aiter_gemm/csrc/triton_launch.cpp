@@ -28,10 +28,12 @@
 
 #include "eager_fast.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace aiter_eager {
@@ -343,6 +345,185 @@ PyObject* run_plan(PyObject* plan_obj, PyObject* const* args, Py_ssize_t nargs) 
 
 namespace {
 
+// A plan table: a kernel's plans by their first input's dtype, device, sizes and strides, so a caller finds the
+// plan of a call from its tensor in C++ (no Python key per call). Each plan still checks the whole call.
+constexpr int kMaxDims = 8;
+
+struct InputKey {
+  int len = 0;
+  std::array<int64_t, 2 + 2 * kMaxDims> w{};
+  bool operator==(const InputKey& o) const {
+    return len == o.len && std::equal(w.begin(), w.begin() + len, o.w.begin());
+  }
+};
+
+struct InputKeyHash {
+  size_t operator()(const InputKey& key) const {
+    uint64_t h = static_cast<uint64_t>(key.len);
+    for (int i = 0; i < key.len; ++i) {
+      h = (h ^ static_cast<uint64_t>(key.w[i])) * 0x100000001B3ULL;
+    }
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+using Table = std::unordered_map<InputKey, PyObject*, InputKeyHash>;  // plans held strongly
+
+int64_t device_word(const c10::Device& dev) {
+  return (static_cast<int64_t>(dev.type()) << 8) | (dev.index() + 1);
+}
+
+bool make_input_key(at::ScalarType dtype, const c10::Device& dev, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                    InputKey& key) {
+  const size_t nd = sizes.size();
+  if (nd > static_cast<size_t>(kMaxDims) || strides.size() != nd) {
+    return false;
+  }
+  key.len = 0;
+  key.w[key.len++] = static_cast<int64_t>(dtype);
+  key.w[key.len++] = device_word(dev);
+  for (size_t i = 0; i < nd; ++i) {
+    key.w[key.len++] = sizes[i];
+  }
+  for (size_t i = 0; i < nd; ++i) {
+    key.w[key.len++] = strides[i];
+  }
+  return true;
+}
+
+void table_clear(Table& table) {
+  for (auto& item : table) {
+    Py_DECREF(item.second);
+  }
+  table.clear();
+}
+
+void table_destructor(PyObject* capsule) {
+  auto* table = static_cast<Table*>(PyCapsule_GetPointer(capsule, "aiter_gemm.triton_table"));
+  if (table != nullptr) {
+    table_clear(*table);
+    delete table;
+  }
+}
+
+Table* table_of(PyObject* obj) {
+  return static_cast<Table*>(PyCapsule_GetPointer(obj, "aiter_gemm.triton_table"));
+}
+
+// The plan (borrowed) stored for a call whose first input is ``obj``, or nullptr (no error set unless ``table`` is
+// not a table).
+PyObject* table_find(PyObject* table_obj, PyObject* obj) {
+  Table* table = table_of(table_obj);
+  if (table == nullptr || !THPVariable_CheckExact(obj)) {
+    return nullptr;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  InputKey key;
+  if (!make_input_key(t.scalar_type(), t.device(), t.sizes(), t.strides(), key)) {
+    return nullptr;
+  }
+  auto it = table->find(key);
+  return it == table->end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+// (eager_fast.h)
+PyObject* run_table(PyObject* table, PyObject* const* args, Py_ssize_t nargs) {
+  PyObject* plan = nargs >= 1 ? table_find(table, args[0]) : nullptr;
+  if (plan == nullptr) {
+    return nullptr;
+  }
+  Py_INCREF(plan);  // held across the launch: nothing below runs Python that could clear the table, but be safe
+  PyObject* out = run_plan(plan, args, nargs);
+  Py_DECREF(plan);
+  return out;
+}
+
+namespace {
+
+// triton_table() -> an empty plan table.
+PyObject* triton_table(PyObject* /*self*/, PyObject* /*unused*/) {
+  auto table = std::make_unique<Table>();
+  PyObject* capsule = PyCapsule_New(table.get(), "aiter_gemm.triton_table", table_destructor);
+  if (capsule != nullptr) {
+    table.release();
+  }
+  return capsule;
+}
+
+// triton_table_add(table, plan): the plan stored under its first input's dtype, device, sizes and strides
+// (replacing the one there).
+PyObject* triton_table_add(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  Table* table = nargs == 2 ? table_of(args[0]) : nullptr;
+  Plan* plan = table != nullptr ? plan_of(args[1]) : nullptr;
+  if (plan == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "triton_table_add(table, plan)");
+    }
+    return nullptr;
+  }
+  InputKey key;
+  if (plan->inputs.empty() || !make_input_key(plan->inputs[0].dtype, plan->device, plan->inputs[0].sizes,
+                                              plan->inputs[0].strides, key)) {
+    PyErr_Format(PyExc_ValueError, "triton_table_add: a plan with a first input of at most %d dims", kMaxDims);
+    return nullptr;
+  }
+  Py_INCREF(args[1]);
+  auto [it, added] = table->emplace(key, args[1]);
+  if (!added) {
+    Py_DECREF(it->second);
+    it->second = args[1];
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// triton_table_find(table, input) -> plan | None: the plan a call with this first input would run (tests).
+PyObject* triton_table_find(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2 || table_of(args[0]) == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "triton_table_find(table, input)");
+    }
+    return nullptr;
+  }
+  PyObject* plan = table_find(args[0], args[1]);
+  if (plan == nullptr) {
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(plan);
+  return plan;
+  END_HANDLE_TH_ERRORS
+}
+
+// triton_table_clear(table) -> the number of plans dropped.
+PyObject* triton_table_clear(PyObject* /*self*/, PyObject* table_obj) {
+  Table* table = table_of(table_obj);
+  if (table == nullptr) {
+    return nullptr;
+  }
+  const size_t n = table->size();
+  table_clear(*table);
+  return PyLong_FromSize_t(n);
+}
+
+// triton_table_run(table, *inputs) -> tuple of outputs, or None: the plan of the first input's key, launched.
+PyObject* triton_table_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "triton_table_run(table, *inputs)");
+    return nullptr;
+  }
+  PyObject* out = run_table(args[0], args + 1, nargs - 1);
+  if (out != nullptr || PyErr_Occurred()) {
+    return out;
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 // triton_run(plan, *inputs) -> tuple of outputs, or None (not taken: the caller runs Triton's launch).
 PyObject* triton_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -395,6 +576,14 @@ PyMethodDef kMethods[] = {
      "triton_run(plan, *inputs) -> tuple of outputs | None: the bound launch, or None where it does not apply"},
     {"triton_plan_params", AITER_FASTCALL(triton_plan_params), METH_FASTCALL,
      "triton_plan_params(plan, *inputs) -> (bytes, outputs) | None: the packed parameters, no launch (tests)"},
+    {"triton_table", triton_table, METH_NOARGS, "triton_table() -> an empty plan table"},
+    {"triton_table_add", AITER_FASTCALL(triton_table_add), METH_FASTCALL,
+     "triton_table_add(table, plan): store the plan under its first input's dtype, device, sizes and strides"},
+    {"triton_table_find", AITER_FASTCALL(triton_table_find), METH_FASTCALL,
+     "triton_table_find(table, input) -> plan | None: the plan a call with this first input runs"},
+    {"triton_table_clear", triton_table_clear, METH_O, "triton_table_clear(table) -> number of plans dropped"},
+    {"triton_table_run", AITER_FASTCALL(triton_table_run), METH_FASTCALL,
+     "triton_table_run(table, *inputs) -> tuple of outputs | None: the plan of the first input's key, launched"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
