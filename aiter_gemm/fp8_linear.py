@@ -11,7 +11,9 @@ activation scales leave the module alone (:func:`unsupported_reason`, one warnin
 forward is the custom op ``aiter_gemm::fp8_block_linear`` (a fake implementation, no graph break); there is no host
 sync, so it runs in CUDA graphs. Calls that want an input gradient, or whose input the op cannot take, run the
 module's own forward, warned once per module and reason; so do calls after the weight stopped being fp8 or its scale
-float32 (``model.to(torch.bfloat16)`` casts the fp8 weight). Twins pickle (``torch.save(model)``) and unpickle into
+float32 (``model.to(torch.bfloat16)`` casts the fp8 weight). With the C++ extension built, an eager call of a
+shape whose quantizer launch is bound runs from C++ (``fp8_call``: the same checks, quantizer, op and bias;
+docs/eager_path.md). Twins pickle (``torch.save(model)``) and unpickle into
 twins of the same class, still undone by :func:`~aiter_gemm.nn.unpatch_linear`.
 """
 
@@ -25,15 +27,23 @@ from typing import Optional
 import torch
 from torch import nn
 
-from aiter_gemm.call_entry import FP8_INTEGRATION, clone_module, python_call
+from aiter_gemm.call_entry import FP8_INTEGRATION, c_call, clone_module, python_call
 from aiter_gemm.cudagraph import probe as _capture_probe
 from aiter_gemm.dtypes import OUT_DTYPES as _OUT_DTYPES
+from aiter_gemm.kernels import act_quant
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8
 from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
+from aiter_gemm.op_entry import EXT
 from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, x_scale_m_major
 
 log = logging.getLogger("aiter_gemm")
 _capturing = _capture_probe()
+# The twin's C++ call (csrc/module_call.cpp fp8_call): the call entry's checks, the quantizer's bound launch (its
+# M-major plan table), the op's entry and the bias, once the Python path bound the shape; None: the Python form.
+_c_fp8_call = None
+if c_call is not None and act_quant.TABLES is not None:
+    EXT.setup_fp8(act_quant.TABLES[1], gemm_a8w8_blockscale, _capturing)
+    _c_fp8_call = EXT.fp8_call
 
 __all__ = ["BlockGemm", "TunedFP8Mixin", "fp8_block_linear", "fp8_linear_class", "from_fp8_linear",
            "is_fp8_linear", "unsupported_reason"]
@@ -141,7 +151,14 @@ class TunedFP8Mixin:
     _aiter_base: type  # the FP8Linear class the twin class derives from (set by _twin_class)
     _aiter_gemm: BlockGemm | None = None
     _aiter_m_major: bool | None = None
-    if python_call is not None:  # aiter_gemm.call_entry: forward without nn.Module.__call__'s two frames
+    if _c_fp8_call is not None:  # the whole call in C++ where it can run there (a bound shape), else as below
+        def __call__(self, *args, **kwargs):
+            if len(args) == 1 and not kwargs and not _is_compiling():
+                out = _c_fp8_call(self, args[0])
+                if out is not None:
+                    return out
+            return python_call(self, *args, **kwargs)
+    elif python_call is not None:  # aiter_gemm.call_entry: forward without nn.Module.__call__'s two frames
         __call__ = python_call
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,11 @@ integer argument (shapes and strides) and runs Triton's launch where :func:`run`
 The parameters follow Triton's kernel ABI: the non-constexpr arguments of the kernel's specialized signature in
 order, then Triton's trailing scratch pointers (global, and profile from Triton 3.5). Their number and sizes are read
 from the kernel's PTX ``.entry`` and must agree with the signature, so a Triton whose ABI differs, a kernel needing
-scratch memory, tensor descriptors, tuples, clusters, cooperative or PDL launches, or launch hooks keep Triton's
-launch (logged once per kernel and reason), as does every call where the extension is not built.
+scratch memory, tensor descriptors, tuples, clusters, cooperative or PDL launches keep Triton's launch (logged once
+per kernel and reason), as does every call where the extension is not built. Launch hooks (a profiler's, e.g.
+proton's) are read per call: while one is installed every call runs Triton's launch, which calls it. Triton 3.5+
+holds them in ``HookChain`` objects that are never None, so "installed" means a chain with entries (as torch's
+static launcher reads them), and a plan bound before a profiler started honours its hooks too.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from aiter_gemm.op_entry import EXT
 
 log = logging.getLogger("aiter_gemm")
 
-__all__ = ["Unsupported", "bind", "plan_args", "ptx_params", "run"]
+__all__ = ["Unsupported", "bind", "hooks_owner", "plan_args", "ptx_params", "run"]
 
 #: The bound launch: ``run(plan, *inputs)`` -> tuple of outputs, or None (not taken: run Triton's launch).
 run = None if EXT is None else EXT.triton_run
@@ -167,6 +170,19 @@ def plan_args(compiled: Any, grid: Sequence[int], args: Mapping[str, Any], input
                     tuple(_spec(t, True) for t in inputs), tuple(_spec(t, False) for t in outputs))
 
 
+def hooks_owner() -> Any:
+    """What holds the launch hooks Triton's launcher calls (``launch_enter_hook``, ``launch_exit_hook``):
+    ``triton.knobs.runtime`` (Triton 3.4+), else ``CompiledKernel`` (class attributes before knobs)."""
+    import triton
+
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is not None:
+        return runtime
+    from triton.compiler.compiler import CompiledKernel
+
+    return CompiledKernel
+
+
 def bind(compiled: Any, grid: Sequence[int], args: Mapping[str, Any], inputs: Sequence[torch.Tensor],
          outputs: Sequence[torch.Tensor]) -> Any | None:
     """A plan of the launch Triton just made (``compiled`` is what ``kernel[grid](...)`` returned), for
@@ -176,20 +192,17 @@ def bind(compiled: Any, grid: Sequence[int], args: Mapping[str, Any], inputs: Se
     try:
         if EXT is None:
             raise Unsupported("the C++ eager extension is not built")
-        import triton
-
-        runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-        if getattr(runtime, "launch_enter_hook", None) is not None or getattr(runtime, "launch_exit_hook", None):
-            raise Unsupported("Triton launch hooks are set")
         function = getattr(compiled, "function", None)
         if not isinstance(function, int) or not function:
             raise Unsupported("the kernel is not loaded (no CUfunction)")
         pa = plan_args(compiled, grid, args, inputs, outputs)
-        if pa.device.type != "cuda" or pa.device.index != torch.cuda.current_device():
+        if pa.device.type != "cuda":
+            raise Unsupported(f"tensors on {pa.device}, not a CUDA device")
+        if pa.device.index != torch.cuda.current_device():
             raise Unsupported(f"tensors on {pa.device}, current device cuda:{torch.cuda.current_device()}")
         if pa.shared > 227 * 1024:
             raise Unsupported(f"shared memory {pa.shared} needs the oversized-shared launch attribute")
-        return EXT.triton_plan(function, *pa, compiled)
+        return EXT.triton_plan(function, *pa, compiled, hooks_owner())
     except Unsupported as exc:
         if (name, str(exc)) not in _warned:
             _warned.add((name, str(exc)))

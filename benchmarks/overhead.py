@@ -4,7 +4,8 @@ For an exact hit, a padded hit and a default decision (2-D A), an exact hit with
 ``nn.Linear`` it replaces, the ``torch.ops`` custom op that compiled graphs call, and on a GPU a graph-timed row whose
 eager calls run F.linear, ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call, and FP8 linears
 (the bound activation quantizer against Triton's launcher; the op, torch's block-scaled arm and the ``FP8Linear``
-twin against bf16 F.linear / nn.Linear of the same shape): N calls of the torch
+twin against bf16 F.linear / nn.Linear of the same shape; ``note`` says which launch, GEMM and call entry they
+took): N calls of the torch
 call and N of ours back to back, R times, the median of the per-repeat differences (``added_us``). The decisions come
 from a tuned CSV this bench writes to a temporary folder (the environment is restored afterwards).
 """
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 import aiter_gemm
 from aiter_gemm.configs import BF16_TUNED_COLUMNS
+from aiter_gemm.op_entry import EXT
 from aiter_gemm.settings import scoped_env
 
 N, K = 64, 64
@@ -53,11 +55,11 @@ def measure(ref: Callable[[], object], ours: Callable[[], object], n: int, repea
 
 
 def _row(case: str, provider: str, vs: str, m: int, n: int, k: int, got: tuple[float, float, float],
-         repeats: int) -> dict:
+         repeats: int, note: str = "") -> dict:
     ref, ours, added = got
     return {"bench": "overhead", "set": "tiny", "label": case, "M": m, "N": n, "K": k, "bias": False,
             "provider": provider, "mode": "eager", "us": f"{ours:.3f}", "vs": vs, "vs_us": f"{ref:.3f}",
-            "ratio": f"{ref / ours:.4f}", "rounds": repeats, "added_us": f"{added:.3f}"}
+            "ratio": f"{ref / ours:.4f}", "rounds": repeats, "added_us": f"{added:.3f}", "note": note}
 
 
 def _tuned_csv(path: Path, dev: torch.device, dtype: torch.dtype) -> None:
@@ -105,6 +107,7 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
     from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
     from aiter_gemm.kernels import act_quant
     from aiter_gemm.kernels.a8w8_blockscale import quantize_blockscale
+    from aiter_gemm.ops.a8w8_blockscale import get_GEMM_A8W8_BLOCKSCALE_config
 
     if torch_impl.unavailable_reason(torch.device("cuda")) is not None:
         return []
@@ -116,11 +119,14 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
     x2 = x[0]
     got = measure(lambda: act_quant.quant_triton(x2, True), lambda: act_quant.per_token_group_quant_fp8(x2, True),
                   calls // 4, repeats, sync)
-    rows = [_row("fp8_quant", "act_quant_bound", "triton_launcher", m, n, k, got, repeats)]
-    for provider, gemm in (("fp8_block_linear", None), ("torch_blockscale", torch_impl.gemm_a8w8_blockscale_torch)):
+    quant = f"quantizer: {_quant_path(x2)}"
+    rows = [_row("fp8_quant", "act_quant_bound", "triton_launcher", m, n, k, got, repeats, quant)]
+    cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
+    for provider, gemm, what in (("fp8_block_linear", None, f"{cfg['libtype']} (eager {cfg['eager_libtype']})"),
+                                 ("torch_blockscale", torch_impl.gemm_a8w8_blockscale_torch, "torch")):
         got = measure(lambda: F.linear(x, w), lambda gemm=gemm: fp8_block_linear(x, wq, ws, None, gemm, True),
                       calls // 4, repeats, sync)
-        rows.append(_row("fp8_linear", provider, "flinear", m, n, k, got, repeats))
+        rows.append(_row("fp8_linear", provider, "flinear", m, n, k, got, repeats, f"{quant}; gemm: {what}"))
     try:
         from transformers.integrations.finegrained_fp8 import FP8Linear
     except ImportError:
@@ -130,8 +136,24 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
     twin = from_fp8_linear(fp8, "overhead")
     with torch.no_grad():
         got = measure(lambda: linear(x), lambda: twin(x), calls // 4, repeats, sync)
-    rows.append(_row("fp8_linear", "TunedFP8Linear", "nn.Linear", m, n, k, got, repeats))
+        entry = "C++ fp8_call" if EXT is not None and EXT.fp8_call(twin, x) is not None else "Python forward"
+    rows.append(_row("fp8_linear", "TunedFP8Linear", "nn.Linear", m, n, k, got, repeats,
+                     f"{quant}; gemm: {cfg['eager_libtype']}; call: {entry}"))
     return rows
+
+
+def _quant_path(x2: torch.Tensor) -> str:
+    """Which launch the activation quantizer's calls of x2 (M-major scales) take now, and why not the bound one."""
+    from aiter_gemm.kernels import act_quant
+
+    if act_quant.TABLES is None:
+        return "Triton's launcher (the C++ extension is not built)"
+    plan = EXT.triton_table_find(act_quant.TABLES[1], x2)
+    if plan is None:
+        return "Triton's launcher (not bound: the log says why)"
+    if EXT.triton_run(plan, x2) is None:
+        return "Triton's launcher (the plan declines: a launch hook, another device current, a misaligned view)"
+    return "bound launch"
 
 
 def run_overhead(device: torch.device, calls: int, repeats: int) -> list[dict]:

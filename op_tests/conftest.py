@@ -1,4 +1,5 @@
-"""Shared test set-up: the Triton interpreter on CPU-only machines, the ``gpu`` marker, a clean runtime per test."""
+"""Shared test set-up: the Triton interpreter on CPU-only machines, the ``gpu`` and ``interpreted`` markers, a clean
+runtime per test."""
 
 from __future__ import annotations
 
@@ -20,12 +21,18 @@ _AITER_VARS = ("AITER_CONFIG_", "AITER_TUNE_GEMM", "AITER_UNTUNED_GEMM_FILE", "A
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA/ROCm GPU; this machine has none")
+    from aiter_gemm.kernels.common import INTERPRET
+
+    skips = {}
+    if not HAS_GPU:
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA/ROCm GPU; this machine has none")
+    if not INTERPRET:
+        skips["interpreted"] = pytest.mark.skip(reason="runs Triton kernels on CPU tensors, which needs "
+                                                "TRITON_INTERPRET=1 (set here only on machines without a GPU)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -137,7 +137,7 @@ def test_cpp_plan_packs_pointers_and_checks_later_calls(ext, compiled_quant):
     compiled = compiled_quant[""]
     x, q, s, args = quant_call(5, 300, m_major=True)
     pa = triton_launch.plan_args(compiled, (5, 3), args, (x,), (q, s))
-    plan = ext.triton_plan(0x1234, *pa, compiled)
+    plan = ext.triton_plan(0x1234, *pa, compiled, triton_launch.hooks_owner())
     x2 = torch.randn(5, 300, dtype=torch.bfloat16)
     blob, (q2, s2) = ext.triton_plan_params(plan, x2)
     assert q2.dtype == q.dtype and q2.shape == q.shape and s2.stride() == (1, 5)
@@ -158,11 +158,57 @@ def test_cpp_plan_packs_pointers_and_checks_later_calls(ext, compiled_quant):
 def test_cpp_plan_refuses_a_misaligned_pointer_the_kernel_assumed_aligned(ext, compiled_quant):
     compiled = compiled_quant[""]
     x, q, s, args = quant_call(2, 256, m_major=False)
-    plan = ext.triton_plan(1, *triton_launch.plan_args(compiled, (2, 2), args, (x,), (q, s)), compiled)
+    plan = ext.triton_plan(1, *triton_launch.plan_args(compiled, (2, 2), args, (x,), (q, s)), compiled,
+                           triton_launch.hooks_owner())
     base = torch.randn(2 * 256 + 1, dtype=torch.bfloat16)
     odd = base[1:].view(2, 256)  # 2-byte offset: same sizes and strides, not 16-byte aligned
     assert odd.data_ptr() % 16 and ext.triton_plan_params(plan, odd) is None
     assert ext.triton_plan_params(plan, base[:512].view(2, 256)) is not None
+
+
+class _Chain:
+    """Triton 3.5+'s HookChain as the launcher and the plan read it: a ``calls`` list."""
+
+    def __init__(self, *calls):
+        self.calls = list(calls)
+
+
+@pytest.mark.parametrize("enter, exit_, taken", [
+    (None, None, True),                      # Triton 3.4: no hook
+    (_Chain(), _Chain(), True),              # Triton 3.5+: empty chains, never None
+    (_Chain(print), _Chain(), False),        # a profiler's hook (proton's): Triton's launcher must call it
+    (_Chain(), _Chain(print), False),
+    (print, None, False),                    # Triton 3.4: a hook is a callable
+    ("missing", None, False),                # no such attribute: not known to be empty
+])
+def test_cpp_plan_reads_triton_launch_hooks_per_call(ext, compiled_quant, enter, exit_, taken):
+    """A plan takes a call only while Triton's launch hooks are empty (Triton's launcher runs the call otherwise, and
+    calls them), read per call: a plan bound before a profiler started honours its hooks too."""
+    compiled = compiled_quant[""]
+    x, q, s, args = quant_call(2, 256, m_major=False)
+    owner = SimpleNamespace(launch_exit_hook=exit_)
+    if enter != "missing":
+        owner.launch_enter_hook = enter
+    plan = ext.triton_plan(1, *triton_launch.plan_args(compiled, (2, 2), args, (x,), (q, s)), compiled, owner)
+    assert (ext.triton_plan_params(plan, x) is not None) is taken
+    owner.launch_enter_hook, owner.launch_exit_hook = _Chain(), _Chain()  # the profiler stopped
+    assert ext.triton_plan_params(plan, x) is not None
+    owner.launch_enter_hook.calls.append(print)  # ... and started again
+    assert ext.triton_plan_params(plan, x) is None
+
+
+def test_bind_is_not_declined_by_tritons_empty_hook_chains(caplog, compiled_quant, monkeypatch):
+    """Triton 3.5+ keeps launch hooks in HookChain objects that are never None: bind took that for a hook and no
+    launch was ever bound (the H200's log, Triton 3.6). A loaded kernel on CPU tensors now reaches the device check."""
+    if EXT is None:
+        pytest.skip("the C++ eager extension is not built")
+    owner = triton_launch.hooks_owner()
+    assert {"launch_enter_hook", "launch_exit_hook"} <= set(dir(owner))
+    compiled = SimpleNamespace(**vars(compiled_quant[""]), function=0x1234)  # "loaded"
+    x, q, s, args = quant_call(2, 256, m_major=False)
+    with caplog.at_level("INFO", logger="aiter_gemm"):
+        assert triton_launch.bind(compiled, (2, 2), args, (x,), (q, s)) is None
+    assert "hooks" not in caplog.text and "tensors on cpu" in caplog.text
 
 
 def test_bind_declines_without_a_loaded_kernel(caplog, compiled_quant):
@@ -182,7 +228,7 @@ def test_quant_bound_launch_is_bit_identical_to_triton(M, K, m_major):
     if EXT is None:
         pytest.skip("the C++ eager extension is not built")
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda") * 3
-    act_quant._PLANS.clear()
+    act_quant.clear_plans()
     q0, s0 = act_quant.per_token_group_quant_fp8(x, m_major)       # Triton's launch, binds the plan
     plan = act_quant._PLANS[(x.shape, x.stride(), x.dtype, x.device, m_major)]
     assert plan is not None
@@ -219,34 +265,137 @@ def test_quant_bound_launch_on_a_side_stream_and_in_a_graph():
 
 
 # ---- the quantizer's plan cache (CPU: fake plans) --------------------------------------------------------------
-def test_quant_runs_a_cached_plan_and_falls_back_when_it_declines(monkeypatch):
-    x = torch.randn(4, 256)
+def test_quant_runs_a_cached_plan_and_falls_back_when_it_declines(monkeypatch, device):
+    x = torch.randn(4, 256, device=device)
     key = (x.shape, x.stride(), x.dtype, x.device, True)
     calls = []
-    monkeypatch.setattr(act_quant, "_PLANS", {key: "plan"})
-    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: calls.append((plan, t)) or answer)
+    monkeypatch.setattr(act_quant, "_PLANS", {key: "plan"})  # bound: Triton's launch never binds it again
+    monkeypatch.setattr(act_quant, "TABLES", ("row-major", "m-major"))
+    monkeypatch.setattr(act_quant, "_run_table", lambda table, t: calls.append((table, t)) or answer)
     answer = ("q", "s")
-    assert act_quant.per_token_group_quant_fp8(x, True) == answer and calls == [("plan", x)]
-    answer = None  # the plan declines (another stream's device, a misaligned view...): Triton's launch runs
+    assert act_quant.per_token_group_quant_fp8(x, True) == answer and calls == [("m-major", x)]
+    answer = None  # the plan declines (another stream's device, a misaligned view, a launch hook...): Triton's
     q, s = act_quant.per_token_group_quant_fp8(x, True)
     ref_q, ref_s = act_quant.per_token_group_quant_fp8_ref(x, True)
     assert torch.equal(q.float(), ref_q.float()) and torch.allclose(s, ref_s) and s.stride() == (1, 4)
     assert len(calls) == 2 and act_quant.per_token_group_quant_fp8(x, False)[1].stride() == (2, 1)
-    assert len(calls) == 2  # another key: no plan asked
+    assert calls[-1] == ("row-major", x)
 
 
-def test_quant_binds_a_shape_once_and_never_a_copied_input(monkeypatch):
+def test_quant_binds_a_shape_once_and_never_a_copied_input(monkeypatch, device):
     bound = []
     monkeypatch.setattr(act_quant, "_PLANS", {})
     monkeypatch.setattr(act_quant, "INTERPRET", False)  # binding is for compiled launches; the kernel still runs
-    monkeypatch.setattr(act_quant, "_run_plan", lambda plan, t: None)
+    monkeypatch.setattr(act_quant, "TABLES", (None, None))
+    monkeypatch.setattr(act_quant, "_run_table", lambda table, t: None)
     monkeypatch.setattr(triton_launch, "bind", lambda compiled, grid, args, inputs, outputs:
                         bound.append((grid, inputs, outputs)) or None)
-    x = torch.randn(3, 300)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    x = torch.randn(3, 300, device=device)
+    if device == "cpu":  # interpreted: a CPU tensor stands for a GPU one
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     act_quant.per_token_group_quant_fp8(x, True)
     act_quant.per_token_group_quant_fp8(x, True)  # cached as None: Triton's launch, no second bind
     assert len(bound) == 1 and bound[0][0] == (3, 3) and bound[0][1] == (x,)
     assert [t.shape for t in bound[0][2]] == [(3, 300), (3, 3)]
-    act_quant.per_token_group_quant_fp8(torch.randn(300, 3).t(), True)  # copied to contiguous: nothing bound
+    act_quant.per_token_group_quant_fp8(torch.randn(300, 3, device=device).t(), True)  # copied: nothing bound
     assert len(bound) == 1
+
+
+def test_plan_table_finds_a_plan_by_its_first_input(ext, compiled_quant):
+    """The plan table keys a plan by its first input's dtype, device, sizes and strides (the quantizer's per-call
+    lookup, in C++); a later plan of the same key replaces it; clear drops them; a CPU plan never launches."""
+    compiled = compiled_quant[""]
+    table = ext.triton_table()
+    x, q, s, args = quant_call(3, 300, m_major=True)
+    plan = ext.triton_plan(1, *triton_launch.plan_args(compiled, (3, 3), args, (x,), (q, s)), compiled,
+                           triton_launch.hooks_owner())
+    assert ext.triton_table_find(table, x) is None
+    ext.triton_table_add(table, plan)
+    assert ext.triton_table_find(table, torch.randn(3, 300, dtype=torch.bfloat16)) is plan
+    for other in (torch.randn(3, 301, dtype=torch.bfloat16), torch.randn(3, 300),
+                  torch.randn(3, 600, dtype=torch.bfloat16)[:, :300], torch.randn(1, 3, 300, dtype=torch.bfloat16)):
+        assert ext.triton_table_find(table, other) is None, (other.shape, other.stride(), other.dtype)
+    assert ext.triton_table_run(table, x) is None  # found, on CPU: not launched
+    again = ext.triton_plan(2, *triton_launch.plan_args(compiled, (3, 3), args, (x,), (q, s)), compiled,
+                            triton_launch.hooks_owner())
+    ext.triton_table_add(table, again)
+    assert ext.triton_table_find(table, x) is again
+    assert ext.triton_table_clear(table) == 1 and ext.triton_table_find(table, x) is None
+
+
+def test_quant_stores_what_it_binds_in_the_table_of_its_layout(monkeypatch, compiled_quant):
+    """A bound launch goes to the plan table of its x_scale layout, where the next call (and the FP8Linear twin's
+    C++ call) finds it; clear_plans forgets both."""
+    if act_quant.TABLES is None:
+        pytest.skip("the C++ eager extension is not built")
+    compiled = compiled_quant[""]
+    monkeypatch.setattr(act_quant, "INTERPRET", False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+
+    def fake_bind(_compiled, grid, args, inputs, outputs):  # the real plan of this call, from the sm_90 kernel
+        return EXT.triton_plan(1, *triton_launch.plan_args(compiled, grid, args, inputs, outputs), compiled,
+                               triton_launch.hooks_owner())
+
+    monkeypatch.setattr(triton_launch, "bind", fake_bind)
+    act_quant.clear_plans()
+    try:
+        x = torch.randn(3, 300, dtype=torch.bfloat16)
+        act_quant.per_token_group_quant_fp8(x, True)
+        plan = EXT.triton_table_find(act_quant.TABLES[1], x)
+        assert plan is not None and plan is act_quant._PLANS[(x.shape, x.stride(), x.dtype, x.device, True)]
+        assert EXT.triton_table_find(act_quant.TABLES[0], x) is None
+    finally:
+        act_quant.clear_plans()
+    assert EXT.triton_table_find(act_quant.TABLES[1], x) is None and not act_quant._PLANS
+
+
+def test_quant_cpu_tensors_without_the_interpreter_run_the_torch_rule(monkeypatch):
+    """Compiled Triton takes no CPU tensor (a GPU machine, where TRITON_INTERPRET is off): the quantizer ran the
+    launch anyway ("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)" on the H200); now CPU
+    tensors take the torch reference there, with the same result and layout."""
+    monkeypatch.setattr(act_quant, "INTERPRET", False)
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("a compiled Triton launch of CPU tensors")
+
+    monkeypatch.setattr(act_quant, "_quant_kernel", NoLaunch())
+    x = torch.randn(5, 300, dtype=torch.bfloat16)
+    for m_major in (False, True):
+        q, s = act_quant.per_token_group_quant_fp8(x, m_major)
+        qr, sr = act_quant.per_token_group_quant_fp8_ref(x, m_major)
+        assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(s, sr)
+        assert s.stride() == sr.stride() and q.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.gpu
+def test_quant_bound_launch_gives_way_to_a_triton_launch_hook():
+    """While a launch hook is installed (a profiler's), every call runs Triton's launch, which calls the hook once
+    per call; removed, the bound launch runs again (the hook is not called)."""
+    if EXT is None:
+        pytest.skip("the C++ eager extension is not built")
+    import triton
+
+    chain = getattr(getattr(triton, "knobs", None), "runtime", None)
+    chain = getattr(chain, "launch_enter_hook", None)
+    if not hasattr(chain, "add"):
+        pytest.skip("this Triton has no HookChain (Triton 3.5+)")
+    x = torch.randn(4, 512, dtype=torch.bfloat16, device="cuda")
+    act_quant.clear_plans()
+    ref = act_quant.per_token_group_quant_fp8(x, True)  # binds
+    assert act_quant._PLANS[(x.shape, x.stride(), x.dtype, x.device, True)] is not None
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    chain.add(hook)
+    try:
+        for _ in range(2):
+            q, s = act_quant.per_token_group_quant_fp8(x, True)
+            assert torch.equal(q.view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(s, ref[1])
+    finally:
+        chain.remove(hook)
+    assert len(seen) == 2
+    act_quant.per_token_group_quant_fp8(x, True)
+    assert len(seen) == 2

@@ -32,7 +32,16 @@ PyObject* instance_dict(PyObject* obj);
 // tuple of its outputs; nullptr with no error set: not taken (the caller runs Triton's launch); with one: an error.
 PyObject* run_plan(PyObject* plan, PyObject* const* args, Py_ssize_t nargs);
 
-// Adds the bound Triton launch functions (triton_plan, triton_run, triton_plan_params) to the extension module.
+// The plan of ``table`` (a plan table) for a call whose first input is args[0], launched: run_plan's answer; nullptr
+// with no error set also where the table holds no plan for that input's dtype, device, sizes and strides.
+PyObject* run_table(PyObject* table, PyObject* const* args, Py_ssize_t nargs);
+
+// Whether this thread is capturing a CUDA graph, per ``probe`` (aiter_gemm.cudagraph's probe; read as the public
+// capture counter where it is that one). 1/0; -1: error.
+int probe_says_capturing(PyObject* probe);
+
+// Adds the bound Triton launch functions (triton_plan, triton_run, triton_plan_params, triton_table*) to the
+// extension module.
 bool init_triton_launch(PyObject* module);
 
 // Adds the module call entry's functions (call, linear, setup_call, setup_linear) to the extension module.

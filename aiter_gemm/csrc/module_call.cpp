@@ -3,12 +3,23 @@
 // to forward runs the remembered decision of ``op(input, weight, bias)``, the op set up for it (setup_linear:
 // gemm_a16w16, TunedLinear's forward). Module.__call__ spends two Python frames and eight hook checks before forward;
 // aiter_gemm/call_entry.py sets this up and holds its Python form.
+//
+// fp8_call does the same for the FP8Linear twin of aiter_gemm/fp8_linear.py: the activation quantizer's bound launch
+// (its plan table, triton_launch.cpp), the block-scale op's entry (its remembered decision, else its Python path)
+// and the bias, with no Python frame of ours; a call it cannot take from C++ alone returns None (the twin's
+// forward runs it).
 #include <Python.h>
 
+#include <ATen/ATen.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include "eager_fast.h"
+
+#include <vector>
 
 namespace aiter_eager {
 namespace {
@@ -174,6 +185,142 @@ PyObject* setup_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs
   Py_RETURN_NONE;
 }
 
+// The FP8Linear twin's call (setup_fp8): the quantizer's plan table (M-major x_scale), the block-scale op's entry,
+// the capture probe; interned attribute names.
+PyObject* g_fp8_table = nullptr;
+PyObject* g_fp8_gemm = nullptr;
+PyObject* g_fp8_probe = nullptr;
+PyObject* g_scale_name = nullptr;
+PyObject* g_override_names[2] = {};  // _aiter_gemm, _aiter_m_major: a twin with either set runs its forward
+
+bool plain_tensor(PyObject* obj) {
+  return THPVariable_CheckExact(obj);
+}
+
+// ``module(input)`` of an FP8Linear twin whose instance dict is ``dict``, from C++: the checks of the twin's forward
+// (fp8 weight, float32 scales, an exact input tensor of a float dtype on the weight's device, no gradient
+// wanted, no override) and of fp8_block_linear's eager call (M-major scales outside capture; no TorchFunctionMode,
+// which the Python path's torch calls would report to). nullptr, error set or not, as serve.
+PyObject* fp8_linear_of(PyObject* dict, PyObject* input) {
+  for (PyObject* name : g_override_names) {
+    PyObject* v = PyDict_GetItemWithError(dict, name);
+    if ((v != nullptr && v != Py_None) || PyErr_Occurred()) {
+      return nullptr;
+    }
+  }
+  PyObject* params = PyDict_GetItemWithError(dict, g_params_name);
+  if (params == nullptr || !PyDict_Check(params)) {
+    return nullptr;
+  }
+  PyObject* weight = PyDict_GetItemWithError(params, g_weight_name);
+  PyObject* scale = weight != nullptr ? PyDict_GetItemWithError(params, g_scale_name) : nullptr;
+  if (scale == nullptr || PyErr_Occurred()) {
+    return nullptr;
+  }
+  PyObject* bias = PyDict_GetItemWithError(params, g_bias_name);
+  if (PyErr_Occurred() || !plain_tensor(input) || !plain_tensor(weight) || !plain_tensor(scale) ||
+      (bias != nullptr && bias != Py_None && !plain_tensor(bias))) {
+    return nullptr;
+  }
+  const at::Tensor& x = THPVariable_Unpack(input);
+  const at::Tensor& w = THPVariable_Unpack(weight);
+  const at::ScalarType dtype = x.scalar_type();
+  const bool has_bias = bias != nullptr && bias != Py_None;
+  if (w.scalar_type() != at::kFloat8_e4m3fn || THPVariable_Unpack(scale).scalar_type() != at::kFloat ||
+      (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) || x.device() != w.device() || x.dim() < 1 || w.dim() != 2 || x.size(-1) != w.size(1) ||
+      (has_bias && THPVariable_Unpack(bias).device() != w.device()) ||
+      (at::GradMode::is_enabled() && x.requires_grad()) || at::impl::torch_function_mode_enabled()) {
+    return nullptr;
+  }
+  const bool table = PyCapsule_CheckExact(g_fp8_table);
+  if (table && !x.is_cuda()) {
+    return nullptr;  // bound launches are CUDA ones
+  }
+  const int capturing = probe_says_capturing(g_fp8_probe);
+  if (capturing != 0) {
+    return nullptr;  // capturing: the layout follows the decision there (the Python path); -1: error set
+  }
+  PyObject* x2 = THPVariable_Wrap(x.reshape({-1, x.size(-1)}));
+  if (x2 == nullptr) {
+    return nullptr;
+  }
+  // (XQ, x_scale), or nullptr / None: not bound for this input. A callable in place of the table: the CPU tests'
+  // quantizer.
+  PyObject* quantized = table ? run_table(g_fp8_table, &x2, 1) : PyObject_CallOneArg(g_fp8_table, x2);
+  Py_DECREF(x2);
+  if (quantized == nullptr || quantized == Py_None) {
+    Py_XDECREF(quantized);
+    return nullptr;
+  }
+  if (!PyTuple_Check(quantized) || PyTuple_GET_SIZE(quantized) != 2) {
+    Py_DECREF(quantized);
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.fp8_call: the quantizer returned no (XQ, x_scale)");
+    return nullptr;
+  }
+  PyObject* gemm_args[5] = {PyTuple_GET_ITEM(quantized, 0), weight, PyTuple_GET_ITEM(quantized, 1), scale,
+                            reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype))};
+  PyObject* out = PyObject_Vectorcall(g_fp8_gemm, gemm_args, 5, nullptr);
+  Py_DECREF(quantized);
+  if (out == nullptr) {
+    return nullptr;
+  }
+  if (!THPVariable_Check(out)) {
+    Py_DECREF(out);
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.fp8_call: the block-scale op returned no tensor");
+    return nullptr;
+  }
+  at::Tensor result = THPVariable_Unpack(out);
+  Py_DECREF(out);
+  if (has_bias) {
+    result.add_(THPVariable_Unpack(bias));
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(w.size(0));
+  return THPVariable_Wrap(result.view(shape));
+}
+
+// fp8_call(module, input) -> Tensor | None: ``module(input)`` for an FP8Linear twin whose call nn.Module.__call__
+// would hand straight to forward and whose quantizer launch is bound for this input (fp8_linear_of); else None.
+PyObject* fp8_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.fp8_call(module, input) takes 2 arguments");
+    return nullptr;
+  }
+  PyObject* dict = g_fp8_table != nullptr ? instance_dict(args[0]) : nullptr;
+  if (dict == nullptr) {
+    Py_RETURN_NONE;
+  }
+  const int bare = bare_module_call(dict);
+  if (bare < 0) {
+    return nullptr;
+  }
+  PyObject* out = bare ? fp8_linear_of(dict, args[1]) : nullptr;
+  if (out != nullptr || PyErr_Occurred()) {
+    return out;
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// setup_fp8(table, gemm, probe): the quantizer's plan table (M-major scales; tests give a callable ``quant(x2) ->
+// (XQ, x_scale) | None`` instead), the block-scale op's entry ``gemm(XQ, WQ, x_scale, w_scale, dtype)`` and the
+// capture probe fp8_call uses. Until it is called fp8_call returns None.
+PyObject* setup_fp8(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !(PyCapsule_IsValid(args[0], "aiter_gemm.triton_table") || PyCallable_Check(args[0])) ||
+      !PyCallable_Check(args[1]) || !PyCallable_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.setup_fp8(table, gemm, probe): a plan table (or a "
+                    "quantizer) and two callables");
+    return nullptr;
+  }
+  PyObject** slots[] = {&g_fp8_table, &g_fp8_gemm, &g_fp8_probe};
+  for (int i = 0; i < 3; ++i) {
+    Py_INCREF(args[i]);
+    Py_XSETREF(*slots[i], args[i]);
+  }
+  Py_RETURN_NONE;
+}
+
 #define AITER_FASTCALL(fn) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fn))
 
 PyMethodDef kMethods[] = {
@@ -182,6 +329,10 @@ PyMethodDef kMethods[] = {
     {"call", AITER_FASTCALL(call), METH_FASTCALL,
      "call(module, input) -> Tensor | None: linear() where nn.Module.__call__ would go straight to forward, or None"},
     {"setup_linear", setup_linear, METH_O, "setup_linear(entry): the op linear() and call() run"},
+    {"fp8_call", AITER_FASTCALL(fp8_call), METH_FASTCALL,
+     "fp8_call(module, input) -> Tensor | None: an FP8Linear twin's call from C++ where it can run there, or None"},
+    {"setup_fp8", AITER_FASTCALL(setup_fp8), METH_FASTCALL,
+     "setup_fp8(table, gemm, probe): the quantizer's plan table, the block-scale op's entry, the capture probe"},
     {"setup_call", AITER_FASTCALL(setup_call), METH_FASTCALL,
      "setup_call(names, global_dicts): the hook stores Module.__call__ looks at (instance dict names, global dicts)"},
     {nullptr, nullptr, 0, nullptr}};
@@ -194,7 +345,11 @@ bool init_module_call(PyObject* module) {
   g_bias_name = PyUnicode_InternFromString("bias");
   g_forward_name = PyUnicode_InternFromString("forward");
   g_compiled_name = PyUnicode_InternFromString("_compiled_call_impl");
-  return g_params_name && g_weight_name && g_bias_name && g_forward_name && g_compiled_name &&
+  g_scale_name = PyUnicode_InternFromString("weight_scale_inv");
+  g_override_names[0] = PyUnicode_InternFromString("_aiter_gemm");
+  g_override_names[1] = PyUnicode_InternFromString("_aiter_m_major");
+  return g_params_name && g_weight_name && g_bias_name && g_forward_name && g_compiled_name && g_scale_name &&
+         g_override_names[0] && g_override_names[1] &&
          PyModule_AddFunctions(module, kMethods) == 0;
 }
 

@@ -7,7 +7,10 @@
 // (grid, integers, block and shared memory fixed): a call gives new tensors of the same dtype, device, sizes and
 // strides (checked; pointers aligned where the bound ones were, as Triton specialized the kernel on it), the plan
 // allocates the outputs, writes the pointers into the packed parameters and launches on torch's current stream. A
-// call it cannot take returns None and the caller runs Triton's own launch.
+// call it cannot take returns None and the caller runs Triton's own launch. So does every call while a Triton
+// launch hook is installed (a profiler's, e.g. proton's): Triton's launcher calls the hooks, a plan would skip them.
+// An empty hook is none: Triton 3.5+ keeps its hooks in HookChain objects that are never None (empty ``calls``),
+// older ones None; the hooks' owner (``triton.knobs.runtime``, or CompiledKernel before knobs) is read per call.
 //
 // No CUDA header or library is needed at build time: the three driver functions used are declared here and found
 // at run time in the libcuda.so.1 the process has loaded (torch and Triton load it), so the extension builds and
@@ -25,10 +28,12 @@
 
 #include "eager_fast.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace aiter_eager {
@@ -86,12 +91,14 @@ struct Plan {
   std::vector<std::pair<uint32_t, uint32_t>> pointers;  // (offset in blob, tensor index: inputs, then outputs)
   std::vector<TensorSpec> inputs, outputs;
   PyObject* keepalive = nullptr;  // strong: what owns the CUmodule (Triton's CompiledKernel)
+  PyObject* hooks = nullptr;      // strong: what holds Triton's launch_enter_hook / launch_exit_hook
 };
 
 void plan_destructor(PyObject* capsule) {
   auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(capsule, "aiter_gemm.triton_plan"));
   if (plan != nullptr) {
     Py_XDECREF(plan->keepalive);
+    Py_XDECREF(plan->hooks);
     delete plan;
   }
 }
@@ -141,16 +148,17 @@ bool parse_specs(PyObject* seq, std::vector<TensorSpec>& out) {
   return ok;
 }
 
-// triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive) -> plan.
-// ``pointers``: (parameter index, tensor index) pairs; ``inputs``/``outputs``: (dtype, sizes, strides, align16).
+// triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive, hooks)
+// -> plan. ``pointers``: (parameter index, tensor index) pairs; ``inputs``/``outputs``: (dtype, sizes, strides,
+// align16); ``hooks``: the object whose launch_enter_hook / launch_exit_hook attributes Triton's launcher calls.
 PyObject* triton_plan(PyObject* /*self*/, PyObject* args) {
   HANDLE_TH_ERRORS
   unsigned long long function;
   unsigned gx, gy, gz, block, shared;
-  PyObject *device, *offsets, *pointers, *inputs, *outputs, *keepalive;
+  PyObject *device, *offsets, *pointers, *inputs, *outputs, *keepalive, *hooks;
   Py_buffer blob;
-  if (!PyArg_ParseTuple(args, "K(III)IIOy*OOOOO", &function, &gx, &gy, &gz, &block, &shared, &device, &blob,
-                        &offsets, &pointers, &inputs, &outputs, &keepalive)) {
+  if (!PyArg_ParseTuple(args, "K(III)IIOy*OOOOOO", &function, &gx, &gy, &gz, &block, &shared, &device, &blob,
+                        &offsets, &pointers, &inputs, &outputs, &keepalive, &hooks)) {
     return nullptr;
   }
   auto plan = std::make_unique<Plan>();
@@ -193,9 +201,12 @@ PyObject* triton_plan(PyObject* /*self*/, PyObject* args) {
   }
   Py_INCREF(keepalive);
   plan->keepalive = keepalive;
+  Py_INCREF(hooks);
+  plan->hooks = hooks;
   PyObject* capsule = PyCapsule_New(plan.get(), "aiter_gemm.triton_plan", plan_destructor);
   if (capsule == nullptr) {
     Py_DECREF(keepalive);
+    Py_DECREF(hooks);
     return nullptr;
   }
   plan.release();
@@ -218,11 +229,40 @@ bool matches(const Plan& plan, PyObject* obj, const TensorSpec& spec) {
          (!spec.align16 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
 }
 
-// The outputs allocated and every pointer written into ``buf`` (a copy of the plan's blob). False: the inputs do
-// not match the bound ones.
+// Whether Triton's launch hook ``name`` of ``owner`` is none: None, or an empty HookChain (a ``calls`` list with no
+// entry). Anything else (a callable, a chain with hooks, an attribute error) is a hook that does something.
+bool hook_is_empty(PyObject* owner, PyObject* name) {
+  static PyObject* calls_name = PyUnicode_InternFromString("calls");
+  PyObject* hook = PyObject_GetAttr(owner, name);
+  if (hook == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  bool empty = hook == Py_None;
+  if (!empty) {
+    PyObject* calls = PyObject_GetAttr(hook, calls_name);
+    if (calls == nullptr) {
+      PyErr_Clear();
+    } else {
+      empty = PyList_CheckExact(calls) && PyList_GET_SIZE(calls) == 0;
+      Py_DECREF(calls);
+    }
+  }
+  Py_DECREF(hook);
+  return empty;
+}
+
+bool no_launch_hooks(const Plan& plan) {
+  static PyObject* enter = PyUnicode_InternFromString("launch_enter_hook");
+  static PyObject* exit_ = PyUnicode_InternFromString("launch_exit_hook");
+  return hook_is_empty(plan.hooks, enter) && hook_is_empty(plan.hooks, exit_);
+}
+
+// The outputs allocated and every pointer written into ``buf`` (a copy of the plan's blob). False: the bound launch
+// does not take this call (the inputs do not match the bound ones, or a Triton launch hook is installed).
 bool pack(const Plan& plan, PyObject* const* args, Py_ssize_t nargs, unsigned char* buf,
           std::vector<at::Tensor>& outs) {
-  if (nargs != static_cast<Py_ssize_t>(plan.inputs.size())) {
+  if (nargs != static_cast<Py_ssize_t>(plan.inputs.size()) || !no_launch_hooks(plan)) {
     return false;
   }
   for (Py_ssize_t i = 0; i < nargs; ++i) {
@@ -305,6 +345,185 @@ PyObject* run_plan(PyObject* plan_obj, PyObject* const* args, Py_ssize_t nargs) 
 
 namespace {
 
+// A plan table: a kernel's plans by their first input's dtype, device, sizes and strides, so a caller finds the
+// plan of a call from its tensor in C++ (no Python key per call). Each plan still checks the whole call.
+constexpr int kMaxDims = 8;
+
+struct InputKey {
+  int len = 0;
+  std::array<int64_t, 2 + 2 * kMaxDims> w{};
+  bool operator==(const InputKey& o) const {
+    return len == o.len && std::equal(w.begin(), w.begin() + len, o.w.begin());
+  }
+};
+
+struct InputKeyHash {
+  size_t operator()(const InputKey& key) const {
+    uint64_t h = static_cast<uint64_t>(key.len);
+    for (int i = 0; i < key.len; ++i) {
+      h = (h ^ static_cast<uint64_t>(key.w[i])) * 0x100000001B3ULL;
+    }
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+using Table = std::unordered_map<InputKey, PyObject*, InputKeyHash>;  // plans held strongly
+
+int64_t device_word(const c10::Device& dev) {
+  return (static_cast<int64_t>(dev.type()) << 8) | (dev.index() + 1);
+}
+
+bool make_input_key(at::ScalarType dtype, const c10::Device& dev, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                    InputKey& key) {
+  const size_t nd = sizes.size();
+  if (nd > static_cast<size_t>(kMaxDims) || strides.size() != nd) {
+    return false;
+  }
+  key.len = 0;
+  key.w[key.len++] = static_cast<int64_t>(dtype);
+  key.w[key.len++] = device_word(dev);
+  for (size_t i = 0; i < nd; ++i) {
+    key.w[key.len++] = sizes[i];
+  }
+  for (size_t i = 0; i < nd; ++i) {
+    key.w[key.len++] = strides[i];
+  }
+  return true;
+}
+
+void table_clear(Table& table) {
+  for (auto& item : table) {
+    Py_DECREF(item.second);
+  }
+  table.clear();
+}
+
+void table_destructor(PyObject* capsule) {
+  auto* table = static_cast<Table*>(PyCapsule_GetPointer(capsule, "aiter_gemm.triton_table"));
+  if (table != nullptr) {
+    table_clear(*table);
+    delete table;
+  }
+}
+
+Table* table_of(PyObject* obj) {
+  return static_cast<Table*>(PyCapsule_GetPointer(obj, "aiter_gemm.triton_table"));
+}
+
+// The plan (borrowed) stored for a call whose first input is ``obj``, or nullptr (no error set unless ``table`` is
+// not a table).
+PyObject* table_find(PyObject* table_obj, PyObject* obj) {
+  Table* table = table_of(table_obj);
+  if (table == nullptr || !THPVariable_CheckExact(obj)) {
+    return nullptr;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  InputKey key;
+  if (!make_input_key(t.scalar_type(), t.device(), t.sizes(), t.strides(), key)) {
+    return nullptr;
+  }
+  auto it = table->find(key);
+  return it == table->end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+// (eager_fast.h)
+PyObject* run_table(PyObject* table, PyObject* const* args, Py_ssize_t nargs) {
+  PyObject* plan = nargs >= 1 ? table_find(table, args[0]) : nullptr;
+  if (plan == nullptr) {
+    return nullptr;
+  }
+  Py_INCREF(plan);  // held across the launch: nothing below runs Python that could clear the table, but be safe
+  PyObject* out = run_plan(plan, args, nargs);
+  Py_DECREF(plan);
+  return out;
+}
+
+namespace {
+
+// triton_table() -> an empty plan table.
+PyObject* triton_table(PyObject* /*self*/, PyObject* /*unused*/) {
+  auto table = std::make_unique<Table>();
+  PyObject* capsule = PyCapsule_New(table.get(), "aiter_gemm.triton_table", table_destructor);
+  if (capsule != nullptr) {
+    table.release();
+  }
+  return capsule;
+}
+
+// triton_table_add(table, plan): the plan stored under its first input's dtype, device, sizes and strides
+// (replacing the one there).
+PyObject* triton_table_add(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  Table* table = nargs == 2 ? table_of(args[0]) : nullptr;
+  Plan* plan = table != nullptr ? plan_of(args[1]) : nullptr;
+  if (plan == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "triton_table_add(table, plan)");
+    }
+    return nullptr;
+  }
+  InputKey key;
+  if (plan->inputs.empty() || !make_input_key(plan->inputs[0].dtype, plan->device, plan->inputs[0].sizes,
+                                              plan->inputs[0].strides, key)) {
+    PyErr_Format(PyExc_ValueError, "triton_table_add: a plan with a first input of at most %d dims", kMaxDims);
+    return nullptr;
+  }
+  Py_INCREF(args[1]);
+  auto [it, added] = table->emplace(key, args[1]);
+  if (!added) {
+    Py_DECREF(it->second);
+    it->second = args[1];
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// triton_table_find(table, input) -> plan | None: the plan a call with this first input would run (tests).
+PyObject* triton_table_find(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2 || table_of(args[0]) == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "triton_table_find(table, input)");
+    }
+    return nullptr;
+  }
+  PyObject* plan = table_find(args[0], args[1]);
+  if (plan == nullptr) {
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(plan);
+  return plan;
+  END_HANDLE_TH_ERRORS
+}
+
+// triton_table_clear(table) -> the number of plans dropped.
+PyObject* triton_table_clear(PyObject* /*self*/, PyObject* table_obj) {
+  Table* table = table_of(table_obj);
+  if (table == nullptr) {
+    return nullptr;
+  }
+  const size_t n = table->size();
+  table_clear(*table);
+  return PyLong_FromSize_t(n);
+}
+
+// triton_table_run(table, *inputs) -> tuple of outputs, or None: the plan of the first input's key, launched.
+PyObject* triton_table_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "triton_table_run(table, *inputs)");
+    return nullptr;
+  }
+  PyObject* out = run_table(args[0], args + 1, nargs - 1);
+  if (out != nullptr || PyErr_Occurred()) {
+    return out;
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 // triton_run(plan, *inputs) -> tuple of outputs, or None (not taken: the caller runs Triton's launch).
 PyObject* triton_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -321,7 +540,8 @@ PyObject* triton_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs
 }
 
 // triton_plan_params(plan, *inputs) -> (bytes, outputs) | None: what a launch would pass (the packed parameters,
-// pointers written) and the outputs it allocated, without launching, on any device (tests).
+// pointers written) and the outputs it allocated, without launching, on any device (tests); None where the bound
+// launch does not take the call (as triton_run answers None).
 PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   Plan* plan = nargs >= 1 ? plan_of(args[0]) : nullptr;
@@ -350,11 +570,20 @@ PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize
 
 PyMethodDef kMethods[] = {
     {"triton_plan", triton_plan, METH_VARARGS,
-     "triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive) -> plan"},
+     "triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive, hooks) "
+     "-> plan"},
     {"triton_run", AITER_FASTCALL(triton_run), METH_FASTCALL,
      "triton_run(plan, *inputs) -> tuple of outputs | None: the bound launch, or None where it does not apply"},
     {"triton_plan_params", AITER_FASTCALL(triton_plan_params), METH_FASTCALL,
      "triton_plan_params(plan, *inputs) -> (bytes, outputs) | None: the packed parameters, no launch (tests)"},
+    {"triton_table", triton_table, METH_NOARGS, "triton_table() -> an empty plan table"},
+    {"triton_table_add", AITER_FASTCALL(triton_table_add), METH_FASTCALL,
+     "triton_table_add(table, plan): store the plan under its first input's dtype, device, sizes and strides"},
+    {"triton_table_find", AITER_FASTCALL(triton_table_find), METH_FASTCALL,
+     "triton_table_find(table, input) -> plan | None: the plan a call with this first input runs"},
+    {"triton_table_clear", triton_table_clear, METH_O, "triton_table_clear(table) -> number of plans dropped"},
+    {"triton_table_run", AITER_FASTCALL(triton_table_run), METH_FASTCALL,
+     "triton_table_run(table, *inputs) -> tuple of outputs | None: the plan of the first input's key, launched"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -22,10 +22,10 @@ from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET
 
-__all__ = ["FP8", "GROUP", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref", "quant_rows", "quant_triton"]
+__all__ = ["FP8", "GROUP", "TABLES", "clear_plans", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref",
+           "quant_rows", "quant_triton"]
 
 GROUP = SCALE_BLOCK
-_run_plan = triton_launch.run
 
 
 @triton.jit
@@ -81,26 +81,40 @@ def _scale_out(M: int, groups: int, m_major: bool, device: torch.device) -> torc
     return torch.empty((M, groups), dtype=torch.float32, device=device)
 
 
-#: Bound launches (:mod:`aiter_gemm.triton_launch`) per (shape, strides, dtype, device, m_major) of x: the key fixes
-#: every integer argument; None where the launch cannot be bound (Triton's launcher runs).
+#: Bound launches (:mod:`aiter_gemm.triton_launch`) per (shape, strides, dtype, device, m_major) of x, None where
+#: the launch cannot be bound (Triton's launcher runs): what was tried. The key fixes every integer argument.
 _PLANS: dict[tuple, Any] = {}
 _MAX_PLANS = 4096  # distinct prefill lengths each bind one; past this many the cache starts over
+#: The bound plans again, in the extension's plan tables (row-major and M-major x_scale), which find a call's plan
+#: from x itself in C++ (no Python key per call); the FP8Linear twin's C++ call reads the M-major one.
+TABLES = None if triton_launch.EXT is None else (triton_launch.EXT.triton_table(), triton_launch.EXT.triton_table())
+_run_table = None if TABLES is None else triton_launch.EXT.triton_table_run
+
+
+def clear_plans() -> None:
+    """Forget every bound launch (the next call of each shape binds again)."""
+    _PLANS.clear()
+    if TABLES is not None:
+        for table in TABLES:
+            triton_launch.EXT.triton_table_clear(table)
 
 
 def per_token_group_quant_fp8(x: torch.Tensor, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(XQ, x_scale) of x (M, K) bf16/fp16/fp32, one launch (see the module docstring). Rows may be strided (the
     last dimension must be contiguous: a copy is made otherwise); no host sync, so it runs in CUDA graphs. On a GPU
-    a shape's first call binds the launch (:mod:`aiter_gemm.triton_launch`) and later calls run it from C++."""
+    a shape's first call binds the launch (:mod:`aiter_gemm.triton_launch`) and later calls run it from C++. CPU
+    tensors run the kernel under ``TRITON_INTERPRET=1``, else the torch reference (the same results)."""
+    if _run_table is not None:
+        out = _run_table(TABLES[1 if m_major else 0], x)
+        if out is not None:
+            return out
     try:
         key = (x.shape, x.stride(), x.dtype, x.device, m_major)
     except AttributeError:  # not a tensor: _check says so
         key = None
-    plan = _PLANS.get(key)
-    if plan is not None:
-        out = _run_plan(plan, x)
-        if out is not None:
-            return out
-    return quant_triton(x, m_major, key is not None and key not in _PLANS and x.is_cuda and _run_plan is not None)
+    if key is not None and not (x.is_cuda or INTERPRET):  # compiled Triton takes no CPU tensor: the torch rule runs
+        return per_token_group_quant_fp8_ref(x, m_major)
+    return quant_triton(x, m_major, key is not None and key not in _PLANS and x.is_cuda and _run_table is not None)
 
 
 def quant_triton(x: torch.Tensor, m_major: bool = False, bind: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,8 +137,10 @@ def quant_triton(x: torch.Tensor, m_major: bool = False, bind: bool = False) -> 
         compiled = _quant_kernel[grid](**args, FP8_MAX=FP8_MAX, EPS=MIN_SCALE, GROUP_SIZE=GROUP, num_warps=1)
         if bind and not INTERPRET:
             if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = triton_launch.bind(compiled, grid, args, (x,), (q, s))
+                clear_plans()
+            plan = _PLANS[key] = triton_launch.bind(compiled, grid, args, (x,), (q, s))
+            if plan is not None and TABLES is not None:
+                triton_launch.EXT.triton_table_add(TABLES[1 if m_major else 0], plan)
     return (q.to(FP8) if INTERPRET else q), s
 
 
