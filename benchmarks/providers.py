@@ -23,6 +23,7 @@ ops, ``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` ag
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -341,29 +342,19 @@ def _maxautotune(ctx: Context, arg: str) -> Call:
 
 
 # ---- gemm_a8w8_blockscale --------------------------------------------------------------------------------------------
-def _torch_blockscale(ctx: Context, arg: str) -> Call:
-    """torch's block-scaled matmul as a user calls it: ``F.scaled_mm`` per call, layouts made per call."""
-    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_bs
-
-    p = ctx.problem
-    why = torch_bs.unavailable_reason(ctx.device) or torch_bs.shape_error(p.M, p.N, p.K, p.otype)
-    if why is not None:
-        raise Unavailable(why)
-    sets = ctx.sets
-    return lambda i: torch_bs.gemm_a8w8_blockscale_torch(*sets[i], p.otype)
-
-
-def _deepgemm(ctx: Context, arg: str) -> Call:
-    """DeepGEMM's ``fp8_gemm_nt`` as a user calls it: per call the output allocated and the operands, scales
-    included, passed as the harness lays them out (DeepGEMM transforms x_scale itself where it needs to)."""
-    from aiter_gemm.kernels import a8w8_blockscale_deepgemm as dg
-
-    p = ctx.problem
-    why = dg.unavailable_reason(ctx.device) or dg.shape_error(p.M, p.N, p.K, p.otype)
-    if why is not None:
-        raise Unavailable(why)
-    sets = ctx.sets
-    return lambda i: dg.gemm_a8w8_blockscale_deepgemm(*sets[i], p.otype)
+def _library_call(module: str, function: str) -> Callable[[Context, str], Call]:
+    """A block-scale library called as a user calls it: ``module``'s ``function`` per call, its layouts made per call
+    (``torch_blockscale``: torch's ``F.scaled_mm``; ``deepgemm``: DeepGEMM's ``fp8_gemm_nt``, which transforms
+    x_scale itself where it needs to); Unavailable with the module's reason where it cannot run the shape."""
+    def build(ctx: Context, arg: str) -> Call:
+        impl = importlib.import_module(module)
+        p = ctx.problem
+        why = impl.unavailable_reason(ctx.device) or impl.shape_error(p.M, p.N, p.K, p.otype)
+        if why is not None:
+            raise Unavailable(why)
+        fn, sets = getattr(impl, function), ctx.sets
+        return lambda i: fn(*sets[i], p.otype)
+    return build
 
 
 for _op in (A16W16, BLOCKSCALE, MOE):
@@ -391,7 +382,11 @@ for _op in (A16W16, BLOCKSCALE):
 register_provider(Provider("maxautotune", A16W16, "torch.compile max-autotune-no-cudagraphs of F.linear (GPU)",
                            _maxautotune, check=_no_argument))
 register_provider(Provider("torch_blockscale", BLOCKSCALE, "plain per-call F.scaled_mm with block scales",
-                           _torch_blockscale, check=_no_argument))
+                           _library_call("aiter_gemm.kernels.a8w8_blockscale_torch", "gemm_a8w8_blockscale_torch"),
+                           check=_no_argument))
 # The user's call of DeepGEMM, under the backend's name: the op's deepgemm backend runs through ``dispatch``.
-register_provider(Provider("deepgemm", BLOCKSCALE, "DeepGEMM's fp8_gemm_nt as a user calls it, per call (deep_gemm "
-                           "installed, sm_90)", _deepgemm, check=_no_argument))
+register_provider(Provider("deepgemm", BLOCKSCALE,
+                           "DeepGEMM's fp8_gemm_nt as a user calls it, per call (deep_gemm installed, sm_90)",
+                           _library_call("aiter_gemm.kernels.a8w8_blockscale_deepgemm",
+                                         "gemm_a8w8_blockscale_deepgemm"),
+                           check=_no_argument))

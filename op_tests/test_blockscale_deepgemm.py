@@ -261,7 +261,12 @@ def test_libtype_deepgemm_where_it_cannot_run_is_a_usage_error(tmp_path, capsys,
 
 def test_tuner_writes_deepgemm_winners_the_op_replays(tmp_path, clean_runtime, cpu_tuner_workers, virtual_clock):
     """On the virtual clock the fake (one tick) beats a 50-ms launcher: rows and JSON buckets say libtype deepgemm,
-    read back by the one CSV reader, and the op routes there."""
+    read back by the one CSV reader, and the op routes there. The plugin also installs the fake F.scaled_mm in this
+    process: torch's module state is restored after the test."""
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+
+    clean_runtime.setattr(torch.nn.functional, "scaled_mm", torch.nn.functional.scaled_mm)
+    clean_runtime.setattr(torch_impl, "unavailable_reason", torch_impl.unavailable_reason)
     fake.install(clean_runtime)
     tuned, jdir = tmp_path / "tuned.csv", tmp_path / "json"
     assert tuner.main(["--nk", "256,512", "--m", "1,6", "--candidates", f"fake_slow_blockscale,{NAME}",

@@ -28,6 +28,7 @@ import torch
 
 from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref
 from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
+from aiter_gemm.kernels.common import NamedChoice
 
 __all__ = ["LIBTYPE", "NAME", "DeepGemmFP8", "gemm_a8w8_blockscale_deepgemm", "gemm_a8w8_blockscale_deepgemm_ref",
            "launcher", "module", "shape_error", "unavailable_reason", "warm"]
@@ -42,31 +43,13 @@ K_ALIGN = SCALE_BLOCK
 
 
 @dataclass(frozen=True)
-class DeepGemmFP8:
+class DeepGemmFP8(NamedChoice):
     """DeepGEMM's FP8 GEMM as a dispatch choice, next to :class:`~aiter_gemm.kernels.a8w8_blockscale_torch.
     TorchBlockwise`: same ``name`` / ``NUM_KSPLIT`` / ``to_json`` surface, no parameters (DeepGEMM picks its own
     tiles per shape)."""
 
     name: ClassVar[str] = NAME
     libtype: ClassVar[str] = LIBTYPE
-    variant: ClassVar[str] = LIBTYPE
-    NUM_KSPLIT: ClassVar[int] = 1
-
-    def to_json(self) -> dict[str, object]:
-        return {"libtype": LIBTYPE, "kernelName": NAME}
-
-    @classmethod
-    def from_name(cls, name: str) -> "DeepGemmFP8":
-        if name.strip() != NAME:
-            raise ValueError(f"libtype {LIBTYPE!r} rows name {NAME!r}, got {name!r}")
-        return cls()
-
-    @classmethod
-    def from_json(cls, entry: dict[str, object]) -> "DeepGemmFP8":
-        if entry != {"libtype": LIBTYPE, "kernelName": NAME}:
-            raise ValueError(f"a libtype {LIBTYPE!r} entry must be exactly {{'libtype': {LIBTYPE!r}, "
-                             f"'kernelName': {NAME!r}}}, got {entry!r}")
-        return cls()
 
 
 def module() -> ModuleType:

@@ -23,6 +23,8 @@ from typing import ClassVar
 
 import torch
 
+from aiter_gemm.kernels.common import NamedChoice
+
 __all__ = ["LIBTYPE", "NAME", "TorchBlockwise", "direct_op", "gemm_a8w8_blockscale_torch", "launcher", "shape_error",
            "unavailable_reason"]
 
@@ -32,30 +34,12 @@ _OUT_DTYPE = torch.bfloat16
 
 
 @dataclass(frozen=True)
-class TorchBlockwise:
+class TorchBlockwise(NamedChoice):
     """The torch implementation as a dispatch choice, next to :class:`~aiter_gemm.kernels.a8w8_blockscale.
     BlockscaleConfig`: same ``name`` / ``NUM_KSPLIT`` / ``to_json`` surface, no parameters."""
 
     name: ClassVar[str] = NAME
     libtype: ClassVar[str] = LIBTYPE
-    variant: ClassVar[str] = LIBTYPE
-    NUM_KSPLIT: ClassVar[int] = 1
-
-    def to_json(self) -> dict[str, object]:
-        return {"libtype": LIBTYPE, "kernelName": NAME}
-
-    @classmethod
-    def from_name(cls, name: str) -> "TorchBlockwise":
-        if name.strip() != NAME:
-            raise ValueError(f"libtype {LIBTYPE!r} rows name {NAME!r}, got {name!r}")
-        return cls()
-
-    @classmethod
-    def from_json(cls, entry: dict[str, object]) -> "TorchBlockwise":
-        if entry != {"libtype": LIBTYPE, "kernelName": NAME}:
-            raise ValueError(f"a libtype {LIBTYPE!r} entry must be exactly {{'libtype': {LIBTYPE!r}, "
-                             f"'kernelName': {NAME!r}}}, got {entry!r}")
-        return cls()
 
 
 def unavailable_reason(device: torch.device) -> str | None:

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import triton
@@ -273,3 +273,35 @@ def _regex(p: _Part) -> str:
     value = r"\d+" if p.words is None else "|".join(map(re.escape, sorted(p.words, key=len, reverse=True)))
     body = f"{re.escape(p.text)}(?P<{p.field}>{value}){re.escape(p.after)}"
     return f"(?:{body})?" if p.optional else body
+
+
+@dataclass(frozen=True)
+class NamedChoice:
+    """A dispatch choice with no parameters, one ``kernelName`` per ``libtype`` (a library's own kernel selection:
+    torch's block-scaled matmul, DeepGEMM): the ``name`` / ``NUM_KSPLIT`` / ``to_json`` surface of a tunable config,
+    parsed strictly from a CSV name or a JSON entry. Subclasses set ``name`` and ``libtype``."""
+
+    name: ClassVar[str] = ""
+    libtype: ClassVar[str] = ""
+    variant: ClassVar[str] = ""
+    NUM_KSPLIT: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.variant = cls.libtype
+
+    def to_json(self) -> dict[str, object]:
+        return {"libtype": self.libtype, "kernelName": self.name}
+
+    @classmethod
+    def from_name(cls, name: str) -> "NamedChoice":
+        if name.strip() != cls.name:
+            raise ValueError(f"libtype {cls.libtype!r} rows name {cls.name!r}, got {name!r}")
+        return cls()
+
+    @classmethod
+    def from_json(cls, entry: dict[str, object]) -> "NamedChoice":
+        if entry != {"libtype": cls.libtype, "kernelName": cls.name}:
+            raise ValueError(f"a libtype {cls.libtype!r} entry must be exactly {{'libtype': {cls.libtype!r}, "
+                             f"'kernelName': {cls.name!r}}}, got {entry!r}")
+        return cls()
