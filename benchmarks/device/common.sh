@@ -8,6 +8,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # dry: whether this is a dry run (DRY_RUN set).
 dry() { [ -n "${DRY_RUN:-}" ]; }
 
+# out_folder NAME: a script's own folder $D = $OUT/NAME (made; OUT must be set) and its log LOG = $D/env.txt.
+out_folder() {
+  : "${OUT:?set OUT to an output folder}"
+  D="$OUT/$1"
+  LOG="$D/env.txt"
+  mkdir -p "$D"
+}
+
 # need_wheels MODULE...: install the carried wheels unless every module imports.
 need_wheels() {
   dry && return 0

@@ -17,12 +17,9 @@
 # Wheels carried in .whl/ (nvmath-python, transformers) are installed to /tmp/site when missing; the C++ eager path
 # is built first.
 set -u
-OUT=${OUT:?set OUT to an output folder}
-D="$OUT/hf"
-mkdir -p "$D"
 . benchmarks/device/common.sh
+out_folder hf
 need_wheels nvmath transformers
-LOG="$D/env.txt"
 STEPS=${STEPS:-capture tune measure}
 hf_header "$D" "resume from ${RESUME_FROM:-nothing}"
 read -ra TUNE <<< "${TUNE_ARGS:---libtype cublaslt,torch,skinny}"

@@ -18,13 +18,10 @@
 # the host-bound eager rows; each eager timing follows one untimed step of its arm; measure ~290 s), CAPTURE_LIMIT_S /
 # MEASURE_LIMIT_S (300 / 560): common.sh's step runs each (rc and wall time in env.txt; DRY_RUN=1 prints them).
 set -u
-OUT=${OUT:?set OUT to an output folder}
-D="$OUT/hf_fp8"
-mkdir -p "$D"
 . benchmarks/device/common.sh
+out_folder hf_fp8
 need_wheels transformers
 need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
-LOG="$D/env.txt"
 STEPS=${STEPS:-capture tune measure}
 L=${LAYERS:-4}
 hf_header "$D" "layers $L"

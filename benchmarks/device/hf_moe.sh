@@ -15,12 +15,9 @@
 # MEASURE_ARGS (default "--control"); CAPTURE_LIMIT_S / TUNE_LIMIT_S / TUNE_MOE_LIMIT_S / MEASURE_LIMIT_S
 # (300 / 300 / 400 / 560): common.sh's step runs each (rc and wall time in env.txt; DRY_RUN=1 prints the commands).
 set -u
-OUT=${OUT:?set OUT to an output folder}
-D="$OUT/hf_moe"
-mkdir -p "$D"
 . benchmarks/device/common.sh
+out_folder hf_moe
 need_wheels nvmath transformers
-LOG="$D/env.txt"
 STEPS=${STEPS:-capture tune_gemm tune_moe measure}
 L=${LAYERS:-4}
 hf_header "$D" "layers $L"

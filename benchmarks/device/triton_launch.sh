@@ -7,12 +7,9 @@
 #
 #   OUT=/tmp/i53 COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/triton_launch.sh
 set -u
-OUT=${OUT:?set OUT to an output folder}
-D="$OUT/triton_launch"
-mkdir -p "$D"
 . benchmarks/device/common.sh
+out_folder triton_launch
 need_wheels transformers
-LOG="$D/env.txt"
 build_ext "$D/build.log" > "$LOG"
 env_header "$LOG"
 STEP_LOG="$D/tests.log" step tests 200 python -m pytest -q -rs op_tests/test_triton_launch.py \
