@@ -18,7 +18,7 @@ import op_tests.fake_deep_gemm as fake
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.fileio import read_csv_rows
 from aiter_gemm.kernels import a8w8_blockscale_deepgemm as dg_impl
-from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref, quantize_blockscale
+from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref
 from aiter_gemm.ops.a8w8_blockscale import (
     DeepGemmFP8,
     JSONConfigError,
@@ -33,22 +33,14 @@ from aiter_gemm.registry import get_backend
 from benchmarks import providers
 from gradlib import tune_a8w8_blockscale as tuner
 
+from op_tests.test_blockscale_torch import HEADER, _inputs, _rel_err  # the same operands and header
+
 NAME = dg_impl.NAME
 BF16_TOL = 8e-3
-HEADER = "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName,tflops,bw,errRatio\n"
 FP8 = torch.float8_e4m3fn
 BACKEND = get_backend("deepgemm", "aiter_gemm.backends.a8w8_blockscale")
 
 
-def _inputs(M: int, N: int, K: int, device: str = "cpu"):
-    gen = torch.Generator().manual_seed(M * 7 + N + K)
-    x = torch.randn(M, K, generator=gen)
-    w = torch.randn(N, K, generator=gen) / K ** 0.5
-    return tuple(t.to(device) for t in quantize_blockscale(x, w))
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def _problem(M: int, N: int = 256, K: int = 512, otype: torch.dtype = torch.bfloat16) -> GemmProblem:
