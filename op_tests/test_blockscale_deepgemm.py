@@ -32,7 +32,6 @@ from aiter_gemm.ops.a8w8_blockscale import (
 from aiter_gemm.registry import get_backend
 from benchmarks import providers
 from gradlib import tune_a8w8_blockscale as tuner
-
 from op_tests.test_blockscale_torch import HEADER, _inputs, _rel_err  # the same operands and header
 
 NAME = dg_impl.NAME
