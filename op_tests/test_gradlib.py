@@ -326,7 +326,9 @@ def test_checkpoint_every_batch_keeps_foreign_rows(tmp_path):
 
 def test_roofline_matches_device_name():
     h100 = roofline_for(DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H100 80GB HBM3"))
-    assert h100 is not None and roofline_for(DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")) is None
+    h200 = roofline_for(DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200"))  # same class, its own measured entry
+    assert h100 is not None and h200 is not None and h200 is not h100 and h200.bytes > h100.bytes
+    assert roofline_for(DeviceIdentity("sm_90", 114, "cuda", "NVIDIA H100 PCIe")) is None  # another class
     p = GemmProblem(8192, 8192, 8192)  # compute-bound: 1.1 TFLOP at 790 TFLOP/s = 1392 us
     assert h100.fraction(p, 2 * 1391.8) == pytest.approx(0.5, rel=1e-3)
     p = GemmProblem(1, 8192, 8192)  # memory-bound: 134 MB at 3 TB/s = 44.7 us
