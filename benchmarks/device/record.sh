@@ -17,9 +17,9 @@
 # `overhead`); MAXAUTOTUNE_M (default 1) is bf16_maxautotune's M list. Steps and limits (s):
 #   CALL=1  (.whl) roofline 25, bf16 130, layer 25, host 40, gemv_default 35, skinny_default 60, bf16_maxautotune 100,
 #           tuner_bf16 70 (tuner.sh: the bf16 rows re-confirmed)
-#   CALL=2  (TileLang) fp8_default_heldout 70 (its torch provider: torch's kernel against itself, the A/A),
-#           tuner_fp8 170 (tuner.sh: the block-scale rows re-confirmed, then tuned in the quick space),
-#           hf_fp8 300 (hf_fp8.sh: capture, tune, measure)
+#   CALL=2  (TileLang) fp8_default_heldout 50 (its torch provider: torch's kernel against itself, the A/A),
+#           tuner_fp8 80 (tuner.sh: the block-scale rows re-confirmed), hf_fp8 360 (hf_fp8.sh: capture, tune,
+#           measure)
 #   CALL=3  (.whl) hf 260 (hf.sh: measure with the tuned file of record)
 #   CALL=4  (.whl) hf_moe 500 (hf_moe.sh: capture, tune both tables, measure)
 #   STEPS only, their tables of record being H200 runs of an earlier commit (docs/benchmarks.md names each):
@@ -107,12 +107,12 @@ step bf16_maxautotune 100 "${R[@]}" --bench bf16 --name bf16_maxautotune --out "
   --compile_budget_s 75 --deadline_s 85 "${XARGS[@]}"
 sub tuner_bf16 70 tuner.sh OUT="$OUT/tuner/bf16" MODE=reconfirm STEPS=bf16_reconfirm BF16_LIMIT_S=60
 # CALL=2: the FP8 default on held-out models, the block-scale tuner, the FP8 model end to end (TileLang)
-step fp8_default_heldout 70 "${R[@]}" --bench fp8 --name fp8_default_heldout --out "$OUT/defaults" \
+step fp8_default_heldout 50 "${R[@]}" --bench fp8 --name fp8_default_heldout --out "$OUT/defaults" \
   --set "$FP8_THIRD" --providers torch_blockscale,default,dispatch,torch --baselines torch_blockscale --timing graph \
-  --pairs 9 --deadline_s 65 "${XARGS[@]}"
-sub tuner_fp8 170 tuner.sh OUT="$OUT/tuner/fp8" MODE="reconfirm fp8" STEPS="fp8_reconfirm fp8_tune" \
-  FP8_LIMIT_S=60 TIME_LIMIT=100
-sub hf_fp8 300 hf_fp8.sh OUT="$OUT" STEPS="capture tune measure" CAPTURE_LIMIT_S=60 TUNE_LIMIT_S=130
+  --pairs 9 --deadline_s 45 "${XARGS[@]}"
+sub tuner_fp8 80 tuner.sh OUT="$OUT/tuner/fp8" MODE=reconfirm STEPS=fp8_reconfirm FP8_LIMIT_S=75
+sub hf_fp8 360 hf_fp8.sh OUT="$OUT" STEPS="capture tune measure" CAPTURE_LIMIT_S=45 TUNE_LIMIT_S=170 \
+  MEASURE_ARGS="--rounds 5 --eager-rounds 100 --decode-steps 16 --control"
 # CALL=3, CALL=4: the HF loops
 sub hf 260 hf.sh OUT="$OUT" STEPS=measure TUNED="$HF_RECORD/tuned_gemm.csv" \
   MEASURE_ARGS="--rounds 5 --eager-rounds 200 --decode-steps 16 --control"
