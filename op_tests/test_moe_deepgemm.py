@@ -63,6 +63,8 @@ def test_deepgemm_moe_matches_the_reference(fake_dg, monkeypatch, T, invalid, al
     provider, arg = providers.resolve(providers.MOE, "deepgemm")
     out = provider.build(_ctx(_problem(T), sets), arg)(0)
     assert_close(out, ref, rel=0.04)
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert rel < provider.max_rel_err(_problem(T)) / 2  # the benchmark's check passes it, with room
     assert [(c["N"], c["K"], c["G"]) for c in fake.CALLS] == [(2 * INTER, H, E), (H, INTER, E)]
     layout = fake.CALLS[0]["layout"]
     assert torch.equal(layout, fake.CALLS[1]["layout"]) and 3 not in layout.tolist()
