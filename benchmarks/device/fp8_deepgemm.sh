@@ -4,7 +4,7 @@
 # matmul (torch_blockscale), DeepGEMM as a user calls it (deepgemm) and the op (dispatch) side by side on DeepGEMM's
 # published shapes and three held-out models (Qwen3-8B-FP8, Qwen3-32B-FP8, Qwen2.5-7B: none in the shipped FP8 table)
 # at decode M (the op as shipped), CUDA graphs, paired rounds; a --quick tune of the shapes at $TUNE_M with every
-# libtype (DeepGEMM included; a tuned file already in $OUT is resumed), so the op picks DeepGEMM by measurement; then
+# libtype ($LIBTYPES; DeepGEMM included; a tuned file already in $OUT is resumed), so the op picks DeepGEMM by measurement; then
 # $TUNED_M (default the prefill M) with that tuned file. Steps past their limit keep what finished.
 # Run from the repository root, DeepGEMM built against this torch (docs/deepgemm.md) unpacked from $DG_PACK:
 #
@@ -48,7 +48,7 @@ for m in sys.argv[2].split(','):
     for _, (_, p) in build_sets('gemm_a8w8_blockscale', sys.argv[1], [int(m)], ident):
         print(f'{p.M},{p.N},{p.K}')" "$SETS" "$TUNE_M" > "$OUT/tune_shapes.csv"
 step tune "${TUNE_S:-130}" python -m gradlib.tune_a8w8_blockscale -i "$OUT/tune_shapes.csv" -o "$OUT/dg_tuned.csv" \
-  -o2 "$OUT/dg_profile.csv" --json_dir "$OUT/dg_json" --libtype triton,torch,tilelang,deepgemm --quick
+  -o2 "$OUT/dg_profile.csv" --json_dir "$OUT/dg_json" --libtype "${LIBTYPES:-triton,torch,tilelang,deepgemm}" --quick
 step bench_tuned 170 env "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE=$OUT/dg_tuned.csv:configs/a8w8_blockscale_tuned_gemm.csv" \
   "AITER_GEMM_TRITON_CONFIGS=$OUT/dg_json" "${R[@]}" --name fp8_deepgemm_tuned --set "$SETS" \
   --m "${TUNED_M:-$PREFILL_M}" --deadline_s 150
