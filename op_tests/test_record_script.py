@@ -124,8 +124,14 @@ def check_command(words: list[str], out: Path) -> str:
             assert bench_plan(ap, args, H200)[3]
     elif prog in ("gradlib.gemm_tuner", "gradlib.tune_a8w8_blockscale", "gradlib.tune_moe"):
         args = importlib.import_module(prog).build_parser().parse_args(argv)
-        src = Path(getattr(args, "input_file", None) or args.shapes)
-        assert (src if src.is_absolute() else REPO / src).is_file(), src
+        src = getattr(args, "input_file", None) or getattr(args, "shapes", None)
+        if src is None:  # shapes derived from a model's config.json (--model_dir)
+            from gradlib.models import load_arch
+
+            assert load_arch(args.model_dir)
+        else:
+            src = Path(src)
+            assert (src if src.is_absolute() else REPO / src).is_file(), src
     elif prog == "examples.hf_decode":
         from examples.hf_decode import build_parser, resolve_config
 
@@ -235,3 +241,15 @@ def test_record_runs_the_overhead_step_on_cpu(tmp_path):
     assert re.search(r"^== overhead rc=0 \d+ s$", log, re.M) and re.search(r"^== layer rc=2 \d+ s$", log, re.M)
     assert (out / "overhead" / "overhead_cpu.csv").is_file() and (out / "overhead" / "overhead_cpu_env.json").is_file()
     assert "== layer rc=2" in res.stdout
+
+
+def test_moe_device_script_commands_parse(tmp_path):
+    """``DRY_RUN=1 moe.sh`` (issue 51's call) prints its five steps within one device call, each a command its program
+    accepts (the MoE shape sets and providers of the harness included)."""
+    res = bash(DEVICE / "moe.sh", {"DRY_RUN": "1", "OUT": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    lines = [m.groups() for m in map(STEP_LINE.match, res.stdout.splitlines()) if m]
+    assert [name for name, _, _ in lines] == ["tests", "tune_qwen3", "tune_mixtral", "tune_dsv3", "bench"]
+    assert sum(int(limit) for _, limit, _ in lines) <= 560
+    progs = [check_command(shlex.split(cmd), tmp_path) for name, _, cmd in lines if name != "tests"]
+    assert progs == ["gradlib.tune_moe"] * 3 + ["benchmarks.run"]

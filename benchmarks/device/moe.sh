@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# fused_moe on one sm_90 GPU in one call (issue 51): the GPU tests of the kernels and the op; a --quick MoE tune
+# (its candidates include the QA / DIRECT / KSUM variants and the FP8 GEMM2 tiles) of Qwen3-30B-A3B's experts (bf16,
+# FP8), Mixtral-8x7B's and DeepSeek-V3 EP8's (FP8); then --bench moe with that table: transformers' grouped_mm
+# experts, the op's untuned default, the op (dispatch), DeepGEMM's grouped GEMMs where deep_gemm is installed (FP8
+# sets) and the weight-read floor, CUDA graphs, paired rounds. Run from the repository root:
+#
+#   OUT=/tmp/moe DG_PACK=.scratch/dg_built2.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/moe.sh
+#
+# Writes under $OUT/moe: env.txt (each step's rc and wall time), tests.log, tune.log, tuned_fmoe.csv, profile_*.csv,
+# vllm/ (the tuner's vLLM-format files), bench.log, moe_<GPU>.csv (+ _env.json). STEPS picks steps (tests
+# tune_qwen3 tune_mixtral tune_dsv3 bench); TOKENS, BENCH_M, PROVIDERS override the lists below; limits sum to 540 s.
+set -u
+. benchmarks/device/common.sh
+out_folder moe
+need_deepgemm "${DG_PACK:-dg_built.tar.xz}"
+env_header "$LOG"
+TOKENS=${TOKENS:-1,4,16,64,1024,4096}
+BENCH_M=${BENCH_M:-1,4,16,64,1024,4096}
+PROVIDERS=${PROVIDERS:-grouped_mm,default,dispatch,deepgemm,weight_read}
+STEP_LOG="$D/tests.log" step tests "${TESTS_LIMIT_S:-90}" python -m pytest -q -rs -m gpu op_tests/test_moe_kernel.py \
+  op_tests/test_fused_moe.py
+# One tuned file for every model (rows are keyed by the experts' shape), one step a model.
+T=(python -m gradlib.tune_moe --quick --timeout 120 -o "$D/tuned_fmoe.csv" --vllm_dir "$D/vllm")
+STEP_LOG="$D/tune.log" step tune_qwen3 "${TUNE_LIMIT_S:-180}" "${T[@]}" -o2 "$D/profile_qwen3.csv" \
+  --model_dir qwen3_30b_a3b --dtype bf16,fp8 --token "$TOKENS"
+STEP_LOG="$D/tune.log" step tune_mixtral 60 "${T[@]}" -o2 "$D/profile_mixtral.csv" --model_dir mixtral_8x7b \
+  --dtype fp8 --token 1,64,1024
+STEP_LOG="$D/tune.log" step tune_dsv3 60 "${T[@]}" -o2 "$D/profile_dsv3.csv" --model_dir deepseek_v3 --ep 8 \
+  --dtype fp8 --token 1,64,1024
+STEP_LOG="$D/bench.log" step bench "${BENCH_LIMIT_S:-150}" env "AITER_CONFIG_FMOE=$D/tuned_fmoe.csv" \
+  python -m benchmarks.run --bench moe --set moe_qwen3_30b:bf16,moe_qwen3_30b:fp8,moe_mixtral:fp8,moe_dsv3_ep8:fp8 \
+  --m "$BENCH_M" --providers "$PROVIDERS" --baselines grouped_mm,default,weight_read --pairs 7 --deadline_s 135 \
+  --out "$D" --name moe
+dry || { cat "$LOG"; tail -n 3 "$D/tests.log"; tail -n 25 "$D/tune.log"; }
