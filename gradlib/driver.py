@@ -165,8 +165,9 @@ def precompile(op: str, libtypes: tuple[str, ...], problems: list[Problem], iden
 
 def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, flush: Callable[[], None],
           on_tick=None) -> tuple[KeyboardInterrupt | None, PoolError | None]:
-    """Run the searches to the end, or until Ctrl-C / SIGTERM or a pool failure; the checkpoints are written
-    (``flush``) and the pool closed either way. Returns (the interruption, if any; pool error)."""
+    """Run the searches to the end, or until Ctrl-C / SIGTERM or a pool failure; the last checkpoint is written
+    (``flush``: the writers' ``close``, side files of unfinished groups included) and the pool closed either way.
+    Returns (the interruption, if any; pool error)."""
     try:
         run_searches(pool, searches, on_outcome, on_item, on_tick)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as cli.Terminated
@@ -339,7 +340,7 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         precompile(spec.op, opts.libtypes, todo, ident, opts.quick, job.candidates)
         log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
                  ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(problems), skipped)
-        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, lambda: [w.flush() for w in writers],
+        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, lambda: [w.close() for w in writers],
                                         progress.tick)
     if job.run_config is not None:
         table, bad = format_run_config(spec, outcomes, {spec.key_problem(k): r for k, r in rows_now.items()},

@@ -373,6 +373,13 @@ class CheckpointWriter:
             else:
                 self._sidecar_error = None
 
+    def close(self) -> None:
+        """The run's last checkpoint, whether it finished or was interrupted: the side files are told the run is
+        over (:meth:`Sidecar.finish`), then everything is flushed."""
+        if self.sidecar is not None:
+            self.sidecar.finish()
+        self.flush()
+
     def _merged(self, n_rows: int, added: int, replaced: int) -> None:
         kept = n_rows - added - replaced
         if kept:
