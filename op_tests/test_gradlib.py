@@ -335,6 +335,44 @@ def test_roofline_matches_device_name():
     assert h100.fraction(p, 44.74) == pytest.approx(1.0, rel=1e-3)
 
 
+@pytest.mark.parametrize("peak_tflops", [None, 1000.0])
+def test_roof_of_fp8_problems_is_the_fp8_peak(peak_tflops, monkeypatch):
+    """The block-scale tuner's %roof: an FP8 problem's compute roof is the FP8 peak (the datasheet's, or
+    --peak_tflops), a bf16 one's the measured bf16 peak; the bandwidth is the same; an FP8 peak not known: no %."""
+    from aiter_gemm.kernels.blockscale_format import FP8
+    from gradlib import results
+    from gradlib.driver import TuneJob, format_table, roofline
+    from gradlib.results import fp8_peak_for, summary_row
+    from gradlib.tune_ops import tune_op
+
+    h200 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
+    spec = tune_op("gemm_a8w8_blockscale")
+    job = TuneJob("t", spec, [], SearchOptions(("triton",)), "t.csv", peak_tflops=peak_tflops)
+    fp8 = replace(_outcome(GemmProblem(4096, 7168, 16384, False, FP8), 700.0), shape_id=0)
+    bf16 = replace(_outcome(GemmProblem(4096, 7168, 16384), 700.0), shape_id=1)
+    measured = roofline_for(h200)
+
+    def pct(o, peak: float) -> str:
+        p = o.problem
+        return f"{100 * max(p.flops / peak, p.min_bytes() / measured.bytes) / 700e-6:.1f}"
+
+    given = peak_tflops * 1e12 if peak_tflops else None
+    want = {0: pct(fp8, given or fp8_peak_for(h200)), 1: pct(bf16, given or measured.flops)}
+    if peak_tflops is None:  # the bf16 peak reads this FP8 row above 100%
+        assert float(want[1]) > 100.0 > float(want[0])
+    roof = roofline(job, h200)
+    lines = format_table(spec, [fp8, bf16], roof).splitlines()[2:]
+    for o, line in zip((fp8, bf16), lines):
+        assert f" {want[o.shape_id]}% " in line
+        assert summary_row(spec, h200, o, roof)["pct_roofline"] == want[o.shape_id]
+    monkeypatch.setattr(results, "FP8_PEAKS", ())  # a device whose FP8 peak is not known
+    roof = roofline(job, h200)
+    fp8_line = format_table(spec, [fp8, bf16], roof).splitlines()[2]
+    if peak_tflops is None:
+        assert f"{want[0]}%" not in fp8_line and " - " in fp8_line
+        assert summary_row(spec, h200, fp8, roof)["pct_roofline"] == ""
+
+
 def test_tuned_problems_of_missing_file_is_empty(tmp_path):
     assert tuned_problems(tmp_path / "none.csv", CPU) == set()
     assert not os.path.exists(tmp_path / "none.csv")
