@@ -351,6 +351,13 @@ class Backend:
         """A short list for quick tuning runs (default: every candidate)."""
         return self.candidates(problem, device)
 
+    def reference(self, problem: GemmProblem, inputs: tuple) -> torch.Tensor | None:
+        """The float32 reference of this backend's own arithmetic on one input set of the op, where it differs from
+        the op's reference by design (a library that writes an intermediate in bf16 only); the tuner checks this
+        backend's candidates against it (``err_ratio``, ``rel_err``). Its distance to the op's reference is the
+        backend's tests' to bound. Default None: the op's reference."""
+        return None
+
     def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
         """Build, ahead of their first ``prepare``, whatever the (problem, solution) jobs need (JIT kernels into a
         disk cache), in parallel where the backend can; kernelName -> why for those that failed. The tuner calls it
