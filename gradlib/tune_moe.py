@@ -14,7 +14,8 @@ Search: the shared driver (:mod:`gradlib.driver`) over the op's backends (:mod:`
 default pair; ``--quick``: the short list), then stage by stage (``--stage_search separate``, :mod:`gradlib.moe`):
 GEMM2's configs beside the best GEMM1 config, then GEMM1's beside the best GEMM2 config; ``torch`` (grouped_mm where
 it runs, the per-expert loop) is timed too and is the baseline; ``deepgemm`` (FP8 experts on DeepGEMM's grouped
-GEMMs, one candidate; its JIT called once per shape first) where ``deep_gemm`` runs on this GPU. Each candidate runs
+GEMMs, one candidate; its JIT called once per shape first) when ``--libtype`` names it (opt-in: it is checked
+against its own reference, GEMM1's output rounded to bf16). Each candidate runs
 in a worker of the crash-isolated pool (``--mp``, ``--timeout``), is checked against the float32 reference
 (``--errRatio``) and timed by CUDA-graph replay over rotating copies of the experts larger than twice the L2, tokens
 routed as ``--routing`` says; the winner is re-timed against the op's untuned default and torch's experts before it
@@ -69,7 +70,9 @@ DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Interpreted Triton on CPU (tests): about a second a call on tiny shapes, so a few calls per candidate.
 CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budget_s=0.2)
 OP_LIBTYPES = (triton_backend.NAME, torch_impl.LIBTYPE)
-#: Timed by default on a GPU where their backend can run (an absence is said once, not an error).
+#: Timed only when ``--libtype`` names them (asked for where their backend cannot run: a usage error). DeepGEMM's
+#: experts write GEMM1's output in bf16 before requantizing it, so they are checked against their own reference
+#: (``Backend.reference``), not the op's: a user opts into that arithmetic, the tuner never picks it unasked.
 OPTIONAL_LIBTYPES = (deepgemm_impl.LIBTYPE,)
 #: AITER spells (128, 128) block scales per_128x128 in some files; the op keys them as per_1x128.
 Q_TYPE_ALIASES = {"QuantType.per_128x128": QUANT_BLOCK}
@@ -123,16 +126,8 @@ def load_problems(untuned: str | None, model_dir: str | None, tp: int, ep: int, 
 
 # ---- candidates ---------------------------------------------------------------------------------------------------
 def default_libtypes(on_gpu: bool) -> tuple[str, ...]:
-    """The backends timed without ``--libtype``: triton and torch, plus on a GPU each of :data:`OPTIONAL_LIBTYPES`
-    whose backend can run here (after the plugins: a plugin may provide it)."""
-    out = list(OP_LIBTYPES)
-    for lib in OPTIONAL_LIBTYPES if on_gpu else ():
-        why = get_backend(lib, FUSED_MOE.backends).unavailable_reason()
-        if why is not None:
-            log.info("%s candidates not timed: %s", lib, why)
-        else:
-            out.append(lib)
-    return tuple(out)
+    """The backends timed without ``--libtype``: triton and torch (:data:`OPTIONAL_LIBTYPES` only when named)."""
+    return OP_LIBTYPES
 
 
 def candidate_solution(name: str) -> Solution:
@@ -181,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     srch.add_argument("--libtype", type=name_list, help="implementations to time: triton (our fused-MoE kernels; "
                       "interpreted on CPU), torch (grouped_mm where it runs, the per-expert loop; the baseline), "
                       "deepgemm (FP8 experts on DeepGEMM's grouped GEMMs; deep_gemm installed, sm_90), or a backend "
-                      "a --plugin registers; default triton,torch, and deepgemm on a GPU where it runs")
+                      "a --plugin registers; default triton,torch (deepgemm only when named: its GEMM1 output is bf16)")
     srch.add_argument("--quick", action="store_true", help="the Triton kernels' short config list")
     srch.add_argument("--stage_search", choices=("separate", "shared"), default="separate",
                       help="separate (default): after every config for both GEMMs, GEMM2's configs beside the best "
