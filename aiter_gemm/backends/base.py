@@ -402,6 +402,34 @@ class LibraryCallBackend(Backend):
         ``--libtype`` check and the worker's ``why_not``)."""
         return [self.solution] if self.problem_why(problem, device.gfx) is None else []
 
+    #: A library that compiles its kernels on first use (a JIT): the arch its ahead-of-time build checks problems
+    #: for, and :meth:`warm` runs them; "" (default): nothing to build.
+    build_arch: ClassVar[str] = ""
+
+    def warm(self, problems: list[Problem]) -> dict[Problem, str]:
+        """Run the call once per distinct kernel shape of ``problems`` so the library builds (or loads from its disk
+        cache) what they run; the problems that failed, with why."""
+        return {}
+
+    def precompile(self, jobs: Sequence[tuple[Problem, Solution]]) -> dict[str, str]:
+        """:meth:`warm` over the jobs the call takes (``build_arch``'s rule), before they are timed or served;
+        kernelName -> why for what failed (the library unavailable here: every job)."""
+        if not self.build_arch:
+            return {}
+        why = self.unavailable_reason()
+        if why is not None:
+            return {sol.kernelName: why for _, sol in jobs}
+        todo, failed = [], {}
+        for problem, sol in jobs:
+            bad = self.shape_why_not(problem, sol, self.build_arch)
+            if bad is not None:
+                failed[sol.kernelName] = bad
+            else:
+                todo.append(problem)
+        for problem, msg in self.warm(todo).items():
+            failed[self.solution.kernelName] = f"{problem.label()}: {msg}"
+        return failed
+
 
 class UnavailableBackend(Backend):
     """Stands in for a libtype this process cannot run (no module, or its import failed)."""

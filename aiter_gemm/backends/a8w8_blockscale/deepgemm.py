@@ -9,7 +9,7 @@ default: the tuner times it beside the others and a tuned row names it only wher
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ ARCH = "sm_90"
 class BlockscaleDeepGemmBackend(LibraryCallBackend):
     name = dg_impl.LIBTYPE
     solution = SOLUTION
+    build_arch = ARCH
     x_scale_m_major = True  # DeepGEMM takes x_scale M-major (TMA-aligned) as is; row-major costs a transpose a call
 
     def library_why(self, device: torch.device | None) -> str | None:
@@ -55,23 +56,11 @@ class BlockscaleDeepGemmBackend(LibraryCallBackend):
         """``{"libtype": "deepgemm", "kernelName": "deepgemm_fp8_gemm_nt"}``, exactly."""
         return solution_of(dg_impl.DeepGemmFP8.from_json(dict(entry)))
 
-    def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
-        """One call per distinct shape of the jobs, so DeepGEMM's JIT builds (or loads from its disk cache) their
-        kernels before they are timed or served (:func:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.warm`);
-        kernelName -> why for what failed (DeepGEMM unavailable here: every job)."""
-        why = dg_impl.unavailable_reason()
-        if why is not None:
-            return {sol.kernelName: why for _, sol in jobs}
-        todo, failed = [], {}
-        for problem, sol in jobs:
-            bad = self.shape_why_not(problem, sol, ARCH)
-            if bad is not None:
-                failed[sol.kernelName] = bad
-            else:
-                todo.append((problem.M, problem.N, problem.K, problem.otype))
-        for (M, N, K, _), msg in dg_impl.warm(todo).items():
-            failed[dg_impl.NAME] = f"M={M} N={N} K={K}: {msg}"
-        return failed
+    def warm(self, problems: list[GemmProblem]) -> dict[GemmProblem, str]:
+        """One call per distinct shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.warm`): DeepGEMM's JIT
+        builds or loads their kernels (the tuner's and :func:`aiter_gemm.warmup`'s :meth:`precompile`)."""
+        by_job = {(p.M, p.N, p.K, p.otype): p for p in problems}
+        return {by_job[job]: msg for job, msg in dg_impl.warm(by_job).items()}
 
 
 BACKEND = BlockscaleDeepGemmBackend()

@@ -11,7 +11,6 @@ its candidate against DeepGEMM's arithmetic (:meth:`~FusedMoeDeepGemmBackend.ref
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ ARCH = "sm_90"
 class FusedMoeDeepGemmBackend(LibraryCallBackend):
     name = NAME
     solution = SOLUTION
+    build_arch = ARCH
 
     def library_why(self, device: torch.device | None) -> str | None:
         return impl.unavailable_reason(device)
@@ -60,23 +60,10 @@ class FusedMoeDeepGemmBackend(LibraryCallBackend):
         1e-2 per element)."""
         return impl.fused_moe_deepgemm_ref(*inputs, activation=problem.activation).float()
 
-    def precompile(self, jobs: Sequence[tuple[MoeProblem, Solution]]) -> dict[str, str]:
-        """One run per distinct kernel shape of the jobs, so DeepGEMM's JIT builds (or loads from its disk cache)
-        their kernels before they are timed or served (:func:`~aiter_gemm.kernels.fused_moe_deepgemm.warm`);
-        kernelName -> why for what failed (DeepGEMM unavailable here: every job)."""
-        why = impl.unavailable_reason()
-        if why is not None:
-            return {sol.kernelName: why for _, sol in jobs}
-        todo, failed = [], {}
-        for problem, sol in jobs:
-            bad = self.shape_why_not(problem, sol, ARCH)
-            if bad is not None:
-                failed[sol.kernelName] = bad
-            else:
-                todo.append(problem)
-        for p, msg in impl.warm(todo).items():
-            failed[impl.NAME] = f"{p.label()}: {msg}"
-        return failed
+    def warm(self, problems: list[MoeProblem]) -> dict[MoeProblem, str]:
+        """One run per distinct kernel shape (:func:`~aiter_gemm.kernels.fused_moe_deepgemm.warm`): DeepGEMM's JIT
+        builds or loads their kernels (the tuner's and :func:`aiter_gemm.warmup`'s :meth:`precompile`)."""
+        return impl.warm(problems)
 
 
 BACKEND = FusedMoeDeepGemmBackend()
