@@ -3,7 +3,7 @@ import json, sys, time, torch
 from aiter_gemm.kernels import a8w8_blockscale_deepgemm as dg
 from aiter_gemm.kernels import a8w8_blockscale_torch as tb
 from aiter_gemm.timing import TimingConfig, time_runner, time_paired
-FP8 = torch.float8_e4m3fn
+from aiter_gemm.kernels.blockscale_format import FP8
 dev = torch.device("cuda")
 res = []
 for (M, N, K) in [(4096, 7168, 16384), (4096, 4096, 7168), (1024, 4096, 7168)]:
