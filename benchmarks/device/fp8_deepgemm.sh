@@ -3,9 +3,10 @@
 # backend; DeepGEMM's JIT warmed for every benchmarked shape (8 processes into $DG_JIT_CACHE_DIR); torch's block-scaled
 # matmul (torch_blockscale), DeepGEMM as a user calls it (deepgemm) and the op (dispatch) side by side on DeepGEMM's
 # published shapes and three held-out models (Qwen3-8B-FP8, Qwen3-32B-FP8, Qwen2.5-7B: none in the shipped FP8 table)
-# at decode M (the op as shipped), CUDA graphs, paired rounds; a --quick tune of the shapes at $TUNE_M with every
-# libtype ($LIBTYPES; DeepGEMM included; a tuned file already in $OUT is resumed), so the op picks DeepGEMM by measurement; then
-# $TUNED_M (default the prefill M) with that tuned file. Steps past their limit keep what finished.
+# at decode M (the op as shipped), CUDA graphs, paired rounds ($PAIRS, default 7); a --quick tune of the shapes at
+# $TUNE_M with every libtype ($LIBTYPES; DeepGEMM included; a tuned file already in $OUT is resumed), so the op picks
+# DeepGEMM by measurement; then $TUNED_M (default the prefill M) with that tuned file. Steps past their limit keep
+# what finished.
 # Run from the repository root, DeepGEMM built against this torch (docs/deepgemm.md) unpacked from $DG_PACK:
 #
 #   OUT=/tmp/dg_out DG_PACK=.scratch/dg_built2.tar.xz TL_PACK=.scratch/tl_pack.tar.xz COMMIT=$(git rev-parse --short HEAD) \
@@ -36,7 +37,7 @@ with mp.get_context('spawn').Pool(8) as pool:
     failed = pool.map(warm, [jobs[i::8] for i in range(8)])
 print(len(jobs), 'shapes warmed;', 'failed:', {k: v for f in failed for k, v in f.items()})" "$SETS" "$DECODE_M,$PREFILL_M"
 R=(python -m benchmarks.run --bench fp8 --out "$OUT" --providers "torch_blockscale,deepgemm,dispatch"
-   --baselines "torch_blockscale,deepgemm" --pairs 7)
+   --baselines "torch_blockscale,deepgemm" --pairs "${PAIRS:-7}")
 step bench 110 "${R[@]}" --name fp8_deepgemm --set "$SETS" --m "$DECODE_M" --deadline_s 95
 want tune && ! dry && python -c "
 import sys
