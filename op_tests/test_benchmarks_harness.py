@@ -522,6 +522,26 @@ def test_hf_pooled_table(tmp_path):
     assert 0.9 <= lo < 1.1 < hi <= 1.3  # the median's bootstrap interval brackets it, within the data
 
 
+def test_hf_table_bf16_columns(tmp_path):
+    """``--table hf``: speedup and A/A per mode; a run whose summary has the FP8 loop's bf16 arm (``vs_bf16``) gains
+    bf16 / with columns, and a run without it does not."""
+    def entry(mode, speedup, vs_bf16=None):
+        s = {"batch": 1, "phase": "decode", "mode": mode, "speedup": speedup, "round_ratio_min": speedup - 0.1,
+             "round_ratio_max": speedup + 0.1, "aa_ratio": 1.0}
+        if vs_bf16 is not None:
+            s.update(vs_bf16=vs_bf16, vs_bf16_min=vs_bf16 - 0.01, vs_bf16_max=vs_bf16 + 0.01)
+        return s
+
+    (tmp_path / "fp8.json").write_text(json.dumps({"summary": [entry("graph", 2.0, 1.27), entry("eager", 1.5, 0.86)]}))
+    (tmp_path / "bf16.json").write_text(json.dumps({"summary": [entry("graph", 1.33), entry("eager", 1.08)]}))
+    header, _, row = report.hf([tmp_path / "fp8.json"]).splitlines()
+    assert "graph bf16/with" in header and "eager bf16/with" in header
+    assert row.split(" | ")[-2:] == ["1.270 [1.260-1.280]", "0.860 [0.850-0.870] |"]
+    header, _, row = report.hf([tmp_path / "bf16.json"]).splitlines()
+    assert "bf16" not in header
+    assert row.split(" | ")[2] == "1.330 [1.230-1.430]"
+
+
 def test_median_interval():
     assert report.median_ci([1.0] * 9) == (1.0, 1.0)
     assert report.median_ci([0.9, 1.1] * 50) == report.median_ci([0.9, 1.1] * 50)  # a fixed seed: one table
