@@ -75,6 +75,13 @@ class DeviceIdentity:
         then pick the configs an H100 would)."""
         return self.cu_num if self.is_gpu else REFERENCE_CU
 
+    def torch_device(self) -> torch.device:
+        """The torch device this identity stands for in this process: the current CUDA device for a CUDA GPU, else
+        the device of its kind (``cpu``)."""
+        if self.kind == "cuda" and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(self.kind)
+
 
 def probe_gpu(index: int | None = None) -> DeviceIdentity | None:
     """Identity of CUDA/ROCm device ``index`` (default: current), or None when there is no GPU."""

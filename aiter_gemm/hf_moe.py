@@ -27,7 +27,8 @@ from aiter_gemm.logs import WarnOnce
 
 log = logging.getLogger("aiter_gemm")
 
-__all__ = ["IMPLEMENTATION", "experts_forward", "is_experts_module", "patch_moe", "register", "unsupported_reason"]
+__all__ = ["IMPLEMENTATION", "activation_name", "experts_forward", "is_experts_module", "patch_moe", "register",
+           "unsupported_reason"]
 
 #: The name the experts implementation is registered under.
 IMPLEMENTATION = "aiter_gemm"
@@ -69,7 +70,7 @@ def is_experts_module(module: nn.Module) -> bool:
             and (hasattr(module, "has_gate") or "gate_up_proj" in params or "up_proj" in params))
 
 
-def _activation(module: nn.Module) -> str | None:
+def activation_name(module: nn.Module) -> str | None:
     """``silu`` / ``gelu`` (exact) when ``module.act_fn`` is one of those, else None."""
     act = getattr(module, "act_fn", None)
     name = type(act).__name__
@@ -123,7 +124,7 @@ def unsupported_reason(module: nn.Module, hidden_states: torch.Tensor | None = N
     why = _own_gate(module)
     if why is not None:
         return why
-    if _activation(module) is None:
+    if activation_name(module) is None:
         return f"activation {type(getattr(module, 'act_fn', None)).__name__} (fused_moe runs silu and exact gelu)"
     w1, w2 = module._parameters.get("gate_up_proj"), module._parameters.get("down_proj")
     if w1 is None or w2 is None or type(w1) not in _PLAIN or type(w2) not in _PLAIN:
@@ -177,7 +178,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     if top_k_weights.dtype not in (torch.float32, hidden_states.dtype):
         top_k_weights = top_k_weights.float()
     return fused_moe(hidden_states.contiguous(), w1, w2, top_k_weights.contiguous(), top_k_index.contiguous(), s1, s2,
-                     _activation(self))
+                     activation_name(self))
 
 
 def module_label(module: nn.Module) -> str:

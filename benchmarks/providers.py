@@ -18,7 +18,8 @@ through ``dispatch`` where a tuned row names it) and, for both
 ops, ``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` against it is the fraction of that floor).
 ``fused_moe`` has ``dispatch``, ``default``, its backends (``triton:<kernelName1;kernelName2>``, ``torch:grouped_mm``,
 ``torch:loop``), ``grouped_mm`` (transformers' grouped_mm experts forward, the baseline of record), ``deepgemm``
-(DeepGEMM's contiguous grouped FP8 GEMMs as a user writes MoE experts with them: :mod:`benchmarks.moe_deepgemm`) and
+(DeepGEMM's contiguous grouped FP8 GEMMs as a user writes MoE experts with them: :mod:`aiter_gemm.kernels.
+fused_moe_deepgemm`; the op's ``deepgemm`` backend runs through ``dispatch`` where a tuned row names it) and
 ``weight_read`` (the bytes of the experts the set's tokens reach, read once).
 """
 
@@ -298,22 +299,25 @@ def _moe_weight_read(ctx: Context, arg: str) -> Call:
 
 
 def _moe_deepgemm(ctx: Context, arg: str) -> Call:
-    """DeepGEMM's contiguous grouped FP8 GEMMs as a user writes MoE experts with them (:mod:`benchmarks.moe_deepgemm`):
-    FP8 sets only, deep_gemm installed, sm_90."""
-    from benchmarks import moe_deepgemm
+    """DeepGEMM's contiguous grouped FP8 GEMMs as a user writes MoE experts with them (:func:`aiter_gemm.kernels.
+    fused_moe_deepgemm.fused_moe_deepgemm`, ``deep_gemm`` looked up per call; the op's ``deepgemm`` backend runs
+    through ``dispatch``): FP8 sets only, deep_gemm installed, sm_90."""
+    from aiter_gemm.kernels import fused_moe_deepgemm as impl
 
-    why = moe_deepgemm.unavailable_reason(ctx.problem, ctx.device)
+    why = impl.shape_error(ctx.problem) or impl.unavailable_reason(ctx.device)
     if why is not None:
         raise Unavailable(why)
     sets, act = ctx.sets, ctx.problem.activation
-    return lambda i: moe_deepgemm.fused_moe_deepgemm(*sets[i], activation=act)
+    return lambda i: impl.fused_moe_deepgemm(*sets[i], activation=act)
 
 
 def _moe_deepgemm_tolerance(p: Problem) -> float:
     """DeepGEMM's grouped GEMM writes bf16 only, so GEMM1's output is rounded to bf16 before the activation (the
-    reference keeps float32); a bf16 ulp that moves a value across an FP8 rounding boundary of the requantized
-    intermediate costs a whole FP8 step, ~1.5% on unit inputs: more than :data:`MAX_REL_ERR` leaves room for."""
-    return 5e-2
+    reference keeps float32): :data:`aiter_gemm.kernels.fused_moe_deepgemm.MAX_REL_ERR`, more than
+    :data:`MAX_REL_ERR` leaves room for."""
+    from aiter_gemm.kernels.fused_moe_deepgemm import MAX_REL_ERR as DEEPGEMM_REL_ERR
+
+    return DEEPGEMM_REL_ERR
 
 
 def reached_bytes(inputs: tuple) -> int:

@@ -100,7 +100,19 @@ def fmoe_capture_file(captured: Path) -> Path:
     return captured.parent / UNTUNED_FILE
 
 
-MoeKey = tuple[int, int, int, int, int, str]  # token, model_dim, inter_dim, expert, topk, dtype name
+MoeKey = tuple[int, int, int, int, int, str, str, str]  # token, model_dim, inter_dim, expert, topk, dtype, q_dtype_w,
+#                                                       q_type (names)
+
+
+def moe_key(token: int, w2: torch.Tensor, topk: int, dtype: torch.dtype) -> MoeKey:
+    """The :data:`MoeKey` of an experts call: ``w2`` is down_proj (E, H, I), FP8 ones with (128, 128) block scales
+    (AITER's ``per_1x128``)."""
+    from aiter_gemm.backends.base import QUANT_BLOCK, QUANT_NONE
+    from aiter_gemm.kernels.blockscale_format import FP8
+
+    fp8 = w2.dtype == FP8
+    return (token, w2.shape[1], w2.shape[2], w2.shape[0], topk, str(dtype), str(FP8 if fp8 else dtype),
+            QUANT_BLOCK if fp8 else QUANT_NONE)
 
 
 def read_untuned_fmoe(path: Path) -> set[MoeKey]:
@@ -108,16 +120,19 @@ def read_untuned_fmoe(path: Path) -> set[MoeKey]:
     from aiter_gemm.configs import load_untuned
     from aiter_gemm.ops.fused_moe import KIND
 
-    return {(*key[:5], str(key[6])) for key in load_untuned(path, KIND)}
+    return {(*key[:5], str(key[6]), str(key[8]), str(key[9])) for key in load_untuned(path, KIND)}
 
 
 def moe_expected(config_dir: Path, tokens: set[int], dtype: torch.dtype) -> set[MoeKey]:
     """Every experts call an MoE model makes for these token counts, from ``gradlib.models.moe_experts`` (what
-    ``python -m gradlib.tune_moe --model_dir`` derives; tp = ep = 1)."""
+    ``python -m gradlib.tune_moe --model_dir`` derives; tp = ep = 1): FP8 experts where the config is an FP8
+    checkpoint's with (128, 128) blocks."""
+    from aiter_gemm.kernels.blockscale_format import FP8
     from gradlib.models import moe_experts
 
     m = moe_experts(config_dir)
-    return {(t, m.hidden, m.inter, m.experts, m.topk, str(dtype)) for t in tokens}
+    w2 = torch.empty((m.experts, m.hidden, m.inter), dtype=FP8 if m.fp8 else dtype, device="meta")
+    return {moe_key(t, w2, m.topk, dtype) for t in tokens}
 
 
 def compare(got: set[Key], want: set[Key]) -> dict[str, Any]:
@@ -181,8 +196,7 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
         for name in state.experts:  # transformers' experts forward(hidden_states (T, H), top_k_index (T, k), ...)
 
             def moe_hook(mod: torch.nn.Module, inputs: tuple) -> None:
-                x, idx, w2 = inputs[0], inputs[1], mod.down_proj
-                moe_seen.add((x.shape[0], w2.shape[1], w2.shape[2], w2.shape[0], idx.shape[1], str(x.dtype)))
+                moe_seen.add(moe_key(inputs[0].shape[0], mod.down_proj, inputs[1].shape[1], inputs[0].dtype))
 
             hooks.append(model.get_submodule(name).register_forward_pre_hook(moe_hook))
         try:
@@ -211,8 +225,8 @@ def run_capture(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                                                                                    dtype))
                 if cfg["matched"] != "default":
                     hits[key] = cfg["matched"]
-            moe_hits = {k for k in moe_seen
-                        if aiter_gemm.get_fused_moe_config(*k[:5], dtype=k[5])["matched"] != "default"}
+            moe_hits = {k for k in moe_seen if aiter_gemm.get_fused_moe_config(
+                *k[:5], dtype=k[5], q_dtype_w=k[6], q_type=k[7])["matched"] != "default"}
     got = read_untuned(captured) if captured.exists() else set()
     if fp8 and fp8_capture_file(captured).exists():
         got |= read_untuned(fp8_capture_file(captured))
@@ -282,7 +296,7 @@ def print_capture(r: dict[str, Any], arch: Any) -> None:
             for tag in ("missing", "unexpected"):
                 for key in c[tag][:12]:
                     print(f"      {tag}: token={key[0]} model_dim={key[1]} inter_dim={key[2]} expert={key[3]} "
-                          f"topk={key[4]} {key[5]}")
+                          f"topk={key[4]} {key[5]} weights {key[6]} {key[7]}")
     if not r["captured_vs_gradlib_models"]["match"]:
         print("  note: gradlib.models derives vLLM's fused qkv_proj and gate_up_proj (and pads the vocabulary to 64);"
               " a Hugging Face model runs q/k/v and gate/up as separate GEMMs, so tune the captured file, not "

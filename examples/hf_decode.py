@@ -33,7 +33,8 @@ adds a second unpatched arm to the same rounds: its ratio to "without" is what t
 MoE models (``--config qwen3_30b_a3b``): "with" also runs the experts on ``fused_moe``
 (:func:`aiter_gemm.nn.patch_moe`, ``--tuned-fmoe`` in front of AITER_CONFIG_FMOE), "without" on transformers' own
 experts implementation (``grouped_mm`` by default); capture writes their shapes to AITER's ``untuned_fmoe.csv`` in
-``--out`` as well (tune: ``python -m gradlib.tune_moe -i untuned_fmoe.csv``).
+``--out`` as well (tune: ``python -m gradlib.tune_moe -i untuned_fmoe.csv``). An FP8 MoE config
+(``qwen3_30b_a3b_fp8``) runs :mod:`examples.hf_fp8`'s arms with its experts as transformers' FP8 experts.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from examples.hf_capture import (  # noqa: E402
     run_tuner,
     runtime_env,
 )
-from examples.hf_fp8 import ArmState, fp8_settings, quantize_linears  # noqa: E402
+from examples.hf_fp8 import TORCH_EXPERTS, ArmState, fp8_settings, quantize_model  # noqa: E402
 from examples.hf_model import (  # noqa: E402  (also the names scripts import from here)
     PatchState,
     StaticSteps,
@@ -171,14 +172,19 @@ def run_measure(args: argparse.Namespace, model: torch.nn.Module, state: PatchSt
                 torch.cuda.empty_cache()
         decisions = dispatch_decisions(arch, state, args, model.dtype)
     summary = summarize(rounds, args.prompt_len, base, main)
+    fp8_experts = bool(getattr(state, "experts_implementations", None))
     return {"rounds": rounds, "summary": summary, "agreement": checks, "profile": profiles, "decisions": decisions,
-            "notes": notes(summary, decisions, args, state.names)}
+            "notes": notes(summary, decisions, args, state.names, fp8_experts)}
 
 
 def notes(summary: list[dict[str, Any]], decisions: list[dict[str, Any]], args: argparse.Namespace,
-          patched: list[str]) -> list[str]:
+          patched: list[str], fp8_experts: bool = False) -> list[str]:
     """What the numbers are known to contain besides GEMM tuning (each seen on the H100, see the README)."""
     out = []
+    if fp8_experts and any(r["mode"] == "graph" for r in summary):
+        out.append(f"graph rows: the torch_blockwise arm's experts ({TORCH_EXPERTS}, a per-expert loop that reads the "
+                   "routing on the host) run every expert over every token in a CUDA graph (num_experts / top_k times "
+                   "the work, correct but never fast): read graph rows against the bf16 arm (grouped_mm)")
     decode_ms = set(args.batch)
     triton_decode = [d for d in decisions if d["M"] in decode_ms and d["libtype"] in ("skinny", "triton")]
     if triton_decode and any(r["mode"] == "eager" and r["phase"] == "decode" for r in summary):
@@ -366,10 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     model = build_model(config_dir, args.layers, DTYPES[args.dtype], device, args.attn)
     qcfg = fp8_settings(model.config)
-    swapped = quantize_linears(model, qcfg) if qcfg is not None else []  # random weights to FP8Linear, 128x128
+    swapped = quantize_model(model, qcfg) if qcfg is not None else []  # random weights to FP8Linear / FP8Experts
     n_params = sum(p.numel() for p in model.parameters())
+    n_linear = sum(isinstance(fp8, torch.nn.Linear) for _, fp8, _ in swapped)
+    experts = f" and {len(swapped) - n_linear} experts modules" if len(swapped) > n_linear else ""
     print(f"model {model_name}: {type(model).__name__}, {n_params / 1e9:.2f} B parameters, {args.dtype} on {device}"
-          + (f", {len(swapped)} linears FP8 (128x128 blocks; arms {', '.join(ArmState.arms)})" if swapped else "")
+          + (f", {n_linear} linears{experts} FP8 (128x128 blocks; arms {', '.join(ArmState.arms)})" if swapped
+             else "")
           + f", built in {time.perf_counter() - t0:.1f} s (transformers {transformers.__version__}, torch "
           f"{torch.__version__})", flush=True)
     state = ArmState(model, swapped, args.include, args.exclude) if swapped else \
@@ -378,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "transformers": transformers.__version__, "aiter_gemm": aiter_gemm.__version__,
             "python": platform.python_version(), "parameters": n_params,
-            "experts_implementation": getattr(model.config, "_experts_implementation", None)}  # the unpatched arm's
+            "experts_implementation": getattr(state, "experts_implementations", None)  # per arm (FP8 MoE) or
+            or getattr(model.config, "_experts_implementation", None)}  # the unpatched arm's
     report: dict[str, Any] = {"meta": meta}
     rc = 0
     if args.mode in ("capture", "all"):

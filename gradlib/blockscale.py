@@ -193,10 +193,11 @@ def best_tilelang(outcome: ShapeOutcome) -> Candidate | None:
 
 
 class JsonSidecar(Sidecar):
-    """Rewrites the JSON file of each (N, K) once every shape of that (N, K) in this run is finished (or skipped),
-    from every row of the tuned file for that (N, K) on this device (``class_only``: from the rows naming no device
-    alone, since the JSON file is read by every device of the arch); with ``sglang_dir``, also merges this run's
-    TileLang configs (:func:`best_tilelang`) into SGLang's file of that (N, K) for this device's name."""
+    """Rewrites the JSON file of each (N, K) once every shape of that (N, K) in this run is finished (or skipped), or
+    at the end of an interrupted run (:meth:`finish`), from every row of the tuned file for that (N, K) on this
+    device (``class_only``: from the rows naming no device alone, since the JSON file is read by every device of the
+    arch); with ``sglang_dir``, also merges this run's TileLang configs (:func:`best_tilelang`) into SGLang's file of
+    that (N, K) for this device's name."""
 
     def __init__(self, identity: DeviceIdentity, tuned_file: str | os.PathLike, problems: Sequence[GemmProblem],
                  json_dir: str | os.PathLike | None = None, bucket_mode: str = "fine",
@@ -208,6 +209,7 @@ class JsonSidecar(Sidecar):
         self._sglang: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
         self.sglang_written: list[Path] = []
         self._left: dict[tuple[int, int], int] = {}
+        self._started: set[tuple[int, int]] = set()  # (N, K) with a shape finished or skipped
         for p in problems:
             self._left[(p.N, p.K)] = self._left.get((p.N, p.K), 0) + 1
         self._times: dict[tuple[int, int], dict[int, dict[str, float]]] = {}
@@ -216,8 +218,14 @@ class JsonSidecar(Sidecar):
 
     def _done_one(self, n: int, k: int) -> None:
         self._left[(n, k)] -= 1
+        self._started.add((n, k))
         if self._left[(n, k)] == 0:
             self._ready.append((n, k))
+
+    def finish(self) -> None:
+        """An (N, K) whose shapes did not all finish (an interrupted run) is written too, from the tuned file's rows:
+        the rerun, which skips the finished shapes, rewrites it once the rest are tuned."""
+        self._ready += [nk for nk in sorted(self._started) if self._left[nk] > 0 and nk not in self._ready]
 
     def skipped(self, problem: GemmProblem) -> None:
         self._done_one(problem.N, problem.K)

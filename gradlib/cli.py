@@ -105,11 +105,16 @@ def add_execution_arguments(group: argparse._ArgumentGroup, plugin_help: str) ->
 
 
 def add_confirm_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--confirm_rounds``, ``--pad_check`` and ``--timing``: how a winner is confirmed and timed (every tuner)."""
+    """``--confirm_rounds``, ``--finalist_margin``, ``--pad_check`` and ``--timing``: how a winner is confirmed and
+    timed (every tuner)."""
     group.add_argument("--confirm_rounds", type=non_negative_int, default=2,
                        help="re-time the winner against the runtime's "
                        "default and the library call in this many fresh rounds of alternating order before writing "
                        "it (written only if it still wins by --min_gain; 0: off, plain fastest of the search)")
+    group.add_argument("--finalist_margin", type=non_negative_float, default=1.15, help="the fastest candidate of "
+                       "each other libtype within this factor of the winner's search time is re-timed in the same "
+                       "confirmation rounds, and the best median there is the winner (timings taken one after another "
+                       "drift); 0 or 1: off (1.15)")
     group.add_argument("--pad_check", choices=("on", "off"), default="on", help="also confirm the winner at the "
                        "smallest M of each padding range it would serve and one in the middle, and write the "
                        "smallest M it held for as pad_m_min (docs/configs.md); off: exact use only")

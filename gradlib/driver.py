@@ -32,7 +32,15 @@ from gradlib.compare import CompareOptions, Verdict, format_compare, format_run_
 from gradlib.pool import Executor, PoolError
 from gradlib.progress import Progress
 from gradlib.records import DEFAULT, ShapeOutcome
-from gradlib.results import CheckpointWriter, Roofline, device_rows, roofline_for, sort_tuned_file, tuned_keys
+from gradlib.results import (
+    CheckpointWriter,
+    Roofline,
+    device_rows,
+    fp8_peak_for,
+    roofline_for,
+    sort_tuned_file,
+    tuned_keys,
+)
 from gradlib.search import SearchOptions, ShapeSearch, run_searches
 from gradlib.tasks import backend_of
 from gradlib.tune_ops import Sidecar, TuneOp, shape_label
@@ -85,13 +93,16 @@ def _baseline_of(op: str, libtype: str | None, p: Problem, ident: DeviceIdentity
 
 
 def roofline(job: TuneJob, ident: DeviceIdentity) -> Roofline | None:
-    """The job's peaks where given, else the measured table's entry for this device (or None)."""
+    """The job's peaks where given (``--peak_tflops`` for every dtype), else the measured table's entry for this
+    device, with the datasheet's FP8 peak (:func:`~gradlib.results.fp8_peak_for`) for FP8 problems (or None)."""
     base = roofline_for(ident)
-    flops = job.peak_tflops * 1e12 if job.peak_tflops else (base.flops if base else None)
+    given = job.peak_tflops * 1e12 if job.peak_tflops else None
+    flops = given or (base.flops if base else None)
     bw = job.peak_bw * 1e9 if job.peak_bw else (base.bytes if base else None)
     if flops is None or bw is None:
         return None
-    return Roofline(flops, bw, "command line" if job.peak_tflops or job.peak_bw else base.source)
+    return Roofline(flops, bw, "command line" if job.peak_tflops or job.peak_bw else base.source,
+                    given or fp8_peak_for(ident))
 
 
 def describe(sol: Solution) -> str:
@@ -119,7 +130,8 @@ def format_table(spec: TuneOp, outcomes: list[ShapeOutcome], roof: Roofline | No
                 "-", "-", "-", "-"
         else:
             label, us, tflops = describe(w.solution), f"{w.us:.3f}", f"{p.flops / w.us / 1e6:.2f}"
-            roof_s = f"{100 * roof.fraction(p, w.us):.1f}%" if roof else "-"
+            frac = roof.fraction(p, w.us) if roof else math.nan
+            roof_s = f"{100 * frac:.1f}%" if math.isfinite(frac) else "-"
             speed = f"{base_us / w.us:.2f}x" if math.isfinite(base_us) else "-"
         lines.append(key + f" {label:<52} {us:>10} {tflops:>8}" + (f" {roof_s:>6}" if roof else "")
                      + (f" {base_us:>10.3f} {speed:>7}" if base else "") + f" {ok:>3}/{len(full):<4} {o.wall_s:>7.1f}")
@@ -165,8 +177,9 @@ def precompile(op: str, libtypes: tuple[str, ...], problems: list[Problem], iden
 
 def drive(pool: Executor, searches: list[ShapeSearch], on_outcome, on_item, flush: Callable[[], None],
           on_tick=None) -> tuple[KeyboardInterrupt | None, PoolError | None]:
-    """Run the searches to the end, or until Ctrl-C / SIGTERM or a pool failure; the checkpoints are written
-    (``flush``) and the pool closed either way. Returns (the interruption, if any; pool error)."""
+    """Run the searches to the end, or until Ctrl-C / SIGTERM or a pool failure; the last checkpoint is written
+    (``flush``: the writers' ``close``, side files of unfinished groups included) and the pool closed either way.
+    Returns (the interruption, if any; pool error)."""
     try:
         run_searches(pool, searches, on_outcome, on_item, on_tick)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as cli.Terminated
@@ -339,7 +352,7 @@ def _tune(job: TuneJob, pool: Executor) -> int:
         precompile(spec.op, opts.libtypes, todo, ident, opts.quick, job.candidates)
         log.info("device %s (gfx=%s cu_num=%d), %d worker(s), libtypes %s: %d shape(s), %d already tuned",
                  ident.name, ident.gfx, ident.cu_num, pool.slots, ",".join(opts.libtypes), len(problems), skipped)
-        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, lambda: [w.flush() for w in writers],
+        interrupted, pool_error = drive(pool, searches, on_outcome, on_item, lambda: [w.close() for w in writers],
                                         progress.tick)
     if job.run_config is not None:
         table, bad = format_run_config(spec, outcomes, {spec.key_problem(k): r for k, r in rows_now.items()},

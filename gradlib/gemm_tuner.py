@@ -234,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     search = SearchOptions(libtypes, err_ratio=args.errRatio, screen_top=args.screen_top, seed=args.seed,
                            screen_libtypes=tuple(cli.name_list(args.screen_libtypes)), min_gain=args.min_gain,
                            confirm_rounds=args.confirm_rounds, pad_check=args.pad_check == "on",
+                           finalist_margin=args.finalist_margin,
                            **with_iterations(cli.timing_configs(args.timing, on_gpu=devices[0] is not None), args))
     spec = tune_op("gemm_a16w16")
     job = TuneJob(PROG, spec, problems, search, args.tuned_file, args.batch, args.all,

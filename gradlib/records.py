@@ -118,7 +118,9 @@ class ShapeOutcome:
     wall_s: float
     pad_m_min: int | None = None  # the smallest M the row was checked for through padding (None: not checked)
     probes: tuple[Probe, ...] = ()  # the confirmation, exact M first
-    searched: Candidate | None = None  # the search's winner, when the confirmation replaced it
+    #: The full phase's pick, when the confirmation wrote another solution (a finalist with a better median, or the
+    #: default / baseline where the pick did not hold); None: the pick was written.
+    searched: Candidate | None = None
     timing: str = "graph"  # how the candidates were timed: CUDA-graph replay or eager calls
     #: The incumbent as last timed (the confirmation's exact-M median, else its full-phase timing), or None.
     incumbent: Candidate | None = None

@@ -47,15 +47,21 @@ _SUMMARY_TAIL = ("status", "libtype", "solidx", "splitK", "kernelName", "us", "t
 
 @dataclass(frozen=True)
 class Roofline:
-    """Peak bf16 dense throughput and memory bandwidth of a device, for "% of roofline"."""
+    """Peak dense throughput and memory bandwidth of a device, for "% of roofline": ``flops`` is bf16's,
+    ``fp8_flops`` the peak of problems with FP8 operands (their ``fp8``; None: not known)."""
 
     flops: float  # FLOP/s
     bytes: float  # B/s
     source: str
+    fp8_flops: float | None = None  # FLOP/s
 
     def fraction(self, p: Problem, us: float) -> float:
-        """Roofline time over measured time: 1.0 = at the bound (compute or memory, whichever is slower)."""
-        bound_s = max(p.flops / self.flops, p.min_bytes() / self.bytes)
+        """Roofline time over measured time: 1.0 = at the bound (compute or memory, whichever is slower); NaN where
+        the problem's compute peak is not known."""
+        peak = self.fp8_flops if p.fp8 else self.flops
+        if peak is None:
+            return math.nan
+        bound_s = max(p.flops / peak, p.min_bytes() / self.bytes)
         return bound_s / (us * 1e-6)
 
 
@@ -148,7 +154,7 @@ def summary_row(spec: TuneOp, identity: DeviceIdentity, o: ShapeOutcome, roof: R
     if w is not None:
         row.update(libtype=w.solution.libtype, solidx=str(w.solution.solidx), splitK=str(w.solution.splitK),
                    kernelName=w.solution.kernelName, us=f"{w.us:.4f}", tflops=metrics(o.problem, w.us)[0],
-                   pct_roofline=f"{100 * roof.fraction(o.problem, w.us):.1f}" if roof else "",
+                   pct_roofline=fmt(100 * roof.fraction(o.problem, w.us), 1) if roof else "",
                    speedup=f"{base_us / w.us:.4f}" if math.isfinite(base_us) else "")
     return row
 
@@ -372,6 +378,13 @@ class CheckpointWriter:
                 self._sidecar_error = exc
             else:
                 self._sidecar_error = None
+
+    def close(self) -> None:
+        """The run's last checkpoint, whether it finished or was interrupted: the side files are told the run is
+        over (:meth:`Sidecar.finish`), then everything is flushed."""
+        if self.sidecar is not None:
+            self.sidecar.finish()
+        self.flush()
 
     def _merged(self, n_rows: int, added: int, replaced: int) -> None:
         kept = n_rows - added - replaced

@@ -11,6 +11,9 @@ The winner is the fastest eligible candidate with ``err_ratio <= errRatio``; a f
 can never rank first; a winner other than the baseline must beat it by ``min_gain``. With ``refine``, further full
 rounds time the candidates it derives from the valid ones so far (the MoE tuner's per-stage search: GEMM2's configs
 beside GEMM1's winner, then GEMM1's beside GEMM2's), until it has nothing new.
+Confirmation (``confirm_rounds``): the pick and its *finalists* (the fastest candidate of each other libtype within
+``finalist_margin`` of the pick's full-phase time) are timed again beside the runtime's default and the baseline in
+alternating rounds; the finalist with the best median wins, and is written if it beats default and baseline.
 An ``incumbent`` (``--compare``: the tuned file's current solution for the shape, or :data:`DEFAULT` when it has
 none) is timed beside the candidates in the full phase and the confirmation rounds, so the row can be kept unless the
 new winner beats it under the same conditions (:mod:`gradlib.compare`).
@@ -78,6 +81,11 @@ class SearchOptions:
     confirm: TimingConfig = CONFIRM
     pad_check: bool = True
     pad_tolerance: float = 1.01
+    # Finalists (<= 1: off): the fastest eligible candidate of each other libtype within this factor of the pick's
+    # full-phase time joins the confirmation rounds, and the best median there wins: timings taken one after another
+    # drift (a GPU heating over compute-heavy candidates reads later ones slower), so close libraries are decided
+    # side by side, not by their place in the sequence.
+    finalist_margin: float = 1.15
     #: (problem, the eligible valid solutions so far fastest first, round 1, 2, ...) -> solutions for one more full
     #: round (those already timed are dropped); rounds stop when it returns nothing new. None: one full round.
     refine: Callable[[Problem, list[Solution], int], Sequence[Solution]] | None = None
@@ -127,6 +135,17 @@ def pad_probes_of(p: Problem) -> list[int]:
     return sorted({*lows, (min(lows) + M) // 2} - {M})
 
 
+def finalists_of(pick: Candidate, valid: Sequence[Candidate], margin: float) -> list[Candidate]:
+    """The pick, then the fastest of ``valid`` of each other libtype whose full-phase time is within ``margin`` of the
+    pick's, fastest first: the candidates the confirmation rounds decide among (``margin`` <= 1: the pick alone)."""
+    if not margin > 1.0:
+        return [pick]
+    best: dict[str, Candidate] = {}
+    for c in sorted(valid, key=lambda c: c.us):
+        best.setdefault(c.solution.libtype, c)
+    return [pick] + [c for lib, c in best.items() if lib != pick.solution.libtype and c.us <= pick.us * margin]
+
+
 def pad_min_from(M: int, probes: list[Probe]) -> int:
     """The smallest probe M from which every probe up to M passed (M itself when the closest one failed)."""
     pad_min = M
@@ -160,6 +179,7 @@ class ShapeSearch:
         self._handed = 0  # jobs of the phase handed out
         self._inflight: dict[int, int] = {}  # task id -> job index
         self._pick: Candidate | None = None  # the full phase's winner, being confirmed
+        self._finalists: list[Candidate] = []  # the pick and its finalists (SearchOptions.finalist_margin)
         self._confirmed_base: Candidate | None = None  # the baseline as the confirmation timed it
         self._default_at: dict[int, Solution] = {}  # M -> what the runtime's default runs there (resolved)
         self.incumbent = incumbent
@@ -325,6 +345,7 @@ class ShapeSearch:
         winner = min(valid, key=lambda c: c.us) if valid else None
         if o.confirm_rounds > 0 and winner is not None:
             self._pick = winner
+            self._finalists = finalists_of(winner, valid, o.finalist_margin)
             self._enter(DEFAULTS)
             return
         if winner is not None and base is not None and base in valid and winner is not base \
@@ -370,19 +391,19 @@ class ShapeSearch:
         return self._default_at.get(m, DEFAULT) if sol == DEFAULT else sol
 
     def _confirm_order(self, m: int) -> list[Solution]:
-        """Winner, default, baseline and incumbent, each solution once: one that another already runs at M (the
-        default resolving to the winner or F.linear) is not timed against itself. On CPU winner, default and
-        baseline are all F.linear: 13 of 15 timings of a quick-start shape compared it with itself (145 of 175 s)."""
+        """Finalists (the pick first), default, baseline and incumbent, each solution once: one that another already
+        runs at M (the default resolving to the winner or F.linear) is not timed against itself. On CPU winner,
+        default and baseline are all F.linear: 13 of 15 timings of a quick-start shape compared it with itself."""
         order: list[Solution] = []
-        for sol in (self._pick.solution, DEFAULT, self._baseline, self.incumbent):
+        for sol in (*(c.solution for c in self._finalists), DEFAULT, self._baseline, self.incumbent):
             if sol is not None and self._runs(sol, m) not in {self._runs(x, m) for x in order}:
                 order.append(sol)
         return order
 
     def _confirm_jobs(self) -> list[_Job]:
-        """One job per M with something to compare: alternating rounds of winner, default and baseline (forward,
-        then reversed), every timing's graph as long as the others' (calls sized from the winner's full-phase time,
-        :attr:`aiter_gemm.timing.TimingConfig.per_call_us`)."""
+        """One job per M with something to compare: alternating rounds of :meth:`_confirm_order` (forward, then
+        reversed), every timing's graph as long as the others' (calls sized from the pick's full-phase time,
+        :attr:`aiter_gemm.timing.TimingConfig.per_call_us`); the padded M time the finalists too, in one phase."""
         o, p = self.opts, self.problem
         timing = o.confirm
         if math.isfinite(self._pick.us) and self._pick.us > 0:
@@ -396,25 +417,37 @@ class ShapeSearch:
                 jobs.append(_Job(p.with_m(m), items, kw=kw))
         return jobs
 
-    def _probe(self, m: int, job: _Job | None) -> Probe:
-        """Median times at M; the winner passes if it beats the best of default and baseline by ``min_gain`` at
-        the tuned M, or is no slower than them within ``pad_tolerance`` at a padded M. Without a job (all of them
-        run one solution at M) it passes: at the tuned M with the full phase's time, elsewhere untimed (NaN)."""
+    def _timings(self, m: int, job: _Job | None) -> dict[Solution | None, list[float]]:
+        """The confirmation's times at M by what each item ran (a failed timing: inf)."""
         times: dict[Solution | None, list[float]] = {}
-        default = self._default_at.get(m)
         for i, sol in enumerate(job.items if job is not None else ()):
             res = job.results[i]
             times.setdefault(self._runs(sol, m), []).append(res.us if res.ok else math.inf)
-            if sol == DEFAULT and res.solutions:
-                default = res.solutions[0]
+        return times
+
+    def _decide(self, job: _Job | None) -> Candidate:
+        """The finalist with the best confirmation median at the tuned M (the pick on a tie, or alone)."""
+        times = self._timings(self.problem.M, job)
+        if not times:
+            return self._pick
+        return min(self._finalists, key=lambda c: statistics.median(times.get(c.solution, [math.inf])))
+
+    def _probe(self, m: int, job: _Job | None, winner: Candidate) -> Probe:
+        """Median times at M; ``winner`` passes if it beats the best of default and baseline by ``min_gain`` at
+        the tuned M, or is no slower than them within ``pad_tolerance`` at a padded M. Without a job (all of them
+        run one solution at M) it passes: at the tuned M with the full phase's time, elsewhere untimed (NaN)."""
+        times = self._timings(m, job)
+        default = self._default_at.get(m)
+        for i, sol in enumerate(job.items if job is not None else ()):
+            if sol == DEFAULT and job.results[i].solutions:
+                default = job.results[i].solutions[0]
         if job is None:
-            t = self._pick.us if m == self.problem.M else math.nan
-            times = {self._pick.solution: [t]}
+            times = {winner.solution: [winner.us if m == self.problem.M else math.nan]}
 
         def median(sol: Solution | None) -> float:
             return statistics.median(times.get(self._runs(sol, m), [math.inf]))
 
-        w, d = median(self._pick.solution), median(DEFAULT)
+        w, d = median(winner.solution), median(DEFAULT)
         b = median(self._baseline) if self._baseline is not None else math.inf
         inc_us = math.nan if self.incumbent is None else median(self.incumbent)
         best_other = min(d, b)
@@ -428,24 +461,28 @@ class ShapeSearch:
 
     def _after_confirm(self) -> None:
         by_m = {job.problem.M: job for job in self._jobs if job.items}
-        probes = [self._probe(m, by_m.get(m)) for m in self._confirm_ms()]
+        pick = self._pick
+        best = self._decide(by_m.get(self.problem.M))
+        if best is not pick:
+            log.info("shape %s: the confirmation ranks %s (%s) ahead of the full phase's pick %s",
+                     self.problem.label(), best.solution.kernelName, best.solution.libtype, pick.solution.kernelName)
+        probes = [self._probe(m, by_m.get(m), best) for m in self._confirm_ms()]
         exact, padded = probes[0], probes[1:]
         for job in self._jobs:  # profile rows: one per timing, the default as what it ran
             for i, sol in enumerate(job.items):
                 res = job.results[i]
                 shown = res.solutions[0] if sol == DEFAULT and res.solutions else sol
                 self.candidates.append(Candidate(shown, f"confirm M={job.problem.M} #{i}", res, False, i))
-        pick = self._pick
         if self.incumbent is not None:  # what --compare weighs the winner against: the same rounds
             self._incumbent_timed = Candidate(self.incumbent, "confirm", ItemResult(
                 -1, -1, math.isfinite(exact.incumbent_us), us=exact.incumbent_us), False)
         if self._baseline is not None:  # the speedup reported is the confirmation's: same rounds, same state
-            base_us = exact.winner_us if self._baseline == pick.solution else exact.baseline_us
+            base_us = exact.winner_us if self._baseline == best.solution else exact.baseline_us
             self._confirmed_base = Candidate(self._baseline, "confirm", ItemResult(-1, -1, math.isfinite(base_us),
                                                                                     us=base_us), False)
         if exact.passed:
-            winner = Candidate(pick.solution, "confirm", replace(pick.result, us=exact.winner_us), True, pick.index)
-            self._finish(winner, pad_min_from(self.problem.M, padded), probes)
+            winner = Candidate(best.solution, "confirm", replace(best.result, us=exact.winner_us), True, best.index)
+            self._finish(winner, pad_min_from(self.problem.M, padded), probes, searched=None if best is pick else pick)
             return
         # The winner did not hold: write what runs fastest without it (the default, or the baseline where the
         # default loses to it), for this M only.

@@ -62,6 +62,7 @@ class WorkerRuntime:
     identity: DeviceIdentity
     cache: int
     _data: Inputs | None = field(default=None, repr=False)
+    _own_ref: tuple | None = field(default=None, repr=False)  # ((inputs key, libtype), a backend's own reference)
 
     @classmethod
     def create(cls, plugins: Sequence[str] = ()) -> "WorkerRuntime":
@@ -94,7 +95,7 @@ class WorkerRuntime:
             where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
             healthy = self.healthy()
             if not healthy:
-                self._data = None
+                self._data = self._own_ref = None
             return ItemResult.failed(task, index, f"{type(exc).__name__}: {exc}{where}"[:500], restart=not healthy)
 
     def healthy(self) -> bool:
@@ -141,8 +142,9 @@ class WorkerRuntime:
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != otype:
                 got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
                 return ItemResult.failed(task, index, f"returned {got}, expected {shape} {otype}")
-            err = err_ratio(out, data.ref, tolerance_for(p.dtype, otype))
-            rel = rel_error(out, data.ref)
+            ref = self._reference(task, ran, data)
+            err = err_ratio(out, ref, tolerance_for(p.dtype, otype))
+            rel = rel_error(out, ref)
             del out
             if err > task.max_err:
                 return ItemResult(task.task_id, index, False, err_ratio=err, rel_err=rel,
@@ -158,12 +160,21 @@ class WorkerRuntime:
         return ItemResult(task.task_id, index, True, us=t.us, err_ratio=err, method=f"{t.method}x{t.n_sets}",
                           solutions=(ran,) if ran is not task.items[index] else (), rel_err=rel)
 
+    def _reference(self, task: Task, sol: Solution, data: Inputs) -> torch.Tensor:
+        """Set 0's reference for ``sol``: its backend's own (:meth:`~aiter_gemm.backends.base.Backend.reference`,
+        kept while the inputs are), else the op's."""
+        key = (data.key, sol.libtype)
+        if self._own_ref is None or self._own_ref[0] != key:
+            self._own_ref = (key, backend_of(task.op, sol.libtype).reference(task.problem, data.sets[0]))
+        own = self._own_ref[1]
+        return data.ref if own is None else own
+
     def _inputs(self, task: Task) -> Inputs:
         """The op's inputs for the task's shape, cached while consecutive items share shape, seed and options."""
         key = (task.op, task.problem, task.seed, task.options)
         if self._data is not None and self._data.key == key:
             return self._data
-        self._data = None
+        self._data = self._own_ref = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         p = task.problem

@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing = with_iterations(cli.timing_configs(args.timing, None if on_gpu else CPU_TIMING, on_gpu), args)
     search = SearchOptions(libtypes, err_ratio=args.errRatio, seed=args.seed, min_gain=args.min_gain,
                            confirm_rounds=0 if args.candidates else args.confirm_rounds,
-                           pad_check=args.pad_check == "on", op=BLOCKSCALE,
+                           pad_check=args.pad_check == "on", finalist_margin=args.finalist_margin, op=BLOCKSCALE,
                            baseline=torch_impl.LIBTYPE if on_gpu and torch_impl.LIBTYPE in libtypes else None,
                            quick=args.quick, **timing,
                            options=(("x_scale_layout", args.x_scale_layout),),

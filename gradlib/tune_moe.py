@@ -13,11 +13,13 @@ Search: the shared driver (:mod:`gradlib.driver`) over the op's backends (:mod:`
 ``triton`` (every :class:`~aiter_gemm.kernels.fused_moe.MoeConfig` of the config space for both GEMMs, plus the
 default pair; ``--quick``: the short list), then stage by stage (``--stage_search separate``, :mod:`gradlib.moe`):
 GEMM2's configs beside the best GEMM1 config, then GEMM1's beside the best GEMM2 config; ``torch`` (grouped_mm where
-it runs, the per-expert loop) is timed too and is the baseline. Each candidate runs in a worker of the crash-isolated
-pool (``--mp``, ``--timeout``), is checked against the float32 reference (``--errRatio``) and timed by CUDA-graph
-replay over rotating copies of the experts larger than twice the L2, tokens routed as ``--routing`` says; the winner
-is re-timed against the op's untuned default and torch's experts before it is written (``--confirm_rounds``), and at
-the smallest token count its padded lookup serves (``--pad_check``).
+it runs, the per-expert loop) is timed too and is the baseline; ``deepgemm`` (FP8 experts on DeepGEMM's grouped
+GEMMs, one candidate; its JIT called once per shape first) when ``--libtype`` names it (opt-in: it is checked
+against its own reference, GEMM1's output rounded to bf16). Each candidate runs
+in a worker of the crash-isolated pool (``--mp``, ``--timeout``), is checked against the float32 reference
+(``--errRatio``) and timed by CUDA-graph replay over rotating copies of the experts larger than twice the L2, tokens
+routed as ``--routing`` says; the winner is re-timed against the op's untuned default and torch's experts before it
+is written (``--confirm_rounds``), and at the smallest token count its padded lookup serves (``--pad_check``).
 
 Output: AITER's tuned fmoe columns (``block_m, ksplit, us1, kernelName1, err1, us2, kernelName2, err2, us,
 run_1stage, tflops, bw``) plus ``libtype`` and the project's columns, merged into ``-o`` every ``--batch`` shapes;
@@ -42,6 +44,7 @@ from aiter_gemm.configs import load_untuned
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.errors import ConfigError
 from aiter_gemm.fileio import render_csv
+from aiter_gemm.kernels import fused_moe_deepgemm as deepgemm_impl
 from aiter_gemm.kernels import fused_moe_torch as torch_impl
 from aiter_gemm.kernels.fused_moe import MoeConfig
 from aiter_gemm.ops.fused_moe import FMOE_UNTUNED_COLUMNS, FUSED_MOE, KIND, ROUTINGS
@@ -58,8 +61,8 @@ from gradlib.search import SearchOptions
 from gradlib.tasks import import_plugins
 from gradlib.tune_ops import tune_op
 
-__all__ = ["CPU_TIMING", "DEFAULT_TOKENS", "PROG", "build_parser", "candidate_solution", "load_problems",
-           "main"]
+__all__ = ["CPU_TIMING", "DEFAULT_TOKENS", "OPTIONAL_LIBTYPES", "PROG", "build_parser", "candidate_solution",
+           "default_libtypes", "load_problems", "main"]
 
 PROG = "python -m gradlib.tune_moe"
 #: Token counts tuned by default: powers of two, as AITER's padded lookup serves every count from them.
@@ -67,6 +70,10 @@ DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Interpreted Triton on CPU (tests): about a second a call on tiny shapes, so a few calls per candidate.
 CPU_TIMING = TimingConfig(warmup=1, reps=3, target_us=0.0, use_graph=False, budget_s=0.2)
 OP_LIBTYPES = (triton_backend.NAME, torch_impl.LIBTYPE)
+#: Timed only when ``--libtype`` names them (asked for where their backend cannot run: a usage error). DeepGEMM's
+#: experts write GEMM1's output in bf16 before requantizing it, so they are checked against their own reference
+#: (``Backend.reference``), not the op's: a user opts into that arithmetic, the tuner never picks it unasked.
+OPTIONAL_LIBTYPES = (deepgemm_impl.LIBTYPE,)
 #: AITER spells (128, 128) block scales per_128x128 in some files; the op keys them as per_1x128.
 Q_TYPE_ALIASES = {"QuantType.per_128x128": QUANT_BLOCK}
 log = logging.getLogger("gradlib")
@@ -118,11 +125,19 @@ def load_problems(untuned: str | None, model_dir: str | None, tp: int, ep: int, 
 
 
 # ---- candidates ---------------------------------------------------------------------------------------------------
+def default_libtypes(on_gpu: bool) -> tuple[str, ...]:
+    """The backends timed without ``--libtype``: triton and torch (:data:`OPTIONAL_LIBTYPES` only when named)."""
+    return OP_LIBTYPES
+
+
 def candidate_solution(name: str) -> Solution:
-    """The solution a ``--candidates`` name stands for: torch's ``grouped_mm`` or ``loop``, else a Triton config pair
-    ``kernelName1[;kernelName2]``; ValueError saying what is wrong."""
+    """The solution a ``--candidates`` name stands for: torch's ``grouped_mm`` or ``loop``, DeepGEMM's
+    ``deepgemm_m_grouped_contiguous``, else a Triton config pair ``kernelName1[;kernelName2]``; ValueError saying
+    what is wrong."""
     if name in torch_impl.NAMES:
         return Solution(torch_impl.LIBTYPE, -1, 0, name)
+    if name == deepgemm_impl.NAME:
+        return Solution(deepgemm_impl.LIBTYPE, -1, 0, name)
     first, second = stage_names(name)
     return triton_backend.solution_of(MoeConfig.parse(first), MoeConfig.parse(second))
 
@@ -159,15 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--batch", type=positive_int, default=4, help="checkpoint every this many shapes (4)")
     srch = ap.add_argument_group("search")
     srch.add_argument("--libtype", type=name_list, help="implementations to time: triton (our fused-MoE kernels; "
-                      "interpreted on CPU), torch (grouped_mm where it runs, the per-expert loop; the baseline), or "
-                      "a backend a --plugin registers; default triton,torch")
+                      "interpreted on CPU), torch (grouped_mm where it runs, the per-expert loop; the baseline), "
+                      "deepgemm (FP8 experts on DeepGEMM's grouped GEMMs; deep_gemm installed, sm_90), or a backend "
+                      "a --plugin registers; default triton,torch (deepgemm only when named: its GEMM1 output is bf16)")
     srch.add_argument("--quick", action="store_true", help="the Triton kernels' short config list")
     srch.add_argument("--stage_search", choices=("separate", "shared"), default="separate",
                       help="separate (default): after every config for both GEMMs, GEMM2's configs beside the best "
                       "GEMM1 config, then GEMM1's beside the best GEMM2 config (about 3x the configs); shared: one "
                       "config for both GEMMs only (what vLLM's files hold)")
     srch.add_argument("--candidates", type=name_list, help="time exactly these (kernelName1[;kernelName2] Triton "
-                      "config pairs, grouped_mm, loop) instead")
+                      "config pairs, grouped_mm, loop, deepgemm_m_grouped_contiguous) instead")
     srch.add_argument("--routing", choices=ROUTINGS, default="uniform", help="how the test tokens pick their "
                       "experts: uniform (every expert equally likely) or skewed (Zipf: a few experts get most "
                       "tokens, some none)")
@@ -207,7 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = sorted(set(args.libtype or ()) - set(known))
         if bad:
             raise UsageError(f"--libtype {bad}: not among the op's backends {sorted(known)}")
-        libtypes = tuple(args.libtype or OP_LIBTYPES)
+        for lib in (lib for lib in args.libtype or () if lib in OPTIONAL_LIBTYPES):
+            why = get_backend(lib, FUSED_MOE.backends).unavailable_reason()
+            if why is not None:
+                raise UsageError(f"--libtype {lib}: {why}")
+        libtypes = tuple(args.libtype or default_libtypes(on_gpu))
         if args.vllm_dir and args.run_config:
             raise UsageError("--vllm_dir: --run_config times rows without tuning; nothing to write for vLLM")
         if args.vllm_dir and triton_backend.NAME not in libtypes:
@@ -224,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing = with_iterations(cli.timing_configs(args.timing, None if on_gpu else CPU_TIMING, on_gpu), args)
     search = SearchOptions(libtypes, err_ratio=args.errRatio, seed=args.seed, min_gain=args.min_gain,
                            confirm_rounds=0 if args.candidates else args.confirm_rounds,
-                           pad_check=args.pad_check == "on", op=FUSED_MOE.name,
+                           pad_check=args.pad_check == "on", finalist_margin=args.finalist_margin, op=FUSED_MOE.name,
                            baseline=torch_impl.LIBTYPE if torch_impl.LIBTYPE in libtypes else None,
                            quick=args.quick, **timing, options=(("routing", args.routing),),
                            untunable=tuple(n for n in known_backends(package) if not get_backend(n, package).tunable),

@@ -24,6 +24,10 @@ class Sidecar:
     def add(self, outcome: ShapeOutcome) -> None: ...
     def flush(self) -> None: ...
 
+    def finish(self) -> None:
+        """The run is over, finished or interrupted: the next flush writes everything it was told of, files that
+        wait for shapes that will not come now included."""
+
     def summary(self) -> str:
         return ""
 

@@ -1,6 +1,7 @@
 """A CPU stand-in for torch's block-scaled ``F.scaled_mm`` (CPU torch has none): it enforces the layouts cuBLASLt
 accepted on the H100 (M a multiple of 4, A row-major, B = WQ.t() column-major, x_scale (M, K/128) M-major,
-w_scale passed as (K/128, N/128) K-major) and computes the float32 dequantized product, so CPU tests check what
+w_scale passed as (K/128, N/128) K-major, its K blocks padded to a multiple of 4 as torch's own check of the call
+asks) and computes the float32 dequantized product, so CPU tests check what
 :mod:`aiter_gemm.kernels.a8w8_blockscale_torch` hands cuBLASLt and that the dispatch and tuner route to it.
 
 ``install()`` patches ``F.scaled_mm`` and the availability check (callers restore them: monkeypatch); importing
@@ -37,10 +38,11 @@ def fake_scaled_mm(a, b, scale_a, recipe_a, scale_b, recipe_b, swizzle_a=None, s
           "column-major")
     _need(scale_a.shape == (M, kb) and scale_a.stride() == (1, M), f"scale_a {tuple(scale_a.shape)} strides "
           f"{scale_a.stride()} must be ({M}, {kb}) M-major")
-    _need(scale_b.shape == (kb, nb) and scale_b.stride() == (1, kb), f"scale_b {tuple(scale_b.shape)} strides "
-          f"{scale_b.stride()} must be ({kb}, {nb}) K-major")
+    l4 = -(-kb // 4) * 4
+    _need(scale_b.shape == (l4, nb) and scale_b.stride() == (1, l4), f"scale_b {tuple(scale_b.shape)} strides "
+          f"{scale_b.stride()} must be ({l4}, {nb}) K-major")
     CALLS.append((M, N, K, scale_a.data_ptr()))
-    return gemm_a8w8_blockscale_ref(a, b.t(), scale_a, scale_b.t(), output_dtype)
+    return gemm_a8w8_blockscale_ref(a, b.t(), scale_a, scale_b[:kb].t(), output_dtype)
 
 
 def install() -> None:

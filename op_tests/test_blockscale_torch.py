@@ -116,6 +116,22 @@ def test_runner_calls_a_replaced_f_scaled_mm(fake_torch):
         torch_impl.launcher(5, 256, 384)
 
 
+@pytest.mark.parametrize("K", [128, 384, 640, 1024])
+def test_padded_scales_take_any_whole_block_k(fake_torch, K):
+    """Outside the dispatcher (the HF loop's torch arm, e.g. Qwen3-30B-A3B's experts: K 768), w_scale's K blocks
+    padded to a multiple of 4 let torch's matmul run K that is not a multiple of 512, in the layout torch's own check
+    of F.scaled_mm asks for (the fake enforces it); the op's own rule is unchanged."""
+    XQ, WQ, xs, ws = _inputs(5, 256, K)
+    padded = torch_impl.pad_scale_blocks(ws)
+    assert padded.shape == (2, -(-K // 512) * 4) and torch.equal(padded[:, :K // 128], ws)
+    assert (padded is ws) == (K % 512 == 0)
+    out = torch_impl.launcher(5, 256, K, padded_scales=True)(XQ, WQ, xs, padded, torch.bfloat16)
+    assert fake.CALLS[-1][:3] == (8, 256, K)
+    assert torch.equal(out, gemm_a8w8_blockscale_ref(XQ, WQ, xs, ws, torch.bfloat16))
+    assert (torch_impl.shape_error(5, 256, K) is None) == (K % 512 == 0)
+    assert "multiple of 128" in torch_impl.shape_error(5, 256, K + 64, padded_scales=True)
+
+
 @pytest.mark.parametrize("shape,dtype,why", [
     ((16, 256, 384), torch.bfloat16, "multiple of 512"),
     ((16, 200, 512), torch.bfloat16, "multiple of 16"),

@@ -335,6 +335,44 @@ def test_roofline_matches_device_name():
     assert h100.fraction(p, 44.74) == pytest.approx(1.0, rel=1e-3)
 
 
+@pytest.mark.parametrize("peak_tflops", [None, 1000.0])
+def test_roof_of_fp8_problems_is_the_fp8_peak(peak_tflops, monkeypatch):
+    """The block-scale tuner's %roof: an FP8 problem's compute roof is the FP8 peak (the datasheet's, or
+    --peak_tflops), a bf16 one's the measured bf16 peak; the bandwidth is the same; an FP8 peak not known: no %."""
+    from aiter_gemm.kernels.blockscale_format import FP8
+    from gradlib import results
+    from gradlib.driver import TuneJob, format_table, roofline
+    from gradlib.results import fp8_peak_for, summary_row
+    from gradlib.tune_ops import tune_op
+
+    h200 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
+    spec = tune_op("gemm_a8w8_blockscale")
+    job = TuneJob("t", spec, [], SearchOptions(("triton",)), "t.csv", peak_tflops=peak_tflops)
+    fp8 = replace(_outcome(GemmProblem(4096, 7168, 16384, False, FP8), 700.0), shape_id=0)
+    bf16 = replace(_outcome(GemmProblem(4096, 7168, 16384), 700.0), shape_id=1)
+    measured = roofline_for(h200)
+
+    def pct(o, peak: float) -> str:
+        p = o.problem
+        return f"{100 * max(p.flops / peak, p.min_bytes() / measured.bytes) / 700e-6:.1f}"
+
+    given = peak_tflops * 1e12 if peak_tflops else None
+    want = {0: pct(fp8, given or fp8_peak_for(h200)), 1: pct(bf16, given or measured.flops)}
+    if peak_tflops is None:  # the bf16 peak reads this FP8 row above 100%
+        assert float(want[1]) > 100.0 > float(want[0])
+    roof = roofline(job, h200)
+    lines = format_table(spec, [fp8, bf16], roof).splitlines()[2:]
+    for o, line in zip((fp8, bf16), lines):
+        assert f" {want[o.shape_id]}% " in line
+        assert summary_row(spec, h200, o, roof)["pct_roofline"] == want[o.shape_id]
+    monkeypatch.setattr(results, "FP8_PEAKS", ())  # a device whose FP8 peak is not known
+    roof = roofline(job, h200)
+    fp8_line = format_table(spec, [fp8, bf16], roof).splitlines()[2]
+    if peak_tflops is None:
+        assert f"{want[0]}%" not in fp8_line and " - " in fp8_line
+        assert summary_row(spec, h200, fp8, roof)["pct_roofline"] == ""
+
+
 def test_tuned_problems_of_missing_file_is_empty(tmp_path):
     assert tuned_problems(tmp_path / "none.csv", CPU) == set()
     assert not os.path.exists(tmp_path / "none.csv")
@@ -488,6 +526,117 @@ def test_confirmation_never_times_a_solution_against_itself():
     assert [t.kind for t in tasks] == ["enumerate", "time", "defaults", "time"]  # the last one empty
     assert tasks[-1].items == () and s.outcome.winner.solution == F_LINEAR and s.outcome.winner.us == 9.0
     assert s.outcome.pad_m_min == 513 and all(p.passed for p in s.outcome.probes)
+
+
+# ---- finalists: close libraries decided in the confirmation rounds ---------------------------------------------
+X0, X1 = Solution("x", 0, 0, "x0"), Solution("x", 1, 0, "x1")
+Y0, Z0 = Solution("y", 0, 0, "y0"), Solution("z", 0, 0, "z0")
+#: Full-phase times: the pick x0, y0 2% behind it, x1 (the pick's own libtype) and z0 (20% behind) never finalists.
+FULL_US = {X0: 100.0, X1: 101.0, Y0: 102.0, Z0: 120.0, F_LINEAR: 200.0}
+
+
+def _finalist_drive(opts: SearchOptions, confirm_us: dict, incumbent: Solution | None = None):
+    """A search of (1024, 96, 64) over x0, x1, y0, z0 (F.linear the baseline) timed ``FULL_US`` in the full phase
+    and ``confirm_us`` (by what an item runs; the default runs ``HEURISTIC``) in the confirmation rounds; (search,
+    its confirmation tasks)."""
+    from gradlib.records import DEFAULT, DEFAULTS
+
+    s = ShapeSearch(0, GemmProblem(1024, 96, 64), opts, (X0, X1, Y0, Z0), F_LINEAR, incumbent)
+    tasks, confirm = [], []
+    while not s.done:
+        task = s.next_task(len(tasks))
+        tasks.append(task)
+        if task.kind == DEFAULTS:
+            results = [ItemResult(task.task_id, i, True, solutions=(HEURISTIC,)) for i in range(len(task.items))]
+        else:
+            times = FULL_US if s.phase == "full" else confirm_us
+            if s.phase == "confirm":
+                confirm.append(task)
+            results = [ItemResult(task.task_id, i, True, us=times[HEURISTIC if x == DEFAULT else x], err_ratio=0.0,
+                                  solutions=(HEURISTIC,) if x == DEFAULT else ()) for i, x in enumerate(task.items)]
+        for res in results:
+            s.on_item(res)
+        s.on_task_done(task)
+    return s, confirm
+
+
+def _names(task) -> list[str]:
+    return [x.kernelName or x.libtype for x in task.items]
+
+
+CONFIRM_US = {X0: 105.0, X1: 90.0, Y0: 98.0, Z0: 80.0, HEURISTIC: 200.0, F_LINEAR: 200.0}
+
+
+def test_a_finalist_of_another_library_with_the_better_confirmation_median_is_written():
+    """The full phase ranks x0 2% ahead of y0, timed one after the other (a heating GPU reads later candidates
+    slower); in the same confirmation rounds y0 is faster: y0 is written, with its padding range, and the profile
+    lists its timings; x0 is noted as the search's pick."""
+    s, confirm = _finalist_drive(SearchOptions(("x", "y", "z"), confirm_rounds=2, min_gain=1.02), CONFIRM_US)
+    o = s.outcome
+    assert o.winner.solution == Y0 and o.winner.us == 98.0 and o.winner.phase == "confirm"
+    assert o.winner.result.err_ratio == 0.0 and o.winner.index == 2  # y0's full-phase record (kernelId)
+    assert o.searched.solution == X0 and o.pad_m_min == 513  # beat default and F.linear at every probe
+    for task in confirm:  # every M: the pick and y0, then the default and F.linear, alternating
+        assert _names(task) == ["x0", "y0", "<default>", "F.linear", "F.linear", "<default>", "y0", "x0"]
+    rows = [c for c in o.candidates if c.phase.startswith("confirm M=1024")]
+    assert sorted(c.solution.kernelName for c in rows if c.solution == Y0) == ["y0", "y0"]
+
+
+def test_only_finalists_within_the_margin_join_the_confirmation():
+    """z0 (20% behind the pick) is outside the default 1.15 margin and x1 is of the pick's own library: neither is
+    timed again, so neither can win there, however fast the confirmation would have read them."""
+    s, confirm = _finalist_drive(SearchOptions(("x", "y", "z"), confirm_rounds=2, min_gain=1.02), CONFIRM_US)
+    timed = {x for task in confirm for x in task.items}
+    assert Y0 in timed and not {X1, Z0} & timed and s.outcome.winner.solution == Y0
+    s, confirm = _finalist_drive(SearchOptions(("x", "y", "z"), confirm_rounds=2, min_gain=1.02,
+                                               finalist_margin=1.25), CONFIRM_US)
+    assert {x for task in confirm for x in task.items} >= {Y0, Z0} and s.outcome.winner.solution == Z0
+
+
+@pytest.mark.parametrize("margin", [1.0, 0.0])
+def test_finalist_margin_off_confirms_the_pick_alone(margin):
+    """Margin 1 (or 0): the confirmation times the pick, the default and F.linear only, and writes the pick."""
+    s, confirm = _finalist_drive(SearchOptions(("x", "y", "z"), confirm_rounds=2, min_gain=1.02,
+                                               finalist_margin=margin), CONFIRM_US)
+    assert confirm and all(_names(t) == ["x0", "<default>", "F.linear", "F.linear", "<default>", "x0"]
+                           for t in confirm)
+    o = s.outcome
+    assert (o.winner.solution, o.winner.us, o.searched, o.pad_m_min) == (X0, 105.0, None, 513)
+
+
+def test_the_incumbent_is_timed_once_in_the_finalists_rounds():
+    """--compare: an incumbent that is also a finalist is timed once, and what it is weighed by is its median in
+    the same rounds; the verdict keeps the row when that finalist wins."""
+    from gradlib.compare import CompareOptions, verdict
+
+    s, confirm = _finalist_drive(SearchOptions(("x", "y", "z"), confirm_rounds=2, min_gain=1.02), CONFIRM_US,
+                                 incumbent=Y0)
+    assert all(sum(x == Y0 for x in t.items) == 2 for t in confirm)  # once a round
+    o = s.outcome
+    assert o.incumbent.us == 98.0 and o.winner.solution == Y0
+    assert verdict(o, True, CompareOptions()).action == "KEEP"
+
+
+@pytest.mark.parametrize("module, args", [
+    ("gradlib.gemm_tuner", ["--libtype", "torch"]),
+    ("gradlib.tune_a8w8_blockscale", ["--nk", "128,128", "--m", "1"]),
+    ("gradlib.tune_moe", ["--model_dir", "qwen3_30b_a3b", "--token", "1"]),
+])
+def test_finalist_margin_flag_reaches_the_search(module, args, tmp_path, monkeypatch, cpu_tuner_workers):
+    import importlib
+
+    from gradlib import cli
+
+    tuner = importlib.import_module(module)
+    jobs = []
+    monkeypatch.setattr(cli, "build_executor", lambda *a: None)
+    monkeypatch.setattr(tuner, "run", lambda job, executor, **kw: jobs.append(job) or 0)
+    untuned = tmp_path / "untuned.csv"
+    untuned.write_text("M,N,K\n4,64,32\n")
+    extra = ["-i", str(untuned)] if module == "gradlib.gemm_tuner" else []
+    for flag, margin in (([], 1.15), (["--finalist_margin", "1.3"], 1.3), (["--finalist_margin", "0"], 0.0)):
+        assert tuner.main([*extra, *args, "-o", str(tmp_path / "t.csv"), *flag]) == 0
+        assert jobs.pop().search.finalist_margin == margin
 
 
 def test_relative_error_twice_the_library_calls_rejects_a_candidate():

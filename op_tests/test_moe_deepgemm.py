@@ -1,6 +1,7 @@
-"""The ``deepgemm`` provider of ``--bench moe`` (:mod:`benchmarks.moe_deepgemm`): with :mod:`op_tests.fake_deep_gemm`
-as ``deep_gemm``, its output against ``fused_moe``'s float32 reference and the contiguous layouts it hands DeepGEMM;
-unavailable, with the reason, for bf16 experts and without a usable ``deep_gemm``."""
+"""The ``deepgemm`` provider of ``--bench moe`` (:func:`aiter_gemm.kernels.fused_moe_deepgemm.fused_moe_deepgemm`, as
+a user calls it): with :mod:`op_tests.fake_deep_gemm` as ``deep_gemm``, its output against ``fused_moe``'s float32
+reference and the contiguous layouts it hands DeepGEMM; unavailable, with the reason, for bf16 experts and without a
+usable ``deep_gemm``. The op's ``deepgemm`` backend: op_tests/test_fused_moe_deepgemm.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, MoeProblem
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels.fused_moe import fused_moe_ref
 from aiter_gemm.ops.fused_moe import FUSED_MOE
-from benchmarks import moe_deepgemm, providers
+from benchmarks import providers
 from op_tests.test_fused_moe import assert_close
 
 FP8 = torch.float8_e4m3fn
@@ -72,15 +73,6 @@ def test_deepgemm_moe_matches_the_reference(fake_dg, monkeypatch, T, invalid, al
     for e in range(3):
         assert (layout == e).sum().item() == (ids == e).sum().item()
     assert layout.numel() == align * (T * K // align + min(E, T * K))
-
-
-def test_layout_rows_read_their_tokens():
-    """Each row of an expert's run reads a token routed to that expert, in the tokens' order."""
-    ids = torch.tensor([[2, 0], [0, 1], [2, 1]], dtype=torch.int32)
-    lay = moe_deepgemm.contiguous_layout(ids, E, 4)
-    assert lay.groups.tolist() == [0, 0, -1, -1, 1, 1, -1, -1, 2, 2, -1, -1] + [-1] * 8
-    assert lay.rows[lay.groups >= 0].tolist() == [0, 1, 1, 2, 0, 2]
-    assert lay.pair_rows.tolist() == [0, 1, 4, 5, 8, 9]
 
 
 def test_bf16_sets_and_missing_deep_gemm_say_why(monkeypatch, fake_dg):

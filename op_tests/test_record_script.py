@@ -153,14 +153,33 @@ def test_record_commands_parse_for_an_h200(call, tmp_path):
     assert progs
 
 
-def test_hf_moe_commands_parse(tmp_path):
-    """``DRY_RUN=1 hf_moe.sh`` (not a record.sh call) prints its four steps, each a command its program accepts."""
-    res = bash(DEVICE / "hf_moe.sh", {"DRY_RUN": "1", "OUT": str(tmp_path)})
+@pytest.mark.parametrize("dtype, config, tuner, table", [
+    (None, "qwen3_30b_a3b", "gradlib.gemm_tuner", "tuned_gemm.csv"),
+    ("fp8", "qwen3_30b_a3b_fp8", "gradlib.tune_a8w8_blockscale", "a8w8_blockscale_tuned_gemm.csv"),
+])
+def test_hf_moe_commands_parse(tmp_path, dtype, config, tuner, table):
+    """``DRY_RUN=1 hf_moe.sh`` (not a record.sh call; DTYPE=fp8: the FP8 model) prints its four steps, each a
+    command its program accepts, the GEMM tuner the one of the model's linears; "capture tune_gemm tune_moe" fits one
+    device call of 560 s with time left for the eager-path build, "measure" another."""
+    res = bash(DEVICE / "hf_moe.sh", {"DRY_RUN": "1", "OUT": str(tmp_path), **({"DTYPE": dtype} if dtype else {})})
     assert res.returncode == 0, res.stderr
     lines = [m.groups() for m in map(STEP_LINE.match, res.stdout.splitlines()) if m]
     assert [name for name, _, _ in lines] == ["capture", "tune_gemm", "tune_moe", "measure"]
     progs = [check_command(shlex.split(cmd), tmp_path) for _, _, cmd in lines]
-    assert progs == ["examples.hf_decode", "gradlib.gemm_tuner", "gradlib.tune_moe", "examples.hf_decode"]
+    assert progs == ["examples.hf_decode", tuner, "gradlib.tune_moe", "examples.hf_decode"]
+    folder = tmp_path / ("hf_moe_fp8" if dtype == "fp8" else "hf_moe")
+    capture, tune_gemm, tune_moe, measure = (shlex.split(cmd) for _, _, cmd in lines)
+    assert capture[capture.index("--config") + 1] == config and measure[:measure.index("--mode")] == \
+        capture[:capture.index("--mode")]
+    assert tune_gemm[tune_gemm.index("-o") + 1] == measure[measure.index("--tuned") + 1] == str(folder / table)
+    assert tune_moe[tune_moe.index("-o") + 1] == measure[measure.index("--tuned-fmoe") + 1]
+    limits = [int(limit) for _, limit, _ in lines]
+    assert sum(limits[:3]) <= 560 - 60 and limits[3] <= 560
+
+
+def test_hf_moe_rejects_an_unknown_dtype(tmp_path):
+    res = bash(DEVICE / "hf_moe.sh", {"DRY_RUN": "1", "OUT": str(tmp_path), "DTYPE": "fp4"})
+    assert res.returncode == 2 and "DTYPE must be bf16 or fp8, got fp4" in res.stderr and not res.stdout
 
 
 def docs_table() -> tuple[dict[str, set[str]], list[str]]:

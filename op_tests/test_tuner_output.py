@@ -338,6 +338,32 @@ def test_json_that_cannot_be_written_stays_pending_until_it_can(tmp_path, monkey
     assert len(calls) == 2 and "M_LEQ_1" in json_path.read_text() and writer.unsaved() == []
 
 
+def test_an_interrupted_blockscale_run_writes_the_json_of_the_shapes_that_finished(inline, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """SIGTERM after the first of two M of (128, 128): its row is saved and the (N, K)'s JSON file is built from
+    it (the JSON waited for every M of the (N, K), so an interrupted run left none); (256, 128), not started, gets
+    none."""
+    from gradlib import cli
+    from gradlib.tune_a8w8_blockscale import main as bs_main
+    from op_tests.runtime_helpers import InlineExecutor
+
+    class TermAtShape1(InlineExecutor):
+        def poll(self, timeout: float) -> list:
+            if self._task is not None and self._task.shape_id == 1:
+                raise cli.Terminated()
+            return super().poll(timeout)
+
+    monkeypatch.setattr(cli, "build_executor", lambda devices, plugins, timeout, ray, env: TermAtShape1(plugins))
+    swap16 = "swapAB-BM16_BN64_BK128_GM1_SK1_W4_S4_TMA"
+    tuned, folder = tmp_path / "t.csv", tmp_path / "json"
+    assert bs_main(["--nk", "128,128", "256,128", "--m", "1,2", "-o", str(tuned), "--json_dir", str(folder),
+                    "--candidates", swap16, "--warmup", "0", "--iters", "3"]) == 143
+    assert [(r["M"], r["N"]) for r in read_csv_rows(tuned)[1]] == [("1", "128")]
+    assert sorted(p.name for p in folder.iterdir()) == ["cpu-GEMM-A8W8_BLOCKSCALE-N=128-K=128.json"]
+    assert "M_LEQ_1" in (folder / "cpu-GEMM-A8W8_BLOCKSCALE-N=128-K=128.json").read_text()
+    assert f"1 JSON file(s) in {folder}" in capsys.readouterr().out
+
+
 # ---- stale rows spelled another way ------------------------------------------------------------------------------
 def test_a_stale_row_spelled_0_and_bf16_is_replaced_not_duplicated(inline, tmp_path, capsys, caplog):
     out = tmp_path / "tuned.csv"

@@ -51,7 +51,8 @@ def get_padded_m(M: int, N: int, K: int, gl: int) -> int:
 # change), ``with_m``, ``padded()`` (the op's padded lookups after the exact key, AITER's rule), ``empty``,
 # ``label()`` (warnings, errors), ``describe()`` (the AITER_LOG_TUNED_CONFIG line), ``MISS_SHAPE`` with
 # ``miss_args()`` (the start of AITER's INFO line for a shape no row serves), ``config_fields()`` (what
-# ``get_*_config`` reports of the problem) and ``bpreshuffle`` (a pre-shuffled weight: BLASLt backends only).
+# ``get_*_config`` reports of the problem), ``bpreshuffle`` (a pre-shuffled weight: BLASLt backends only) and, for
+# the tuner's % of roofline, ``flops``, ``min_bytes()`` and ``fp8`` (FP8 operands: the FP8 compute peak applies).
 @dataclass(frozen=True)
 class GemmProblem:
     """One GEMM as the tuned CSVs key it (the untuned columns): out = A @ B.T (+ bias)."""
@@ -99,6 +100,11 @@ class GemmProblem:
         """A lower bound of what the op's test inputs take (float32 operands and reference), and what they are."""
         return (4 * (self.M * self.K + self.N * self.K + self.M * self.N),
                 f"float32 A, B and reference of M={self.M} N={self.N} K={self.K}")
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 operands (the block-scale op's): its compute peak is the FP8 tensor cores'."""
+        return self.dtype.is_floating_point and self.dtype.itemsize == 1
 
     @property
     def flops(self) -> int:
@@ -350,6 +356,13 @@ class Backend:
     def quick_candidates(self, problem: GemmProblem, device: DeviceIdentity) -> Sequence[Solution]:
         """A short list for quick tuning runs (default: every candidate)."""
         return self.candidates(problem, device)
+
+    def reference(self, problem: GemmProblem, inputs: tuple) -> torch.Tensor | None:
+        """The float32 reference of this backend's own arithmetic on one input set of the op, where it differs from
+        the op's reference by design (a library that writes an intermediate in bf16 only); the tuner checks this
+        backend's candidates against it (``err_ratio``, ``rel_err``). Its distance to the op's reference is the
+        backend's tests' to bound. Default None: the op's reference."""
+        return None
 
     def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
         """Build, ahead of their first ``prepare``, whatever the (problem, solution) jobs need (JIT kernels into a

@@ -12,7 +12,9 @@ writes it that way, as vLLM's ``column_major_scales`` does) and w_scale passed K
 verified on the H100 are claimed (:func:`shape_error`): K a multiple of 512 (K blocks a multiple of 4: no scale
 padding), N a multiple of 16, bf16 output. :func:`gemm_a8w8_blockscale_torch` is the plain per-call use of torch's
 public API (the benchmarks' baseline); :func:`launcher` binds a runner to one shape for the dispatcher, as the
-Triton and cuBLASLt backends do.
+Triton and cuBLASLt backends do. Outside the dispatcher (the HF loop's torch arm), ``launcher(..., padded_scales=True)``
+takes any K multiple of 128 with w_scale's K blocks padded to a multiple of 4 (:func:`pad_scale_blocks`), the layout
+torch's own check of ``F.scaled_mm`` asks for there; the op's backend does not claim it (not verified on a GPU).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import torch
 
 from aiter_gemm.kernels.common import NamedChoice
 
-__all__ = ["LIBTYPE", "NAME", "TorchBlockwise", "direct_op", "gemm_a8w8_blockscale_torch", "launcher", "shape_error",
-           "unavailable_reason"]
+__all__ = ["LIBTYPE", "NAME", "TorchBlockwise", "direct_op", "gemm_a8w8_blockscale_torch", "launcher",
+           "pad_scale_blocks", "shape_error", "unavailable_reason"]
 
 LIBTYPE = "torch"
 NAME = "scaled_mm_blockwise"
@@ -58,13 +60,16 @@ def unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def shape_error(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE) -> str | None:
-    """Why this implementation is not used for (M, N, K) -> ``dtype``; None if it is."""
+def shape_error(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE, padded_scales: bool = False) -> str | None:
+    """Why this implementation is not used for (M, N, K) -> ``dtype``; None if it is. ``padded_scales``: w_scale
+    comes with its K blocks padded to a multiple of 4 (:func:`pad_scale_blocks`), so K need only be whole blocks."""
     if M < 1:
         return f"empty problem M={M}"
     if dtype != _OUT_DTYPE:
         return f"output {dtype}: only {_OUT_DTYPE} is supported"
-    if K % 512:
+    if padded_scales and K % 128:
+        return f"K={K} is not a multiple of 128"
+    if K % 512 and not padded_scales:
         return f"K={K} is not a multiple of 512 (K blocks a multiple of 4: the layout verified on the H100)"
     if N % 16:
         return f"N={N} is not a multiple of 16"
@@ -130,12 +135,24 @@ def direct_op() -> Callable[..., torch.Tensor] | None:
     return op
 
 
-def launcher(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE
+def pad_scale_blocks(w_scale: torch.Tensor) -> torch.Tensor:
+    """``w_scale`` (..., N/128, K/128) with its K blocks padded to a multiple of 4 (ones; ``w_scale`` itself when
+    they already are), contiguous: what torch's block-scaled matmul reads when K/128 is not a multiple of 4."""
+    kb = w_scale.shape[-1]
+    if kb % 4 == 0 and w_scale.is_contiguous():
+        return w_scale
+    out = w_scale.new_ones((*w_scale.shape[:-1], -(-kb // 4) * 4))
+    out[..., :kb] = w_scale
+    return out
+
+
+def launcher(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE, padded_scales: bool = False
              ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]:
     """The runner of one shape (what the ``torch`` backend's ``prepare`` returns): the shape check, the padding and
     the scaled_mm arguments decided here, once; per call only the operands' layouts are made and the op called.
-    Same arguments, same result as :func:`gemm_a8w8_blockscale_torch` (a GPU test compares them bit for bit)."""
-    why = shape_error(M, N, K, dtype)
+    Same arguments, same result as :func:`gemm_a8w8_blockscale_torch` (a GPU test compares them bit for bit).
+    ``padded_scales``: the runner is handed :func:`pad_scale_blocks`' w_scale, and K need only be whole blocks."""
+    why = shape_error(M, N, K, dtype, padded_scales)
     if why is not None:
         raise ValueError(f"gemm_a8w8_blockscale_torch: {why}")
     F = torch.nn.functional

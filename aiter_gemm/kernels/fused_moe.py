@@ -465,11 +465,12 @@ def launch_fused_moe(
 def fused_moe_ref(
     hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
     topk_ids: torch.Tensor, *, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-    activation: str = "silu",
+    activation: str = "silu", gemm1_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """float32 loop over experts, cast to hidden_states' dtype. The intermediate is rounded to that dtype as the
     kernels store it; FP8: weights dequantized, and both GEMMs' activations quantized as the kernels quantize them.
-    Pairs with an id outside [0, E) contribute nothing."""
+    Pairs with an id outside [0, E) contribute nothing. ``gemm1_dtype``: GEMM1's output rounded to it before the
+    activation, as a library that writes it only so (DeepGEMM: bf16); None keeps it float32, as our kernels do."""
     T, H = hidden_states.shape
     E, inter_dim = w1.shape[0], w1.shape[1] // 2
     fp8 = w1_scale is not None
@@ -491,6 +492,8 @@ def fused_moe_ref(
         w1e = dequantize_weight_blockscale(w1[e], w1_scale[e]) if fp8 else w1[e].float()
         w2e = dequantize_weight_blockscale(w2[e], w2_scale[e]) if fp8 else w2[e].float()
         h = x[tok] @ w1e.t()
+        if gemm1_dtype is not None:
+            h = h.to(gemm1_dtype).float()
         inter = (act(h[:, :inter_dim]) * h[:, inter_dim:]).to(dtype)
         y = quantized(inter) @ w2e.t()
         out.index_add_(0, tok, y * topk_weight[tok, slot].float()[:, None])

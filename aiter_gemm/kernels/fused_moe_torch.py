@@ -107,14 +107,18 @@ def combine(y_sorted: torch.Tensor, r: Routing, topk_weight: torch.Tensor, dtype
     return torch.where(r.valid[..., None], y * w, 0.0).sum(dim=1).to(dtype)
 
 
-def _quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activations per token and 128-wide group: the one-launch Triton quantizer where Triton runs, else torch's."""
-    return per_token_group_quant_fp8(x) if x.is_cuda or INTERPRET else per_token_group_quant_fp8_ref(x)
+def _quant(x: torch.Tensor, m_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations per token and 128-wide group: the one-launch Triton quantizer where Triton runs, else torch's;
+    ``m_major``: the scales with strides (1, M)."""
+    quant = per_token_group_quant_fp8 if x.is_cuda or INTERPRET else per_token_group_quant_fp8_ref
+    return quant(x, m_major=m_major)
 
 
-def launcher(p: MoeProblem, name: str, fp8_gemm: Fp8Gemm | None = None) -> Callable[..., torch.Tensor]:
+def launcher(p: MoeProblem, name: str, fp8_gemm: Fp8Gemm | None = None,
+             m_major: bool = False) -> Callable[..., torch.Tensor]:
     """A runner ``run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale) -> out (T, H)`` of solution
-    ``name`` bound to ``p``'s activation and dtype (``fp8_gemm``: the block-scaled matmul of FP8 experts)."""
+    ``name`` bound to ``p``'s activation and dtype (``fp8_gemm``: the block-scaled matmul of FP8 experts; ``m_major``:
+    hand it the activation scales M-major, as torch's block-scaled matmul takes them)."""
     act, dtype, experts = p.activation, p.dtype, p.expert
     if name == GROUPED:
         def run_grouped(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
@@ -132,9 +136,9 @@ def launcher(p: MoeProblem, name: str, fp8_gemm: Fp8Gemm | None = None) -> Calla
     def expert(e: int, x: torch.Tensor, w1, w2, w1_scale, w2_scale) -> torch.Tensor:
         if not p.fp8:
             return gated(x @ w1[e].t(), act) @ w2[e].t()
-        xq, xs = _quant(x)
+        xq, xs = _quant(x, m_major)
         a = gated(fp8_gemm(xq, w1[e], xs, w1_scale[e], torch.float32), act).to(dtype)  # act on float32, as fused
-        aq, as_ = _quant(a)
+        aq, as_ = _quant(a, m_major)
         return fp8_gemm(aq, w2[e], as_, w2_scale[e], dtype)
 
     def run_loop(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):

@@ -3,18 +3,19 @@ the generic dispatcher.
 
 This module is the op's :class:`~aiter_gemm.opspec.OpSpec` (:data:`FUSED_MOE`), its problem from a call and its
 public entry points; the implementations are its backends in :mod:`aiter_gemm.backends.fused_moe` (``triton``: our
-fused-MoE kernels; ``torch``: ``torch._grouped_mm`` or a loop over the experts). A problem is a
-:class:`~aiter_gemm.backends.base.MoeProblem`, AITER's fmoe key (``token, model_dim, inter_dim, expert, topk,
-act_type, dtype, q_dtype_a, q_dtype_w, q_type, use_g1u1, doweight_stage1``). Which backend runs it is decided once
-per problem, in the dispatcher's order (docs/design.md):
+fused-MoE kernels; ``torch``: ``torch._grouped_mm`` or a loop over the experts; ``deepgemm``: DeepGEMM's grouped
+FP8 GEMMs, never a default). A problem is a :class:`~aiter_gemm.backends.base.MoeProblem`, AITER's fmoe key
+(``token, model_dim, inter_dim, expert, topk, act_type, dtype, q_dtype_a, q_dtype_w, q_type, use_g1u1,
+doweight_stage1``). Which backend runs it is decided once per problem, in the dispatcher's order (docs/design.md):
 
 1. a row of the ``FMOE`` table (``AITER_CONFIG_FMOE``, colon-separated, default the shipped ``configs/tuned_fmoe.csv``)
    keyed on the device (``gfx``, ``cu_num``, ``device_name``) and the problem, at the exact token count first, then
    at AITER's padded one (:func:`~aiter_gemm.backends.base.get_padded_token`: the next power of two...). Outputs are
    AITER's (``block_m, ksplit, kernelName1, kernelName2, us1, us2, err1, err2, us, run_1stage, tflops, bw``) plus
    an optional ``libtype``; without it a row's backend is read off ``kernelName1``: ``grouped_mm`` / ``loop``:
-   ``torch``; a :class:`~aiter_gemm.kernels.fused_moe.MoeConfig` name: ``triton``; anything else names one of
-   AITER's own kernels (CK, asm, FlyDSL: libtype :data:`AITER_LIBTYPE`), which cannot run here: a miss, warned once.
+   ``torch``; ``deepgemm_m_grouped_contiguous``: ``deepgemm``; a :class:`~aiter_gemm.kernels.fused_moe.MoeConfig`
+   name: ``triton``; anything else names one of AITER's own kernels (CK, asm, FlyDSL: libtype
+   :data:`AITER_LIBTYPE`), which cannot run here: a miss, warned once.
 2. vLLM's and SGLang's fused-MoE JSON files in the folders of ``AITER_GEMM_FUSED_MOE_CONFIGS`` (:mod:`aiter_gemm.
    moe_json`: ``E=..,N=..,device_name=..[,dtype=fp8_w8a8][,block_shape=[128,128]].json``, nearest M).
 3. the default: the Triton kernels' default configs on a GPU, else torch's grouped_mm where it runs, else its loop.
@@ -38,6 +39,7 @@ from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.dispatch import dispatcher_for
 from aiter_gemm.dtypes import parse_dtype
 from aiter_gemm.jsonconfigs import JsonLevel
+from aiter_gemm.kernels import fused_moe_deepgemm as deepgemm_impl
 from aiter_gemm.kernels import fused_moe_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import quantize_weight_blockscale
 from aiter_gemm.kernels.blockscale_format import FP8
@@ -79,6 +81,8 @@ def _libtype_of(kernel_name: str) -> str:
     """The backend a row without ``libtype`` names, read off its ``kernelName1``."""
     if kernel_name in torch_impl.NAMES:
         return torch_impl.LIBTYPE
+    if kernel_name == deepgemm_impl.NAME:
+        return deepgemm_impl.LIBTYPE
     try:
         MoeConfig.parse(kernel_name)
     except ValueError:

@@ -1,35 +1,66 @@
 #!/usr/bin/env bash
-# An MoE model end to end (issue 52) on one sm_90 GPU: a Qwen3-30B-A3B-shaped model built from
-# configs/model_configs/qwen3_30b_a3b/config.json with random bf16 weights; capture the GEMM shapes (attention,
-# lm_head: captured_gemm.csv) and the experts' fused_moe shapes (untuned_fmoe.csv) of generate(), tune both (gemm-tuner;
-# python -m gradlib.tune_moe --quick), then measure prefill and decode in alternating rounds: with (patch_linear +
-# patch_moe, the tuned tables) against without (plain linears, transformers' grouped_mm experts) and the A/A control;
-# eager and CUDA-graph replay, batch 1, 8, 32, 64. Run from the repository root; results under $OUT/hf_moe (env.txt,
-# capture.log, captured_gemm.csv, untuned_fmoe.csv, tune_gemm.log, tuned_gemm.csv, tune_moe.log, tuned_fmoe.csv,
-# measure.log, results.json, results.md, rounds.csv).
+# An MoE model end to end (issue 52) on one sm_90 GPU, in bf16 (DTYPE=bf16, the default) or FP8 (DTYPE=fp8): a
+# Qwen3-30B-A3B-shaped model built from configs/model_configs/qwen3_30b_a3b/config.json with random weights (fp8:
+# qwen3_30b_a3b_fp8, the same with a 128x128-block fp8 quantization_config: attention on transformers' FP8Linear, the
+# experts on its FP8Experts); capture the GEMM shapes (attention, lm_head) and the experts' fused_moe shapes
+# (untuned_fmoe.csv; fp8: q_dtype_w float8_e4m3fn, per_1x128) of generate(), tune both (bf16: gemm-tuner; fp8: the
+# block-scale tuner on a8w8_blockscale_untuned_gemm.csv; python -m gradlib.tune_moe --quick), then measure prefill and
+# decode in alternating rounds, eager and CUDA-graph replay, batch 1, 8, 32, 64, with the A/A control:
+#   bf16: with (patch_linear + patch_moe, the tuned tables) against without (plain linears, transformers' grouped_mm
+#         experts);
+#   fp8:  tuned (patch_linear + patch_moe) against torch_blockwise (torch's block-scaled matmul; the experts per expert,
+#         on fused_moe's torch loop: in a CUDA graph every expert over every token, so read graph rows against bf16)
+#         and bf16 (the dequantized model, grouped_mm experts); control is a second torch_blockwise arm.
+# Run from the repository root; results under $OUT/hf_moe (fp8: $OUT/hf_moe_fp8): env.txt, capture.log,
+# captured_gemm.csv, untuned_fmoe.csv, tune_gemm.log, the tuned GEMM table (bf16: tuned_gemm.csv; fp8:
+# a8w8_blockscale_tuned_gemm.csv + JSON), tune_moe.log, tuned_fmoe.csv, measure.log, results.json, results.md,
+# rounds.csv.
 #
-#   OUT=/tmp/hfm COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/hf_moe.sh
+#   OUT=/tmp/hfm COMMIT=$(git rev-parse --short HEAD) STEPS="capture tune_gemm tune_moe" DTYPE=fp8 \
+#     bash benchmarks/device/hf_moe.sh                                          # device call 1: <= 490 s of steps
+#   OUT=/tmp/hfm COMMIT=$(git rev-parse --short HEAD) STEPS=measure DTYPE=fp8 bash benchmarks/device/hf_moe.sh  # call 2
 #
-# LAYERS (default 4: the per-layer shapes are the full model's, the step is shorter), STEPS (default "capture tune_gemm
-# tune_moe measure"), TUNE_ARGS (default "--libtype cublaslt,torch,skinny"), TUNE_MOE_ARGS (default "--quick"),
-# MEASURE_ARGS (default "--control"); CAPTURE_LIMIT_S / TUNE_LIMIT_S / TUNE_MOE_LIMIT_S / MEASURE_LIMIT_S
-# (300 / 300 / 400 / 560): common.sh's step runs each (rc and wall time in env.txt; DRY_RUN=1 prints the commands).
+# Two device calls of <= 560 s each per mode (the limits below are estimates, not yet timed on a GPU): call 1 the
+# steps "capture tune_gemm tune_moe" (120 + 150 + 220 s, the rest of the call for the eager-path build), call 2
+# "measure" (540 s), both on the same machine (call 2 reads call 1's tables under $OUT). LAYERS (default 4: the
+# per-layer shapes are the full model's, the step is shorter), STEPS (default all four), TUNE_ARGS (bf16 "--libtype
+# cublaslt,torch,skinny"; fp8 "--quick --libtype triton,torch,tilelang": TileLang must import, TL_PACK=<pack.tar.xz>
+# unpacks its offline pack, docs/tilelang.md), TUNE_MOE_ARGS (default "--quick"), MEASURE_ARGS (bf16 "--control";
+# fp8 "--rounds 5 --eager-rounds 60 --decode-steps 16 --control": the torch arm's eager experts loop launches per
+# expert); CAPTURE_LIMIT_S / TUNE_LIMIT_S / TUNE_MOE_LIMIT_S / MEASURE_LIMIT_S (120 / 150 / 220 / 540): common.sh's
+# step runs each (rc and wall time in env.txt; DRY_RUN=1 prints the commands).
 set -u
 . benchmarks/device/common.sh
-out_folder hf_moe
-need_wheels nvmath transformers
+DTYPE=${DTYPE:-bf16}
+case $DTYPE in
+  bf16)
+    out_folder hf_moe
+    need_wheels nvmath transformers
+    CONFIG=qwen3_30b_a3b GEMM_TUNER=gradlib.gemm_tuner UNTUNED=captured_gemm.csv TUNED=tuned_gemm.csv
+    read -ra TUNE <<< "${TUNE_ARGS:---libtype cublaslt,torch,skinny}"
+    read -ra MEASURE <<< "${MEASURE_ARGS:---control}" ;;
+  fp8)
+    out_folder hf_moe_fp8
+    need_wheels transformers
+    need_tilelang "${TL_PACK:-tilelang_pack.tar.xz}"
+    CONFIG=qwen3_30b_a3b_fp8 GEMM_TUNER=gradlib.tune_a8w8_blockscale UNTUNED=a8w8_blockscale_untuned_gemm.csv
+    TUNED=a8w8_blockscale_tuned_gemm.csv
+    read -ra TUNE <<< "${TUNE_ARGS:---quick --libtype triton,torch,tilelang}"
+    read -ra MEASURE <<< "${MEASURE_ARGS:---rounds 5 --eager-rounds 60 --decode-steps 16 --control}" ;;
+  *)
+    echo "hf_moe.sh: DTYPE must be bf16 or fp8, got $DTYPE" >&2
+    exit 2 ;;
+esac
 STEPS=${STEPS:-capture tune_gemm tune_moe measure}
 L=${LAYERS:-4}
-hf_header "$D" "layers $L"
-read -ra TUNE <<< "${TUNE_ARGS:---libtype cublaslt,torch,skinny}"
+hf_header "$D" "dtype $DTYPE; layers $L"
 read -ra TUNE_MOE <<< "${TUNE_MOE_ARGS:---quick}"
-read -ra MEASURE <<< "${MEASURE_ARGS:---control}"
-HF=(python -m examples.hf_decode --config qwen3_30b_a3b --layers "$L" --out "$D")
-STEP_LOG="$D/capture.log" step capture "${CAPTURE_LIMIT_S:-300}" "${HF[@]}" --mode capture
-STEP_LOG="$D/tune_gemm.log" step tune_gemm "${TUNE_LIMIT_S:-300}" python -m gradlib.gemm_tuner \
-  -i "$D/captured_gemm.csv" -o "$D/tuned_gemm.csv" "${TUNE[@]}"
-STEP_LOG="$D/tune_moe.log" step tune_moe "${TUNE_MOE_LIMIT_S:-400}" python -m gradlib.tune_moe \
+HF=(python -m examples.hf_decode --config "$CONFIG" --layers "$L" --out "$D")
+STEP_LOG="$D/capture.log" step capture "${CAPTURE_LIMIT_S:-120}" "${HF[@]}" --mode capture
+STEP_LOG="$D/tune_gemm.log" step tune_gemm "${TUNE_LIMIT_S:-150}" python -m "$GEMM_TUNER" \
+  -i "$D/$UNTUNED" -o "$D/$TUNED" "${TUNE[@]}"
+STEP_LOG="$D/tune_moe.log" step tune_moe "${TUNE_MOE_LIMIT_S:-220}" python -m gradlib.tune_moe \
   -i "$D/untuned_fmoe.csv" -o "$D/tuned_fmoe.csv" "${TUNE_MOE[@]}"
-STEP_LOG="$D/measure.log" step measure "${MEASURE_LIMIT_S:-560}" "${HF[@]}" --mode measure \
-  --tuned "$D/tuned_gemm.csv" --tuned-fmoe "$D/tuned_fmoe.csv" "${MEASURE[@]}"
+STEP_LOG="$D/measure.log" step measure "${MEASURE_LIMIT_S:-540}" "${HF[@]}" --mode measure \
+  --tuned "$D/$TUNED" --tuned-fmoe "$D/tuned_fmoe.csv" "${MEASURE[@]}"
 dry || { cat "$LOG"; tail -n 20 "$D/measure.log"; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fused_moe on one sm_90 GPU in one call (issue 51): the GPU tests of the kernels and the op; a --quick MoE tune
-# (its candidates include the QA / DIRECT / KSUM variants and the FP8 GEMM2 tiles) of Qwen3-30B-A3B's experts (bf16,
+# (its candidates include the QA / DIRECT / KSUM variants, the FP8 GEMM2 tiles and, opted in, DeepGEMM's experts) of Qwen3-30B-A3B's experts (bf16,
 # FP8), Mixtral-8x7B's and DeepSeek-V3 EP8's (FP8); then --bench moe with that table: transformers' grouped_mm
 # experts, the op's untuned default, the op (dispatch), DeepGEMM's grouped GEMMs where deep_gemm is installed (FP8
 # sets) and the weight-read floor, CUDA graphs, paired rounds. Run from the repository root:
@@ -21,7 +21,8 @@ PROVIDERS=${PROVIDERS:-grouped_mm,default,dispatch,deepgemm,weight_read}
 STEP_LOG="$D/tests.log" step tests "${TESTS_LIMIT_S:-90}" python -m pytest -q -rs -m gpu op_tests/test_moe_kernel.py \
   op_tests/test_fused_moe.py
 # One tuned file for every model (rows are keyed by the experts' shape), one step a model.
-T=(python -m gradlib.tune_moe --quick --timeout 120 -o "$D/tuned_fmoe.csv" --vllm_dir "$D/vllm")
+T=(python -m gradlib.tune_moe --quick --timeout 120 -o "$D/tuned_fmoe.csv" --vllm_dir "$D/vllm"
+   --libtype "${MOE_LIBTYPES:-triton,torch,deepgemm}")
 STEP_LOG="$D/tune.log" step tune_qwen3 "${TUNE_LIMIT_S:-180}" "${T[@]}" -o2 "$D/profile_qwen3.csv" \
   --model_dir qwen3_30b_a3b --dtype bf16,fp8 --token "$TOKENS"
 STEP_LOG="$D/tune.log" step tune_mixtral 60 "${T[@]}" -o2 "$D/profile_mixtral.csv" --model_dir mixtral_8x7b \

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
@@ -25,12 +23,6 @@ SOLUTION = solution_of(dg_impl.DeepGemmFP8())
 ARCH = "sm_90"
 
 
-def _torch_device(device: DeviceIdentity) -> torch.device:
-    if device.kind == "cuda" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu") if device.kind == "cpu" else torch.device(device.kind)
-
-
 class BlockscaleDeepGemmBackend(Backend):
     name = dg_impl.LIBTYPE
     x_scale_m_major = True  # DeepGEMM takes x_scale M-major (TMA-aligned) as is; row-major costs a transpose a call
@@ -40,7 +32,7 @@ class BlockscaleDeepGemmBackend(Backend):
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         # Looked up through the module at every decision: it depends on the device (and tests replace it).
-        return (self._name_error(solution) or dg_impl.unavailable_reason(_torch_device(device))
+        return (self._name_error(solution) or dg_impl.unavailable_reason(device.torch_device())
                 or self.shape_why_not(problem, solution, device.gfx))
 
     def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:

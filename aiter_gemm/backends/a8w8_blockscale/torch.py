@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import DeviceIdentity
@@ -18,12 +16,6 @@ from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import decode_config
 
 SOLUTION = solution_of(torch_impl.TorchBlockwise())
-
-
-def _torch_device(device: DeviceIdentity) -> torch.device:
-    if device.kind == "cuda" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu") if device.kind == "cpu" else torch.device(device.kind)
 
 
 #: Where our Triton default config stays the default below torch's (H100 sweep, BENCHMARKS.md): the
@@ -51,7 +43,7 @@ class BlockscaleTorchBackend(Backend):
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         # Looked up through the module at every decision: it depends on the device (and tests replace it).
-        return (self._name_error(solution) or torch_impl.unavailable_reason(_torch_device(device))
+        return (self._name_error(solution) or torch_impl.unavailable_reason(device.torch_device())
                 or self.shape_why_not(problem, solution, device.gfx))
 
     def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:

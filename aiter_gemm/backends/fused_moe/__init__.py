@@ -1,5 +1,7 @@
 """Backends of the ``fused_moe`` op (:mod:`aiter_gemm.ops.fused_moe`): ``torch`` (``torch._grouped_mm`` or a loop
-over the experts: :mod:`aiter_gemm.kernels.fused_moe_torch`) and ``triton`` (our fused-MoE kernels).
+over the experts: :mod:`aiter_gemm.kernels.fused_moe_torch`), ``triton`` (our fused-MoE kernels) and ``deepgemm``
+(FP8 experts on DeepGEMM's contiguous grouped GEMMs, where ``deep_gemm`` is installed: :mod:`aiter_gemm.kernels.
+fused_moe_deepgemm`).
 
 Same contract as every op's backends (:class:`aiter_gemm.backends.base.Backend`), on a
 :class:`~aiter_gemm.backends.base.MoeProblem`; the runner signature is ``run(hidden_states, w1, w2, topk_weight,
