@@ -3,7 +3,8 @@
 For an exact hit, a padded hit and a default decision (2-D A), an exact hit with a 3-D A, ``TunedLinear`` against the
 ``nn.Linear`` it replaces, the ``torch.ops`` custom op that compiled graphs call, and on a GPU a graph-timed row whose
 eager calls run F.linear, ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call, and FP8 linears
-(the bound activation quantizer against Triton's launcher; the op, torch's block-scaled arm and the ``FP8Linear``
+(the bound activation quantizer against Triton's launcher; torch's block-scaled GEMM with its cuBLASLt plan cached
+against torch's op bound to the shape; the op, torch's block-scaled arm and the ``FP8Linear``
 twin against bf16 F.linear / nn.Linear of the same shape; ``note`` says which launch, GEMM and call entry they
 took): N calls of the torch
 call and N of ours back to back, R times, the median of the per-repeat differences (``added_us``). The decisions come
@@ -121,8 +122,16 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
                   calls // 4, repeats, sync)
     quant = f"quantizer: {_quant_path(x2)}"
     rows = [_row("fp8_quant", "act_quant_bound", "triton_launcher", m, n, k, got, repeats, quant)]
+    xq, xs = act_quant.per_token_group_quant_fp8(x2, True)
+    ops = (xq, wq, xs, ws, torch.bfloat16)
+    bound, cached = torch_impl.launcher(m, n, k), torch_impl.launcher(m, n, k, device=x2.device)
+    lt = "cached cuBLASLt plan" if isinstance(cached, torch_impl.LtBlockwiseRunner) else \
+        f"F.scaled_mm ({torch_impl.LT.unavailable_reason() or 'no plan for the shape: the log says why'})"
+    got = measure(lambda: bound(*ops), lambda: cached(*ops), calls // 4, repeats, sync)
+    rows.append(_row("fp8_gemm", "torch_blockscale_lt", "torch_blockscale_bound", m, n, k, got, repeats, lt))
     cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
-    for provider, gemm, what in (("fp8_block_linear", None, f"{cfg['libtype']} (eager {cfg['eager_libtype']})"),
+    eager = f"{cfg['eager_libtype']}{'; ' + lt if cfg['eager_libtype'] == 'torch' else ''}"
+    for provider, gemm, what in (("fp8_block_linear", None, f"{cfg['libtype']} (eager {eager})"),
                                  ("torch_blockscale", torch_impl.gemm_a8w8_blockscale_torch, "torch")):
         got = measure(lambda: F.linear(x, w), lambda gemm=gemm: fp8_block_linear(x, wq, ws, None, gemm, True),
                       calls // 4, repeats, sync)

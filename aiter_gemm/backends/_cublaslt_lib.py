@@ -1,19 +1,22 @@
 """Typed layer over nvmath-python's raw cuBLASLt bindings (``nvmath.bindings.cublasLt``) for the ``cublaslt`` backend.
 
 Everything that touches the library lives here: the library version and one handle per process, the matmul plan
-(operation descriptor plus matrix layouts of one GEMM), heuristic queries, algorithm configuration get/set and
-``cublasLtMatmulAlgoCheck``. An algorithm is carried around as the 64 raw bytes of its ``cublasLtMatmulAlgo_t``
-(immutable, hashable; cuBLASLt documents the struct as trivially serializable for one library version).
+(operation descriptor plus matrix layouts of one GEMM), heuristic queries, algorithm configuration get/set,
+``cublasLtMatmulAlgoCheck`` and runners' per-stream workspaces. An algorithm is carried around as the 64 raw bytes of
+its ``cublasLtMatmulAlgo_t`` (immutable, hashable; cuBLASLt documents the struct as trivially serializable for one
+library version).
 
 Row-major torch tensors seen as column-major cuBLAS matrices: ``out(M, N) = a(M, K) @ b(N, K).T`` is
 ``out.T(N, M) = op(b) @ a.T`` with ``A := b`` stored (K, N) ld=K and op(A)=T, ``B := a`` stored (K, M) ld=K and
-op(B)=N, ``D := out`` stored (N, M) ld=N. That is the "TN" form cuBLASLt's fp8 kernels require.
+op(B)=N, ``D := out`` stored (N, M) ld=N. That is the "TN" form cuBLASLt's fp8 kernels require, and the one torch's
+``scaled_gemm`` uses for a row-major output (operands and their scales swapped), block-scaled ones included.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +27,7 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.dtypes import HALF_DTYPES, OUT_DTYPES
 
 ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8]
+ALIGN_FALLBACK = 16  # bytes: pointer alignment assumed when the library reports none (what TMA kernels need)
 
 # cudaDataType_t / cublasComputeType_t / cublasOperation_t values (library ABI constants, also in nvmath's enums).
 _CUDA_DTYPE: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
@@ -34,6 +38,11 @@ _FP8_CUDA = frozenset(_CUDA_DTYPE[d] for d in _CUDA_DTYPE if d.itemsize == 1)
 COMPUTE_32F = 68
 CUDA_R_32F = 0
 OP_N, OP_T = 0, 1
+#: cublasLtMatmulMatrixScale_t values (cublasLt.h 12.9+, nvmath's ``MatmulMatrixScale``): one float32 per 128
+#: elements along K (DeepSeek's 1x128 activation scales), one per 128 x 128 block (weight scales).
+SCALE_VEC128_32F, SCALE_BLK128x128_32F = 4, 5
+#: The first cuBLASLt with those scale modes (torch's ``_check_deepseek_support`` asks the same).
+BLOCK_SCALING_VERSION = 120900
 
 #: Config attributes that together identify an algorithm (cublasLtMatmulAlgoConfigAttributes_t), in key order.
 CONFIG_FIELDS = (
@@ -104,9 +113,12 @@ class MatmulPlan:
 
     Owned cuBLASLt objects are destroyed when the plan is garbage collected. Per-call pointer attributes
     (bias, A/B scales) are set through :meth:`set_pointer`, which is why a plan belongs to one runner.
+    ``block_scaled``: fp8 operands with DeepSeek-style block scales, as torch's ``scaled_gemm`` sets them for
+    ``BlockWise1x128`` activations and ``BlockWise128x128`` weights: cuBLAS A (the weight) in 128 x 128 blocks, B (the
+    activation) in 1 x 128 vectors; the scale pointers then address those scale matrices.
     """
 
-    def __init__(self, lib: "LtLibrary", problem: GemmProblem) -> None:
+    def __init__(self, lib: "LtLibrary", problem: GemmProblem, block_scaled: bool = False) -> None:
         lt = lib.lt
         self.problem = problem
         self.lib = lib
@@ -126,6 +138,10 @@ class MatmulPlan:
         self._set_desc(A.TRANSB, OP_N)
         if problem.bias:
             self._set_desc(A.EPILOGUE, int(lt.Epilogue.BIAS))
+        if block_scaled:
+            self._set_desc(A.A_SCALE_MODE, SCALE_BLK128x128_32F)
+            self._set_desc(A.B_SCALE_MODE, SCALE_VEC128_32F)
+        self.block_scaled = block_scaled
         # One int64 host cell per pointer attribute, written per call: no allocation on the hot path.
         self._ptr_cells = {name: np.zeros(1, dtype=np.int64) for name in ("BIAS_POINTER", "A_SCALE_POINTER",
                                                                            "B_SCALE_POINTER")}
@@ -185,8 +201,17 @@ class LtLibrary:
                     self._handle = int(self.lt.create())
         return self._handle
 
-    def plan(self, problem: GemmProblem) -> MatmulPlan:
-        return MatmulPlan(self, problem)
+    def plan(self, problem: GemmProblem, block_scaled: bool = False) -> MatmulPlan:
+        return MatmulPlan(self, problem, block_scaled)
+
+    def block_scaling_reason(self) -> str | None:
+        """Why this library (or nvmath's bindings of it) cannot run block-scaled fp8 plans; None if it can."""
+        if self.version < BLOCK_SCALING_VERSION:
+            return (f"cuBLASLt {self.version} has no block scaling (1x128 / 128x128 scale modes: "
+                    f"{BLOCK_SCALING_VERSION} or newer)")
+        if not hasattr(self.lt.MatmulDescAttribute, "A_SCALE_MODE"):
+            return "this nvmath-python's cuBLASLt bindings have no A_SCALE_MODE / B_SCALE_MODE attributes"
+        return None
 
     # ---- heuristic and check -------------------------------------------------------------------------------
     def heuristic(self, plan: MatmulPlan, *, workspace: int, reduction_mask: int | None = None,
@@ -314,6 +339,47 @@ class LtLibrary:
         """The ``cublasLtClusterShape_t`` id of ``"2x1x1"``-style ``shape``, None if this library lacks it."""
         member = getattr(self.lt.ClusterShape, f"SHAPE_{shape}", None)
         return None if member is None else int(member)
+
+
+def raw_stream_fn() -> Callable[[int], int]:
+    """device index -> the raw handle of torch's current stream there (what Triton/inductor call: no Stream object)."""
+    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fast is not None:
+        return fast
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+class StreamWorkspaces:
+    """A runner's scratch: one buffer of ``nbytes`` per CUDA stream (two streams must not share scratch), made on the
+    stream's first call (a capture stream's included) and kept for the runner's life, so a captured graph replays
+    with a live address."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._by_stream: dict[int, torch.Tensor] = {}
+
+    def ptr(self, stream: int, device: torch.device) -> int:
+        """The buffer's address for ``stream`` (0 when the algorithm needs none)."""
+        if not self.nbytes:
+            return 0
+        ws = self._by_stream.get(stream)
+        if ws is None:
+            ws = self._by_stream[stream] = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        return ws.data_ptr()
+
+
+def align_mask(lib: LtLibrary, raw: bytes, cap: str) -> int:
+    """Pointer bits that must be zero for the algorithm (its MIN_ALIGNMENT cap; 16 bytes if it reports none)."""
+    try:
+        align = lib.cap(raw, cap)
+    except Exception:  # an older library without the cap: TMA kernels need 16 bytes
+        align = ALIGN_FALLBACK
+    return max(align, 1) - 1
+
+
+def host_f32(value: float) -> np.ndarray:
+    """A float32 host cell whose address cuBLASLt reads alpha / beta from."""
+    return np.array([value], dtype=np.float32)
 
 
 def _algo_array(raw: bytes) -> np.ndarray:
