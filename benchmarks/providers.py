@@ -17,8 +17,9 @@ one provider per backend of the op (``torch``, ``cublaslt``, ``triton``, ``skinn
 through ``dispatch`` where a tuned row names it) and, for both
 ops, ``weight_read`` (a floor, not the op: reading the weight once; ``ratio`` against it is the fraction of that floor).
 ``fused_moe`` has ``dispatch``, ``default``, its backends (``triton:<kernelName1;kernelName2>``, ``torch:grouped_mm``,
-``torch:loop``), ``grouped_mm`` (transformers' grouped_mm experts forward, the baseline of record) and ``weight_read``
-(the bytes of the experts the set's tokens reach, read once).
+``torch:loop``), ``grouped_mm`` (transformers' grouped_mm experts forward, the baseline of record), ``deepgemm``
+(DeepGEMM's contiguous grouped FP8 GEMMs as a user writes MoE experts with them: :mod:`benchmarks.moe_deepgemm`) and
+``weight_read`` (the bytes of the experts the set's tokens reach, read once).
 """
 
 from __future__ import annotations
@@ -296,6 +297,25 @@ def _moe_weight_read(ctx: Context, arg: str) -> Call:
     return lambda i: reads[i]()
 
 
+def _moe_deepgemm(ctx: Context, arg: str) -> Call:
+    """DeepGEMM's contiguous grouped FP8 GEMMs as a user writes MoE experts with them (:mod:`benchmarks.moe_deepgemm`):
+    FP8 sets only, deep_gemm installed, sm_90."""
+    from benchmarks import moe_deepgemm
+
+    why = moe_deepgemm.unavailable_reason(ctx.problem, ctx.device)
+    if why is not None:
+        raise Unavailable(why)
+    sets, act = ctx.sets, ctx.problem.activation
+    return lambda i: moe_deepgemm.fused_moe_deepgemm(*sets[i], activation=act)
+
+
+def _moe_deepgemm_tolerance(p: Problem) -> float:
+    """DeepGEMM's grouped GEMM writes bf16 only, so GEMM1's output is rounded to bf16 before the activation (the
+    reference keeps float32); a bf16 ulp that moves a value across an FP8 rounding boundary of the requantized
+    intermediate costs a whole FP8 step, ~1.5% on unit inputs: more than :data:`MAX_REL_ERR` leaves room for."""
+    return 5e-2
+
+
 def reached_bytes(inputs: tuple) -> int:
     """Bytes of the experts a fused-MoE input set's tokens reach: their w1 and w2 (and block scales), each once."""
     _, w1, w2, _, topk_ids, s1, s2 = inputs
@@ -365,6 +385,9 @@ for _op in (A16W16, BLOCKSCALE, MOE):
 register_provider(Provider("grouped_mm", MOE, "transformers' grouped_mm experts forward (FP8 experts dequantized to "
                            "bf16): the baseline of record", _grouped_mm, check=_no_argument,
                            max_rel_err=_grouped_mm_tolerance))
+register_provider(Provider("deepgemm", MOE, "DeepGEMM's contiguous grouped FP8 GEMMs with torch routing, as a user "
+                           "writes MoE experts (FP8 sets; deep_gemm installed, sm_90)", _moe_deepgemm,
+                           check=_no_argument, max_rel_err=_moe_deepgemm_tolerance))
 register_provider(Provider("weight_read", MOE, "streaming the reached experts' bytes once, no math: the memory-bound "
                            "floor", _moe_weight_read, floor=True, check=_no_argument))
 for _op in (A16W16, BLOCKSCALE):

@@ -272,6 +272,7 @@ def test_quant_runs_a_cached_plan_and_falls_back_when_it_declines(monkeypatch, d
     monkeypatch.setattr(act_quant, "_PLANS", {key: "plan"})  # bound: Triton's launch never binds it again
     monkeypatch.setattr(act_quant, "TABLES", ("row-major", "m-major"))
     monkeypatch.setattr(act_quant, "_run_table", lambda table, t: calls.append((table, t)) or answer)
+    monkeypatch.setattr(triton_launch, "bind", lambda *a: None)  # the fake tables take no real plan (GPU runs bind)
     answer = ("q", "s")
     assert act_quant.per_token_group_quant_fp8(x, True) == answer and calls == [("m-major", x)]
     answer = None  # the plan declines (another stream's device, a misaligned view, a launch hook...): Triton's
@@ -323,6 +324,7 @@ def test_plan_table_finds_a_plan_by_its_first_input(ext, compiled_quant):
     assert ext.triton_table_clear(table) == 1 and ext.triton_table_find(table, x) is None
 
 
+@pytest.mark.interpreted  # CPU tensors posing as CUDA ones: the kernel itself runs interpreted
 def test_quant_stores_what_it_binds_in_the_table_of_its_layout(monkeypatch, compiled_quant):
     """A bound launch goes to the plan table of its x_scale layout, where the next call (and the FP8Linear twin's
     C++ call) finds it; clear_plans forgets both."""

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -229,7 +230,7 @@ PyObject* fp8_linear_of(PyObject* dict, PyObject* input) {
   if (w.scalar_type() != at::kFloat8_e4m3fn || THPVariable_Unpack(scale).scalar_type() != at::kFloat ||
       (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) || x.device() != w.device() || x.dim() < 1 || w.dim() != 2 || x.size(-1) != w.size(1) ||
       (has_bias && THPVariable_Unpack(bias).device() != w.device()) ||
-      (at::GradMode::is_enabled() && x.requires_grad()) || at::impl::torch_function_mode_enabled()) {
+      (c10::GradMode::is_enabled() && x.requires_grad()) || at::impl::torch_function_mode_enabled()) {
     return nullptr;
   }
   const bool table = PyCapsule_CheckExact(g_fp8_table);

@@ -27,8 +27,8 @@ from aiter_gemm.backends.base import MoeProblem
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8, per_token_group_quant_fp8_ref
 from aiter_gemm.kernels.common import INTERPRET
 
-__all__ = ["ACTIVATIONS", "GROUPED", "LIBTYPE", "LOOP", "NAMES", "Routing", "gated", "grouped_mm_error", "launcher",
-           "route"]
+__all__ = ["ACTIVATIONS", "GROUPED", "LIBTYPE", "LOOP", "NAMES", "Routing", "combine", "gated", "grouped_mm_error",
+           "launcher", "route"]
 
 LIBTYPE = "torch"
 GROUPED = "grouped_mm"
@@ -99,7 +99,7 @@ def gated(h: torch.Tensor, activation: str) -> torch.Tensor:
     return (ACTIVATIONS[activation](h[:, :inter].float()) * h[:, inter:].float()).to(h.dtype)
 
 
-def _combine(y_sorted: torch.Tensor, r: Routing, topk_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def combine(y_sorted: torch.Tensor, r: Routing, topk_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """out (T, H) = sum over slots of weight x the slot's row, in float32 (rows of invalid ids count as 0)."""
     T, k = r.valid.shape
     y = y_sorted.index_select(0, r.inverse).view(T, k, -1).float()
@@ -122,7 +122,7 @@ def launcher(p: MoeProblem, name: str, fp8_gemm: Fp8Gemm | None = None) -> Calla
             x = hidden_states.index_select(0, r.order // topk_ids.shape[1])
             h = torch._grouped_mm(x, w1.transpose(1, 2), offs=r.offs)
             y = torch._grouped_mm(gated(h, act).contiguous(), w2.transpose(1, 2), offs=r.offs)
-            return _combine(y, r, topk_weight, dtype)
+            return combine(y, r, topk_weight, dtype)
 
         return run_grouped
     if p.fp8 and fp8_gemm is None:
@@ -149,7 +149,7 @@ def launcher(p: MoeProblem, name: str, fp8_gemm: Fp8Gemm | None = None) -> Calla
             if n:
                 y[start:start + n] = expert(e, x[start:start + n], w1, w2, w1_scale, w2_scale)
                 start += n
-        return _combine(y, r, topk_weight, dtype)
+        return combine(y, r, topk_weight, dtype)
 
     def _dense(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale):
         """Every expert over every token, weighted by the token's total weight on it (0 for most): no host sync."""
