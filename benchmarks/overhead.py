@@ -126,7 +126,7 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
     ops = (xq, wq, xs, ws, torch.bfloat16)
     bound, cached = torch_impl.launcher(m, n, k), torch_impl.launcher(m, n, k, device=x2.device)
     lt = "cached cuBLASLt plan" if isinstance(cached, torch_impl.LtBlockwiseRunner) else \
-        f"F.scaled_mm ({torch_impl.LT.unavailable_reason() or 'no plan for the shape: the log says why'})"
+        f"F.scaled_mm (no cached plan: {torch_impl.LT.reason(m, n, k)})"
     got = measure(lambda: bound(*ops), lambda: cached(*ops), calls // 4, repeats, sync)
     rows.append(_row("fp8_gemm", "torch_blockscale_lt", "torch_blockscale_bound", m, n, k, got, repeats, lt))
     cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)

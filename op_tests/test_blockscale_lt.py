@@ -6,6 +6,7 @@ bits as ``F.scaled_mm``, eagerly and under CUDA-graph capture."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
 from types import SimpleNamespace
@@ -39,10 +40,12 @@ class FakeBlockLib:
     def plan(self, problem, block_scaled=False):
         return ltlib.MatmulPlan(self, problem, block_scaled)
 
-    def heuristic(self, plan, *, workspace, reduction_mask=None, count=32):
+    best = ltlib.LtLibrary.best
+
+    def _query(self, plan, workspace, reduction_mask, count):
         self.queries.append({"problem": plan.problem, "workspace": workspace, "count": count,
                              "block_scaled": plan.block_scaled})
-        return [ltlib.AlgoInfo(bytes(64), self.workspace, 1.0)] * self.found
+        return [ltlib.AlgoInfo(bytes(64), self.workspace, 1.0)] * self.found, None
 
     def cap(self, raw, name):
         return self.align
@@ -80,12 +83,103 @@ def test_plan_sets_torch_scaled_gemm_attributes_and_layouts(M, pad):
     assert lt.attrs[ATTR.A_SCALE_MODE] == ltlib.SCALE_BLK128x128_32F == 5
     assert lt.attrs[ATTR.B_SCALE_MODE] == ltlib.SCALE_VEC128_32F == 4
     assert ATTR.EPILOGUE not in lt.attrs
+    # non-NULL scale pointers before the heuristic query (cuBLASLt refuses a block scale mode without one)
+    assert lt.attrs[ATTR.A_SCALE_POINTER] == lt.attrs[ATTR.B_SCALE_POINTER] == ltlib.SCALE_PLACEHOLDER
+    assert ltlib.SCALE_PLACEHOLDER % 256 == 0
 
 
 def test_a_plain_plan_sets_no_scale_mode():
     lib = FakeBlockLib()
     ltlib.MatmulPlan(lib, GemmProblem(8, 256, 512, False, FP8, BF16, True))
     assert ATTR.A_SCALE_MODE not in lib.lt.attrs and ATTR.B_SCALE_MODE not in lib.lt.attrs
+    assert ATTR.A_SCALE_POINTER not in lib.lt.attrs and ATTR.B_SCALE_POINTER not in lib.lt.attrs
+
+
+class RulesLt(FakeLt):
+    """:class:`FakeLt` with the heuristic surface a real :class:`ltlib.LtLibrary` calls, following cuBLASLt's rules:
+    a non-scalar scale mode whose scale pointer is NULL is refused with CUBLAS_STATUS_INVALID_VALUE ("The scaling
+    mode for A scale ... requires a custom pointer for A scale"); ``status`` refuses every query with that status."""
+
+    class cuBLASLtError(Exception):  # noqa: N801 - nvmath's name
+        def __init__(self, status):
+            self.status = status
+            super().__init__(f"{ {7: 'INVALID_VALUE', 15: 'NOT_SUPPORTED'}[status]} ({status})")
+
+    class MatmulPreferenceAttribute:
+        MAX_WORKSPACE_BYTES, REDUCTION_SCHEME_MASK = 1, 3
+
+    MatmulAlgoConfigAttribute = SimpleNamespace(**{f: i for i, f in enumerate(ltlib.CONFIG_FIELDS)})
+    matmul_heuristic_result_dtype = np.dtype([("algo", np.uint8, 64), ("workspace_size", np.uint64),
+                                              ("state", np.int32), ("waves_count", np.float32),
+                                              ("reserved", np.int32, 4)])
+
+    def __init__(self, status=None, refuse=None):
+        super().__init__()
+        self.status, self.refuse = status, refuse
+
+    def matmul_desc_set_attribute(self, desc, attr, ptr, size):
+        if attr == self.refuse:
+            raise self.cuBLASLtError(7)
+        super().matmul_desc_set_attribute(desc, attr, ptr, size)
+
+    def get_version(self):
+        return 130100
+
+    def get_matmul_algo_config_attribute_dtype(self, attr):
+        return np.uint32
+
+    def create(self):
+        return 77
+
+    def matmul_preference_create(self):
+        return 3000
+
+    def matmul_preference_destroy(self, pref):
+        pass
+
+    def get_matmul_preference_attribute_dtype(self, attr):
+        return np.uint64
+
+    def matmul_preference_set_attribute(self, pref, attr, ptr, size):
+        pass
+
+    def matmul_algo_get_heuristic(self, handle, desc, a, b, c, d, pref, count, results, returned):
+        A = self.MatmulDescAttribute
+        for mode, ptr in ((A.A_SCALE_MODE, A.A_SCALE_POINTER), (A.B_SCALE_MODE, A.B_SCALE_POINTER)):
+            if self.attrs.get(mode, 0) and not self.attrs.get(ptr):
+                raise self.cuBLASLtError(7)
+        if self.status is not None:
+            raise self.cuBLASLtError(self.status)
+        ctypes.c_int32.from_address(returned).value = 1  # one algorithm: the zeroed result (state 0, no workspace)
+
+
+def test_block_scaled_plan_passes_cublaslt_heuristic_rules(monkeypatch):
+    """The H200 failure: every shape fell back to F.scaled_mm because the heuristic was asked with NULL scale
+    pointers under block scale modes (INVALID_VALUE, swallowed as "no algorithm"); a real LtLibrary over a module
+    with cuBLASLt's rule now gets its algorithm."""
+    monkeypatch.setattr(torch_impl, "LT", torch_impl.LtPlans(loader=lambda: ltlib.LtLibrary(RulesLt())))
+    runner = torch_impl.launcher(8, 256, 512, BF16, torch.device("cuda", 0))
+    assert isinstance(runner, torch_impl.LtBlockwiseRunner), torch_impl.LT.reason(8, 256, 512)
+    assert torch_impl.LT.reason(8, 256, 512) is None
+
+
+@pytest.mark.parametrize("lt,why", [
+    (RulesLt(status=7), "cublasLtMatmulAlgoGetHeuristic failed: INVALID_VALUE (7)"),
+    (RulesLt(status=15), "cublasLtMatmulAlgoGetHeuristic failed: NOT_SUPPORTED (15)"),
+    (RulesLt(refuse=ATTR.A_SCALE_MODE), "refused matmul descriptor attribute 31=5: INVALID_VALUE (7)"),
+])
+def test_a_refused_plan_keeps_the_library_status(monkeypatch, caplog, lt, why):
+    """The reason of a shape's fallback names cuBLASLt's status and call (what the overhead bench's note and the GPU
+    tests print), and is logged once per cause; a refused descriptor attribute falls back too, not a crash."""
+    monkeypatch.setattr(torch_impl, "LT", torch_impl.LtPlans(loader=lambda: ltlib.LtLibrary(lt)))
+    with caplog.at_level(logging.INFO, logger=torch_impl.__name__):
+        for M in (8, 16):
+            assert not isinstance(torch_impl.launcher(M, 256, 512, BF16, torch.device("cuda", 0)),
+                                  torch_impl.LtBlockwiseRunner)
+            assert torch_impl.LT.reason(M, 256, 512).endswith(why)
+    assert torch_impl.LT.unavailable_reason() is None and torch_impl.LT.reason(8, 256, 1024) is None
+    logged = [r.getMessage() for r in caplog.records if "F.scaled_mm" in r.getMessage()]
+    assert len(logged) == 1 and "first M=8" in logged[0] and why in logged[0]
 
 
 @pytest.mark.parametrize("env,limit", [(None, 1 << 20), ("4096", 4 << 20), ("lots", 1 << 20)])
@@ -214,12 +308,13 @@ def test_torch_op_runs_where_no_plan_can_be_made_logged_once(monkeypatch, caplog
         for M in (8, 16):
             assert not isinstance(torch_impl.launcher(M, 256, 512, BF16, torch.device("cuda", 0)),
                                   torch_impl.LtBlockwiseRunner)
-    assert why in plans.unavailable_reason()
+    assert why in plans.unavailable_reason() and why in plans.reason(8, 256, 512)
     logged = [r.getMessage() for r in caplog.records if "F.scaled_mm" in r.getMessage()]
     assert len(logged) == 1 and why in logged[0]
 
 
 def test_shape_without_an_algorithm_runs_torch_op(monkeypatch, caplog):
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
     lib = FakeBlockLib(found=0)
     monkeypatch.setattr(torch_impl, "LT", torch_impl.LtPlans(loader=lambda: lib))
     with caplog.at_level(logging.INFO, logger=torch_impl.__name__):
@@ -229,6 +324,7 @@ def test_shape_without_an_algorithm_runs_torch_op(monkeypatch, caplog):
     assert torch_impl.LT.unavailable_reason() is None and len(lib.queries) == 2
     assert [r.getMessage() for r in caplog.records if "first M=8" in r.getMessage()] and \
         not [r for r in caplog.records if "M=16" in r.getMessage()]
+    assert "returned no algorithm within a 1048576-byte workspace" in torch_impl.LT.reason(16, 256, 512)
 
 
 def _lib_with(version=130100, attrs=("A_SCALE_MODE", "B_SCALE_MODE")):
@@ -253,9 +349,9 @@ def _gpu_runner(M, N, K):
     dev = torch.device("cuda", torch.cuda.current_device())
     if torch_impl.unavailable_reason(dev):
         pytest.skip(torch_impl.unavailable_reason(dev))
-    assert torch_impl.LT.unavailable_reason() is None
+    assert torch_impl.LT.unavailable_reason() is None, torch_impl.LT.unavailable_reason()
     runner = torch_impl.launcher(M, N, K, BF16, dev)
-    assert isinstance(runner, torch_impl.LtBlockwiseRunner)
+    assert isinstance(runner, torch_impl.LtBlockwiseRunner), f"no cached plan: {torch_impl.LT.reason(M, N, K)}"
     return runner
 
 

@@ -43,6 +43,11 @@ OP_N, OP_T = 0, 1
 SCALE_VEC128_32F, SCALE_BLK128x128_32F = 4, 5
 #: The first cuBLASLt with those scale modes (torch's ``_check_deepseek_support`` asks the same).
 BLOCK_SCALING_VERSION = 120900
+#: The scale pointers a block-scaled plan holds until a call sets its operands' own: cuBLASLt's heuristic refuses a
+#: non-scalar scale mode whose pointer is NULL (CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer";
+#: nvmath-python's planner sets its scale pointers first for that reason, torch its operands' scales). The heuristic
+#: reads no device memory: any non-NULL address aligned like an allocation serves.
+SCALE_PLACEHOLDER = 1 << 12
 
 #: Config attributes that together identify an algorithm (cublasLtMatmulAlgoConfigAttributes_t), in key order.
 CONFIG_FIELDS = (
@@ -115,7 +120,8 @@ class MatmulPlan:
     (bias, A/B scales) are set through :meth:`set_pointer`, which is why a plan belongs to one runner.
     ``block_scaled``: fp8 operands with DeepSeek-style block scales, as torch's ``scaled_gemm`` sets them for
     ``BlockWise1x128`` activations and ``BlockWise128x128`` weights: cuBLAS A (the weight) in 128 x 128 blocks, B (the
-    activation) in 1 x 128 vectors; the scale pointers then address those scale matrices.
+    activation) in 1 x 128 vectors; the scale pointers then address those scale matrices (:data:`SCALE_PLACEHOLDER`
+    until the first call, so the plan can be queried).
     """
 
     def __init__(self, lib: "LtLibrary", problem: GemmProblem, block_scaled: bool = False) -> None:
@@ -138,21 +144,28 @@ class MatmulPlan:
         self._set_desc(A.TRANSB, OP_N)
         if problem.bias:
             self._set_desc(A.EPILOGUE, int(lt.Epilogue.BIAS))
-        if block_scaled:
-            self._set_desc(A.A_SCALE_MODE, SCALE_BLK128x128_32F)
-            self._set_desc(A.B_SCALE_MODE, SCALE_VEC128_32F)
-        self.block_scaled = block_scaled
         # One int64 host cell per pointer attribute, written per call: no allocation on the hot path.
         self._ptr_cells = {name: np.zeros(1, dtype=np.int64) for name in ("BIAS_POINTER", "A_SCALE_POINTER",
                                                                            "B_SCALE_POINTER")}
         self._ptr_attr = {name: int(getattr(A, name)) for name in self._ptr_cells}
         self._ptr_addr = {name: cell.ctypes.data for name, cell in self._ptr_cells.items()}
+        if block_scaled:
+            self._set_desc(A.A_SCALE_MODE, SCALE_BLK128x128_32F)
+            self._set_desc(A.B_SCALE_MODE, SCALE_VEC128_32F)
+            self.set_pointer("A_SCALE_POINTER", SCALE_PLACEHOLDER)
+            self.set_pointer("B_SCALE_POINTER", SCALE_PLACEHOLDER)
+        self.block_scaled = block_scaled
         self.is_fp8 = tin in _FP8_CUDA
 
     def _set_desc(self, attr: Any, value: int) -> None:
+        """Set a descriptor attribute; :class:`AlgoRejected` naming it if this library refuses the value."""
         lt = self.lib.lt
         buf = np.array([value], dtype=lt.get_matmul_desc_attribute_dtype(attr))
-        lt.matmul_desc_set_attribute(self.desc, int(attr), buf.ctypes.data, buf.itemsize)
+        try:
+            lt.matmul_desc_set_attribute(self.desc, int(attr), buf.ctypes.data, buf.itemsize)
+        except lt.cuBLASLtError as exc:
+            raise AlgoRejected(f"cuBLASLt refused matmul descriptor attribute {getattr(attr, 'name', attr)}={value}: "
+                               f"{exc}") from None
 
     def set_pointer(self, name: str, ptr: int) -> None:
         """Set device-pointer attribute ``name`` (BIAS_POINTER, A_SCALE_POINTER, B_SCALE_POINTER); 0 = none."""
@@ -216,7 +229,25 @@ class LtLibrary:
     # ---- heuristic and check -------------------------------------------------------------------------------
     def heuristic(self, plan: MatmulPlan, *, workspace: int, reduction_mask: int | None = None,
                   count: int = 32) -> list[AlgoInfo]:
-        """``cublasLtMatmulAlgoGetHeuristic`` under one preference: up to ``count`` algorithms, best first."""
+        """``cublasLtMatmulAlgoGetHeuristic`` under one preference: up to ``count`` algorithms, best first; [] when
+        there is none or the library refuses the query (:meth:`best` says which)."""
+        return self._query(plan, workspace, reduction_mask, count)[0]
+
+    def best(self, plan: MatmulPlan, *, workspace: int) -> AlgoInfo:
+        """The heuristic's first algorithm under ``workspace`` bytes; :class:`AlgoRejected` saying why there is none,
+        with the library's status when it refused the query (an invalid descriptor reads differently from a shape
+        without a kernel)."""
+        found, error = self._query(plan, workspace, None, 1)
+        if error is not None:
+            raise AlgoRejected(f"cublasLtMatmulAlgoGetHeuristic failed: {error}")
+        if not found:
+            raise AlgoRejected(f"cublasLtMatmulAlgoGetHeuristic returned no algorithm within a {workspace}-byte "
+                               "workspace")
+        return found[0]
+
+    def _query(self, plan: MatmulPlan, workspace: int, reduction_mask: int | None,
+               count: int) -> tuple[list[AlgoInfo], Exception | None]:
+        """The heuristic's algorithms, and the library's error if it refused the query (then no algorithms)."""
         lt = self.lt
         pref = lt.matmul_preference_create()
         try:
@@ -229,15 +260,15 @@ class LtLibrary:
             try:
                 lt.matmul_algo_get_heuristic(self.handle, *plan.layouts(), pref, count, results.ctypes.data,
                                              returned.ctypes.data)
-            except lt.cuBLASLtError:  # CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this shape/preference
-                return []
+            except lt.cuBLASLtError as exc:  # NOT_SUPPORTED: no algorithm here; others: a refused descriptor
+                return [], exc
         finally:
             lt.matmul_preference_destroy(pref)
         out = []
         for r in results[: int(returned[0])]:
             if int(r["state"]) == 0:
                 out.append(AlgoInfo(r["algo"].tobytes(), int(r["workspace_size"]), float(r["waves_count"])))
-        return out
+        return out, None
 
     def _set_pref(self, pref: int, attr: Any, value: int) -> None:
         lt = self.lt

@@ -403,10 +403,7 @@ class CublasLtBackend(Backend):
             raise AlgoRejected(why)
         if solution.solidx == -1 and not solution.kernelName:
             plan = lib.plan(problem)
-            found = lib.heuristic(plan, workspace=DEFAULT_WORKSPACE, count=1)
-            if not found:
-                raise AlgoRejected("cuBLASLt heuristic returned no algorithm")
-            return lib, plan, found[0]
+            return lib, plan, lib.best(plan, workspace=DEFAULT_WORKSPACE)
         try:
             version, raw = decode_algo(solution.kernelName)
         except ValueError as exc:

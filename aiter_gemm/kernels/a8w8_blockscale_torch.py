@@ -15,7 +15,8 @@ public API (the benchmarks' baseline); :func:`launcher` binds a runner to one sh
 Triton and cuBLASLt backends do: on a CUDA device :class:`LtBlockwiseRunner`, torch's own cuBLASLt call (the same
 descriptor, layouts, scale modes and heuristic #0 under torch's workspace limit, so the same algorithm) with the plan
 made once through nvmath-python, so a call makes no heuristic query and no descriptor; where nvmath-python or a
-cuBLASLt with block scaling (12.9+) is missing, torch's op bound to the shape, the reason logged once.
+cuBLASLt with block scaling (12.9+) is missing or no plan can be made for the shape, torch's op bound to the shape,
+the reason kept (:meth:`LtPlans.reason`) and logged once.
 """
 
 from __future__ import annotations
@@ -160,9 +161,10 @@ def launcher(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE, device: to
              ) -> BlockRunner:
     """The runner of one shape (what the ``torch`` backend's ``prepare`` returns). On a CUDA ``device``, torch's
     cuBLASLt call with its plan made here (:class:`LtBlockwiseRunner`, through :data:`LT`) where it can be made;
-    otherwise (``device`` None or not CUDA, no nvmath-python, no block scaling) torch's op with the shape check, the
-    padding and the scaled_mm arguments decided here, once: per call only the operands' layouts are made and the op
-    called. Either gives the same result as :func:`gemm_a8w8_blockscale_torch` (GPU tests compare them bit for bit)."""
+    otherwise (``device`` None or not CUDA, no nvmath-python, no block scaling, no plan: :meth:`LtPlans.reason`)
+    torch's op with the shape check, the padding and the scaled_mm arguments decided here, once: per call only the
+    operands' layouts are made and the op called. Either gives the same result as
+    :func:`gemm_a8w8_blockscale_torch` (GPU tests compare them bit for bit)."""
     scaled_mm = _scaled_mm_launcher(M, N, K, dtype)
     if device is None or device.type != "cuda":
         return scaled_mm
@@ -221,10 +223,7 @@ class LtBlockwiseRunner:
         self.M, self.N, self.K, self._pad = M, N, K, -M % 4
         problem = GemmProblem(M + self._pad, N, K, False, FP8, dtype, True)
         self.lib, self.plan = lib, lib.plan(problem, block_scaled=True)
-        found = lib.heuristic(self.plan, workspace=torch_lt_workspace(), count=1)
-        if not found:
-            raise AlgoRejected(f"cuBLASLt's heuristic has no block-scaled algorithm for M={M} N={N} K={K}")
-        self.info: AlgoInfo = found[0]
+        self.info: AlgoInfo = lib.best(self.plan, workspace=torch_lt_workspace())
         self._algo = algo_buffer(self.info.raw)
         self._algo_ptr = self._algo.ctypes.data
         self._mask = (align_mask(lib, self.info.raw, "MIN_ALIGNMENT_A_BYTES")
@@ -280,13 +279,15 @@ class LtBlockwiseRunner:
 
 class LtPlans:
     """cuBLASLt through nvmath-python for :class:`LtBlockwiseRunner`, loaded once per process (``loader``: tests
-    pass a fake); why a plan cannot be made (no nvmath-python, no block scaling, no algorithm) is logged once per
-    cause, and the shape runs torch's op."""
+    pass a fake). Why a shape gets torch's op instead (no nvmath-python, no block scaling, the heuristic's refusal or
+    no algorithm) is kept per shape (:meth:`reason`: what the overhead bench's note and the GPU tests print) and
+    logged once per cause."""
 
     def __init__(self, loader: Callable[[], LtLibrary] = load_library) -> None:
         self._loader = loader
         self._lib: LtLibrary | None = None
         self._reason: str | None = None
+        self._refused: dict[tuple[int, int, int, torch.dtype], str] = {}
         self._lock = threading.Lock()
         self._log = WarnOnce(log, logging.INFO)
 
@@ -307,20 +308,30 @@ class LtPlans:
         self.library()
         return self._reason
 
+    def reason(self, M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE) -> str | None:
+        """Why :meth:`runner` gave (M, N, K) -> ``dtype`` no plan: the library's reason or the shape's; None when it
+        made one or was not asked."""
+        return self._reason or self._refused.get((M, N, K, dtype))
+
     def runner(self, M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
                fallback: BlockRunner) -> LtBlockwiseRunner | None:
-        """The shape's runner, or None (logged once per cause) where torch's op must run it."""
+        """The shape's runner, or None (reason kept for :meth:`reason`, logged once per cause) where torch's op must
+        run it."""
         lib = self.library()
         if lib is None:
             self._log(self._reason, "torch's block-scaled matmul runs through F.scaled_mm (a cuBLASLt heuristic query "
                       "per call): %s", self._reason)
             return None
         try:
-            return LtBlockwiseRunner(lib, M, N, K, dtype, device, fallback)
+            runner = LtBlockwiseRunner(lib, M, N, K, dtype, device, fallback)
         except AlgoRejected as exc:
-            self._log("no algorithm", "torch's block-scaled matmul runs through F.scaled_mm for shapes with no "
-                      "cached cuBLASLt plan, first M=%d N=%d K=%d: %s", M, N, K, exc)
+            why = str(exc)
+            self._refused[(M, N, K, dtype)] = why
+            self._log(why, "torch's block-scaled matmul runs through F.scaled_mm for shapes with no cached cuBLASLt "
+                      "plan, first M=%d N=%d K=%d: %s", M, N, K, why)
             return None
+        self._refused.pop((M, N, K, dtype), None)
+        return runner
 
 
 #: The process's block-scaled plans (tests replace it with one over a fake library).
