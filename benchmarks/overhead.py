@@ -4,11 +4,12 @@ For an exact hit, a padded hit and a default decision (2-D A), an exact hit with
 ``nn.Linear`` it replaces, the ``torch.ops`` custom op that compiled graphs call, and on a GPU a graph-timed row whose
 eager calls run F.linear, ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call (torch-decided shapes and
 a Triton-decided one: its bound launch, or torch's matmul where launches do not bind), and FP8 linears (the bound
-activation quantizer against Triton's launcher; the op, torch's block-scaled arm and the ``FP8Linear`` twin against
-bf16 F.linear / nn.Linear of the same shape; ``note`` says which launch, GEMM (and its launch) and call entry they
-took): N calls of the torch
-call and N of ours back to back, R times, the median of the per-repeat differences (``added_us``). The decisions come
-from a tuned CSV this bench writes to a temporary folder (the environment is restored afterwards).
+activation quantizer against Triton's launcher; torch's block-scaled GEMM with its cuBLASLt plan cached against
+torch's op bound to the shape; the op, torch's block-scaled arm and the ``FP8Linear`` twin against bf16 F.linear /
+nn.Linear of the same shape; ``note`` says which launch, GEMM (its bound Triton launch or cached cuBLASLt plan, or
+why not) and call entry they took): N calls of the torch call and N of ours back to back, R times, the median of the
+per-repeat differences (``added_us``). The decisions come from a tuned CSV this bench writes to a temporary folder (the
+environment is restored afterwards).
 """
 
 from __future__ import annotations
@@ -111,14 +112,27 @@ def _gemm_path(cfg: dict, ops: tuple) -> str:
     from aiter_gemm.backends.base import GemmProblem
 
     eager = cfg["eager_libtype"]
-    if eager != "triton":
-        return eager if eager == cfg["libtype"] else f"{eager} (eager switch from {cfg['libtype']})"
+    what = eager if eager == cfg["libtype"] else f"{eager} (eager switch from {cfg['libtype']})"
+    if eager not in ("triton", "torch"):
+        return what
     disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
     XQ, WQ = ops[0], ops[1]
-    runner = disp.decide(GemmProblem(XQ.shape[0], WQ.shape[0], XQ.shape[1], False, XQ.dtype, torch.bfloat16),
-                         True).runner
+    M, N, K = XQ.shape[0], WQ.shape[0], XQ.shape[1]
+    dec = disp.decide(GemmProblem(M, N, K, False, XQ.dtype, torch.bfloat16), True)
+    runner = dec.eager_runner or dec.runner
+    if eager == "torch":
+        return f"{what}, {_lt_path(runner, M, N, K)}"
     path = getattr(runner, "launch_path", None)
-    return f"triton, {path(*ops, torch.bfloat16) if path else 'Triton launcher (launches do not bind here)'}"
+    return f"{what}, {path(*ops, torch.bfloat16) if path else 'Triton launcher (launches do not bind here)'}"
+
+
+def _lt_path(runner: Callable, M: int, N: int, K: int) -> str:
+    """Whether torch's block-scale runner for (M, N, K) has its cuBLASLt plan cached, and why not."""
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+
+    if isinstance(runner, torch_impl.LtBlockwiseRunner):
+        return "cached cuBLASLt plan"
+    return f"F.scaled_mm (no cached plan: {torch_impl.LT.reason(M, N, K) or 'not asked: no CUDA device'})"
 
 
 def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
@@ -143,8 +157,13 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
                   calls // 4, repeats, sync)
     quant = f"quantizer: {_quant_path(x2)}"
     rows = [_row("fp8_quant", "act_quant_bound", "triton_launcher", m, n, k, got, repeats, quant)]
+    xq, xs = act_quant.per_token_group_quant_fp8(x2, True)
+    ops = (xq, wq, xs, ws, torch.bfloat16)
+    bound, cached = torch_impl.launcher(m, n, k), torch_impl.launcher(m, n, k, device=x2.device)
+    lt = _lt_path(cached, m, n, k)
+    got = measure(lambda: bound(*ops), lambda: cached(*ops), calls // 4, repeats, sync)
+    rows.append(_row("fp8_gemm", "torch_blockscale_lt", "torch_blockscale_bound", m, n, k, got, repeats, lt))
     cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
-    xq, xs = act_quant.per_token_group_quant_fp8(x2, True)  # the layout eager FP8 linears quantize to
     for provider, gemm in (("fp8_block_linear", None), ("torch_blockscale", torch_impl.gemm_a8w8_blockscale_torch)):
         got = measure(lambda: F.linear(x, w), lambda gemm=gemm: fp8_block_linear(x, wq, ws, None, gemm, True),
                       calls // 4, repeats, sync)
