@@ -4,6 +4,7 @@ runtime per test."""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -91,3 +92,19 @@ def clean_runtime(monkeypatch):
     yield monkeypatch
     monkeypatch.undo()
     aiter_gemm.reload_configs()
+
+
+@pytest.fixture
+def no_deep_gemm(monkeypatch):
+    """``import deep_gemm`` fails, whatever this machine has installed."""
+    monkeypatch.setitem(sys.modules, "deep_gemm", None)
+    return monkeypatch
+
+
+@pytest.fixture
+def fake_dg(monkeypatch):
+    """:mod:`op_tests.fake_deep_gemm` installed as ``deep_gemm``; the fake module."""
+    import op_tests.fake_deep_gemm as fake
+
+    fake.install(monkeypatch)
+    return fake

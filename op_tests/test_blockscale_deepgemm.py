@@ -46,19 +46,6 @@ def _problem(M: int, N: int = 256, K: int = 512, otype: torch.dtype = torch.bflo
     return GemmProblem(M, N, K, False, FP8, otype)
 
 
-@pytest.fixture
-def no_deep_gemm(monkeypatch):
-    """``import deep_gemm`` fails, whatever this machine has installed."""
-    monkeypatch.setitem(sys.modules, "deep_gemm", None)
-    return monkeypatch
-
-
-@pytest.fixture
-def fake_dg(monkeypatch):
-    fake.install(monkeypatch)
-    return fake
-
-
 def _table(tmp_path, mp, rows: str):
     path = tmp_path / "bs.csv"
     path.write_text(HEADER + rows)

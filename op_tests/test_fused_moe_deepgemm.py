@@ -51,19 +51,6 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-@pytest.fixture
-def no_deep_gemm(monkeypatch):
-    """``import deep_gemm`` fails, whatever this machine has installed."""
-    monkeypatch.setitem(sys.modules, "deep_gemm", None)
-    return monkeypatch
-
-
-@pytest.fixture
-def fake_dg(monkeypatch):
-    fake.install(monkeypatch)
-    return fake
-
-
 # ---- the support rule and availability ------------------------------------------------------------------------------
 @pytest.mark.parametrize("p,why", [
     (_problem(1, 1), None),

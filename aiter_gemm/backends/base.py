@@ -371,6 +371,72 @@ class Backend:
         return {}
 
 
+class LibraryCallBackend(Backend):
+    """A backend whose one solution is a library's call (torch's block-scaled matmul, DeepGEMM's GEMMs): the name
+    check, the library's availability on the decision's device and the problem rule composed once. A subclass sets
+    :attr:`solution` and defines :meth:`library_why` and :meth:`problem_why`."""
+
+    solution: ClassVar[Solution]
+
+    def library_why(self, device: torch.device | None) -> str | None:
+        """Why the library cannot run on ``device`` (None: on this machine at all); None where it can."""
+        return None
+
+    def problem_why(self, problem: Problem, arch: str) -> str | None:
+        """Why the call does not take ``problem`` (``arch``: the GPU arch it would run on, or a reference arch)."""
+        raise NotImplementedError
+
+    def unavailable_reason(self) -> str | None:
+        return self.library_why(None)
+
+    def name_error(self, solution: Solution) -> str | None:
+        """Why ``solution`` is not this backend's one (a row naming another kernel under its libtype)."""
+        if solution.kernelName != self.solution.kernelName:
+            return f"libtype {self.name!r} runs {self.solution.kernelName!r}, not {solution.kernelName!r}"
+        return None
+
+    def why_not(self, problem: Problem, solution: Solution, device: DeviceIdentity) -> str | None:
+        # The library is asked at every decision: its answer depends on the device (and tests replace it).
+        return (self.name_error(solution) or self.library_why(device.torch_device())
+                or self.shape_why_not(problem, solution, device.gfx))
+
+    def shape_why_not(self, problem: Problem, solution: Solution, arch: str) -> str | None:
+        return self.name_error(solution) or self.problem_why(problem, arch)
+
+    def candidates(self, problem: Problem, device: DeviceIdentity) -> list[Solution]:
+        """The one solution where the call takes the problem (whether this process can run it is the tuner's
+        ``--libtype`` check and the worker's ``why_not``)."""
+        return [self.solution] if self.problem_why(problem, device.gfx) is None else []
+
+    #: A library that compiles its kernels on first use (a JIT): the arch its ahead-of-time build checks problems
+    #: for, and :meth:`warm` runs them; "" (default): nothing to build.
+    build_arch: ClassVar[str] = ""
+
+    def warm(self, problems: list[Problem]) -> dict[Problem, str]:
+        """Run the call once per distinct kernel shape of ``problems`` so the library builds (or loads from its disk
+        cache) what they run; the problems that failed, with why."""
+        return {}
+
+    def precompile(self, jobs: Sequence[tuple[Problem, Solution]]) -> dict[str, str]:
+        """:meth:`warm` over the jobs the call takes (``build_arch``'s rule), before they are timed or served;
+        kernelName -> why for what failed (the library unavailable here: every job)."""
+        if not self.build_arch:
+            return {}
+        why = self.unavailable_reason()
+        if why is not None:
+            return {sol.kernelName: why for _, sol in jobs}
+        todo, failed = [], {}
+        for problem, sol in jobs:
+            bad = self.shape_why_not(problem, sol, self.build_arch)
+            if bad is not None:
+                failed[sol.kernelName] = bad
+            else:
+                todo.append(problem)
+        for problem, msg in self.warm(todo).items():
+            failed[self.solution.kernelName] = f"{problem.label()}: {msg}"
+        return failed
+
+
 class UnavailableBackend(Backend):
     """Stands in for a libtype this process cannot run (no module, or its import failed)."""
 

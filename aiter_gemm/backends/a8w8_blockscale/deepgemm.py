@@ -9,11 +9,13 @@ default: the tuner times it beside the others and a tuned row names it only wher
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from aiter_gemm.backends.a8w8_blockscale import solution_of
-from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.backends.base import GemmProblem, LibraryCallBackend, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels import a8w8_blockscale_deepgemm as dg_impl
 from aiter_gemm.kernels.blockscale_format import FP8
@@ -23,33 +25,23 @@ SOLUTION = solution_of(dg_impl.DeepGemmFP8())
 ARCH = "sm_90"
 
 
-class BlockscaleDeepGemmBackend(Backend):
+class BlockscaleDeepGemmBackend(LibraryCallBackend):
     name = dg_impl.LIBTYPE
+    solution = SOLUTION
+    build_arch = ARCH
     x_scale_m_major = True  # DeepGEMM takes x_scale M-major (TMA-aligned) as is; row-major costs a transpose a call
 
-    def unavailable_reason(self) -> str | None:
-        return dg_impl.unavailable_reason()
+    def library_why(self, device: torch.device | None) -> str | None:
+        return dg_impl.unavailable_reason(device)
 
-    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
-        # Looked up through the module at every decision: it depends on the device (and tests replace it).
-        return (self._name_error(solution) or dg_impl.unavailable_reason(device.torch_device())
-                or self.shape_why_not(problem, solution, device.gfx))
-
-    def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
-        """The name, the dtypes, :func:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.shape_error` and, for a GPU
-        arch, sm_90 (whether this machine has ``deep_gemm`` and such a GPU is :meth:`why_not`'s)."""
-        if self._name_error(solution):
-            return self._name_error(solution)
+    def problem_why(self, problem: GemmProblem, arch: str) -> str | None:
+        """The dtypes, :func:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.shape_error` and, for a GPU arch, sm_90
+        (whether this machine has ``deep_gemm`` and such a GPU is :meth:`library_why`'s)."""
         if problem.dtype != FP8:
             return f"inputs {problem.dtype}: DeepGEMM's FP8 kernel takes float8_e4m3fn"
         if arch.startswith("sm_") and arch != ARCH:
             return f"DeepGEMM's FP8 kernel with float32 block scales is {ARCH}a's, not {arch}'s"
         return dg_impl.shape_error(problem.M, problem.N, problem.K, problem.otype)
-
-    def _name_error(self, solution: Solution) -> str | None:
-        if solution.kernelName != dg_impl.NAME:
-            return f"libtype {self.name!r} runs {dg_impl.NAME!r}, not {solution.kernelName!r}"
-        return None
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
         """A runner bound to the shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.launcher`)."""
@@ -64,28 +56,11 @@ class BlockscaleDeepGemmBackend(Backend):
         """``{"libtype": "deepgemm", "kernelName": "deepgemm_fp8_gemm_nt"}``, exactly."""
         return solution_of(dg_impl.DeepGemmFP8.from_json(dict(entry)))
 
-    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
-        """The one solution where DeepGEMM takes the shape (whether this process can run it is the tuner's
-        ``--libtype`` check and the worker's ``why_not``)."""
-        return [SOLUTION] if self.shape_why_not(problem, SOLUTION, device.gfx) is None else []
-
-    def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
-        """One call per distinct shape of the jobs, so DeepGEMM's JIT builds (or loads from its disk cache) their
-        kernels before they are timed or served (:func:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.warm`);
-        kernelName -> why for what failed (DeepGEMM unavailable here: every job)."""
-        why = dg_impl.unavailable_reason()
-        if why is not None:
-            return {sol.kernelName: why for _, sol in jobs}
-        todo, failed = [], {}
-        for problem, sol in jobs:
-            bad = self.shape_why_not(problem, sol, ARCH)
-            if bad is not None:
-                failed[sol.kernelName] = bad
-            else:
-                todo.append((problem.M, problem.N, problem.K, problem.otype))
-        for (M, N, K, _), msg in dg_impl.warm(todo).items():
-            failed[dg_impl.NAME] = f"M={M} N={N} K={K}: {msg}"
-        return failed
+    def warm(self, problems: list[GemmProblem]) -> dict[GemmProblem, str]:
+        """One call per distinct shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_deepgemm.warm`): DeepGEMM's JIT
+        builds or loads their kernels (the tuner's and :func:`aiter_gemm.warmup`'s :meth:`precompile`)."""
+        by_job = {(p.M, p.N, p.K, p.otype): p for p in problems}
+        return {by_job[job]: msg for job, msg in dg_impl.warm(by_job).items()}
 
 
 BACKEND = BlockscaleDeepGemmBackend()

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from aiter_gemm.backends.a8w8_blockscale import solution_of
-from aiter_gemm.backends.base import Backend, GemmProblem, Solution
+from aiter_gemm.backends.base import GemmProblem, LibraryCallBackend, Solution
 from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import decode_config
@@ -36,25 +38,21 @@ def triton_stays_default(M: int, N: int, K: int, device: DeviceIdentity) -> bool
     return M <= next(m for w, m in TRITON_BELOW if N * K <= w)
 
 
-class BlockscaleTorchBackend(Backend):
+class BlockscaleTorchBackend(LibraryCallBackend):
     name = torch_impl.LIBTYPE
+    solution = SOLUTION
     default_priority = 10  # above the Triton default config where it claims a shape (default_for)
     x_scale_m_major = True  # cuBLASLt takes x_scale M-major; row-major costs a transposing copy per call
 
-    def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
-        # Looked up through the module at every decision: it depends on the device (and tests replace it).
-        return (self._name_error(solution) or torch_impl.unavailable_reason(device.torch_device())
-                or self.shape_why_not(problem, solution, device.gfx))
+    def library_why(self, device: torch.device | None) -> str | None:
+        """:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.unavailable_reason` on a decision's device (this
+        machine as a whole: None, torch's op being importable everywhere)."""
+        return None if device is None else torch_impl.unavailable_reason(device)
 
-    def shape_why_not(self, problem: GemmProblem, solution: Solution, arch: str) -> str | None:
-        """The name and :func:`~aiter_gemm.kernels.a8w8_blockscale_torch.shape_error` (the layouts verified on the
-        H100), whatever this torch and this device can run."""
-        return self._name_error(solution) or torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype)
-
-    def _name_error(self, solution: Solution) -> str | None:
-        if solution.kernelName != torch_impl.NAME:
-            return f"libtype {self.name!r} runs {torch_impl.NAME!r}, not {solution.kernelName!r}"
-        return None
+    def problem_why(self, problem: GemmProblem, arch: str) -> str | None:
+        """:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.shape_error` (the layouts verified on the H100), whatever
+        this torch and this device can run."""
+        return torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype)
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
         """A runner bound to the shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.launcher`: on a GPU, torch's
@@ -81,11 +79,6 @@ class BlockscaleTorchBackend(Backend):
         """Every shape on a GPU: eager calls pay the Triton launcher, which loses wherever this path runs (H100
         host, 23 Triton-decided shapes: median 114 us per eager call, 0.83x this path's 85 us; held-out run 0)."""
         return SOLUTION if device.is_gpu else None
-
-    def candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
-        """The one solution where its layouts take the shape (whether this process can run it is the tuner's
-        ``--libtype`` check and the worker's ``why_not``)."""
-        return [SOLUTION] if torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype) is None else []
 
 
 BACKEND = BlockscaleTorchBackend()
