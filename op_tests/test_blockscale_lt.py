@@ -163,6 +163,17 @@ def test_block_scaled_plan_passes_cublaslt_heuristic_rules(monkeypatch):
     assert torch_impl.LT.reason(8, 256, 512) is None
 
 
+def _launch_torch_op(monkeypatch, caplog, loader) -> torch_impl.LtPlans:
+    """Plans over ``loader`` as the process's; (M, 256, 512) launched for M 8 and 16, each getting torch's op."""
+    plans = torch_impl.LtPlans(loader=loader)
+    monkeypatch.setattr(torch_impl, "LT", plans)
+    with caplog.at_level(logging.INFO, logger=torch_impl.__name__):
+        for M in (8, 16):
+            runner = torch_impl.launcher(M, 256, 512, BF16, torch.device("cuda", 0))
+            assert not isinstance(runner, torch_impl.LtBlockwiseRunner), M
+    return plans
+
+
 @pytest.mark.parametrize("lt,why", [
     (RulesLt(status=7), "cublasLtMatmulAlgoGetHeuristic failed: INVALID_VALUE (7)"),
     (RulesLt(status=15), "cublasLtMatmulAlgoGetHeuristic failed: NOT_SUPPORTED (15)"),
@@ -171,12 +182,9 @@ def test_block_scaled_plan_passes_cublaslt_heuristic_rules(monkeypatch):
 def test_a_refused_plan_keeps_the_library_status(monkeypatch, caplog, lt, why):
     """The reason of a shape's fallback names cuBLASLt's status and call (what the overhead bench's note and the GPU
     tests print), and is logged once per cause; a refused descriptor attribute falls back too, not a crash."""
-    monkeypatch.setattr(torch_impl, "LT", torch_impl.LtPlans(loader=lambda: ltlib.LtLibrary(lt)))
-    with caplog.at_level(logging.INFO, logger=torch_impl.__name__):
-        for M in (8, 16):
-            assert not isinstance(torch_impl.launcher(M, 256, 512, BF16, torch.device("cuda", 0)),
-                                  torch_impl.LtBlockwiseRunner)
-            assert torch_impl.LT.reason(M, 256, 512).endswith(why)
+    _launch_torch_op(monkeypatch, caplog, lambda: ltlib.LtLibrary(lt))
+    for M in (8, 16):
+        assert torch_impl.LT.reason(M, 256, 512).endswith(why)
     assert torch_impl.LT.unavailable_reason() is None and torch_impl.LT.reason(8, 256, 1024) is None
     logged = [r.getMessage() for r in caplog.records if "F.scaled_mm" in r.getMessage()]
     assert len(logged) == 1 and "first M=8" in logged[0] and why in logged[0]
@@ -329,18 +337,33 @@ def _broken(exc):
     return load
 
 
+@pytest.mark.parametrize("check,why", [(lambda lib: None, None), (lambda lib: "no block scaling", "no block scaling")])
+@pytest.mark.parametrize("fails", [False, True])
+def test_library_once_loads_on_first_ask_only(check, why, fails):
+    """One load per process whatever it answered (the cuBLASLt backend's and the block-scaled plans' loader); a
+    reason asked without loading is None until the library was asked for."""
+    loads = []
+
+    def loader():
+        loads.append(1)
+        if fails:
+            raise ltlib.LibraryUnavailable("no nvmath")
+        return _lib_with()
+
+    once = ltlib.LibraryOnce(loader, check=check)
+    assert once.reason(load=False) is None and not loads
+    want = "no nvmath" if fails else why
+    assert [once.reason(), once.reason(load=False), once.reason()] == [want] * 3
+    assert (once.get() is None) == (want is not None) and once.get() is once.get() and len(loads) == 1
+
+
 @pytest.mark.parametrize("loader,why", [
     (_broken(ltlib.LibraryUnavailable("nvmath-python is not importable")), "nvmath-python is not importable"),
     (lambda: _lib_with(version=120800), "cuBLASLt 120800 has no block scaling"),
     (lambda: _lib_with(attrs=()), "no A_SCALE_MODE"),
 ])
 def test_torch_op_runs_where_no_plan_can_be_made_logged_once(monkeypatch, caplog, loader, why):
-    plans = torch_impl.LtPlans(loader=loader)
-    monkeypatch.setattr(torch_impl, "LT", plans)
-    with caplog.at_level(logging.INFO, logger=torch_impl.__name__):
-        for M in (8, 16):
-            assert not isinstance(torch_impl.launcher(M, 256, 512, BF16, torch.device("cuda", 0)),
-                                  torch_impl.LtBlockwiseRunner)
+    plans = _launch_torch_op(monkeypatch, caplog, loader)
     assert why in plans.unavailable_reason() and why in plans.reason(8, 256, 512)
     logged = [r.getMessage() for r in caplog.records if "F.scaled_mm" in r.getMessage()]
     assert len(logged) == 1 and why in logged[0]
@@ -349,11 +372,7 @@ def test_torch_op_runs_where_no_plan_can_be_made_logged_once(monkeypatch, caplog
 def test_shape_without_an_algorithm_runs_torch_op(monkeypatch, caplog):
     monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
     lib = FakeBlockLib(found=0)
-    monkeypatch.setattr(torch_impl, "LT", torch_impl.LtPlans(loader=lambda: lib))
-    with caplog.at_level(logging.INFO, logger=torch_impl.__name__):
-        for M in (8, 16):
-            assert not isinstance(torch_impl.launcher(M, 256, 512, BF16, torch.device("cuda", 0)),
-                                  torch_impl.LtBlockwiseRunner)
+    _launch_torch_op(monkeypatch, caplog, lambda: lib)
     assert torch_impl.LT.unavailable_reason() is None and len(lib.queries) == 2
     assert [r.getMessage() for r in caplog.records if "first M=8" in r.getMessage()] and \
         not [r for r in caplog.records if "M=16" in r.getMessage()]

@@ -104,6 +104,38 @@ def load_library() -> "LtLibrary":
         raise LibraryUnavailable(f"cuBLASLt could not be loaded through nvmath-python: {exc!r}") from exc
 
 
+class LibraryOnce:
+    """The cuBLASLt library loaded at most once per process (``loader``: tests pass a fake), or why not: the
+    loader's :class:`LibraryUnavailable`, or ``check``'s refusal of the loaded library (what a caller needs of it)."""
+
+    def __init__(self, loader: Callable[[], LtLibrary] = load_library,
+                 check: Callable[[LtLibrary], str | None] = lambda lib: None) -> None:
+        self._loader = loader
+        self._check = check
+        self._lib: LtLibrary | None = None
+        self._reason: str | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> LtLibrary | None:
+        """The loaded library, or None (:meth:`reason` says why)."""
+        if self._lib is None and self._reason is None:
+            with self._lock:
+                if self._lib is None and self._reason is None:
+                    try:
+                        lib = self._loader()
+                        self._reason = self._check(lib)
+                        self._lib = lib if self._reason is None else None
+                    except LibraryUnavailable as exc:
+                        self._reason = str(exc)
+        return self._lib
+
+    def reason(self, load: bool = True) -> str | None:
+        """Why :meth:`get` gives None; None where it gives the library (or, ``load=False``, was not asked yet)."""
+        if load:
+            self.get()
+        return self._reason
+
+
 @dataclass(frozen=True)
 class AlgoInfo:
     """One algorithm as a heuristic query or a check reports it."""

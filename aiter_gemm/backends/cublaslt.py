@@ -54,7 +54,7 @@ from aiter_gemm.backends._cublaslt_lib import (
     ALIGN_FALLBACK,
     AlgoInfo,
     AlgoRejected,
-    LibraryUnavailable,
+    LibraryOnce,
     LtLibrary,
     MatmulPlan,
     StreamWorkspaces,
@@ -372,32 +372,21 @@ class CublasLtBackend(Backend):
     eager_min_us = 150.0
 
     def __init__(self, loader: Callable[[], LtLibrary] = load_library) -> None:
-        self._loader = loader
-        self._lib: LtLibrary | None = None
-        self._reason: str | None = None
-        self._lock = threading.Lock()
+        self._lib = LibraryOnce(loader)
         self._warn = WarnOnce(log)
 
     def library(self) -> LtLibrary | None:
         """The loaded library, or None (reason in :meth:`unavailable_reason`); loaded once per process."""
-        if self._lib is None and self._reason is None:
-            with self._lock:
-                if self._lib is None and self._reason is None:
-                    try:
-                        self._lib = self._loader()
-                    except LibraryUnavailable as exc:
-                        self._reason = str(exc)
-        return self._lib
+        return self._lib.get()
 
     def unavailable_reason(self) -> str | None:
-        self.library()
-        return self._reason
+        return self._lib.reason()
 
     def resolve(self, problem: GemmProblem, solution: Solution) -> tuple[LtLibrary, MatmulPlan, AlgoInfo]:
         """Library, plan and checked algorithm for a row; :class:`AlgoRejected` saying why it cannot be replayed."""
         lib = self.library()
         if lib is None:
-            raise AlgoRejected(f"cublaslt unavailable: {self._reason}")
+            raise AlgoRejected(f"cublaslt unavailable: {self._lib.reason()}")
         why = supported_reason(problem)
         if why:
             raise AlgoRejected(why)

@@ -36,7 +36,7 @@ import torch
 from aiter_gemm.backends._cublaslt_lib import (
     AlgoInfo,
     AlgoRejected,
-    LibraryUnavailable,
+    LibraryOnce,
     LtLibrary,
     StreamWorkspaces,
     algo_buffer,
@@ -304,34 +304,21 @@ class LtPlans:
     logged once per cause."""
 
     def __init__(self, loader: Callable[[], LtLibrary] = load_library) -> None:
-        self._loader = loader
-        self._lib: LtLibrary | None = None
-        self._reason: str | None = None
+        self._lib = LibraryOnce(loader, check=LtLibrary.block_scaling_reason)
         self._refused: dict[tuple[int, int, int, torch.dtype], str] = {}
-        self._lock = threading.Lock()
         self._log = WarnOnce(log, logging.INFO)
 
     def library(self) -> LtLibrary | None:
         """The loaded library if it can run block-scaled plans, else None (:meth:`unavailable_reason` says why)."""
-        if self._lib is None and self._reason is None:
-            with self._lock:
-                if self._lib is None and self._reason is None:
-                    try:
-                        lib = self._loader()
-                        self._reason = lib.block_scaling_reason()
-                        self._lib = lib if self._reason is None else None
-                    except LibraryUnavailable as exc:
-                        self._reason = str(exc)
-        return self._lib
+        return self._lib.get()
 
     def unavailable_reason(self) -> str | None:
-        self.library()
-        return self._reason
+        return self._lib.reason()
 
     def reason(self, M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE) -> str | None:
         """Why :meth:`runner` gave (M, N, K) -> ``dtype`` no plan: the library's reason or the shape's; None when it
         made one or was not asked."""
-        return self._reason or self._refused.get((M, N, K, dtype))
+        return self._lib.reason(load=False) or self._refused.get((M, N, K, dtype))
 
     def runner(self, M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
                fallback: BlockRunner) -> LtBlockwiseRunner | None:
@@ -339,8 +326,9 @@ class LtPlans:
         run it."""
         lib = self.library()
         if lib is None:
-            self._log(self._reason, "torch's block-scaled matmul runs through F.scaled_mm (a cuBLASLt heuristic query "
-                      "per call): %s", self._reason)
+            why = self._lib.reason()
+            self._log(why, "torch's block-scaled matmul runs through F.scaled_mm (a cuBLASLt heuristic query "
+                      "per call): %s", why)
             return None
         try:
             runner = LtBlockwiseRunner(lib, M, N, K, dtype, device, fallback)
