@@ -315,9 +315,9 @@ def _moe_deepgemm_tolerance(p: Problem) -> float:
     """DeepGEMM's grouped GEMM writes bf16 only, so GEMM1's output is rounded to bf16 before the activation (the
     reference keeps float32): :data:`aiter_gemm.kernels.fused_moe_deepgemm.MAX_REL_ERR`, more than
     :data:`MAX_REL_ERR` leaves room for."""
-    from aiter_gemm.kernels.fused_moe_deepgemm import MAX_REL_ERR as DEEPGEMM_REL_ERR
+    from aiter_gemm.kernels import fused_moe_deepgemm
 
-    return DEEPGEMM_REL_ERR
+    return fused_moe_deepgemm.MAX_REL_ERR
 
 
 def reached_bytes(inputs: tuple) -> int:

@@ -93,10 +93,9 @@ def shape_error(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE, padded_
         return f"empty problem M={M}"
     if dtype != _OUT_DTYPE:
         return f"output {dtype}: only {_OUT_DTYPE} is supported"
-    if padded_scales and K % 128:
-        return f"K={K} is not a multiple of 128"
-    if K % 512 and not padded_scales:
-        return f"K={K} is not a multiple of 512 (K blocks a multiple of 4: the layout verified on the H100)"
+    if K % (SCALE_BLOCK if padded_scales else 4 * SCALE_BLOCK):
+        return (f"K={K} is not a multiple of 128" if padded_scales else
+                f"K={K} is not a multiple of 512 (K blocks a multiple of 4: the layout verified on the H100)")
     if N % 16:
         return f"N={N} is not a multiple of 16"
     return None

@@ -165,11 +165,11 @@ def warm(problems: Iterable[MoeProblem], device: torch.device | None = None) -> 
     done: set[tuple[int, ...]] = set()
     for p in dict.fromkeys(problems):
         try:
-            run = launcher(p)
             T, H, inter, E, k = p.token, p.model_dim, p.inter_dim, p.expert, p.topk
             key = (rows_bound(T * k, E, getattr(dg_impl.module(), ALIGNMENT)()), H, inter, E)
             if key in done:
                 continue
+            run = launcher(p)
             done.add(key)
             blocks = (-(-2 * inter // SCALE_BLOCK), -(-H // SCALE_BLOCK), -(-inter // SCALE_BLOCK))
             ids = (torch.arange(T * k, device=device) % E).view(T, k).to(torch.int32)
