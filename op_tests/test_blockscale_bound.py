@@ -292,13 +292,17 @@ def test_checked_maps_compare_with_tritons_own_map(compiled_gemm, monkeypatch):
 
 def test_cpp_tensor_map_specs_are_checked(compiled_gemm):
     """The C++ side takes a map spec only of rank 1-5 with 128-byte ``keep``, at a 64-byte aligned 128-byte parameter
-    addressing an input; without a driver (this CPU) it encodes nothing."""
+    addressing an input; without a CUDA driver it encodes nothing, with one it encodes the 128-byte map."""
     if EXT is None or not hasattr(EXT, "tensormap_encode"):
         pytest.skip("the C++ eager extension (with tensor maps) is not built")
     ops, (launch,), _ = launches_of("base_tma_m97", lambda i: compiled_gemm["base_tma_m97"][i])
     pa = triton_launch.plan_args(launch.compiled, launch.grid, launch.args, launch.inputs, launch.outputs)
     spec = pa.tensor_maps[0]
-    assert EXT.tensormap_encode(spec, ops[0].data_ptr()) is None  # no libcuda loaded here
+    encoded = EXT.tensormap_encode(spec, ops[0].data_ptr())
+    if torch.cuda.is_available():
+        assert isinstance(encoded, bytes) and len(encoded) == 128
+    else:
+        assert encoded is None  # no libcuda loaded here
     for bad in ((*spec[:3], (1,) * 6, *spec[4:]), (*spec[:-1], b"short")):
         with pytest.raises(ValueError):
             EXT.tensormap_encode(bad, 0)
