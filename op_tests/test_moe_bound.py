@@ -409,6 +409,30 @@ def test_runners_bind_only_compiled_launches_with_the_extension(monkeypatch):
     assert isinstance(runner, moe_backend.BoundRunner) and (runner.config1, runner.activation) == (c1, "gelu")
 
 
+@pytest.mark.interpreted
+def test_overhead_bench_moe_rows_time_the_runner_against_tritons_launcher(emulated, monkeypatch):
+    """The overhead bench's MoE rows (bf16, FP8): Triton's launches of the default configs against the backend's
+    runner of the same configs, the note naming the launches bound (here over emulated plans)."""
+    from benchmarks import overhead
+
+    monkeypatch.setattr(moe_backend, "binds", lambda: True)
+    timed = []
+
+    def measure(ref, ours, n, repeats, sync):
+        outs = [ours(), ours(), ref()]  # binds, runs bound; Triton's launches
+        timed.append(all(torch.equal(o, outs[2]) for o in outs[:2]))
+        return 30.0, 10.0, -20.0
+
+    monkeypatch.setattr(overhead, "measure", measure)
+    rows = overhead._moe_rows(torch.device("cpu"), 40, 3, lambda: None)
+    assert timed == [True, True]
+    assert [(r["label"], r["provider"], r["vs"], r["added_us"]) for r in rows] == [
+        ("fused_moe_bf16", "moe_runner_bound", "triton_launcher", "-20.000"),
+        ("fused_moe_fp8", "moe_runner_bound", "triton_launcher", "-20.000")]
+    for r in rows:
+        assert r["note"].endswith(f": bound launches: {ALIGN}, {GEMM}, {GEMM}") and r["note"].startswith("E=8 topk=2")
+
+
 # ---- GPU: the bound launches give what Triton's launches give ----------------------------------------------------
 #: name -> (GEMM1's config, GEMM2's config) on (E 16, k 4, H 512, I 256); None: the default configs.
 GPU_CONFIGS = {
