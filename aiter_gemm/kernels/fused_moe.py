@@ -336,9 +336,9 @@ def check_expert_ids(topk_ids: torch.Tensor, experts: int) -> None:
 def k_splits(K: int, cfg: MoeConfig) -> tuple[int, int]:
     """(K blocks per split, splits) of ``cfg`` over K: no empty trailing split, so a ``split_k`` above the K blocks
     runs fewer splits (one split: the plain, non-atomic path)."""
-    k_blocks = triton.cdiv(K, cfg.block_k)
-    per_split = triton.cdiv(k_blocks, cfg.split_k)
-    return per_split, triton.cdiv(k_blocks, per_split)
+    k_blocks = -(-K // cfg.block_k)  # ceil divisions: per call, where triton.cdiv (3.9: a constexpr function) costs
+    per_split = -(-k_blocks // cfg.split_k)
+    return per_split, -(-k_blocks // per_split)
 
 
 def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *, a_row_div: int, c_row_div: int,
@@ -435,7 +435,7 @@ def launch_fused_moe(
 
     # GEMM2 sums the k slots itself (KSUM) into per-(token, column tile) counters that GEMM1 clears.
     ksum = config2.ksum and topk > 1 and k_splits(inter_dim, config2)[1] == 1
-    counters = torch.empty(T * triton.cdiv(H, config2.block_n), dtype=torch.int32, device=dev) if ksum else None
+    counters = torch.empty(T * -(-H // config2.block_n), dtype=torch.int32, device=dev) if ksum else None
     common = dict(activation=activation, num_pairs=num_pairs, topk=topk, launches=launches)
 
     # GEMM1: (T, H) tokens -> (T * k, I) act(gate) * up, one row per pair.
@@ -465,7 +465,7 @@ def launch_fused_moe(
         _moe_gemm(a2, a2_scale, w2, w2_scale, acc, weights, rows_of(config2), H, config2, **{**gemm2,
                   "c_row_div": topk})
         return acc.to(dtype)
-    out = torch.empty((T, H), dtype=dtype, device=dev)
+    out = torch.empty((T, H), dtype=dtype, device=dev) if topk == 1 or ksum else None
     if topk == 1:
         _moe_gemm(a2, a2_scale, w2, w2_scale, out, weights, rows_of(config2), H, config2, **gemm2)
         return out
