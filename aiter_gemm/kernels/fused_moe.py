@@ -413,10 +413,11 @@ def launch_fused_moe(
     config1: MoeConfig, config2: MoeConfig, launches: LaunchSequence | None = None,
 ) -> torch.Tensor:
     """:func:`fused_moe_triton` without its checks, for callers that validated this key's inputs and configs already
-    (the op's runners: once per key, the expert ids per call). ``launches``: the bound launches of this call's
-    layout (:class:`~aiter_gemm.triton_launch.LaunchSequence`: the sorts, GEMM1, its split-K epilogue, GEMM2, in
-    the order made), or the list recording Triton's launches to bind; outputs and scratch stay torch allocations
-    made here, passed to each plan with the call's tensors."""
+    (the op's runners: once per key, the expert ids per call). ``launches``
+    (:class:`~aiter_gemm.triton_launch.LaunchSequence`): the plans of this call's layout, one per launch in the
+    order made (the sorts, GEMM1, its split-K epilogue, GEMM2), or the record of Triton's launches to bind; the
+    intermediate, outputs and workspaces stay torch allocations made here, given to each plan with the call's
+    tensors (a sort's plan allocates its outputs)."""
     fp8 = w1_scale is not None
     T, H = hidden_states.shape
     E, inter_dim, topk = w1.shape[0], w1.shape[1] // 2, topk_ids.shape[1]
