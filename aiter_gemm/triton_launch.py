@@ -8,7 +8,8 @@ the arguments of the Triton launch that made it: grid, integers, block and share
 gives tensors of the same dtype, device, sizes and strides (pointers 16-byte aligned where the bound ones were: Triton
 specialized the kernel on it), which the C++ side checks before it allocates the outputs, writes the pointers into the
 packed parameters and launches on torch's current stream. A caller caches plans under a key that fixes every
-integer argument (shapes and strides) and runs Triton's launch where :func:`run` says None.
+integer argument (shapes and strides) and runs Triton's launch where :func:`run` says None; an op that makes several
+launches per call (the fused MoE) binds each and replays them in order through a :class:`LaunchSequence`.
 
 The parameters follow Triton's kernel ABI: the non-constexpr arguments of the kernel's specialized signature in
 order, then Triton's trailing scratch pointers (global, and profile from Triton 3.5). A host-side tensor descriptor
