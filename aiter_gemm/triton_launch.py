@@ -8,7 +8,8 @@ the arguments of the Triton launch that made it: grid, integers, block and share
 gives tensors of the same dtype, device, sizes and strides (pointers 16-byte aligned where the bound ones were: Triton
 specialized the kernel on it), which the C++ side checks before it allocates the outputs, writes the pointers into the
 packed parameters and launches on torch's current stream. A caller caches plans under a key that fixes every
-integer argument (shapes and strides) and runs Triton's launch where :func:`run` says None.
+integer argument (shapes and strides) and runs Triton's launch where :func:`run` says None; an op that makes several
+launches per call (the fused MoE) binds each and replays them in order through a :class:`LaunchSequence`.
 
 The parameters follow Triton's kernel ABI: the non-constexpr arguments of the kernel's specialized signature in
 order, then Triton's trailing scratch pointers (global, and profile from Triton 3.5). A host-side tensor descriptor
@@ -39,7 +40,8 @@ from aiter_gemm.op_entry import EXT
 
 log = logging.getLogger("aiter_gemm")
 
-__all__ = ["Launch", "Unsupported", "bind", "bind_all", "hooks_owner", "plan_args", "ptx_params", "run"]
+__all__ = ["Launch", "LaunchSequence", "Unsupported", "bind", "bind_all", "bind_each", "hooks_owner", "plan_args",
+           "ptx_params", "run"]
 
 #: The bound launch: ``run(plan, *inputs)`` -> tuple of outputs, or None (not taken: run Triton's launch).
 run = None if EXT is None else EXT.triton_run
@@ -362,3 +364,40 @@ def bind_all(launches: Iterable[Launch]) -> tuple | None:
     any of them cannot be bound (:func:`bind` logs why)."""
     plans = tuple(bind(*launch) for launch in launches)
     return None if not plans or any(p is None for p in plans) else plans
+
+
+class LaunchSequence:
+    """The launches of one call of an op that makes several in a fixed order (the fused MoE: token sorting, two
+    GEMMs...), each bound or not on its own: the i-th launch runs ``plans[i]`` where that plan takes the call
+    (:meth:`run`; ``missed`` is set where one declines), else Triton's launch, which :meth:`made` records when
+    ``launches`` is a list (the call that binds). A caller keeps the plans per layout of the call's tensors, as
+    :func:`bind_all`'s callers do, so that every integer a plan fixed is the call's."""
+
+    __slots__ = ("index", "launches", "missed", "plans")
+
+    def __init__(self, plans: Sequence[Any] = (), launches: list[Launch] | None = None) -> None:
+        self.plans, self.launches, self.index, self.missed = plans, launches, 0, False
+
+    def run(self, *inputs: torch.Tensor) -> tuple | None:
+        """The next launch's plan on ``inputs``: its outputs, or None (no plan, or it declines: run Triton's)."""
+        i = self.index
+        self.index = i + 1
+        plan = self.plans[i] if i < len(self.plans) else None
+        if plan is None:
+            return None
+        got = run(plan, *inputs)
+        if got is None:
+            self.missed = True
+        return got
+
+    def made(self, compiled: Any, grid: tuple, args: Mapping[str, Any], inputs: tuple, outputs: tuple = ()) -> None:
+        """Triton's launch of the current launch (after :meth:`run` said None), recorded when binding."""
+        if self.launches is not None:
+            self.launches.append(Launch(compiled, grid, args, inputs, outputs))
+
+
+def bind_each(launches: Iterable[Launch]) -> tuple | None:
+    """The plan of each launch (None where it cannot be bound: :func:`bind` logs why), for a
+    :class:`LaunchSequence`; None where none binds."""
+    plans = tuple(bind(*launch) for launch in launches)
+    return None if all(p is None for p in plans) else plans

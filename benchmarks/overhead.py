@@ -7,9 +7,10 @@ a Triton-decided one: its bound launch, or torch's matmul where launches do not 
 activation quantizer against Triton's launcher; torch's block-scaled GEMM with its cuBLASLt plan cached against
 torch's op bound to the shape; the op, torch's block-scaled arm and the ``FP8Linear`` twin against bf16 F.linear /
 nn.Linear of the same shape; ``note`` says which launch, GEMM (its bound Triton launch or cached cuBLASLt plan, or
-why not) and call entry they took): N calls of the torch call and N of ours back to back, R times, the median of the
-per-repeat differences (``added_us``). The decisions come from a tuned CSV this bench writes to a temporary folder (the
-environment is restored afterwards).
+why not) and call entry they took), and the fused MoE's Triton runner (its launches bound) against the same launches
+through Triton's launcher, bf16 and FP8 experts (``note``: which launches were bound): N calls of the torch call
+and N of ours back to back, R times, the median of the per-repeat differences (``added_us``). The decisions come
+from a tuned CSV this bench writes to a temporary folder (the environment is restored afterwards).
 """
 
 from __future__ import annotations
@@ -184,6 +185,35 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
     return rows
 
 
+def _moe_rows(dev: torch.device, calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
+    """One decode token through a small MoE layer (8 experts, top 2, H = I = 256), bf16 and FP8 experts: the Triton
+    backend's runner for the default configs (its launches bound where they bind: the token sort, both GEMMs; FP8's
+    two activation quantizations are bound on their own) against the same launches through Triton's launcher. The
+    op's entry around the runner (its key, the per-call expert-id check) is not in either side."""
+    from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, QUANT_NONE, MoeProblem
+    from aiter_gemm.backends.fused_moe import triton as moe_triton
+    from aiter_gemm.kernels import fused_moe as fm
+    from aiter_gemm.kernels.blockscale_format import FP8
+    from aiter_gemm.ops.fused_moe import FUSED_MOE
+
+    T, H, inter, E, k = 1, 256, 256, 8, 2
+    rows = []
+    for tag, q in (("bf16", torch.bfloat16), ("fp8", FP8)):
+        fp8 = q == FP8
+        p = MoeProblem(T, H, inter, E, k, ACT_TYPES["silu"], torch.bfloat16, q, q, QUANT_BLOCK if fp8 else QUANT_NONE)
+        x = FUSED_MOE.make_inputs(p, 0, dev, 0, {}).sets[0]
+        c1 = fm.default_config(T, E, k, inter, H, fp8=fp8)
+        c2 = fm.default_config(T, E, k, H, inter, fp8=fp8)
+        runner = moe_triton.make_runner(c1, c2, "silu")
+        got = measure(lambda x=x, c1=c1, c2=c2: fm.launch_fused_moe(*x, "silu", c1, c2), lambda x=x, r=runner: r(*x),
+                      calls // 4, repeats, sync)
+        path = (runner.launch_path(*x) if isinstance(runner, moe_triton.BoundRunner)
+                else "Triton's launcher (launches do not bind here)")
+        rows.append(_row(f"fused_moe_{tag}", "moe_runner_bound", "triton_launcher", T, H, inter, got, repeats,
+                         f"E={E} topk={k}, {moe_triton.pair_name(c1.name(), c2.name())}: {path}"))
+    return rows
+
+
 def _quant_path(x2: torch.Tensor) -> str:
     """Which launch the activation quantizer's calls of x2 (M-major scales) take now, and why not the bound one."""
     from aiter_gemm.kernels import act_quant
@@ -246,6 +276,7 @@ def _cases(dev: torch.device, dtype: torch.dtype, calls: int, repeats: int, sync
         rows.append(_row("eager_switch_3d", "TunedLinear", "nn.Linear", 4, N, K, got, repeats))
         rows += _blockscale_rows(calls, repeats, sync)
         rows += _fp8_rows(calls, repeats, sync)
+        rows += _moe_rows(dev, calls, repeats, sync)
     a = torch.randn(8, K, device=dev, dtype=dtype)
     op = torch.ops.aiter_gemm.gemm_a16w16
     got = measure(lambda: F.linear(a, b), lambda: op(a, b), calls // 4, repeats, sync)

@@ -44,6 +44,7 @@ from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_
 from aiter_gemm.kernels.common import INTERPRET, tile_coords
 from aiter_gemm.kernels.fused_moe_config import MoeConfig, config_error, config_space, default_config, usage_error
 from aiter_gemm.kernels.moe_align import moe_align_block_size
+from aiter_gemm.triton_launch import LaunchSequence
 
 __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "config_space", "default_config",
            "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size"]
@@ -335,38 +336,43 @@ def check_expert_ids(topk_ids: torch.Tensor, experts: int) -> None:
 def k_splits(K: int, cfg: MoeConfig) -> tuple[int, int]:
     """(K blocks per split, splits) of ``cfg`` over K: no empty trailing split, so a ``split_k`` above the K blocks
     runs fewer splits (one split: the plain, non-atomic path)."""
-    k_blocks = triton.cdiv(K, cfg.block_k)
-    per_split = triton.cdiv(k_blocks, cfg.split_k)
-    return per_split, triton.cdiv(k_blocks, per_split)
+    k_blocks = -(-K // cfg.block_k)  # ceil divisions: per call, where triton.cdiv (3.9: a constexpr function) costs
+    per_split = -(-k_blocks // cfg.split_k)
+    return per_split, -(-k_blocks // per_split)
 
 
 def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *, a_row_div: int, c_row_div: int,
               gated: bool, activation: str, num_pairs: int, topk: int, zero: torch.Tensor | None = None,
-              ksum: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+              ksum: tuple[torch.Tensor, torch.Tensor] | None = None, launches: LaunchSequence | None = None) -> None:
     """Launch one grouped GEMM (see :func:`_fused_moe_kernel`) of ``n`` output columns over ``w``'s K. ``rows``:
     the align triple, or ``topk_ids`` for a ``DIRECT`` config; ``a_scale`` None with FP8 weights: ``cfg`` is ``QA``
     and ``a`` is quantized in the kernel. ``zero``: counters to clear first; ``ksum``: (counters, out) of GEMM2's
-    fused k-sum into ``out`` (c then holds the per-pair rows)."""
-    K = a.shape[1]
-    per_split, splits = k_splits(K, cfg)
+    fused k-sum into ``out`` (c then holds the per-pair rows). ``launches``: the call's bound launches, whose plan
+    takes the pointer arguments (every tensor of the launch, given per call)."""
     if cfg.direct:
         sorted_ids = expert_ids = num_post = rows
-        num_m_blocks = num_pairs
     else:
         sorted_ids, expert_ids, num_post = rows
-        num_m_blocks = expert_ids.numel()
+    counters, out = ksum if ksum is not None else (zero, None)
     fp8 = w_scale is not None
+    # The kernel's pointer arguments in order; an unused one takes a tensor of the launch (never read).
+    pointers = (a, w, c, a_scale if a_scale is not None else a, w_scale if fp8 else w,
+                topk_weight if topk_weight is not None else a, sorted_ids, expert_ids, num_post,
+                counters if counters is not None else a, out if out is not None else c)
+    if launches is not None and launches.run(*pointers) is not None:
+        return
+    K = a.shape[1]
+    per_split, splits = k_splits(K, cfg)
+    num_m_blocks = num_pairs if cfg.direct else expert_ids.numel()
     scales = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
     scales += (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if fp8 else (0, 0, 0)
     grid = (num_m_blocks * triton.cdiv(n, cfg.block_n), splits)
-    counters, out = ksum if ksum is not None else (zero, None)
-    _fused_moe_kernel[grid](
-        a, w, c, a_scale if a_scale is not None else a, w_scale if fp8 else w,
-        topk_weight if topk_weight is not None else a, sorted_ids, expert_ids, num_post,
-        counters if counters is not None else a, out if out is not None else c,
-        n, K, num_pairs, w.shape[0], per_split, num_m_blocks, 0 if zero is None else zero.numel(),
+    args = dict(zip(_fused_moe_kernel.arg_names, (  # the runtime arguments, by name: what a plan packs
+        *pointers, n, K, num_pairs, w.shape[0], per_split, num_m_blocks, 0 if zero is None else zero.numel(),
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
-        0 if out is None else out.stride(0), *scales,
+        0 if out is None else out.stride(0), *scales)))
+    compiled = _fused_moe_kernel[grid](
+        **args,
         A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div, GATED=gated, ACTIVATION=activation,
         MUL_ROUTED_WEIGHT=topk_weight is not None, FP8=fp8, QUANT_A=cfg.quant_a, DIRECT=cfg.direct,
         KSUM=ksum is not None, TOPK=topk,
@@ -376,6 +382,8 @@ def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *
         GROUP_M=cfg.group_m, EVEN_K=K % cfg.block_k == 0, UPCAST=INTERPRET, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if launches is not None:
+        launches.made(compiled, grid, args, pointers)
 
 
 def fused_moe_triton(
@@ -402,10 +410,14 @@ def fused_moe_triton(
 def launch_fused_moe(
     hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
     topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, activation: str,
-    config1: MoeConfig, config2: MoeConfig,
+    config1: MoeConfig, config2: MoeConfig, launches: LaunchSequence | None = None,
 ) -> torch.Tensor:
     """:func:`fused_moe_triton` without its checks, for callers that validated this key's inputs and configs already
-    (the op's runners: once per key, the expert ids per call)."""
+    (the op's runners: once per key, the expert ids per call). ``launches``
+    (:class:`~aiter_gemm.triton_launch.LaunchSequence`): the plans of this call's layout, one per launch in the
+    order made (the sorts, GEMM1, its split-K epilogue, GEMM2), or the record of Triton's launches to bind; the
+    intermediate, outputs and workspaces stay torch allocations made here, given to each plan with the call's
+    tensors (a sort's plan allocates its outputs)."""
     fp8 = w1_scale is not None
     T, H = hidden_states.shape
     E, inter_dim, topk = w1.shape[0], w1.shape[1] // 2, topk_ids.shape[1]
@@ -419,13 +431,13 @@ def launch_fused_moe(
         if cfg.direct:
             return topk_ids
         if cfg.block_m not in aligned:
-            aligned[cfg.block_m] = moe_align_block_size(topk_ids, E, cfg.block_m)
+            aligned[cfg.block_m] = moe_align_block_size(topk_ids, E, cfg.block_m, launches)
         return aligned[cfg.block_m]
 
     # GEMM2 sums the k slots itself (KSUM) into per-(token, column tile) counters that GEMM1 clears.
     ksum = config2.ksum and topk > 1 and k_splits(inter_dim, config2)[1] == 1
-    counters = torch.empty(T * triton.cdiv(H, config2.block_n), dtype=torch.int32, device=dev) if ksum else None
-    common = dict(activation=activation, num_pairs=num_pairs, topk=topk)
+    counters = torch.empty(T * -(-H // config2.block_n), dtype=torch.int32, device=dev) if ksum else None
+    common = dict(activation=activation, num_pairs=num_pairs, topk=topk, launches=launches)
 
     # GEMM1: (T, H) tokens -> (T * k, I) act(gate) * up, one row per pair.
     a1, a1_scale = per_token_group_quant_fp8(hidden_states) if fp8 and not config1.quant_a else (hidden_states, None)
@@ -434,9 +446,14 @@ def launch_fused_moe(
     if k_splits(H, config1)[1] > 1:
         ws = torch.zeros((num_pairs, 2 * inter_dim), dtype=torch.float32, device=dev)
         _moe_gemm(a1, a1_scale, w1, w1_scale, ws, None, rows_of(config1), inter_dim, config1, **gemm1)
-        block = min(1024, triton.next_power_of_2(inter_dim))
-        _act_mul_kernel[(num_pairs, triton.cdiv(inter_dim, block))](
-            ws, inter, inter_dim, ws.stride(0), inter.stride(0), ACTIVATION=activation, BLOCK_N=block, num_warps=4)
+        if launches is None or launches.run(ws, inter) is None:
+            block = min(1024, triton.next_power_of_2(inter_dim))
+            grid = (num_pairs, triton.cdiv(inter_dim, block))
+            args = {"ws_ptr": ws, "out_ptr": inter, "N": inter_dim, "stride_wm": ws.stride(0),
+                    "stride_om": inter.stride(0)}
+            compiled = _act_mul_kernel[grid](**args, ACTIVATION=activation, BLOCK_N=block, num_warps=4)
+            if launches is not None:
+                launches.made(compiled, grid, args, (ws, inter))
     else:
         _moe_gemm(a1, a1_scale, w1, w1_scale, inter, None, rows_of(config1), inter_dim, config1, **gemm1)
 
@@ -449,7 +466,7 @@ def launch_fused_moe(
         _moe_gemm(a2, a2_scale, w2, w2_scale, acc, weights, rows_of(config2), H, config2, **{**gemm2,
                   "c_row_div": topk})
         return acc.to(dtype)
-    out = torch.empty((T, H), dtype=dtype, device=dev)
+    out = torch.empty((T, H), dtype=dtype, device=dev) if topk == 1 or ksum else None
     if topk == 1:
         _moe_gemm(a2, a2_scale, w2, w2_scale, out, weights, rows_of(config2), H, config2, **gemm2)
         return out

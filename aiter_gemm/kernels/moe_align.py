@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from aiter_gemm.triton_launch import LaunchSequence
+
 __all__ = ["moe_align_block_size", "moe_align_block_size_ref", "padded_bound"]
 
 # Pairs (and slots) handled per loop step of the one program: 1024 lanes over its 8 warps.
@@ -78,7 +80,7 @@ def _moe_align_kernel(
 
 
 def moe_align_block_size(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int,
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, launches: LaunchSequence | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted_token_ids, expert_ids, num_tokens_post_padded) of ``topk_ids`` (T, k), one launch, no host sync.
 
@@ -86,7 +88,12 @@ def moe_align_block_size(
     expert in ascending expert order, each expert's run padded with the sentinel ``T * k`` to a multiple of
     ``block_m``; pairs whose id is outside [0, E) come last, in a run of their own. ``expert_ids`` (one int32 per
     ``block_m`` slots): the expert of each block, ``-1`` for the bad-id run and past the end.
-    ``num_tokens_post_padded`` (1 int32): the slots in use; experts without a pair have no block."""
+    ``num_tokens_post_padded`` (1 int32): the slots in use; experts without a pair have no block. ``launches``: the
+    caller's bound launches (:class:`~aiter_gemm.triton_launch.LaunchSequence`; the plan allocates the outputs)."""
+    if launches is not None:
+        got = launches.run(topk_ids)
+        if got is not None:
+            return got[0], got[1], got[2]
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"moe_align_block_size: topk_ids must be a 2-D int32/int64 tensor (T, k), got shape "
                          f"{tuple(topk_ids.shape)} dtype {topk_ids.dtype}")
@@ -102,10 +109,13 @@ def moe_align_block_size(
     num_post = torch.empty(1, dtype=torch.int32, device=dev)
     num_bins = triton.next_power_of_2(num_experts + 1)
     cursor = torch.empty(num_bins, dtype=torch.int32, device=dev)
-    _moe_align_kernel[(1,)](
-        ids, sorted_ids, expert_ids, num_post, cursor, numel, num_experts, bound, num_blocks,
-        BLOCK_M=block_m, NUM_BINS=num_bins, CHUNK=_CHUNK, BLOCK_CHUNK=_BLOCK_CHUNK, num_warps=8,
-    )
+    args = {"ids_ptr": ids, "sorted_ptr": sorted_ids, "expert_ids_ptr": expert_ids, "num_post_ptr": num_post,
+            "cursor_ptr": cursor, "numel": numel, "num_experts": num_experts, "bound": bound,
+            "num_blocks": num_blocks}
+    compiled = _moe_align_kernel[(1,)](**args, BLOCK_M=block_m, NUM_BINS=num_bins, CHUNK=_CHUNK,
+                                       BLOCK_CHUNK=_BLOCK_CHUNK, num_warps=8)
+    if launches is not None:
+        launches.made(compiled, (1,), args, (ids,), (sorted_ids, expert_ids, num_post, cursor))
     return sorted_ids, expert_ids, num_post
 
 

@@ -7,6 +7,11 @@ differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`), as a tuned row's ``ke
 vLLM's and SGLang's JSON values (one config for both GEMMs) read as such a pair (:meth:`parse_json_entry`).
 :func:`~aiter_gemm.kernels.fused_moe.config_error` is the one rule of what runs, for the tuner and the runtime; the
 default on a GPU (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.fused_moe.default_config` of each GEMM.
+
+Where the C++ extension is built and Triton compiles, the runner binds its launches (the token sorts, both GEMMs,
+a split GEMM1's epilogue: :mod:`aiter_gemm.triton_launch`) on the first call of each layout of its tensors, after
+Triton's own launches, and later eager calls launch them from C++, each plan checking the call's tensors; calls
+under CUDA-graph capture run Triton's launches as before (a graph has no per-call host cost to save).
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
+from aiter_gemm import cudagraph, triton_launch
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends.a8w8_blockscale.triton import binds
 from aiter_gemm.backends.base import Backend, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import pair_name, stage_names
 from aiter_gemm.backends.fused_moe import problem_error as moe_problem_error
@@ -42,6 +51,108 @@ def problem_error(p: MoeProblem) -> str | None:
     """Why the kernels cannot run ``p`` whatever the configs (the op's shared rule, :func:`~aiter_gemm.backends.
     fused_moe.problem_error`)."""
     return moe_problem_error(p, NAME, fm.ACTIVATIONS, "the kernels")
+
+
+def make_runner(config1: MoeConfig, config2: MoeConfig, activation: str):
+    """The runner of one problem's configs: a :class:`BoundRunner` where launches bind (:func:`~aiter_gemm.backends.
+    a8w8_blockscale.triton.binds`), else Triton's launches."""
+    if binds():
+        return BoundRunner(config1, config2, activation)
+
+    def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
+        # The op checked this key's inputs at its first call and checks the expert ids per call.
+        return fm.launch_fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation,
+                                   config1, config2)
+
+    return run
+
+
+_UNTRIED = object()
+
+
+def _kernel_name(compiled: Any) -> str:
+    return getattr(getattr(compiled, "metadata", None), "name", type(compiled).__name__)
+
+
+class BoundRunner:
+    """One problem's runner with bound launches: per layout of its tensors (dtypes, shapes, strides, device) the
+    first call runs Triton's launches and binds each (:func:`~aiter_gemm.triton_launch.bind_each`); later calls run
+    the plans of the last layout bound, each launch falling back to Triton's where its plan declines (another
+    layout, a misaligned tensor, another current device, a launch hook), after which the next call looks its layout
+    up. A launch that cannot be bound is logged once (:func:`~aiter_gemm.triton_launch.bind`) and keeps Triton's
+    launch; CUDA-graph capture runs Triton's launches. The problem (token count, sizes, expert count, top-k) is the
+    runner's, so a plan's checks of its tensors cover every integer it fixed."""
+
+    __slots__ = ("_capturing", "_kernels", "_last", "_plans", "activation", "config1", "config2")
+    _MAX_LAYOUTS = 64  # past this many the plans start over
+
+    def __init__(self, config1: MoeConfig, config2: MoeConfig, activation: str) -> None:
+        self.config1, self.config2, self.activation = config1, config2, activation
+        self._capturing = cudagraph.probe()
+        self._last: tuple | None = None  # the plans of the last layout bound (None entries: Triton's launch)
+        self._plans: dict[tuple, tuple | None] = {}  # layout -> plans, None: nothing binds (Triton's launches)
+        self._kernels: dict[tuple, tuple[str, ...]] = {}  # layout -> the kernel of each launch (launch_path)
+
+    def __call__(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
+                 topk_ids: torch.Tensor, w1_scale: torch.Tensor | None = None,
+                 w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+        tensors = (hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale)
+        last = self._last
+        if last is not None and not self._capturing():  # every eager call after the first
+            launches = triton_launch.LaunchSequence(last)
+            out = self._launch(tensors, launches)
+            if launches.missed:  # another layout (or a hook...): the next call looks its own up
+                self._last = None
+            return out
+        if self._capturing():
+            return self._launch(tensors, None)
+        key = self.layout(*tensors)
+        plans = self._plans.get(key, _UNTRIED)
+        if plans is _UNTRIED:
+            # A misaligned tensor is not bound (Triton specializes the kernels on aligned pointers): a later aligned
+            # call of the layout binds it.
+            if not hidden_states.is_cuda or any(t.data_ptr() % 16 for t in tensors if t is not None):
+                return self._launch(tensors, None)
+            launches = triton_launch.LaunchSequence(launches=[])
+            out = self._launch(tensors, launches)
+            if len(self._plans) >= self._MAX_LAYOUTS:
+                self._plans.clear()
+                self._kernels.clear()
+            self._last = self._plans[key] = triton_launch.bind_each(launches.launches)
+            self._kernels[key] = tuple(_kernel_name(launch.compiled) for launch in launches.launches)
+            return out
+        if plans is None:
+            return self._launch(tensors, None)
+        self._last = plans
+        return self._launch(tensors, triton_launch.LaunchSequence(plans))
+
+    def _launch(self, tensors: tuple, launches: triton_launch.LaunchSequence | None) -> torch.Tensor:
+        # The op checked this key's inputs at its first call and checks the expert ids per call.
+        return fm.launch_fused_moe(*tensors, self.activation, self.config1, self.config2, launches)
+
+    @staticmethod
+    def layout(*tensors: torch.Tensor | None) -> tuple:
+        """A call's layout: each tensor's dtype, shape and strides (None for an absent scale), and the device."""
+        return (*((t.dtype, t.shape, t.stride()) if t is not None else None for t in tensors), tensors[0].device)
+
+    def launch_path(self, *tensors: torch.Tensor | None) -> str:
+        """Which launches a call with these tensors takes now (benchmarks' notes): the kernels bound, in launch
+        order, and those left to Triton's launcher; or why none is bound. Runs the call once."""
+        key = self.layout(*tensors)
+        plans = self._plans.get(key, _UNTRIED)
+        if plans is _UNTRIED:
+            return "Triton's launcher (not called yet with this layout)"
+        if plans is None:
+            return "Triton's launcher (nothing bound: the log says why)"
+        launches = triton_launch.LaunchSequence(plans)
+        self._launch(tensors, launches)
+        if launches.missed:
+            return "Triton's launcher (a plan declines: a launch hook, another device current, a misaligned view)"
+        names = self._kernels.get(key, ())
+        bound = [n for n, p in zip(names, plans) if p is not None]
+        unbound = [n for n, p in zip(names, plans) if p is None]
+        return f"bound launches: {', '.join(bound)}" + (f"; Triton's launcher: {', '.join(unbound)} (the log says "
+                                                         "why)" if unbound else "")
 
 
 class FusedMoeTritonBackend(Backend):
@@ -73,15 +184,7 @@ class FusedMoeTritonBackend(Backend):
     def prepare(self, problem: MoeProblem, solution: Solution, device: DeviceIdentity):
         if self.why_not(problem, solution, device) is not None:
             return None
-        config1, config2 = configs_of(solution)
-        activation = problem.activation
-
-        def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
-            # The op checked this key's inputs at its first call and checks the expert ids per call.
-            return fm.launch_fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation,
-                                       config1, config2)
-
-        return run
+        return make_runner(*configs_of(solution), problem.activation)
 
     def default_for(self, problem: MoeProblem, device: DeviceIdentity) -> Solution | None:
         """Each GEMM's :func:`~aiter_gemm.kernels.fused_moe.default_config`, on a GPU (on CPU the interpreter is no
