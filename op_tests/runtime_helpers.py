@@ -1,5 +1,6 @@
-"""Helpers shared by the runtime and tuner tests: a recording fake backend, tuned-CSV writers, and running a tuner
-as a subprocess (environment, SIGKILL mid-run, resume)."""
+"""Helpers shared by the runtime and tuner tests: a recording fake backend, tuned-CSV writers, running a tuner as a
+subprocess (environment, SIGKILL mid-run, resume), and in-process stand-ins for the tuner's executor and the Triton
+build processes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
@@ -164,3 +167,23 @@ class InlineExecutor:
 
     def close(self) -> None:
         self._task = None
+
+
+class FakePool:
+    """In-process Triton build processes (:mod:`aiter_gemm.backends._triton_precompile`'s ``spawn_builders``):
+    records the process count and each submitted group; ``broken`` kernelNames' groups fail as a dead process's."""
+
+    def __init__(self, n: int, broken: tuple[str, ...] = ()) -> None:
+        self.n, self.broken, self.groups, self.shut = n, broken, [], False
+
+    def submit(self, fn, build, group) -> Future:
+        self.groups.append(group)
+        fut: Future = Future()
+        if group[0][1].kernelName in self.broken:
+            fut.set_exception(BrokenProcessPool("a process in the pool was terminated abruptly"))
+        else:
+            fut.set_result(fn(build, group))
+        return fut
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        self.shut = True

@@ -4,16 +4,19 @@ A solution's ``kernelName`` is a :class:`~aiter_gemm.kernels.a8w8_blockscale.Blo
 ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3_TMA``); ``splitK`` mirrors its split count (0 when unsplit).
 :func:`~aiter_gemm.kernels.a8w8_blockscale.config_error` is the one rule of what can run, for the tuner and the
 runtime alike. The default (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.a8w8_blockscale.default_config`.
+:meth:`~BlockscaleTritonBackend.precompile` builds the kernels of (problem, solution) jobs in parallel build processes
+into Triton's disk cache (:mod:`aiter_gemm.backends._triton_precompile`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends._triton_precompile import precompile_triton, run_once
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
@@ -25,7 +28,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
     default_config,
     gemm_a8w8_blockscale_triton,
 )
-from aiter_gemm.kernels.blockscale_format import FP8
+from aiter_gemm.kernels.blockscale_format import FP8, zero_operands
 from aiter_gemm.kernels.common import INTERPRET
 
 NAME = "triton"
@@ -99,6 +102,17 @@ class BlockscaleTritonBackend(Backend):
 
     def quick_candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
         return self._space(problem, device, quick=True)
+
+    def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
+        """Build the jobs' kernels in parallel into Triton's disk cache (each distinct job run once on zero operands,
+        :func:`build_job`); kernelName -> why for those that failed. No GPU: {}."""
+        return precompile_triton(jobs, build_job, workers=self.precompile_workers)
+
+
+def build_job(problem: GemmProblem, solution: Solution) -> None:
+    """Run ``solution`` once on ``problem``'s zero operands on this process's GPU: a build process's job."""
+    p = problem
+    run_once(BACKEND, p, solution, lambda device: (*zero_operands(p.M, p.N, p.K, device), p.otype))
 
 
 BACKEND = BlockscaleTritonBackend()

@@ -7,14 +7,19 @@ differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`), as a tuned row's ``ke
 vLLM's and SGLang's JSON values (one config for both GEMMs) read as such a pair (:meth:`parse_json_entry`).
 :func:`~aiter_gemm.kernels.fused_moe.config_error` is the one rule of what runs, for the tuner and the runtime; the
 default on a GPU (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.fused_moe.default_config` of each GEMM.
+:meth:`~FusedMoeTritonBackend.precompile` builds the kernels of (problem, solution) jobs in parallel build processes
+into Triton's disk cache (:mod:`aiter_gemm.backends._triton_precompile`; the tuner before timing, :func:`aiter_gemm.
+warmup`), one build per solution and :func:`~aiter_gemm.kernels.fused_moe.zero_block` value of the token counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends._triton_precompile import precompile_triton, run_once
 from aiter_gemm.backends.base import Backend, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import pair_name, stage_names
 from aiter_gemm.backends.fused_moe import problem_error as moe_problem_error
@@ -128,6 +133,31 @@ class FusedMoeTritonBackend(Backend):
 
     def quick_candidates(self, problem: MoeProblem, device: DeviceIdentity) -> list[Solution]:
         return self._space(problem, device, quick=True)
+
+    def precompile(self, jobs: Sequence[tuple[MoeProblem, Solution]]) -> dict[str, str]:
+        """Build the jobs' kernels in parallel into Triton's disk cache (:func:`~aiter_gemm.backends.
+        _triton_precompile.precompile_triton`: each distinct job run once, :func:`build_job`; token counts with the
+        same :func:`kernel_variant` share kernels); kernelName -> why for those that failed. No GPU: {}."""
+        return precompile_triton(jobs, build_job, kernel_variant, self.precompile_workers)
+
+
+def kernel_variant(problem: MoeProblem, solution: Solution) -> Hashable:
+    """What of ``problem`` the kernels of ``solution`` depend on: everything but the token count, which counts only
+    through :func:`~aiter_gemm.kernels.fused_moe.zero_block` (a name that does not parse: the whole problem)."""
+    try:
+        config1, config2 = configs_of(solution)
+    except ValueError:
+        return problem
+    p = problem
+    return replace(p, token=0), fm.zero_block(p.token, p.expert, p.topk, p.model_dim, p.inter_dim, config1, config2)
+
+
+def build_job(problem: MoeProblem, solution: Solution) -> None:
+    """Run ``solution`` once on ``problem``'s sizes on zero experts (:func:`~aiter_gemm.kernels.fused_moe.
+    zero_inputs`) on this process's GPU, so Triton builds (or loads) what its calls launch: a build process's job."""
+    p = problem
+    run_once(BACKEND, p, solution, lambda device: fm.zero_inputs(p.token, p.model_dim, p.inter_dim, p.expert, p.topk,
+                                                                 p.dtype, p.fp8, device))
 
 
 BACKEND = FusedMoeTritonBackend()
