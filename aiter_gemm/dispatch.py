@@ -362,13 +362,13 @@ class Dispatcher:
     def _eager_choice(self, problem: Problem, device: DeviceIdentity, sol: Solution,
                       row: TunedRow | None) -> tuple[Solution, Any] | None:
         """What eager (non-capturing) calls run instead of ``sol``, or None for ``sol`` itself: on a GPU, a backend
-        whose launches cost more host time than the library call's (``cheap_launch`` False, a row faster than the
+        whose launches cost more host time than the library call's (``launch_is_cheap`` False, a row faster than the
         backend's ``eager_min_us``, or M above its ``eager_max_m``) keeps only rows timed eagerly; otherwise the
         default among cheap-launch backends runs (docs/eager_path.md)."""
         if not device.is_gpu:
             return None
         backend = self.backend(sol.libtype)
-        if (backend.cheap_launch and (row is None or row.us >= backend.eager_min_us)
+        if (backend.launch_is_cheap(problem, sol, device) and (row is None or row.us >= backend.eager_min_us)
                 and not (backend.eager_max_m and problem.M > backend.eager_max_m)):
             return None
         if row is not None and row.values.get("timing") == "eager":
@@ -447,10 +447,12 @@ class Dispatcher:
             found = [self.backend(b.name) for b in registry.available_backends(self.op.backends)]
             self._defaults = sorted(found, key=lambda b: -b.default_priority)
         for backend in self._defaults:
-            if (problem.bpreshuffle and not backend.is_blaslt) or (cheap_only and not backend.cheap_launch):
+            if problem.bpreshuffle and not backend.is_blaslt:
                 continue
             sol = backend.eager_default_for(problem, device) if cheap_only else backend.default_for(problem, device)
-            if sol is not None and backend.why_not(problem, sol, device) is None:
+            if sol is None or (cheap_only and not backend.launch_is_cheap(problem, sol, device)):
+                continue
+            if backend.why_not(problem, sol, device) is None:
                 yield backend, sol
 
     def _default_choice(self, problem: Problem, device: DeviceIdentity, cheap_only: bool = False

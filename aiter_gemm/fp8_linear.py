@@ -102,9 +102,10 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     if m_major is None:
-        # Eager calls run torch's matmul (torch rows; Triton rows and TileLang rows above M = 4 give way to it) or
-        # a TileLang kernel at M <= 4, which has an M-major variant: M-major serves them all without a copy, and
-        # skips the per-call layout lookup, a measurable share of an eager decode step (docs/exploration.md).
+        # Eager calls run torch's matmul (torch rows; TileLang rows above M = 4, and Triton rows where Triton's
+        # launches are not bound, give way to it), a TileLang kernel at M <= 4, which has an M-major variant, or a
+        # Triton kernel through its bound launch, which takes either layout: M-major serves them all without a copy,
+        # and skips the per-call layout lookup, a measurable share of an eager decode step (docs/exploration.md).
         m_major = gemm is None and (not _capturing() or x_scale_m_major(x2.shape[0], weight.shape[0], K, x.dtype,
                                                                         x.is_cuda))
     xq, xs = per_token_group_quant_fp8(x2, m_major)

@@ -10,21 +10,22 @@ log = logging.getLogger("aiter_gemm")
 
 
 class WarnOnce:
-    """Log a warning the first time a key is seen (per instance; :meth:`clear` forgets). A row that cannot run is
-    looked at once per shape, and a model has hundreds of shapes: one line per cause, not per shape."""
+    """Log a warning (or ``level``) the first time a key is seen (per instance; :meth:`clear` forgets). A row that
+    cannot run is looked at once per shape, and a model has hundreds of shapes: one line per cause, not per shape."""
 
-    def __init__(self, logger: logging.Logger = log) -> None:
+    def __init__(self, logger: logging.Logger = log, level: int = logging.WARNING) -> None:
         self._logger = logger
+        self._level = level
         self._seen: set[Hashable] = set()
         self._lock = threading.Lock()
 
     def __call__(self, key: Hashable, msg: str, *args: object) -> bool:
-        """Warn ``msg % args`` unless ``key`` was warned about; True if this call logged."""
+        """Log ``msg % args`` unless ``key`` was logged; True if this call logged."""
         with self._lock:
             if key in self._seen:
                 return False
             self._seen.add(key)
-        self._logger.warning(msg, *args)
+        self._logger.log(self._level, msg, *args)
         return True
 
     def clear(self) -> None:

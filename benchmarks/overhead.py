@@ -2,12 +2,14 @@
 
 For an exact hit, a padded hit and a default decision (2-D A), an exact hit with a 3-D A, ``TunedLinear`` against the
 ``nn.Linear`` it replaces, the ``torch.ops`` custom op that compiled graphs call, and on a GPU a graph-timed row whose
-eager calls run F.linear, ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call, and FP8 linears
-(the bound activation quantizer against Triton's launcher; the op, torch's block-scaled arm and the ``FP8Linear``
-twin against bf16 F.linear / nn.Linear of the same shape; ``note`` says which launch, GEMM and call entry they
-took): N calls of the torch
-call and N of ours back to back, R times, the median of the per-repeat differences (``added_us``). The decisions come
-from a tuned CSV this bench writes to a temporary folder (the environment is restored afterwards).
+eager calls run F.linear, ``gemm_a8w8_blockscale`` against the plain ``F.scaled_mm`` call (torch-decided shapes and
+a Triton-decided one: its bound launch, or torch's matmul where launches do not bind), and FP8 linears (the bound
+activation quantizer against Triton's launcher; torch's block-scaled GEMM with its cuBLASLt plan cached against
+torch's op bound to the shape; the op, torch's block-scaled arm and the ``FP8Linear`` twin against bf16 F.linear /
+nn.Linear of the same shape; ``note`` says which launch, GEMM (its bound Triton launch or cached cuBLASLt plan, or
+why not) and call entry they took): N calls of the torch call and N of ours back to back, R times, the median of the
+per-repeat differences (``added_us``). The decisions come from a tuned CSV this bench writes to a temporary folder (the
+environment is restored afterwards).
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def _tuned_csv(path: Path, dev: torch.device, dtype: torch.dtype) -> None:
 
 def _blockscale_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
     """The block-scale op against the plain call of torch's block-scaled matmul: torch-decided (M a multiple of 4,
-    and padded) and a Triton-decided shape whose eager calls run torch's."""
+    and padded) and a Triton-decided shape, whose eager calls run its bound launch (``triton_bound``), or torch's
+    where launches do not bind (``eager_switch``)."""
     from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
     from aiter_gemm.kernels.a8w8_blockscale import quantize_blockscale
     from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
@@ -88,15 +91,48 @@ def _blockscale_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list
     if torch_impl.unavailable_reason(torch.device("cuda")) is not None:
         return []
     n, k, rows = 256, 512, []
-    for case, m in (("torch", 1024), ("torch_padded", 1027), ("eager_switch", 128)):
+    for case, m in (("torch", 1024), ("torch_padded", 1027), ("triton", 128)):
         ops = tuple(t.cuda() for t in quantize_blockscale(torch.randn(m, k), torch.randn(n, k)))
         cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
-        if cfg["eager_libtype"] != "torch" or (cfg["libtype"] == "torch") != (case != "eager_switch"):
+        if cfg["libtype"] != case.split("_")[0] or cfg["eager_libtype"] not in ("torch", cfg["libtype"]):
             raise RuntimeError(f"blockscale case {case}: the dispatch decided {cfg}")
+        if case == "triton":
+            case = "triton_bound" if cfg["eager_libtype"] == "triton" else "eager_switch"
         got = measure(lambda ops=ops: torch_impl.gemm_a8w8_blockscale_torch(*ops),
                       lambda ops=ops: gemm_a8w8_blockscale(*ops), calls // 4, repeats, sync)
-        rows.append(_row(case, "dispatch_blockscale", "torch_blockscale", m, n, k, got, repeats))
+        rows.append(_row(case, "dispatch_blockscale", "torch_blockscale", m, n, k, got, repeats,
+                         f"gemm: {_gemm_path(cfg, ops)}"))
     return rows
+
+
+def _gemm_path(cfg: dict, ops: tuple) -> str:
+    """What the block-scale op's eager calls of ``ops`` run (``cfg``: the shape's decision as
+    ``get_GEMM_A8W8_BLOCKSCALE_config`` reports it): torch's matmul, or the Triton runner's launch now, bound or
+    Triton's launcher (and why)."""
+    from aiter_gemm.backends.base import GemmProblem
+
+    eager = cfg["eager_libtype"]
+    what = eager if eager == cfg["libtype"] else f"{eager} (eager switch from {cfg['libtype']})"
+    if eager not in ("triton", "torch"):
+        return what
+    disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
+    XQ, WQ = ops[0], ops[1]
+    M, N, K = XQ.shape[0], WQ.shape[0], XQ.shape[1]
+    dec = disp.decide(GemmProblem(M, N, K, False, XQ.dtype, torch.bfloat16), True)
+    runner = dec.eager_runner or dec.runner
+    if eager == "torch":
+        return f"{what}, {_lt_path(runner, M, N, K)}"
+    path = getattr(runner, "launch_path", None)
+    return f"{what}, {path(*ops, torch.bfloat16) if path else 'Triton launcher (launches do not bind here)'}"
+
+
+def _lt_path(runner: Callable, M: int, N: int, K: int) -> str:
+    """Whether torch's block-scale runner for (M, N, K) has its cuBLASLt plan cached, and why not."""
+    from aiter_gemm.kernels import a8w8_blockscale_torch as torch_impl
+
+    if isinstance(runner, torch_impl.LtBlockwiseRunner):
+        return "cached cuBLASLt plan"
+    return f"F.scaled_mm (no cached plan: {torch_impl.LT.reason(M, N, K) or 'not asked: no CUDA device'})"
 
 
 def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
@@ -121,11 +157,17 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
                   calls // 4, repeats, sync)
     quant = f"quantizer: {_quant_path(x2)}"
     rows = [_row("fp8_quant", "act_quant_bound", "triton_launcher", m, n, k, got, repeats, quant)]
+    xq, xs = act_quant.per_token_group_quant_fp8(x2, True)
+    ops = (xq, wq, xs, ws, torch.bfloat16)
+    bound, cached = torch_impl.launcher(m, n, k), torch_impl.launcher(m, n, k, device=x2.device)
+    lt = _lt_path(cached, m, n, k)
+    got = measure(lambda: bound(*ops), lambda: cached(*ops), calls // 4, repeats, sync)
+    rows.append(_row("fp8_gemm", "torch_blockscale_lt", "torch_blockscale_bound", m, n, k, got, repeats, lt))
     cfg = get_GEMM_A8W8_BLOCKSCALE_config(m, n, k)
-    for provider, gemm, what in (("fp8_block_linear", None, f"{cfg['libtype']} (eager {cfg['eager_libtype']})"),
-                                 ("torch_blockscale", torch_impl.gemm_a8w8_blockscale_torch, "torch")):
+    for provider, gemm in (("fp8_block_linear", None), ("torch_blockscale", torch_impl.gemm_a8w8_blockscale_torch)):
         got = measure(lambda: F.linear(x, w), lambda gemm=gemm: fp8_block_linear(x, wq, ws, None, gemm, True),
                       calls // 4, repeats, sync)
+        what = "torch" if gemm is not None else _gemm_path(cfg, (xq, wq, xs, ws))
         rows.append(_row("fp8_linear", provider, "flinear", m, n, k, got, repeats, f"{quant}; gemm: {what}"))
     try:
         from transformers.integrations.finegrained_fp8 import FP8Linear
@@ -138,7 +180,7 @@ def _fp8_rows(calls: int, repeats: int, sync: Callable[[], None]) -> list[dict]:
         got = measure(lambda: linear(x), lambda: twin(x), calls // 4, repeats, sync)
         entry = "C++ fp8_call" if EXT is not None and EXT.fp8_call(twin, x) is not None else "Python forward"
     rows.append(_row("fp8_linear", "TunedFP8Linear", "nn.Linear", m, n, k, got, repeats,
-                     f"{quant}; gemm: {cfg['eager_libtype']}; call: {entry}"))
+                     f"{quant}; gemm: {_gemm_path(cfg, (xq, wq, xs, ws))}; call: {entry}"))
     return rows
 
 

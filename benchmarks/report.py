@@ -289,23 +289,32 @@ def host(rows: Sequence[dict]) -> str:
 
 def hf(paths: Sequence[str | Path]) -> str:
     """One row per (batch, phase): graph and eager speedup (median of per-round without / with) and A/A, each run
-    of ``paths`` a column pair."""
+    of ``paths`` a column group; a run with a bf16 arm (the FP8 loop's ``vs_bf16``) adds bf16 / with per mode."""
     runs = [json.loads(read_text(p))["summary"] for p in paths]
     keys = list(dict.fromkeys((s["batch"], s["phase"]) for s in runs[0]))
     header = ["batch", "phase"]
+    bf16 = [any("vs_bf16" in s for s in run) for run in runs]
     for i in range(len(runs)):
         tag = f" ({i + 1})" if len(runs) > 1 else ""
         header += [f"graph{tag}", f"graph A/A{tag}", f"eager{tag}", f"eager A/A{tag}"]
+        header += [f"graph bf16/with{tag}", f"eager bf16/with{tag}"] if bf16[i] else []
     body = []
     for batch, phase in keys:
         row: list[object] = [batch, phase]
-        for run in runs:
-            for mode in ("graph", "eager"):
-                s = next((s for s in run if (s["batch"], s["phase"], s["mode"]) == (batch, phase, mode)), None)
-                row += ["", ""] if s is None else [f"{s['speedup']:.3f} [{s['round_ratio_min']:.3f}-"
-                                                   f"{s['round_ratio_max']:.3f}]", _aa(s)]
+        for run, has_bf16 in zip(runs, bf16):
+            by_mode = {mode: next((s for s in run if (s["batch"], s["phase"], s["mode"]) == (batch, phase, mode)),
+                                  None) for mode in ("graph", "eager")}
+            for s in by_mode.values():
+                row += ["", ""] if s is None else [_ranged(s, "speedup", "round_ratio"), _aa(s)]
+            if has_bf16:
+                row += ["" if s is None or "vs_bf16" not in s else _ranged(s, "vs_bf16", "vs_bf16")
+                        for s in by_mode.values()]
         body.append(row)
     return _table(header, ("---:", "---", *("---:",) * (len(header) - 2)), body)
+
+
+def _ranged(s: dict, key: str, prefix: str) -> str:
+    return f"{s[key]:.3f} [{s[prefix + '_min']:.3f}-{s[prefix + '_max']:.3f}]"
 
 
 def hf_rounds(path: str | Path) -> list[dict]:

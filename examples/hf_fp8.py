@@ -144,9 +144,10 @@ def quantize_experts(model: nn.Module, qcfg: dict[str, Any],
 
 def torch_blockwise_gemm() -> Callable[..., torch.Tensor]:
     """The ``gemm`` of the torch_blockwise arm: torch's block-scaled matmul through the op's torch backend runner,
-    bound once per shape (what the dispatcher runs for a ``libtype=torch`` row). A w_scale whose K blocks are padded
-    to a multiple of 4 (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.pad_scale_blocks`) takes any whole-block K;
-    a float32 output (the experts loop's first GEMM) is torch's bf16 one, widened."""
+    bound once per shape and device (what the dispatcher runs for a ``libtype=torch`` row: on a GPU its cached
+    cuBLASLt plan where one is made). A w_scale whose K blocks are padded to a multiple of 4
+    (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.pad_scale_blocks`) takes any whole-block K (torch's op runs
+    it); a float32 output (the experts loop's first GEMM) is torch's bf16 one, widened."""
     from aiter_gemm.kernels.a8w8_blockscale_torch import launcher
 
     runners: dict[tuple, Callable] = {}
@@ -154,10 +155,11 @@ def torch_blockwise_gemm() -> Callable[..., torch.Tensor]:
     def gemm(XQ, WQ, x_scale, w_scale, dtype):
         out_dtype = torch.bfloat16 if dtype == torch.float32 else dtype
         M, K = XQ.shape
-        key = (M, WQ.shape[0], K, out_dtype, w_scale.shape[-1] != -(-K // SCALE_BLOCK))
+        padded = w_scale.shape[-1] != -(-K // SCALE_BLOCK)
+        key = (M, WQ.shape[0], K, out_dtype, XQ.device, padded)
         run = runners.get(key)
         if run is None:
-            run = runners[key] = launcher(*key)
+            run = runners[key] = launcher(*key[:5], padded_scales=padded)
         out = run(XQ, WQ, x_scale, w_scale, out_dtype)
         return out if out_dtype == dtype else out.to(dtype)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import DeviceIdentity
 from benchmarks import legacy, providers, report
@@ -389,6 +390,7 @@ def test_fp8_default_provider_runs_the_ops_call(clean_runtime):
 
     clean_runtime.setattr(torch.nn.functional, "scaled_mm", scaled_mm)
     clean_runtime.setattr(torch_impl, "unavailable_reason", lambda device: None)
+    clean_runtime.setattr(triton_backend, "binds", lambda: False)  # Triton's launcher: eager calls run torch's
     h200 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
     disp = aiter_gemm.get_dispatcher(BLOCKSCALE)
     clean_runtime.setitem(disp._devices, False, h200)  # CPU tensors decided as on an H200
@@ -520,6 +522,26 @@ def test_hf_pooled_table(tmp_path):
     assert cells[:5] + cells[6:] == ["| 8", "decode", "eager", "5", "1.1000", "1.1000", "1.000 / 1.250 |"]
     lo, hi = (float(x) for x in cells[5].strip("[]").split(", "))
     assert 0.9 <= lo < 1.1 < hi <= 1.3  # the median's bootstrap interval brackets it, within the data
+
+
+def test_hf_table_bf16_columns(tmp_path):
+    """``--table hf``: speedup and A/A per mode; a run whose summary has the FP8 loop's bf16 arm (``vs_bf16``) gains
+    bf16 / with columns, and a run without it does not."""
+    def entry(mode, speedup, vs_bf16=None):
+        s = {"batch": 1, "phase": "decode", "mode": mode, "speedup": speedup, "round_ratio_min": speedup - 0.1,
+             "round_ratio_max": speedup + 0.1, "aa_ratio": 1.0}
+        if vs_bf16 is not None:
+            s.update(vs_bf16=vs_bf16, vs_bf16_min=vs_bf16 - 0.01, vs_bf16_max=vs_bf16 + 0.01)
+        return s
+
+    (tmp_path / "fp8.json").write_text(json.dumps({"summary": [entry("graph", 2.0, 1.27), entry("eager", 1.5, 0.86)]}))
+    (tmp_path / "bf16.json").write_text(json.dumps({"summary": [entry("graph", 1.33), entry("eager", 1.08)]}))
+    header, _, row = report.hf([tmp_path / "fp8.json"]).splitlines()
+    assert "graph bf16/with" in header and "eager bf16/with" in header
+    assert row.split(" | ")[-2:] == ["1.270 [1.260-1.280]", "0.860 [0.850-0.870] |"]
+    header, _, row = report.hf([tmp_path / "bf16.json"]).splitlines()
+    assert "bf16" not in header
+    assert row.split(" | ")[2] == "1.330 [1.230-1.430]"
 
 
 def test_median_interval():

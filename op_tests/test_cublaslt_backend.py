@@ -250,6 +250,7 @@ class FakeLt:
 
     class MatmulDescAttribute:
         TRANSA, TRANSB, EPILOGUE, BIAS_POINTER, A_SCALE_POINTER, B_SCALE_POINTER = 3, 4, 7, 8, 17, 18
+        A_SCALE_MODE, B_SCALE_MODE = 31, 32
 
     class Epilogue:
         BIAS = 4

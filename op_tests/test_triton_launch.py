@@ -70,11 +70,14 @@ def quant_call(M: int, K: int, m_major: bool):
     return x, q, s, args
 
 
-def test_ptx_params_reads_the_entry_and_refuses_by_value_arrays():
+def test_ptx_params_reads_the_entry_and_refuses_by_value_arrays_but_tensor_maps():
     ptx = ".entry k(\n .param .u64 .ptr .global .align 1 k_param_0,\n .param .u32 k_param_1,\n .param .f32 k_p2\n)"
     assert triton_launch.ptx_params(ptx, "k") == ["u64", "u32", "f32"]
-    with pytest.raises(triton_launch.Unsupported, match="not a scalar"):
-        triton_launch.ptx_params(".entry k(\n .param .align 64 .b8 k_param_0[128]\n)", "k")
+    # a TMA tensor map by value (a host-side tensor descriptor): 128 bytes aligned to 64
+    assert triton_launch.ptx_params(".entry k(\n .param .align 64 .b8 k_param_0[128]\n)", "k") == ["b8[128]"]
+    for other in (".param .align 8 .b8 k_param_0[16]", ".param .align 64 .b8 k_param_0[64]"):
+        with pytest.raises(triton_launch.Unsupported, match="neither a scalar nor a tensor map"):
+            triton_launch.ptx_params(f".entry k(\n {other}\n)", "k")
     with pytest.raises(triton_launch.Unsupported, match="no .entry"):
         triton_launch.ptx_params(ptx, "other")
 

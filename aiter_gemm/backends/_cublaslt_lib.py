@@ -1,19 +1,22 @@
 """Typed layer over nvmath-python's raw cuBLASLt bindings (``nvmath.bindings.cublasLt``) for the ``cublaslt`` backend.
 
 Everything that touches the library lives here: the library version and one handle per process, the matmul plan
-(operation descriptor plus matrix layouts of one GEMM), heuristic queries, algorithm configuration get/set and
-``cublasLtMatmulAlgoCheck``. An algorithm is carried around as the 64 raw bytes of its ``cublasLtMatmulAlgo_t``
-(immutable, hashable; cuBLASLt documents the struct as trivially serializable for one library version).
+(operation descriptor plus matrix layouts of one GEMM), heuristic queries, algorithm configuration get/set,
+``cublasLtMatmulAlgoCheck`` and runners' per-stream workspaces. An algorithm is carried around as the 64 raw bytes of
+its ``cublasLtMatmulAlgo_t`` (immutable, hashable; cuBLASLt documents the struct as trivially serializable for one
+library version).
 
 Row-major torch tensors seen as column-major cuBLAS matrices: ``out(M, N) = a(M, K) @ b(N, K).T`` is
 ``out.T(N, M) = op(b) @ a.T`` with ``A := b`` stored (K, N) ld=K and op(A)=T, ``B := a`` stored (K, M) ld=K and
-op(B)=N, ``D := out`` stored (N, M) ld=N. That is the "TN" form cuBLASLt's fp8 kernels require.
+op(B)=N, ``D := out`` stored (N, M) ld=N. That is the "TN" form cuBLASLt's fp8 kernels require, and the one torch's
+``scaled_gemm`` uses for a row-major output (operands and their scales swapped), block-scaled ones included.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +27,7 @@ from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.dtypes import HALF_DTYPES, OUT_DTYPES
 
 ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8]
+ALIGN_FALLBACK = 16  # bytes: pointer alignment assumed when the library reports none (what TMA kernels need)
 
 # cudaDataType_t / cublasComputeType_t / cublasOperation_t values (library ABI constants, also in nvmath's enums).
 _CUDA_DTYPE: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
@@ -34,6 +38,16 @@ _FP8_CUDA = frozenset(_CUDA_DTYPE[d] for d in _CUDA_DTYPE if d.itemsize == 1)
 COMPUTE_32F = 68
 CUDA_R_32F = 0
 OP_N, OP_T = 0, 1
+#: cublasLtMatmulMatrixScale_t values (cublasLt.h 12.9+, nvmath's ``MatmulMatrixScale``): one float32 per 128
+#: elements along K (DeepSeek's 1x128 activation scales), one per 128 x 128 block (weight scales).
+SCALE_VEC128_32F, SCALE_BLK128x128_32F = 4, 5
+#: The first cuBLASLt with those scale modes (torch's ``_check_deepseek_support`` asks the same).
+BLOCK_SCALING_VERSION = 120900
+#: The scale pointers a block-scaled plan holds until a call sets its operands' own: cuBLASLt's heuristic refuses a
+#: non-scalar scale mode whose pointer is NULL (CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer";
+#: nvmath-python's planner sets its scale pointers first for that reason, torch its operands' scales). The heuristic
+#: reads no device memory: any non-NULL address aligned like an allocation serves.
+SCALE_PLACEHOLDER = 1 << 12
 
 #: Config attributes that together identify an algorithm (cublasLtMatmulAlgoConfigAttributes_t), in key order.
 CONFIG_FIELDS = (
@@ -90,6 +104,38 @@ def load_library() -> "LtLibrary":
         raise LibraryUnavailable(f"cuBLASLt could not be loaded through nvmath-python: {exc!r}") from exc
 
 
+class LibraryOnce:
+    """The cuBLASLt library loaded at most once per process (``loader``: tests pass a fake), or why not: the
+    loader's :class:`LibraryUnavailable`, or ``check``'s refusal of the loaded library (what a caller needs of it)."""
+
+    def __init__(self, loader: Callable[[], LtLibrary] = load_library,
+                 check: Callable[[LtLibrary], str | None] = lambda lib: None) -> None:
+        self._loader = loader
+        self._check = check
+        self._lib: LtLibrary | None = None
+        self._reason: str | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> LtLibrary | None:
+        """The loaded library, or None (:meth:`reason` says why)."""
+        if self._lib is None and self._reason is None:
+            with self._lock:
+                if self._lib is None and self._reason is None:
+                    try:
+                        lib = self._loader()
+                        self._reason = self._check(lib)
+                        self._lib = lib if self._reason is None else None
+                    except LibraryUnavailable as exc:
+                        self._reason = str(exc)
+        return self._lib
+
+    def reason(self, load: bool = True) -> str | None:
+        """Why :meth:`get` gives None; None where it gives the library (or, ``load=False``, was not asked yet)."""
+        if load:
+            self.get()
+        return self._reason
+
+
 @dataclass(frozen=True)
 class AlgoInfo:
     """One algorithm as a heuristic query or a check reports it."""
@@ -104,9 +150,13 @@ class MatmulPlan:
 
     Owned cuBLASLt objects are destroyed when the plan is garbage collected. Per-call pointer attributes
     (bias, A/B scales) are set through :meth:`set_pointer`, which is why a plan belongs to one runner.
+    ``block_scaled``: fp8 operands with DeepSeek-style block scales, as torch's ``scaled_gemm`` sets them for
+    ``BlockWise1x128`` activations and ``BlockWise128x128`` weights: cuBLAS A (the weight) in 128 x 128 blocks, B (the
+    activation) in 1 x 128 vectors; the scale pointers then address those scale matrices (:data:`SCALE_PLACEHOLDER`
+    until the first call, so the plan can be queried).
     """
 
-    def __init__(self, lib: "LtLibrary", problem: GemmProblem) -> None:
+    def __init__(self, lib: "LtLibrary", problem: GemmProblem, block_scaled: bool = False) -> None:
         lt = lib.lt
         self.problem = problem
         self.lib = lib
@@ -131,12 +181,23 @@ class MatmulPlan:
                                                                            "B_SCALE_POINTER")}
         self._ptr_attr = {name: int(getattr(A, name)) for name in self._ptr_cells}
         self._ptr_addr = {name: cell.ctypes.data for name, cell in self._ptr_cells.items()}
+        if block_scaled:
+            self._set_desc(A.A_SCALE_MODE, SCALE_BLK128x128_32F)
+            self._set_desc(A.B_SCALE_MODE, SCALE_VEC128_32F)
+            self.set_pointer("A_SCALE_POINTER", SCALE_PLACEHOLDER)
+            self.set_pointer("B_SCALE_POINTER", SCALE_PLACEHOLDER)
+        self.block_scaled = block_scaled
         self.is_fp8 = tin in _FP8_CUDA
 
     def _set_desc(self, attr: Any, value: int) -> None:
+        """Set a descriptor attribute; :class:`AlgoRejected` naming it if this library refuses the value."""
         lt = self.lib.lt
         buf = np.array([value], dtype=lt.get_matmul_desc_attribute_dtype(attr))
-        lt.matmul_desc_set_attribute(self.desc, int(attr), buf.ctypes.data, buf.itemsize)
+        try:
+            lt.matmul_desc_set_attribute(self.desc, int(attr), buf.ctypes.data, buf.itemsize)
+        except lt.cuBLASLtError as exc:
+            raise AlgoRejected(f"cuBLASLt refused matmul descriptor attribute {getattr(attr, 'name', attr)}={value}: "
+                               f"{exc}") from None
 
     def set_pointer(self, name: str, ptr: int) -> None:
         """Set device-pointer attribute ``name`` (BIAS_POINTER, A_SCALE_POINTER, B_SCALE_POINTER); 0 = none."""
@@ -185,13 +246,40 @@ class LtLibrary:
                     self._handle = int(self.lt.create())
         return self._handle
 
-    def plan(self, problem: GemmProblem) -> MatmulPlan:
-        return MatmulPlan(self, problem)
+    def plan(self, problem: GemmProblem, block_scaled: bool = False) -> MatmulPlan:
+        return MatmulPlan(self, problem, block_scaled)
+
+    def block_scaling_reason(self) -> str | None:
+        """Why this library (or nvmath's bindings of it) cannot run block-scaled fp8 plans; None if it can."""
+        if self.version < BLOCK_SCALING_VERSION:
+            return (f"cuBLASLt {self.version} has no block scaling (1x128 / 128x128 scale modes: "
+                    f"{BLOCK_SCALING_VERSION} or newer)")
+        if not hasattr(self.lt.MatmulDescAttribute, "A_SCALE_MODE"):
+            return "this nvmath-python's cuBLASLt bindings have no A_SCALE_MODE / B_SCALE_MODE attributes"
+        return None
 
     # ---- heuristic and check -------------------------------------------------------------------------------
     def heuristic(self, plan: MatmulPlan, *, workspace: int, reduction_mask: int | None = None,
                   count: int = 32) -> list[AlgoInfo]:
-        """``cublasLtMatmulAlgoGetHeuristic`` under one preference: up to ``count`` algorithms, best first."""
+        """``cublasLtMatmulAlgoGetHeuristic`` under one preference: up to ``count`` algorithms, best first; [] when
+        there is none or the library refuses the query (:meth:`best` says which)."""
+        return self._query(plan, workspace, reduction_mask, count)[0]
+
+    def best(self, plan: MatmulPlan, *, workspace: int) -> AlgoInfo:
+        """The heuristic's first algorithm under ``workspace`` bytes; :class:`AlgoRejected` saying why there is none,
+        with the library's status when it refused the query (an invalid descriptor reads differently from a shape
+        without a kernel)."""
+        found, error = self._query(plan, workspace, None, 1)
+        if error is not None:
+            raise AlgoRejected(f"cublasLtMatmulAlgoGetHeuristic failed: {error}")
+        if not found:
+            raise AlgoRejected(f"cublasLtMatmulAlgoGetHeuristic returned no algorithm within a {workspace}-byte "
+                               "workspace")
+        return found[0]
+
+    def _query(self, plan: MatmulPlan, workspace: int, reduction_mask: int | None,
+               count: int) -> tuple[list[AlgoInfo], Exception | None]:
+        """The heuristic's algorithms, and the library's error if it refused the query (then no algorithms)."""
         lt = self.lt
         pref = lt.matmul_preference_create()
         try:
@@ -204,15 +292,15 @@ class LtLibrary:
             try:
                 lt.matmul_algo_get_heuristic(self.handle, *plan.layouts(), pref, count, results.ctypes.data,
                                              returned.ctypes.data)
-            except lt.cuBLASLtError:  # CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this shape/preference
-                return []
+            except lt.cuBLASLtError as exc:  # NOT_SUPPORTED: no algorithm here; others: a refused descriptor
+                return [], exc
         finally:
             lt.matmul_preference_destroy(pref)
         out = []
         for r in results[: int(returned[0])]:
             if int(r["state"]) == 0:
                 out.append(AlgoInfo(r["algo"].tobytes(), int(r["workspace_size"]), float(r["waves_count"])))
-        return out
+        return out, None
 
     def _set_pref(self, pref: int, attr: Any, value: int) -> None:
         lt = self.lt
@@ -314,6 +402,47 @@ class LtLibrary:
         """The ``cublasLtClusterShape_t`` id of ``"2x1x1"``-style ``shape``, None if this library lacks it."""
         member = getattr(self.lt.ClusterShape, f"SHAPE_{shape}", None)
         return None if member is None else int(member)
+
+
+def raw_stream_fn() -> Callable[[int], int]:
+    """device index -> the raw handle of torch's current stream there (what Triton/inductor call: no Stream object)."""
+    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fast is not None:
+        return fast
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+class StreamWorkspaces:
+    """A runner's scratch: one buffer of ``nbytes`` per CUDA stream (two streams must not share scratch), made on the
+    stream's first call (a capture stream's included) and kept for the runner's life, so a captured graph replays
+    with a live address."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._by_stream: dict[int, torch.Tensor] = {}
+
+    def ptr(self, stream: int, device: torch.device) -> int:
+        """The buffer's address for ``stream`` (0 when the algorithm needs none)."""
+        if not self.nbytes:
+            return 0
+        ws = self._by_stream.get(stream)
+        if ws is None:
+            ws = self._by_stream[stream] = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        return ws.data_ptr()
+
+
+def align_mask(lib: LtLibrary, raw: bytes, cap: str) -> int:
+    """Pointer bits that must be zero for the algorithm (its MIN_ALIGNMENT cap; 16 bytes if it reports none)."""
+    try:
+        align = lib.cap(raw, cap)
+    except Exception:  # an older library without the cap: TMA kernels need 16 bytes
+        align = ALIGN_FALLBACK
+    return max(align, 1) - 1
+
+
+def host_f32(value: float) -> np.ndarray:
+    """A float32 host cell whose address cuBLASLt reads alpha / beta from."""
+    return np.array([value], dtype=np.float32)
 
 
 def _algo_array(raw: bytes) -> np.ndarray:

@@ -284,6 +284,12 @@ class Backend:
     #: :meth:`configure`); None: the backend's default.
     precompile_workers: int | None = None
 
+    def launch_is_cheap(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> bool:
+        """Whether an eager call of ``solution`` on ``device`` costs about the library call's host time (the
+        dispatcher's eager switch, docs/eager_path.md): :attr:`cheap_launch`, unless a backend knows better per
+        solution and device (the block-scale Triton backend where its launches are bound)."""
+        return self.cheap_launch
+
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine at all (dependency missing, wrong vendor); None if it can."""
         return None

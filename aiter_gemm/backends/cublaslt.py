@@ -47,18 +47,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from aiter_gemm.backends._cublaslt_lib import (
     ALGO_BYTES,
+    ALIGN_FALLBACK,
     AlgoInfo,
     AlgoRejected,
-    LibraryUnavailable,
+    LibraryOnce,
     LtLibrary,
     MatmulPlan,
+    StreamWorkspaces,
     algo_buffer,
+    align_mask,
+    host_f32,
     load_library,
+    raw_stream_fn,
     supported_reason,
 )
 from aiter_gemm.backends.base import Backend, GemmProblem, Runner, Solution
@@ -79,7 +83,6 @@ REDUCTION_MASKS: tuple[int | None, ...] = (None, 0, 1, 2, 4)
 HEURISTIC_COUNT = 32  # per query; cuBLASLt 13.1 on H100 returned 8 per query, 8-37 distinct over the 15 queries
 SPLITK_VARIANTS = (2, 4, 8)  # tried on algorithms whose tiling gives fewer tiles than SMs
 CLUSTER_VARIANTS = ("1x1x1", "2x1x1", "1x2x1")  # sm_90+: thread-block cluster shapes worth a look for GEMMs
-ALIGN_FALLBACK = 16  # bytes: bias alignment assumed when the library reports none
 
 _KERNEL_NAME = re.compile(rf"v(\d{{1,12}}):([0-9a-f]{{{2 * ALGO_BYTES}}})")
 
@@ -232,13 +235,6 @@ def enumerate_space(lib: LtLibrary, problem: GemmProblem, device: DeviceIdentity
 
 
 # ---- the runner -----------------------------------------------------------------------------------------------
-def _raw_stream_fn() -> Callable[[int], int]:
-    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton/inductor use: no Stream object
-    if fast is not None:
-        return fast
-    return lambda index: torch.cuda.current_stream(index).cuda_stream
-
-
 class LtRunner:
     """One prepared (shape, algorithm): ``__call__`` allocates the output and makes one cublasLtMatmul."""
 
@@ -248,17 +244,17 @@ class LtRunner:
         self._algo = algo_buffer(info.raw)  # cuBLASLt reads the struct through this address on every call
         self._algo_ptr = self._algo.ctypes.data
         # Workspace: the algorithm's need, +16 bytes when an epilogue is set (nvmath's workaround for a library
-        # issue). One buffer per stream (two streams must not share scratch); the first is made here.
+        # issue). One buffer per stream; the first is made here.
         self._ws_bytes = info.workspace + (16 if info.workspace and p.bias else 0)
-        self._workspaces: dict[int, torch.Tensor] = {}
-        self._stream_of = _raw_stream_fn()
+        self._workspaces = StreamWorkspaces(self._ws_bytes)
+        self._stream_of = raw_stream_fn()
         if self._ws_bytes:
-            self._workspace(self._stream_of(device_index), torch.device("cuda", device_index))
-        self._alpha = _host_f32(1.0)
-        self._beta = _host_f32(0.0)
+            self._workspaces.ptr(self._stream_of(device_index), torch.device("cuda", device_index))
+        self._alpha = host_f32(1.0)
+        self._beta = host_f32(0.0)
         self._lock = threading.Lock()  # pointer attributes live in the shared descriptor
-        self._mask_a = _align_mask(lib, info.raw, "MIN_ALIGNMENT_B_BYTES")  # cuBLAS "B" is the activation a
-        self._mask_b = _align_mask(lib, info.raw, "MIN_ALIGNMENT_A_BYTES")  # cuBLAS "A" is the weight b
+        self._mask_a = align_mask(lib, info.raw, "MIN_ALIGNMENT_B_BYTES")  # cuBLAS "B" is the activation a
+        self._mask_b = align_mask(lib, info.raw, "MIN_ALIGNMENT_A_BYTES")  # cuBLAS "A" is the weight b
         self._per_call_pointers = p.bias or plan.is_fp8
         self._bias_keep: Optional[torch.Tensor] = None
         self._shape_a, self._shape_b = (p.M, p.K), (p.N, p.K)
@@ -270,12 +266,6 @@ class LtRunner:
         self._lb_by_stride: dict[int, Optional[int]] = {p.K: self._lb}
         self._handle = lib.handle
         self._matmul = lib.lt.matmul
-
-    def _workspace(self, stream: int, device: torch.device) -> torch.Tensor:
-        ws = self._workspaces.get(stream)
-        if ws is None:  # first call on this stream (a capture stream included): kept alive by this runner
-            ws = self._workspaces[stream] = torch.empty(self._ws_bytes, dtype=torch.uint8, device=device)
-        return ws
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], otype: torch.dtype,
                  scale_a: Optional[torch.Tensor] = None, scale_b: Optional[torch.Tensor] = None,
@@ -298,7 +288,7 @@ class LtRunner:
         dev = a.device
         out = torch.empty(self._shape_a[0], self._shape_b[0], dtype=otype, device=dev)
         stream = self._stream_of(dev.index)
-        ws_ptr = self._workspace(stream, dev).data_ptr() if self._ws_bytes else 0
+        ws_ptr = self._workspaces.ptr(stream, dev)
         if self._per_call_pointers:
             with self._lock:  # bias/scale pointers live in the descriptor this runner owns: set on every call
                 self._set_bias(bias)
@@ -365,19 +355,6 @@ class LtRunner:
             self.plan.set_pointer(name, 0 if s is None else s.data_ptr())
 
 
-def _host_f32(value: float) -> np.ndarray:
-    return np.array([value], dtype=np.float32)
-
-
-def _align_mask(lib: LtLibrary, raw: bytes, cap: str) -> int:
-    """Pointer bits that must be zero for the algorithm (its MIN_ALIGNMENT cap; 16 bytes if it reports none)."""
-    try:
-        align = lib.cap(raw, cap)
-    except Exception:  # an older library without the cap: TMA kernels need 16 bytes
-        align = ALIGN_FALLBACK
-    return max(align, 1) - 1
-
-
 # ---- the backend ----------------------------------------------------------------------------------------------
 class CublasLtBackend(Backend):
     """cuBLASLt through nvmath-python; available on CUDA builds with a GPU and ``nvmath-python`` installed."""
@@ -395,41 +372,27 @@ class CublasLtBackend(Backend):
     eager_min_us = 150.0
 
     def __init__(self, loader: Callable[[], LtLibrary] = load_library) -> None:
-        self._loader = loader
-        self._lib: LtLibrary | None = None
-        self._reason: str | None = None
-        self._lock = threading.Lock()
+        self._lib = LibraryOnce(loader)
         self._warn = WarnOnce(log)
 
     def library(self) -> LtLibrary | None:
         """The loaded library, or None (reason in :meth:`unavailable_reason`); loaded once per process."""
-        if self._lib is None and self._reason is None:
-            with self._lock:
-                if self._lib is None and self._reason is None:
-                    try:
-                        self._lib = self._loader()
-                    except LibraryUnavailable as exc:
-                        self._reason = str(exc)
-        return self._lib
+        return self._lib.get()
 
     def unavailable_reason(self) -> str | None:
-        self.library()
-        return self._reason
+        return self._lib.reason()
 
     def resolve(self, problem: GemmProblem, solution: Solution) -> tuple[LtLibrary, MatmulPlan, AlgoInfo]:
         """Library, plan and checked algorithm for a row; :class:`AlgoRejected` saying why it cannot be replayed."""
         lib = self.library()
         if lib is None:
-            raise AlgoRejected(f"cublaslt unavailable: {self._reason}")
+            raise AlgoRejected(f"cublaslt unavailable: {self._lib.reason()}")
         why = supported_reason(problem)
         if why:
             raise AlgoRejected(why)
         if solution.solidx == -1 and not solution.kernelName:
             plan = lib.plan(problem)
-            found = lib.heuristic(plan, workspace=DEFAULT_WORKSPACE, count=1)
-            if not found:
-                raise AlgoRejected("cuBLASLt heuristic returned no algorithm")
-            return lib, plan, found[0]
+            return lib, plan, lib.best(plan, workspace=DEFAULT_WORKSPACE)
         try:
             version, raw = decode_algo(solution.kernelName)
         except ValueError as exc:

@@ -719,7 +719,8 @@ PyMODINIT_FUNC AITER_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
     return nullptr;
   }
   PyObject* module = PyModule_Create(&kModule);
-  if (module == nullptr || !init_module_call(module) || !init_triton_launch(module)) {
+  if (module == nullptr || !init_module_call(module) || !init_triton_launch(module) ||
+      !init_tensor_map(module)) {
     Py_XDECREF(module);
     return nullptr;
   }

@@ -3,6 +3,8 @@
 
 #include <Python.h>
 
+#include <cstdint>
+
 namespace aiter_eager {
 
 constexpr int kMaxParams = 16;
@@ -39,6 +41,32 @@ PyObject* run_table(PyObject* table, PyObject* const* args, Py_ssize_t nargs);
 // Whether this thread is capturing a CUDA graph, per ``probe`` (aiter_gemm.cudagraph's probe; read as the public
 // capture counter where it is that one). 1/0; -1: error.
 int probe_says_capturing(PyObject* probe);
+
+// A TMA tensor map parameter of a bound Triton launch (tensor_map.cpp): cuTensorMapEncodeTiled's arguments but the
+// global address, which is input ``tensor``'s data pointer per call; ``keep`` is ANDed into the encoded map.
+struct TensorMapSpec {
+  uint32_t param = 0, tensor = 0;  // the kernel parameter (a 128-byte by-value map) and the input it addresses
+  int dtype = 0, interleave = 0, swizzle = 0, l2_promotion = 0, oob_fill = 0;
+  uint32_t rank = 0;
+  uint64_t dims[5] = {}, strides[4] = {};
+  uint32_t box[5] = {}, element_strides[5] = {};
+  uint64_t keep[16] = {};
+  // The maps of the last kCachedMaps addresses (a weight's, a few activation buffers the allocator hands out in
+  // turn), replaced in turn; a plan runs under the GIL, so no other thread writes them meanwhile.
+  static constexpr int kCachedMaps = 4;
+  mutable int cached_count = 0, cached_next = 0;
+  mutable uint64_t cached_address[kCachedMaps] = {};
+  mutable unsigned char cached[kCachedMaps][128] = {};
+};
+
+// A spec from its Python tuple (triton_launch.py: PlanArgs.tensor_maps); false with an error set.
+bool parse_tensor_map(PyObject* obj, TensorMapSpec& out);
+
+// The spec's map of ``address`` in ``out`` (128 bytes); false (no error set) where the driver cannot encode it.
+bool encode_tensor_map(const TensorMapSpec& spec, uint64_t address, unsigned char* out);
+
+// Adds tensormap_encode and tensormap_bytes to the extension module.
+bool init_tensor_map(PyObject* module);
 
 // Adds the bound Triton launch functions (triton_plan, triton_run, triton_plan_params, triton_table*) to the
 // extension module.

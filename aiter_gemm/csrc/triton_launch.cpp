@@ -12,10 +12,13 @@
 // An empty hook is none: Triton 3.5+ keeps its hooks in HookChain objects that are never None (empty ``calls``),
 // older ones None; the hooks' owner (``triton.knobs.runtime``, or CompiledKernel before knobs) is read per call.
 //
-// No CUDA header or library is needed at build time: the three driver functions used are declared here and found
-// at run time in the libcuda.so.1 the process has loaded (torch and Triton load it), so the extension builds and
-// its packing is tested on machines without CUDA (triton_plan_params: the checks and the packed parameters, no
-// launch).
+// A kernel taking host-side tensor descriptors gets each as a 128-byte TMA tensor map by value, encoded per call
+// from the input's address (tensor_map.cpp).
+//
+// No CUDA header or library is needed at build time: the driver functions used are declared here and found at run
+// time in the libcuda.so.1 the process has loaded (torch and Triton load it), so the extension builds and its
+// packing is tested on machines without CUDA (triton_plan_params: the checks and the packed parameters, tensor maps
+// left zero, no launch).
 #include <Python.h>
 #include <dlfcn.h>
 
@@ -90,6 +93,7 @@ struct Plan {
   std::vector<uint32_t> offsets;         // each kernel parameter's offset in blob
   std::vector<std::pair<uint32_t, uint32_t>> pointers;  // (offset in blob, tensor index: inputs, then outputs)
   std::vector<TensorSpec> inputs, outputs;
+  std::vector<TensorMapSpec> maps;  // by-value TMA tensor maps, encoded per call from their input's address
   PyObject* keepalive = nullptr;  // strong: what owns the CUmodule (Triton's CompiledKernel)
   PyObject* hooks = nullptr;      // strong: what holds Triton's launch_enter_hook / launch_exit_hook
 };
@@ -148,17 +152,19 @@ bool parse_specs(PyObject* seq, std::vector<TensorSpec>& out) {
   return ok;
 }
 
-// triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive, hooks)
-// -> plan. ``pointers``: (parameter index, tensor index) pairs; ``inputs``/``outputs``: (dtype, sizes, strides,
-// align16); ``hooks``: the object whose launch_enter_hook / launch_exit_hook attributes Triton's launcher calls.
+// triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, tensor_maps,
+// keepalive, hooks) -> plan. ``pointers``: (parameter index, tensor index) pairs; ``inputs``/``outputs``: (dtype,
+// sizes, strides, align16); ``tensor_maps``: tensor map specs (parse_tensor_map) of 128-byte parameters at 64-byte
+// aligned offsets, each addressing an input; ``hooks``: the object whose launch_enter_hook / launch_exit_hook
+// attributes Triton's launcher calls.
 PyObject* triton_plan(PyObject* /*self*/, PyObject* args) {
   HANDLE_TH_ERRORS
   unsigned long long function;
   unsigned gx, gy, gz, block, shared;
-  PyObject *device, *offsets, *pointers, *inputs, *outputs, *keepalive, *hooks;
+  PyObject *device, *offsets, *pointers, *inputs, *outputs, *maps, *keepalive, *hooks;
   Py_buffer blob;
-  if (!PyArg_ParseTuple(args, "K(III)IIOy*OOOOOO", &function, &gx, &gy, &gz, &block, &shared, &device, &blob,
-                        &offsets, &pointers, &inputs, &outputs, &keepalive, &hooks)) {
+  if (!PyArg_ParseTuple(args, "K(III)IIOy*OOOOOOO", &function, &gx, &gy, &gz, &block, &shared, &device, &blob,
+                        &offsets, &pointers, &inputs, &outputs, &maps, &keepalive, &hooks)) {
     return nullptr;
   }
   auto plan = std::make_unique<Plan>();
@@ -194,9 +200,26 @@ PyObject* triton_plan(PyObject* /*self*/, PyObject* args) {
       plan->pointers.emplace_back(static_cast<uint32_t>(offs[param]), static_cast<uint32_t>(tensor));
     }
   }
+  PyObject* maps_fast = ok ? PySequence_Fast(maps, "triton_plan: tensor_maps must be a sequence") : nullptr;
+  if (ok && maps_fast == nullptr) {
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(maps_fast); ++i) {
+    TensorMapSpec spec;
+    if (!parse_tensor_map(PySequence_Fast_GET_ITEM(maps_fast, i), spec)) {
+      Py_DECREF(maps_fast);
+      return nullptr;
+    }
+    ok = spec.param < offs.size() && offs[spec.param] % 64 == 0 &&
+         offs[spec.param] + 128 <= static_cast<int64_t>(plan->blob.size()) && spec.tensor < plan->inputs.size();
+    spec.param = ok ? static_cast<uint32_t>(offs[spec.param]) : 0;  // from here on: the offset in blob
+    plan->maps.push_back(spec);
+  }
+  Py_XDECREF(maps_fast);
   if (!ok) {
     PyErr_Format(PyExc_ValueError, "triton_plan: at most %d parameters of %d bytes; pointer slots must name a "
-                 "parameter of 8 bytes and a tensor", kMaxKernelParams, static_cast<int>(kMaxParamBytes));
+                 "parameter of 8 bytes and a tensor, tensor maps a 64-byte aligned parameter of 128 bytes and an "
+                 "input", kMaxKernelParams, static_cast<int>(kMaxParamBytes));
     return nullptr;
   }
   Py_INCREF(keepalive);
@@ -258,10 +281,11 @@ bool no_launch_hooks(const Plan& plan) {
   return hook_is_empty(plan.hooks, enter) && hook_is_empty(plan.hooks, exit_);
 }
 
-// The outputs allocated and every pointer written into ``buf`` (a copy of the plan's blob). False: the bound launch
-// does not take this call (the inputs do not match the bound ones, or a Triton launch hook is installed).
+// The outputs allocated and every pointer written into ``buf`` (a copy of the plan's blob), and with ``encode`` the
+// tensor maps (else left zero). False: the bound launch does not take this call (the inputs do not match the bound
+// ones, a Triton launch hook is installed, or the driver cannot encode a tensor map).
 bool pack(const Plan& plan, PyObject* const* args, Py_ssize_t nargs, unsigned char* buf,
-          std::vector<at::Tensor>& outs) {
+          std::vector<at::Tensor>& outs, bool encode) {
   if (nargs != static_cast<Py_ssize_t>(plan.inputs.size()) || !no_launch_hooks(plan)) {
     return false;
   }
@@ -280,6 +304,12 @@ bool pack(const Plan& plan, PyObject* const* args, Py_ssize_t nargs, unsigned ch
                                                     : outs[index - plan.inputs.size()];
     const uint64_t ptr = reinterpret_cast<uintptr_t>(t.data_ptr());
     std::memcpy(buf + offset, &ptr, sizeof(ptr));
+  }
+  for (const TensorMapSpec& spec : plan.maps) {
+    const uint64_t ptr = reinterpret_cast<uintptr_t>(THPVariable_Unpack(args[spec.tensor]).data_ptr());
+    if (encode && !encode_tensor_map(spec, ptr, buf + spec.param)) {
+      return false;
+    }
   }
   return true;
 }
@@ -318,9 +348,9 @@ PyObject* run_plan(PyObject* plan_obj, PyObject* const* args, Py_ssize_t nargs) 
   if (cuda->getDevice() != plan->device || g_driver.ctx_get_current(&ctx) != 0 || ctx == nullptr) {
     return nullptr;
   }
-  alignas(16) unsigned char buf[kMaxParamBytes];
+  alignas(64) unsigned char buf[kMaxParamBytes];
   std::vector<at::Tensor> outs;
-  if (!pack(*plan, args, nargs, buf, outs)) {
+  if (!pack(*plan, args, nargs, buf, outs, true)) {
     return nullptr;
   }
   std::array<void*, kMaxKernelParams> params{};
@@ -540,7 +570,7 @@ PyObject* triton_run(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs
 }
 
 // triton_plan_params(plan, *inputs) -> (bytes, outputs) | None: what a launch would pass (the packed parameters,
-// pointers written) and the outputs it allocated, without launching, on any device (tests); None where the bound
+// pointers written, tensor maps zero) and the outputs it allocated, without launching, on any device (tests); None where the bound
 // launch does not take the call (as triton_run answers None).
 PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -551,9 +581,9 @@ PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize
     }
     return nullptr;
   }
-  alignas(16) unsigned char buf[kMaxParamBytes];
+  alignas(64) unsigned char buf[kMaxParamBytes];
   std::vector<at::Tensor> outs;
-  if (!pack(*plan, args + 1, nargs - 1, buf, outs)) {
+  if (!pack(*plan, args + 1, nargs - 1, buf, outs, false)) {
     Py_RETURN_NONE;
   }
   PyObject* blob = PyBytes_FromStringAndSize(reinterpret_cast<char*>(buf), static_cast<Py_ssize_t>(plan->blob.size()));
@@ -570,8 +600,8 @@ PyObject* triton_plan_params(PyObject* /*self*/, PyObject* const* args, Py_ssize
 
 PyMethodDef kMethods[] = {
     {"triton_plan", triton_plan, METH_VARARGS,
-     "triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, keepalive, hooks) "
-     "-> plan"},
+     "triton_plan(function, grid, block, shared, device, blob, offsets, pointers, inputs, outputs, tensor_maps, "
+     "keepalive, hooks) -> plan"},
     {"triton_run", AITER_FASTCALL(triton_run), METH_FASTCALL,
      "triton_run(plan, *inputs) -> tuple of outputs | None: the bound launch, or None where it does not apply"},
     {"triton_plan_params", AITER_FASTCALL(triton_plan_params), METH_FASTCALL,

@@ -51,6 +51,7 @@ from aiter_gemm.kernels.common import (
     tile_coords,
     tma_usable,
 )
+from aiter_gemm.triton_launch import Launch
 
 BLOCK_SIZE_K = SCALE_BLOCK  # the K tile: one quantization group
 
@@ -507,11 +508,12 @@ def _gemm_a8w8_blockscale_kernel(
 
 def gemm_a8w8_blockscale_triton(
     XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-    config: BlockscaleConfig, out: torch.Tensor,
+    config: BlockscaleConfig, out: torch.Tensor, launches: list[Launch] | None = None,
 ) -> torch.Tensor:
     """Run ``config`` writing into ``out`` (M, N). Inputs are assumed validated (see
     :func:`aiter_gemm.ops.a8w8_blockscale.gemm_a8w8_blockscale`); this only sets up the launch geometry of the
-    variant."""
+    variant. ``launches``: each launch made is appended, for :mod:`aiter_gemm.triton_launch` to bind (the GEMM of
+    inputs XQ, WQ, x_scale, w_scale into ``out`` or the split-K workspace, then the reduction)."""
     M, K = XQ.shape
     N = WQ.shape[0]
     variant = VARIANTS[config.variant]
@@ -537,21 +539,22 @@ def gemm_a8w8_blockscale_triton(
     # Kernel rows index km (= N for swapAB): map (kernel row, kernel col) onto out[m, n].
     t_sm, t_sn = (target.stride(-1), target.stride(-2)) if variant.swap_ab else (target.stride(-2), target.stride(-1))
     grid = (triton.cdiv(km, bm) * triton.cdiv(kn, bn), splits)
-    _gemm_a8w8_blockscale_kernel[grid](
-        a, b, target, a_s, b_s, a_desc, b_desc,
-        km, kn, K, per_split,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        target.stride(0) if splits > 1 else 0, t_sm, t_sn,
-        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1),
-        A_SCALE_GROUP=a_group, B_SCALE_GROUP=b_group, A_SCALAR=a_group >= bm, B_SCALAR=b_group >= sub_n,
+    args = dict(zip(_gemm_a8w8_blockscale_kernel.arg_names, (  # the runtime arguments, by name: what a plan packs
+        a, b, target, a_s, b_s, a_desc, b_desc, km, kn, K, per_split,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), target.stride(0) if splits > 1 else 0, t_sm, t_sn,
+        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1))))
+    compiled = _gemm_a8w8_blockscale_kernel[grid](
+        **args, A_SCALE_GROUP=a_group, B_SCALE_GROUP=b_group, A_SCALAR=a_group >= bm, B_SCALAR=b_group >= sub_n,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=BLOCK_SIZE_K, GROUP_SIZE_M=config.GROUP_SIZE_M,
         N_SUBTILES=config.N_SUBTILES, SUB_N=sub_n,
         EVEN_K=K % BLOCK_SIZE_K == 0, USE_TMA=a_desc is not None, WARP_SPECIALIZE=config.WARP_SPECIALIZE,
         UPCAST=INTERPRET,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if launches is not None:
+        launches.append(Launch(compiled, grid, args, (XQ, WQ, x_scale, w_scale), (target,)))
     if splits > 1:
-        splitk_reduce(target, None, out)
+        splitk_reduce(target, None, out, launches)
     return out
 
 

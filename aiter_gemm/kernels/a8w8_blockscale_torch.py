@@ -12,24 +12,49 @@ writes it that way, as vLLM's ``column_major_scales`` does) and w_scale passed K
 verified on the H100 are claimed (:func:`shape_error`): K a multiple of 512 (K blocks a multiple of 4: no scale
 padding), N a multiple of 16, bf16 output. :func:`gemm_a8w8_blockscale_torch` is the plain per-call use of torch's
 public API (the benchmarks' baseline); :func:`launcher` binds a runner to one shape for the dispatcher, as the
-Triton and cuBLASLt backends do. Outside the dispatcher (the HF loop's torch arm), ``launcher(..., padded_scales=True)``
-takes any K multiple of 128 with w_scale's K blocks padded to a multiple of 4 (:func:`pad_scale_blocks`), the layout
-torch's own check of ``F.scaled_mm`` asks for there; the op's backend does not claim it (not verified on a GPU).
+Triton and cuBLASLt backends do: on a CUDA device :class:`LtBlockwiseRunner`, torch's own cuBLASLt call (the same
+descriptor, layouts, scale modes and heuristic #0 under torch's workspace limit, so the same algorithm) with the plan
+made once through nvmath-python, so a call makes no heuristic query and no descriptor; where nvmath-python or a
+cuBLASLt with block scaling (12.9+) is missing or no plan can be made for the shape, torch's op bound to the shape,
+the reason kept (:meth:`LtPlans.reason`) and logged once. Outside the dispatcher (the HF loop's torch arm),
+``launcher(..., padded_scales=True)`` takes any K multiple of 128 with w_scale's K blocks padded to a multiple of 4
+(:func:`pad_scale_blocks`), the layout torch's own check of ``F.scaled_mm`` asks for there, and always runs torch's
+op (the plan binds w_scale to K/128 blocks); the op's backend does not claim it (not verified on a GPU).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
+from aiter_gemm.backends._cublaslt_lib import (
+    AlgoInfo,
+    AlgoRejected,
+    LibraryOnce,
+    LtLibrary,
+    StreamWorkspaces,
+    algo_buffer,
+    align_mask,
+    host_f32,
+    load_library,
+    raw_stream_fn,
+)
+from aiter_gemm.backends.base import GemmProblem
+from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
 from aiter_gemm.kernels.common import NamedChoice
+from aiter_gemm.logs import WarnOnce
 
-__all__ = ["LIBTYPE", "NAME", "TorchBlockwise", "direct_op", "gemm_a8w8_blockscale_torch", "launcher",
-           "pad_scale_blocks", "shape_error", "unavailable_reason"]
+log = logging.getLogger(__name__)
+
+__all__ = ["LIBTYPE", "LT", "NAME", "LtBlockwiseRunner", "LtPlans", "TorchBlockwise", "direct_op",
+           "gemm_a8w8_blockscale_torch", "launcher", "pad_scale_blocks", "shape_error", "torch_lt_workspace",
+           "unavailable_reason"]
 
 LIBTYPE = "torch"
 NAME = "scaled_mm_blockwise"
@@ -146,12 +171,27 @@ def pad_scale_blocks(w_scale: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def launcher(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE, padded_scales: bool = False
-             ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]:
-    """The runner of one shape (what the ``torch`` backend's ``prepare`` returns): the shape check, the padding and
-    the scaled_mm arguments decided here, once; per call only the operands' layouts are made and the op called.
-    Same arguments, same result as :func:`gemm_a8w8_blockscale_torch` (a GPU test compares them bit for bit).
-    ``padded_scales``: the runner is handed :func:`pad_scale_blocks`' w_scale, and K need only be whole blocks."""
+BlockRunner = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
+
+
+def launcher(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE, device: torch.device | None = None, *,
+             padded_scales: bool = False) -> BlockRunner:
+    """The runner of one shape (what the ``torch`` backend's ``prepare`` returns). On a CUDA ``device``, torch's
+    cuBLASLt call with its plan made here (:class:`LtBlockwiseRunner`, through :data:`LT`) where it can be made;
+    otherwise (``device`` None or not CUDA, no nvmath-python, no block scaling, no plan: :meth:`LtPlans.reason`)
+    torch's op with the shape check, the padding and the scaled_mm arguments decided here, once: per call only the
+    operands' layouts are made and the op called. Either gives the same result as
+    :func:`gemm_a8w8_blockscale_torch` (GPU tests compare them bit for bit). ``padded_scales``: the runner is handed
+    :func:`pad_scale_blocks`' w_scale, and K need only be whole blocks; such a runner is always torch's op (the
+    plan's operand check and scale layout take w_scale's K/128 blocks unpadded)."""
+    scaled_mm = _scaled_mm_launcher(M, N, K, dtype, padded_scales)
+    if padded_scales or device is None or device.type != "cuda":
+        return scaled_mm
+    return LT.runner(M, N, K, dtype, device, scaled_mm) or scaled_mm
+
+
+def _scaled_mm_launcher(M: int, N: int, K: int, dtype: torch.dtype, padded_scales: bool = False) -> BlockRunner:
+    """torch's op bound to the shape (see :func:`launcher`)."""
     why = shape_error(M, N, K, dtype, padded_scales)
     if why is not None:
         raise ValueError(f"gemm_a8w8_blockscale_torch: {why}")
@@ -176,3 +216,130 @@ def launcher(M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE, padded_sca
         out = op(a, b, [sa], ra, none, [sb], rb, none, None, dtype, (), False)
         return out[:M] if pad else out
     return run_direct
+
+
+# ---- torch's cuBLASLt call with its plan made once ---------------------------------------------------------------
+def torch_lt_workspace() -> int:
+    """The workspace limit torch's ``scaled_gemm`` asks cuBLASLt's heuristic under (``getCUDABlasLtWorkspaceSize``:
+    ``CUBLASLT_WORKSPACE_SIZE`` KiB, 1024 when unset or unreadable), so the plan's heuristic #0 is torch's algorithm.
+    torch's cap at the cuBLAS workspace (``CUBLAS_WORKSPACE_CONFIG``, 32 MiB on Hopper) binds only above that."""
+    try:
+        return int(os.environ.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
+    except ValueError:
+        return 1024 * 1024
+
+
+class LtBlockwiseRunner:
+    """torch's block-scaled cuBLASLt call for one (M, N, K) with the plan made once: M padded to a multiple of 4
+    (:func:`_operands`, as torch's runner pads), cuBLAS A = the weight (N, K) with 128 x 128 block scales, B = the
+    activation with 1 x 128 scales M-major, D = out (M + pad, N) row-major; the algorithm is the heuristic's first
+    under :func:`torch_lt_workspace`, the one torch's call picks. A call checks the operands, sets the two scale
+    pointers and makes one ``cublasLtMatmul`` on torch's current stream (safe under CUDA-graph capture: the
+    workspaces stay referenced). Operands misaligned for the algorithm go to ``fallback`` (torch's op)."""
+
+    def __init__(self, lib: LtLibrary, M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
+                 fallback: BlockRunner) -> None:
+        self.M, self.N, self.K, self._pad = M, N, K, -M % 4
+        problem = GemmProblem(M + self._pad, N, K, False, FP8, dtype, True)
+        self.lib, self.plan = lib, lib.plan(problem, block_scaled=True)
+        self.info: AlgoInfo = lib.best(self.plan, workspace=torch_lt_workspace())
+        self._algo = algo_buffer(self.info.raw)
+        self._algo_ptr = self._algo.ctypes.data
+        self._mask = (align_mask(lib, self.info.raw, "MIN_ALIGNMENT_A_BYTES")
+                      | align_mask(lib, self.info.raw, "MIN_ALIGNMENT_B_BYTES") | 15)  # 15: scales, TMA
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        self._device = device
+        self._workspaces = StreamWorkspaces(self.info.workspace)
+        self._stream_of = raw_stream_fn()
+        self._alpha, self._beta = host_f32(1.0), host_f32(0.0)
+        self._lock = threading.Lock()  # the scale pointers live in the plan's descriptor
+        self._fallback = fallback
+        kb = -(-K // SCALE_BLOCK)
+        self._expect = ((M, K), (N, K), (M, kb), (-(-N // SCALE_BLOCK), kb), FP8, FP8, torch.float32, torch.float32,
+                        self._device, dtype)
+        self._out_shape = (M + self._pad, N)
+        self._desc, self._la, self._lb, self._lc, self._ld = self.plan.layouts()
+        self._handle, self._matmul = lib.handle, lib.lt.matmul
+
+    def __call__(self, XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
+        got = (XQ.shape, WQ.shape, x_scale.shape, w_scale.shape, XQ.dtype, WQ.dtype, x_scale.dtype, w_scale.dtype,
+               XQ.device, dtype)
+        if got != self._expect:
+            raise ValueError(self._mismatch(got))
+        a, sa = _operands(XQ, x_scale, self.M, self.K, self._pad)
+        b = WQ if WQ.is_contiguous() else WQ.contiguous()
+        sb = w_scale if w_scale.is_contiguous() else w_scale.contiguous()
+        pa, pb, psa, psb = a.data_ptr(), b.data_ptr(), sa.data_ptr(), sb.data_ptr()
+        if (pa | pb | psa | psb) & self._mask:
+            return self._fallback(XQ, WQ, x_scale, w_scale, dtype)
+        dev = self._device
+        out = torch.empty(self._out_shape, dtype=dtype, device=dev)
+        stream = self._stream_of(dev.index)
+        ws = self._workspaces.ptr(stream, dev)
+        d = out.data_ptr()
+        with self._lock:
+            self.plan.set_pointer("A_SCALE_POINTER", psb)  # cuBLAS A is the weight
+            self.plan.set_pointer("B_SCALE_POINTER", psa)
+            self._matmul(self._handle, self._desc, self._alpha.ctypes.data, pb, self._la, pa, self._lb,
+                         self._beta.ctypes.data, d, self._lc, d, self._ld, self._algo_ptr, ws,
+                         self._workspaces.nbytes, stream)
+        return out[:self.M] if self._pad else out
+
+
+    def _mismatch(self, got: tuple) -> str:
+        names = ("XQ shape", "WQ shape", "x_scale shape", "w_scale shape", "XQ dtype", "WQ dtype", "x_scale dtype",
+                 "w_scale dtype", "XQ device", "output dtype")
+        bad = [f"{n} {tuple(g) if isinstance(g, torch.Size) else g} (bound: {e})"
+               for n, g, e in zip(names, got, self._expect, strict=True) if g != e]
+        return f"block-scaled cuBLASLt runner for M={self.M} N={self.N} K={self.K}: " + "; ".join(bad)
+
+
+class LtPlans:
+    """cuBLASLt through nvmath-python for :class:`LtBlockwiseRunner`, loaded once per process (``loader``: tests
+    pass a fake). Why a shape gets torch's op instead (no nvmath-python, no block scaling, the heuristic's refusal or
+    no algorithm) is kept per shape (:meth:`reason`: what the overhead bench's note and the GPU tests print) and
+    logged once per cause."""
+
+    def __init__(self, loader: Callable[[], LtLibrary] = load_library) -> None:
+        self._lib = LibraryOnce(loader, check=LtLibrary.block_scaling_reason)
+        self._refused: dict[tuple[int, int, int, torch.dtype], str] = {}
+        self._log = WarnOnce(log, logging.INFO)
+
+    def library(self) -> LtLibrary | None:
+        """The loaded library if it can run block-scaled plans, else None (:meth:`unavailable_reason` says why)."""
+        return self._lib.get()
+
+    def unavailable_reason(self) -> str | None:
+        return self._lib.reason()
+
+    def reason(self, M: int, N: int, K: int, dtype: torch.dtype = _OUT_DTYPE) -> str | None:
+        """Why :meth:`runner` gave (M, N, K) -> ``dtype`` no plan: the library's reason or the shape's; None when it
+        made one or was not asked."""
+        return self._lib.reason(load=False) or self._refused.get((M, N, K, dtype))
+
+    def runner(self, M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
+               fallback: BlockRunner) -> LtBlockwiseRunner | None:
+        """The shape's runner, or None (reason kept for :meth:`reason`, logged once per cause) where torch's op must
+        run it."""
+        lib = self.library()
+        if lib is None:
+            why = self._lib.reason()
+            self._log(why, "torch's block-scaled matmul runs through F.scaled_mm (a cuBLASLt heuristic query "
+                      "per call): %s", why)
+            return None
+        try:
+            runner = LtBlockwiseRunner(lib, M, N, K, dtype, device, fallback)
+        except AlgoRejected as exc:
+            why = str(exc)
+            self._refused[(M, N, K, dtype)] = why
+            self._log(why, "torch's block-scaled matmul runs through F.scaled_mm for shapes with no cached cuBLASLt "
+                      "plan, first M=%d N=%d K=%d: %s", M, N, K, why)
+            return None
+        self._refused.pop((M, N, K, dtype), None)
+        return runner
+
+
+#: The process's block-scaled plans (tests replace it with one over a fake library).
+LT = LtPlans()

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from aiter_gemm.configs import parse_int, shown
+from aiter_gemm.triton_launch import Launch
 
 # Whether Triton interprets the kernels, read as this Triton reads TRITON_INTERPRET (its knob, where it has one:
 # "true" and "on" count too), once at import: kernels are specialised on it, and runners must not read the
@@ -99,18 +100,22 @@ def _splitk_reduce_kernel(
 _REDUCE_ELEMS = 1024
 
 
-def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                  launches: list[Launch] | None = None) -> torch.Tensor:
     """Sum float32 partials ``ws`` (S, M, N) (any strides) into ``out`` (M, N) (any strides) in split order, adding
-    ``bias`` (N,) (any stride); returns ``out``."""
+    ``bias`` (N,) (any stride); returns ``out``. ``launches``: the launch is appended (inputs ws and bias, output
+    ``out``), for :mod:`aiter_gemm.triton_launch` to bind."""
     num_splits, m, n = ws.shape
     bm = min(16, triton.next_power_of_2(max(m, 1)))
     bn = max(64, _REDUCE_ELEMS // bm)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _splitk_reduce_kernel[grid](
-        ws, bias if bias is not None else ws, out, m, n,
-        ws.stride(0), ws.stride(1), ws.stride(2), out.stride(0), out.stride(1), bias_stride_of(bias),
-        NUM_KSPLIT=num_splits, HAS_BIAS=bias is not None, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=4,
-    )
+    args = dict(zip(_splitk_reduce_kernel.arg_names, (
+        ws, bias if bias is not None else ws, out, m, n, ws.stride(0), ws.stride(1), ws.stride(2), out.stride(0),
+        out.stride(1), bias_stride_of(bias))))
+    compiled = _splitk_reduce_kernel[grid](**args, NUM_KSPLIT=num_splits, HAS_BIAS=bias is not None,
+                                           BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=4)
+    if launches is not None:
+        launches.append(Launch(compiled, grid, args, (ws,) if bias is None else (ws, bias), (out,)))
     return out
 
 

@@ -55,10 +55,11 @@ class BlockscaleTorchBackend(LibraryCallBackend):
         return torch_impl.shape_error(problem.M, problem.N, problem.K, problem.otype)
 
     def prepare(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity):
-        """A runner bound to the shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.launcher`)."""
+        """A runner bound to the shape (:func:`~aiter_gemm.kernels.a8w8_blockscale_torch.launcher`: on a GPU, torch's
+        cuBLASLt call with its plan cached where nvmath-python allows)."""
         if self.why_not(problem, solution, device) is not None:
             return None
-        return torch_impl.launcher(problem.M, problem.N, problem.K, problem.otype)
+        return torch_impl.launcher(problem.M, problem.N, problem.K, problem.otype, device.torch_device())
 
     def describe(self, solution: Solution) -> dict[str, Any]:
         return torch_impl.TorchBlockwise().to_json()

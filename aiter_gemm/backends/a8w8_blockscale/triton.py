@@ -4,6 +4,11 @@ A solution's ``kernelName`` is a :class:`~aiter_gemm.kernels.a8w8_blockscale.Blo
 ``splitK_swapAB-BM16_BN128_BK128_GM1_SK4_W4_S3_TMA``); ``splitK`` mirrors its split count (0 when unsplit).
 :func:`~aiter_gemm.kernels.a8w8_blockscale.config_error` is the one rule of what can run, for the tuner and the
 runtime alike. The default (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.a8w8_blockscale.default_config`.
+
+Where the C++ extension is built, the runner binds its launches (:mod:`aiter_gemm.triton_launch`) on the first call
+of each layout of the operands (strides, device; 16-byte aligned), after Triton's own launch, and later calls launch
+them from C++: a few microseconds of host time instead of Triton's launcher's ~30, so eager calls on a CUDA GPU keep
+the decision (:meth:`BlockscaleTritonBackend.launch_is_cheap`) instead of giving way to torch's block-scaled matmul.
 :meth:`~BlockscaleTritonBackend.precompile` builds the kernels of (problem, solution) jobs in parallel build processes
 into Triton's disk cache (:mod:`aiter_gemm.backends._triton_precompile`).
 """
@@ -15,6 +20,7 @@ from typing import Any
 
 import torch
 
+from aiter_gemm import triton_launch
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
 from aiter_gemm.backends._triton_precompile import precompile_triton, run_once
 from aiter_gemm.backends.a8w8_blockscale import solution_of
@@ -29,7 +35,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
     gemm_a8w8_blockscale_triton,
 )
 from aiter_gemm.kernels.blockscale_format import FP8, zero_operands
-from aiter_gemm.kernels.common import INTERPRET
+from aiter_gemm.kernels.common import INTERPRET, splitk_reduce
 
 NAME = "triton"
 
@@ -43,7 +49,16 @@ def _arch(device: DeviceIdentity) -> str:
     return device.gfx if device.is_gpu else REFERENCE_ARCH
 
 
+def binds() -> bool:
+    """Whether runners bind their launches here: the C++ extension built and Triton compiling (not interpreting)."""
+    return triton_launch.run is not None and not INTERPRET
+
+
 def make_runner(cfg: BlockscaleConfig) -> BlockscaleRunner:
+    """The runner of ``cfg``: a :class:`BoundRunner` where launches bind (:func:`binds`), else Triton's launch."""
+    if binds():
+        return BoundRunner(cfg)
+
     def run(XQ, WQ, x_scale, w_scale, dtype):
         out = torch.empty((XQ.shape[0], WQ.shape[0]), dtype=dtype, device=XQ.device)
         return gemm_a8w8_blockscale_triton(XQ, WQ, x_scale, w_scale, cfg, out)
@@ -51,13 +66,96 @@ def make_runner(cfg: BlockscaleConfig) -> BlockscaleRunner:
     return run
 
 
+_UNTRIED = object()
+
+
+class BoundRunner:
+    """One config's runner with bound launches: per layout of the operands (shapes, strides, device, output dtype)
+    the first call runs Triton's launch and binds it (the GEMM, and a split config's reduction); later calls launch
+    the plans from C++, the last layout's first. A plan declines what it cannot prove the same launch (other strides,
+    a misaligned operand, another current device, a Triton launch hook installed, no driver), and Triton's launch
+    runs; a launch that cannot be bound at all is logged once (:func:`aiter_gemm.triton_launch.bind`)."""
+
+    __slots__ = ("_last", "_plans", "cfg")
+    _MAX_LAYOUTS = 64  # past this many the plans start over
+
+    def __init__(self, cfg: BlockscaleConfig) -> None:
+        self.cfg = cfg
+        self._last: tuple | None = None  # (dtype, gemm plan[, reduction plan]) of the last bound call
+        self._plans: dict[tuple, tuple | None] = {}  # layout -> plans, None: not bindable (Triton's launch runs)
+
+    def __call__(self, XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
+        last = self._last
+        if last is not None and last[0] is dtype:  # the last layout's plans, inline: this is every eager call
+            got = triton_launch.run(last[1], XQ, WQ, x_scale, w_scale)
+            if got is not None:
+                return got[0] if len(last) == 2 else self._reduce(last, got[0])
+        key = (XQ.shape, XQ.stride(), WQ.stride(), x_scale.stride(), w_scale.stride(), XQ.device, dtype)
+        plans = self._plans.get(key, _UNTRIED)
+        if plans is not _UNTRIED and plans is not None:
+            out = self._run((dtype, *plans), XQ, WQ, x_scale, w_scale)
+            if out is not None:
+                self._last = (dtype, *plans)
+                return out
+        # A misaligned operand is not bound (Triton's launch also takes pointer loads instead of TMA for it): a later
+        # aligned call of the layout binds it.
+        bind = plans is _UNTRIED and XQ.is_cuda and all(t.data_ptr() % 16 == 0 for t in (XQ, WQ, x_scale, w_scale))
+        launches: list[triton_launch.Launch] | None = [] if bind else None
+        out = torch.empty((XQ.shape[0], WQ.shape[0]), dtype=dtype, device=XQ.device)
+        gemm_a8w8_blockscale_triton(XQ, WQ, x_scale, w_scale, self.cfg, out, launches)
+        if bind:
+            if len(self._plans) >= self._MAX_LAYOUTS:
+                self._plans.clear()
+            bound = self._plans[key] = triton_launch.bind_all(launches)
+            if bound is not None:
+                self._last = (dtype, *bound)
+        return out
+
+    @staticmethod
+    def _run(plans: tuple, XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor,
+             w_scale: torch.Tensor) -> torch.Tensor | None:
+        """The bound launches of ``plans`` ((dtype, gemm[, reduction])); None where the GEMM's plan declines."""
+        got = triton_launch.run(plans[1], XQ, WQ, x_scale, w_scale)
+        if got is None or len(plans) == 2:
+            return None if got is None else got[0]
+        return BoundRunner._reduce(plans, got[0])
+
+    @staticmethod
+    def _reduce(plans: tuple, ws: torch.Tensor) -> torch.Tensor:
+        """A split config's sum of the workspace ``ws``: its bound reduction, or Triton's where that declines."""
+        reduced = triton_launch.run(plans[2], ws)
+        if reduced is not None:
+            return reduced[0]
+        return splitk_reduce(ws, None, torch.empty(ws.shape[1:], dtype=plans[0], device=ws.device))
+
+    def launch_path(self, XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                    dtype: torch.dtype) -> str:
+        """Which launch a call with these operands takes now (benchmarks' notes): ``bound launch``, or Triton's
+        launcher and why."""
+        key = (XQ.shape, XQ.stride(), WQ.stride(), x_scale.stride(), w_scale.stride(), XQ.device, dtype)
+        plans = self._plans.get(key, _UNTRIED)
+        if plans is _UNTRIED:
+            return "Triton's launcher (not called yet with this layout)"
+        if plans is None:
+            return "Triton's launcher (not bound: the log says why)"
+        if self._run((dtype, *plans), XQ, WQ, x_scale, w_scale) is None:
+            return "Triton's launcher (the plan declines: a launch hook, another device current, a misaligned view)"
+        return "bound launch"
+
+
 class BlockscaleTritonBackend(Backend):
     name = NAME
-    cheap_launch = False  # Triton's Python launcher (and a host-side TMA descriptor per call)
+    cheap_launch = False  # Triton's Python launcher (and a host-side TMA descriptor per call), unless bound
     x_scale_m_major = False  # takes either; tuned on row-major, the faster layout (docs/exploration.md)
 
     def unavailable_reason(self) -> str | None:
         return triton_unavailable_reason(f"{NAME} (gemm_a8w8_blockscale)")
+
+    def launch_is_cheap(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> bool:
+        """On a CUDA GPU with bound launches (:func:`binds`): a few microseconds of host time, so eager calls keep
+        the decision; elsewhere Triton's launcher's cost (``cheap_launch`` False)."""
+        return device.kind == "cuda" and binds()
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         if device.kind == "cpu" and not INTERPRET:
