@@ -9,8 +9,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
@@ -169,21 +167,37 @@ class InlineExecutor:
         self._task = None
 
 
-class FakePool:
-    """In-process Triton build processes (:mod:`aiter_gemm.backends._triton_precompile`'s ``spawn_builders``):
-    records the process count and each submitted group; ``broken`` kernelNames' groups fail as a dead process's."""
+class FakeBuilders:
+    """In-process Triton build processes (:mod:`aiter_gemm.backends._triton_precompile`'s ``start_builder``): each
+    one started runs its groups here at once, through the build process's own loop, and records them; one reaching a
+    group whose kernelName is in ``broken`` dies there (killed by SIGKILL), its later groups not run."""
 
-    def __init__(self, n: int, broken: tuple[str, ...] = ()) -> None:
-        self.n, self.broken, self.groups, self.shut = n, broken, [], False
+    def __init__(self, broken: tuple[str, ...] = ()) -> None:
+        self.broken, self.shares = broken, []
 
-    def submit(self, fn, build, group) -> Future:
-        self.groups.append(group)
-        fut: Future = Future()
-        if group[0][1].kernelName in self.broken:
-            fut.set_exception(BrokenProcessPool("a process in the pool was terminated abruptly"))
-        else:
-            fut.set_result(fn(build, group))
-        return fut
+    def __call__(self, index, build, groups, result) -> FakeBuilder:
+        from aiter_gemm.backends._triton_builder import run_share
 
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        self.shut = True
+        assert index == len(self.shares)
+        self.shares.append(groups)
+        alive = next((i for i, g in enumerate(groups) if g[0][1].kernelName in self.broken), len(groups))
+        run_share(build, groups[:alive], result)
+        return FakeBuilder(0 if alive == len(groups) else -signal.SIGKILL)
+
+    @property
+    def groups(self) -> list:
+        """Every group started, process by process."""
+        return [group for share in self.shares for group in share]
+
+
+class FakeBuilder:
+    """A finished build process: its exit status; ``killed`` counts :meth:`kill` calls."""
+
+    def __init__(self, code: int) -> None:
+        self.code, self.killed = code, 0
+
+    def wait(self) -> int:
+        return self.code
+
+    def kill(self) -> None:
+        self.killed += 1

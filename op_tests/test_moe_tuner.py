@@ -181,11 +181,11 @@ def test_the_tuner_builds_the_triton_candidates_before_timing_any(tmp_path, tiny
     from aiter_gemm.backends import _triton_precompile as tp
     from aiter_gemm.backends.fused_moe import triton as triton_backend
     from gradlib.tasks import WorkerRuntime
-    from op_tests.runtime_helpers import FakePool
+    from op_tests.runtime_helpers import FakeBuilders
 
     events = []
     monkeypatch.setattr(tp, "compiles_here", lambda: True)
-    monkeypatch.setattr(tp, "spawn_builders", FakePool)
+    monkeypatch.setattr(tp, "start_builder", FakeBuilders())
     monkeypatch.setattr(triton_backend, "build_job", lambda p, s: events.append(("build", p.token, s.kernelName)))
     run_item = WorkerRuntime.run_item
     monkeypatch.setattr(WorkerRuntime, "run_item",

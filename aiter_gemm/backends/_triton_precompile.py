@@ -3,22 +3,29 @@ precompile` (the tuner before it times anything, :func:`aiter_gemm.warmup` befor
 
 Triton compiles a kernel at its first launch with new constexprs or argument specializations, one after another in
 the process that launches it: the tuner's timing worker would compile every candidate in turn while the host's other
-cores sit idle. Here every distinct job runs once, in spawned build processes on the GPU, so Triton compiles the
+cores sit idle. Here every distinct job runs once, in build processes on the GPU (``python -m``
+:mod:`aiter_gemm.backends._triton_builder`: they never import the caller's ``__main__``), so Triton compiles the
 exact specializations a real call launches into its disk cache (``TRITON_CACHE_DIR``, default ``~/.triton/cache``);
 the worker's first launch of each is then a cache load. A backend gives the job to run (:data:`BuildJob`: its
 runner once, on zero inputs) and what of a problem its kernels depend on (:data:`Variant`). Jobs are grouped by
-solution, each group run in order by one process, so what its jobs share compiles once there. Without a GPU (CPU,
+solution, each group run in order by one process, so what its jobs share compiles once there; the groups are dealt to
+the processes ahead, and a process that dies fails only the groups it had not finished. Without a GPU (CPU,
 ``TRITON_INTERPRET=1``) nothing is compiled ahead: :func:`precompile_triton` returns at once.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -29,17 +36,28 @@ from aiter_gemm.kernels.common import INTERPRET
 log = logging.getLogger("aiter_gemm")
 
 Job = tuple[Problem, Solution]
-#: Runs one job once on this process's GPU (raising, saying why, where it cannot): a picklable module-level function,
-#: as spawned processes call it.
+#: Runs one job once on this process's GPU (raising, saying why, where it cannot): a module-level function of an
+#: importable module, as the build processes unpickle it.
 BuildJob = Callable[[Problem, Solution], None]
 #: What of ``problem`` the kernels ``solution`` launches for it depend on: jobs of one solution with equal values
 #: run the same compiled kernels, so only the first is built.
 Variant = Callable[[Problem, Solution], Hashable]
 #: Build processes by default, at most (each holds a CUDA context and its jobs' inputs).
 DEFAULT_WORKERS = 8
+#: The module a build process runs (``python -m``).
+BUILDER = "aiter_gemm.backends._triton_builder"
 
-# Kernels this build process compiled and loaded from Triton's cache (its compilation listener counts them).
-_counts = {"compiled": 0, "loaded": 0}
+
+class Builder(Protocol):
+    """A started build process (:class:`subprocess.Popen`)."""
+
+    def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+#: Starts build process ``index`` on its groups, their results appended to the path (:func:`start_builder`).
+Start = Callable[[int, BuildJob, list[list[Job]], Path], Builder]
 
 
 def default_workers() -> int:
@@ -77,91 +95,98 @@ def precompile_triton(jobs: Sequence[Job], build: BuildJob, variant: Variant = e
 
 
 def build_in_processes(groups: Sequence[Sequence[Job]], build: BuildJob, workers: int | None = None,
-                       start: Callable[[int], Executor] | None = None) -> dict[str, str]:
-    """Run each group's jobs in order in one of ``min(workers, groups)`` processes (``start(n)``: the executor, by
-    default spawned processes spread over the visible GPUs); kernelName -> why for the jobs that failed or whose
-    process died. Logs what was built and how long it took."""
+                       start: Start | None = None) -> dict[str, str]:
+    """Run each group's jobs in order in one of ``min(workers, groups)`` build processes (``start``: default
+    :func:`start_builder`); kernelName -> why for the jobs that failed or whose process died before building them.
+    Logs what was built and how long it took."""
     if not groups:
         return {}
     t0 = time.monotonic()
-    n = min(workers or default_workers(), len(groups))
+    shares = share(groups, min(workers or default_workers(), len(groups)))
     failed: dict[str, str] = {}
     counts = {"compiled": 0, "loaded": 0}
-    pool = (start or spawn_builders)(n)
-    try:
-        futures = [(group, pool.submit(build_group, build, list(group))) for group in groups]
-        for group, future in futures:
-            try:
-                bad, done = future.result()
-            except Exception as exc:  # noqa: BLE001 - a dead build process (BrokenProcessPool): the group failed
-                problem, sol = group[0]
-                bad, done = {sol.kernelName: f"{problem.label()}: its build process failed: {type(exc).__name__}: "
-                                             f"{exc}"}, {}
-            for name, why in bad.items():
-                failed.setdefault(name, why)
-            for key, value in done.items():
-                counts[key] += value
-    except Exception as exc:  # noqa: BLE001 - no process could start: the workers build per candidate, as before
-        stop(pool)
-        log.warning("Triton precompile: cannot build ahead (%s: %s); the kernels compile at their first launch",
-                    type(exc).__name__, exc)
-        return {group[0][1].kernelName: f"not built ahead: {type(exc).__name__}: {exc}" for group in groups}
-    except BaseException:  # Ctrl-C, SIGTERM: leave no process building
-        stop(pool)
-        raise
-    pool.shutdown()
+    procs: list[Builder] = []
+    with tempfile.TemporaryDirectory(prefix="aiter_gemm-triton-build-") as tmp:
+        results = [Path(tmp, f"{i}.result") for i in range(len(shares))]
+        try:
+            for i, part in enumerate(shares):
+                procs.append((start or start_builder)(i, build, part, results[i]))
+            for part, proc, result in zip(shares, procs, results):
+                code = proc.wait()
+                done = read_results(result)
+                for bad, built in done:
+                    for name, why in bad.items():
+                        failed.setdefault(name, why)
+                    for key, value in built.items():
+                        counts[key] += value
+                for group in part[len(done):]:
+                    problem, sol = group[0]
+                    failed.setdefault(sol.kernelName, f"{problem.label()}: its build process {ended(code)}")
+        except Exception as exc:  # noqa: BLE001 - a process could not start: the workers build per candidate, as before
+            stop(procs)
+            log.warning("Triton precompile: cannot build ahead (%s: %s); the kernels compile at their first launch",
+                        type(exc).__name__, exc)
+            return {group[0][1].kernelName: f"not built ahead: {type(exc).__name__}: {exc}" for group in groups}
+        except BaseException:  # Ctrl-C, SIGTERM: leave no process building
+            stop(procs)
+            raise
     log.info("Triton precompile: %d job(s) of %d solution(s) in %d process(es): %d kernel(s) compiled, %d loaded "
-             "from Triton's cache, %d failed, %.1f s", sum(map(len, groups)), len(groups), n, counts["compiled"],
-             counts["loaded"], len(failed), time.monotonic() - t0)
+             "from Triton's cache, %d failed, %.1f s", sum(map(len, groups)), len(groups), len(shares),
+             counts["compiled"], counts["loaded"], len(failed), time.monotonic() - t0)
     return failed
 
 
-def spawn_builders(n: int) -> ProcessPoolExecutor:
-    """``n`` spawned build processes (CUDA cannot be forked), the i-th on visible GPU ``i % count``."""
-    ctx = mp.get_context("spawn")
-    return ProcessPoolExecutor(n, mp_context=ctx, initializer=init_builder, initargs=(ctx.Value("i", 0),))
+def share(groups: Sequence[Sequence[Job]], n: int) -> list[list[list[Job]]]:
+    """``groups`` dealt to ``n`` processes, the longest first to the one with the fewest jobs so far (one process's
+    long groups do not hold up the build); each process's groups in first-seen order."""
+    load, owner = [0] * n, {}
+    for i in sorted(range(len(groups)), key=lambda i: -len(groups[i])):
+        owner[i] = load.index(min(load))
+        load[owner[i]] += len(groups[i])
+    return [[list(g) for i, g in enumerate(groups) if owner[i] == p] for p in range(n)]
 
 
-def stop(pool: Executor) -> None:
-    """Cancel what has not started and end the build processes now (their partial builds are not cached)."""
-    # concurrent.futures has no public way to end running workers before Python 3.14's terminate_workers; shutdown
-    # forgets them, so they are listed first.
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
+def start_builder(index: int, build: BuildJob, groups: list[list[Job]], result: Path) -> subprocess.Popen:
+    """Build process ``index`` (on visible GPU ``index % count``) running ``groups`` with ``build``, its groups'
+    results appended to ``result``: ``python -m`` :data:`BUILDER` with this process's environment and ``sys.path``
+    (as ``PYTHONPATH``, and ``-P`` so the working directory is not put before it: a checkout that is not installed
+    imports as here). Not multiprocessing: its spawned children re-import the caller's ``__main__``."""
+    request = result.with_suffix(".request")
+    request.write_bytes(pickle.dumps((index, os.getpid(), build, groups)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path)}
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return subprocess.Popen([sys.executable, *safe_path, "-m", BUILDER, str(request), str(result)], env=env,
+                            stdin=subprocess.DEVNULL)
+
+
+def read_results(result: Path) -> list[tuple[dict[str, str], dict[str, int]]]:
+    """The group results (kernelName -> why, kernels compiled and loaded) a build process appended to ``result``: none
+    where it wrote nothing; a record cut short by its death ends the list."""
+    out = []
+    try:
+        with open(result, "rb") as f:
+            while True:
+                out.append(pickle.load(f))
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+        return out
+
+
+def ended(code: int) -> str:
+    """How a build process that left groups unbuilt ended, from its exit status."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code} before building it (its stderr says why)"
+
+
+def stop(procs: Sequence[Builder]) -> None:
+    """End the build processes now (their partial builds are not cached) and reap them."""
     for proc in procs:
         proc.kill()
-
-
-def init_builder(counter) -> None:  # noqa: ANN001 - a multiprocessing Value
-    """A build process's start: its GPU (the next of the visible ones), and a listener counting what Triton
-    compiles and what it loads from its cache."""
-    with counter.get_lock():
-        index = counter.value
-        counter.value += 1
-    if torch.cuda.is_available():
-        torch.cuda.set_device(index % torch.cuda.device_count())
-    import triton
-
-    compilation = getattr(getattr(triton, "knobs", None), "compilation", None)  # Triton >= 3.4
-    if compilation is not None and hasattr(compilation, "listener"):
-        compilation.listener = _count
-
-
-def _count(*, cache_hit: bool, **_: object) -> None:
-    _counts["loaded" if cache_hit else "compiled"] += 1
-
-
-def build_group(build: BuildJob, jobs: list[Job]) -> tuple[dict[str, str], dict[str, int]]:
-    """Run ``jobs`` in order in this process: (kernelName -> why for those that raised, kernels compiled and
-    loaded meanwhile)."""
-    before = dict(_counts)
-    failed: dict[str, str] = {}
-    for problem, sol in jobs:
-        try:
-            build(problem, sol)
-        except Exception as exc:  # noqa: BLE001 - a job that cannot build is a failed job, not a crash
-            failed.setdefault(sol.kernelName, f"{problem.label()}: {type(exc).__name__}: {exc}")
-    return failed, {key: _counts[key] - before[key] for key in _counts}
+    for proc in procs:
+        proc.wait()
 
 
 def run_once(backend: Backend, problem: Problem, solution: Solution,
