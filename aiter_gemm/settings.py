@@ -153,6 +153,9 @@ class Settings:
     sglang_tilelang_dirs: tuple[str, ...] = ()
     # AITER_GEMM_FUSED_MOE_CONFIGS folders (colon-separated): vLLM/SGLang fused-MoE JSON files (E=..,N=..,...json).
     fused_moe_dirs: tuple[str, ...] = ()
+    # AITER_GEMM_PRECOMPILE_WORKERS: processes (Triton) or compiler threads (TileLang) that build kernels ahead
+    # (the backends' precompile: aiter_gemm.warmup, the tuners); None: each backend's default.
+    precompile_workers: int | None = None
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -173,7 +176,22 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         triton_config_dirs=_folders(env, "AITER_GEMM_TRITON_CONFIGS") + (str(default_config_dir() / "triton"),),
         sglang_tilelang_dirs=_folders(env, "AITER_GEMM_SGLANG_TILELANG_DIR"),
         fused_moe_dirs=_folders(env, "AITER_GEMM_FUSED_MOE_CONFIGS"),
+        precompile_workers=_positive(env, "AITER_GEMM_PRECOMPILE_WORKERS"),
     )
+
+
+def _positive(env: Mapping[str, str], name: str) -> int | None:
+    """A count setting: a positive integer, or None where unset or empty; ValueError naming the variable."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = parse_int(raw)
+    except ValueError as exc:
+        raise ValueError(f"aiter_gemm: {name} {exc}, got {shown(raw)}") from None
+    if value < 1:
+        raise ValueError(f"aiter_gemm: {name} must be a positive integer, got {raw!r}")
+    return value
 
 
 def _folders(env: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -149,8 +149,9 @@ def precompile(op: str, libtypes: tuple[str, ...], problems: list[Problem], iden
                quick: bool, fixed: Callable[[Problem, DeviceIdentity], tuple[Solution, ...]] | None) -> None:
     """Let each backend build what its candidates need before any is timed (TileLang: every kernel compiled in
     parallel into its disk cache, so each worker's ``prepare`` loads it in milliseconds instead of running nvcc per
-    candidate). A backend that cannot build here (its package missing in this process) is skipped with a warning:
-    the workers then build, or fail, candidate by candidate."""
+    candidate; Triton: each distinct candidate run once in parallel build processes, into Triton's disk cache). A
+    backend that cannot build here (its package missing in this process) is skipped with a warning: the workers then
+    build, or fail, candidate by candidate."""
     from aiter_gemm.backends.base import Backend
     from aiter_gemm.registry import op_spec
     from gradlib.tasks import enumerate_solutions

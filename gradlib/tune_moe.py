@@ -15,7 +15,9 @@ default pair; ``--quick``: the short list), then stage by stage (``--stage_searc
 GEMM2's configs beside the best GEMM1 config, then GEMM1's beside the best GEMM2 config; ``torch`` (grouped_mm where
 it runs, the per-expert loop) is timed too and is the baseline; ``deepgemm`` (FP8 experts on DeepGEMM's grouped
 GEMMs, one candidate; its JIT called once per shape first) when ``--libtype`` names it (opt-in: it is checked
-against its own reference, GEMM1's output rounded to bf16). Each candidate runs
+against its own reference, GEMM1's output rounded to bf16). Before anything is timed, the Triton candidates' kernels
+are built in parallel processes into Triton's disk cache (:func:`gradlib.driver.precompile`, the backend's
+``precompile``; ``AITER_GEMM_PRECOMPILE_WORKERS``), so workers load them instead of compiling. Each candidate runs
 in a worker of the crash-isolated pool (``--mp``, ``--timeout``), is checked against the float32 reference
 (``--errRatio``) and timed by CUDA-graph replay over rotating copies of the experts larger than twice the L2, tokens
 routed as ``--routing`` says; the winner is re-timed against the op's untuned default and torch's experts before it

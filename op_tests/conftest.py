@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 HAS_GPU = torch.cuda.is_available()
 _AITER_VARS = ("AITER_CONFIG_", "AITER_TUNE_GEMM", "AITER_UNTUNED_GEMM_FILE", "AITER_LOG_TUNED_CONFIG",
                "AITER_GEMM_ARCH", "AITER_GEMM_CU_NUM", "AITER_GEMM_DEVICE_NAME", "AITER_GEMM_TRITON_CONFIGS",
-               "AITER_GEMM_SGLANG_TILELANG_DIR", "CU_NUM", "GPU_ARCHS", "GTUNE_")
+               "AITER_GEMM_SGLANG_TILELANG_DIR", "AITER_GEMM_PRECOMPILE_WORKERS", "CU_NUM", "GPU_ARCHS", "GTUNE_")
 
 
 def pytest_collection_modifyitems(config, items):

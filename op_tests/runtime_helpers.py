@@ -1,5 +1,6 @@
-"""Helpers shared by the runtime and tuner tests: a recording fake backend, tuned-CSV writers, and running a tuner
-as a subprocess (environment, SIGKILL mid-run, resume)."""
+"""Helpers shared by the runtime and tuner tests: a recording fake backend, tuned-CSV writers, running a tuner as a
+subprocess (environment, SIGKILL mid-run, resume), and in-process stand-ins for the tuner's executor and the Triton
+build processes."""
 
 from __future__ import annotations
 
@@ -164,3 +165,39 @@ class InlineExecutor:
 
     def close(self) -> None:
         self._task = None
+
+
+class FakeBuilders:
+    """In-process Triton build processes (:mod:`aiter_gemm.backends._triton_precompile`'s ``start_builder``): each
+    one started runs its groups here at once, through the build process's own loop, and records them; one reaching a
+    group whose kernelName is in ``broken`` dies there (killed by SIGKILL), its later groups not run."""
+
+    def __init__(self, broken: tuple[str, ...] = ()) -> None:
+        self.broken, self.shares = broken, []
+
+    def __call__(self, index, build, groups, result) -> FakeBuilder:
+        from aiter_gemm.backends._triton_builder import run_share
+
+        assert index == len(self.shares)
+        self.shares.append(groups)
+        alive = next((i for i, g in enumerate(groups) if g[0][1].kernelName in self.broken), len(groups))
+        run_share(build, groups[:alive], result)
+        return FakeBuilder(0 if alive == len(groups) else -signal.SIGKILL)
+
+    @property
+    def groups(self) -> list:
+        """Every group started, process by process."""
+        return [group for share in self.shares for group in share]
+
+
+class FakeBuilder:
+    """A finished build process: its exit status; ``killed`` counts :meth:`kill` calls."""
+
+    def __init__(self, code: int) -> None:
+        self.code, self.killed = code, 0
+
+    def wait(self) -> int:
+        return self.code
+
+    def kill(self) -> None:
+        self.killed += 1

@@ -174,6 +174,29 @@ def test_real_kernels_rows_and_vllm_files_the_op_replays(tmp_path, tiny_model, c
     assert (got["matched"], got["kernelName"]) == ("json", SHARED)
 
 
+def test_the_tuner_builds_the_triton_candidates_before_timing_any(tmp_path, tiny_model, inline, monkeypatch):
+    """The driver hands the triton backend's precompile every (token, candidate) job before the first item is timed;
+    its builds (a GPU check that passes, in-process build processes) run once per distinct kernel set: the token
+    counts of a pair without KSUM share theirs."""
+    from aiter_gemm.backends import _triton_precompile as tp
+    from aiter_gemm.backends.fused_moe import triton as triton_backend
+    from gradlib.tasks import WorkerRuntime
+    from op_tests.runtime_helpers import FakeBuilders
+
+    events = []
+    monkeypatch.setattr(tp, "compiles_here", lambda: True)
+    monkeypatch.setattr(tp, "start_builder", FakeBuilders())
+    monkeypatch.setattr(triton_backend, "build_job", lambda p, s: events.append(("build", p.token, s.kernelName)))
+    run_item = WorkerRuntime.run_item
+    monkeypatch.setattr(WorkerRuntime, "run_item",
+                        lambda self, task, i: events.append(("time", task.kind)) or run_item(self, task, i))
+    pair = f"{SHARED};{OTHER}"
+    assert main(["--model_dir", str(tiny_model), "--token", "2,8", "--candidates", f"{SHARED},{pair}",
+                 "--confirm_rounds", "0", "-o", str(tmp_path / "tuned.csv")]) == 0
+    assert events[:2] == [("build", 2, SHARED), ("build", 2, pair)]
+    assert events[2:] and all(kind == "time" for kind, _ in events[2:])
+
+
 def test_an_unreadable_vllm_file_is_left_alone(tmp_path, caplog):
     """A vLLM file that does not read as one keeps its text; the error names it."""
     from aiter_gemm.device import DeviceIdentity

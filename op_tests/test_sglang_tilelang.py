@@ -265,7 +265,7 @@ def test_warm_up_reports_entries_that_cannot_run(sglang_env, tmp_path):
     mp.setenv("AITER_GEMM_SGLANG_TILELANG_DIR", str(folder))
     aiter_gemm.reload_configs()
     built: list = []
-    mp.setattr(tl, "precompile", lambda jobs: built.extend(jobs) or {})
+    mp.setattr(tl, "precompile", lambda jobs, workers=None: built.extend(jobs) or {})
     failed = disp.warm_up(True)["failed"]
     assert [why for name, why in failed.items() if "_SW2147483648" in name] == [
         f"TileLang config {sglang_tilelang.entry_solution(bad).kernelName}: swizzle=2147483648 must be in 0..1024"]

@@ -280,6 +280,9 @@ class Backend:
     #: (0: never), where a whole model's eager step measured slower with this backend's launches among the
     #: library's than with the library's alone.
     eager_max_m: int = 0
+    #: Processes or compiler threads :meth:`precompile` builds with (``AITER_GEMM_PRECOMPILE_WORKERS``, set by
+    #: :meth:`configure`); None: the backend's default.
+    precompile_workers: int | None = None
 
     def launch_is_cheap(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> bool:
         """Whether an eager call of ``solution`` on ``device`` costs about the library call's host time (the
@@ -296,7 +299,9 @@ class Backend:
 
     def configure(self, settings: Settings) -> None:
         """Take the runtime's settings (read once from the environment) and forget anything derived from the
-        previous ones. The dispatcher calls it before a backend's first use and again after every reload."""
+        previous ones. The dispatcher calls it before a backend's first use and again after every reload. An
+        override calls this one (it takes :attr:`precompile_workers`)."""
+        self.precompile_workers = settings.precompile_workers
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         """Why ``solution`` cannot run ``problem`` on ``device`` (malformed name, shape or dtype unsupported, stale

@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref
-from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK, zero_operands
 from aiter_gemm.kernels.common import NamedChoice
 
 __all__ = ["LIBTYPE", "NAME", "DeepGemmFP8", "gemm_a8w8_blockscale_deepgemm", "gemm_a8w8_blockscale_deepgemm_ref",
@@ -138,11 +138,7 @@ def warm(jobs: Iterable[tuple[int, int, int, torch.dtype]], device: torch.device
     for job in dict.fromkeys(jobs):
         M, N, K, dtype = job
         try:
-            kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
-            XQ = torch.zeros((M, K), dtype=FP8, device=device)
-            WQ = torch.zeros((N, K), dtype=FP8, device=device)
-            launcher(M, N, K, dtype)(XQ, WQ, torch.ones((M, kb), device=device), torch.ones((nb, kb), device=device),
-                                     dtype)
+            launcher(M, N, K, dtype)(*zero_operands(M, N, K, device), dtype)
         except Exception as exc:  # noqa: BLE001 - a shape DeepGEMM cannot build is a failed job, not a crash
             failed[job] = f"{type(exc).__name__}: {exc}"
     if device.type == "cuda":

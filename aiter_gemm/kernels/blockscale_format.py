@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FP8", "FP8_MAX", "MIN_SCALE", "SCALE_BLOCK"]
+__all__ = ["FP8", "FP8_MAX", "MIN_SCALE", "SCALE_BLOCK", "zero_operands"]
 
 #: Quantization block: the K groups of x_scale and both sides of w_scale's blocks. Fixed by the data format.
 SCALE_BLOCK = 128
@@ -20,3 +20,12 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)
 #: Smallest scale: an all-zero group quantizes to zeros instead of dividing by zero.
 MIN_SCALE = 1e-12
+
+
+def zero_operands(M: int, N: int, K: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(XQ, WQ, x_scale, w_scale) of an (M, N, K) GEMM: zero FP8 operands, unit scales, x_scale row-major (as the
+    tuner's inputs): what a call that only builds or warms the kernels of that shape runs on."""
+    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+    return (torch.zeros((M, K), dtype=FP8, device=device), torch.zeros((N, K), dtype=FP8, device=device),
+            torch.ones((M, kb), device=device), torch.ones((nb, kb), device=device))

@@ -43,11 +43,12 @@ from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8, per_token_gr
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET, tile_coords
 from aiter_gemm.kernels.fused_moe_config import MoeConfig, config_error, config_space, default_config, usage_error
-from aiter_gemm.kernels.moe_align import moe_align_block_size
+from aiter_gemm.kernels.moe_align import moe_align_block_size, padded_bound
 from aiter_gemm.triton_launch import LaunchSequence
 
 __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "config_space", "default_config",
-           "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size"]
+           "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size", "uses_ksum",
+           "zero_block", "zero_inputs"]
 
 #: The activations of the gate: SiLU, and GELU in torch's default (erf) form.
 ACTIVATIONS = ("silu", "gelu")
@@ -341,6 +342,45 @@ def k_splits(K: int, cfg: MoeConfig) -> tuple[int, int]:
     return per_split, -(-k_blocks // per_split)
 
 
+def uses_ksum(topk: int, inter_dim: int, config2: MoeConfig) -> bool:
+    """Whether GEMM2 sums each token's k slots itself (``KSUM``) into counters GEMM1 clears: a ``KSUM`` config
+    with k > 1 and one K split."""
+    return config2.ksum and topk > 1 and k_splits(inter_dim, config2)[1] == 1
+
+
+def _zero_block(num_zero: int, programs: int) -> int:
+    """GEMM1's ``ZERO_BLOCK``: the counters each of its ``programs`` grid rows clears, a power of two."""
+    return triton.next_power_of_2(triton.cdiv(num_zero, programs))
+
+
+def zero_block(T: int, E: int, topk: int, H: int, inter_dim: int, config1: MoeConfig, config2: MoeConfig) -> int:
+    """GEMM1's ``ZERO_BLOCK`` in a call of these sizes and configs (0: no counters to clear). The only constexpr of
+    a call's kernels the token count T changes (T and the pair and block counts are not specialized on, the strides
+    do not depend on T), so calls whose T give the same value run the same compiled kernels."""
+    if T < 1 or not uses_ksum(topk, inter_dim, config2):
+        return 0
+    pairs = T * topk
+    m_blocks = pairs if config1.direct else triton.cdiv(padded_bound(pairs, E, config1.block_m), config1.block_m)
+    return _zero_block(T * triton.cdiv(H, config2.block_n), m_blocks * triton.cdiv(inter_dim, config1.block_n))
+
+
+def zero_inputs(T: int, H: int, inter_dim: int, E: int, topk: int, dtype: torch.dtype, fp8: bool,
+                device: torch.device) -> tuple:
+    """A call's inputs on zero experts (FP8: unit block scales), each token routed to k consecutive experts with
+    weight 1/k, int32 ids and float32 weights as the tuner's routing gives them: what a call that only builds or
+    warms the kernels of these sizes runs on (shapes, dtypes and layouts matter, values do not)."""
+    wtype = FP8 if fp8 else dtype
+    w1 = torch.zeros((E, 2 * inter_dim, H), dtype=wtype, device=device)
+    w2 = torch.zeros((E, H, inter_dim), dtype=wtype, device=device)
+    s1 = s2 = None
+    if fp8:
+        s1 = torch.ones((E, triton.cdiv(2 * inter_dim, SCALE_BLOCK), triton.cdiv(H, SCALE_BLOCK)), device=device)
+        s2 = torch.ones((E, triton.cdiv(H, SCALE_BLOCK), triton.cdiv(inter_dim, SCALE_BLOCK)), device=device)
+    ids = (torch.arange(T * topk, device=device) % E).view(T, topk).to(torch.int32)
+    return (torch.zeros((T, H), dtype=dtype, device=device), w1, w2,
+            torch.full((T, topk), 1.0 / topk, device=device), ids, s1, s2)
+
+
 def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *, a_row_div: int, c_row_div: int,
               gated: bool, activation: str, num_pairs: int, topk: int, zero: torch.Tensor | None = None,
               ksum: tuple[torch.Tensor, torch.Tensor] | None = None, launches: LaunchSequence | None = None) -> None:
@@ -376,7 +416,7 @@ def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *
         A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div, GATED=gated, ACTIVATION=activation,
         MUL_ROUTED_WEIGHT=topk_weight is not None, FP8=fp8, QUANT_A=cfg.quant_a, DIRECT=cfg.direct,
         KSUM=ksum is not None, TOPK=topk,
-        ZERO_BLOCK=0 if zero is None else triton.next_power_of_2(triton.cdiv(zero.numel(), grid[0])),
+        ZERO_BLOCK=0 if zero is None else _zero_block(zero.numel(), grid[0]),
         SCALE_GROUP=SCALE_BLOCK, B_SCALAR=SCALE_BLOCK % cfg.block_n == 0 and (not gated or n % SCALE_BLOCK == 0),
         SPLIT_K=splits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, EVEN_K=K % cfg.block_k == 0, UPCAST=INTERPRET, num_warps=cfg.num_warps,
@@ -435,7 +475,7 @@ def launch_fused_moe(
         return aligned[cfg.block_m]
 
     # GEMM2 sums the k slots itself (KSUM) into per-(token, column tile) counters that GEMM1 clears.
-    ksum = config2.ksum and topk > 1 and k_splits(inter_dim, config2)[1] == 1
+    ksum = uses_ksum(topk, inter_dim, config2)
     counters = torch.empty(T * -(-H // config2.block_n), dtype=torch.int32, device=dev) if ksum else None
     common = dict(activation=activation, num_pairs=num_pairs, topk=topk, launches=launches)
 

@@ -29,8 +29,7 @@ import torch
 from aiter_gemm.backends.base import MoeProblem
 from aiter_gemm.kernels import a8w8_blockscale_deepgemm as dg_impl
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8
-from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
-from aiter_gemm.kernels.fused_moe import fused_moe_ref
+from aiter_gemm.kernels.fused_moe import fused_moe_ref, zero_inputs
 from aiter_gemm.kernels.fused_moe_torch import ACTIVATIONS, Routing, combine, gated, route
 
 __all__ = ["ALIGNMENT", "GROUPED_GEMM", "LIBTYPE", "MAX_REL_ERR", "NAME", "ContiguousLayout", "contiguous_layout",
@@ -171,14 +170,7 @@ def warm(problems: Iterable[MoeProblem], device: torch.device | None = None) -> 
                 continue
             run = launcher(p)
             done.add(key)
-            blocks = (-(-2 * inter // SCALE_BLOCK), -(-H // SCALE_BLOCK), -(-inter // SCALE_BLOCK))
-            ids = (torch.arange(T * k, device=device) % E).view(T, k).to(torch.int32)
-            run(torch.zeros((T, H), dtype=p.dtype, device=device),
-                torch.zeros((E, 2 * inter, H), dtype=FP8, device=device),
-                torch.zeros((E, H, inter), dtype=FP8, device=device),
-                torch.full((T, k), 1.0 / k, device=device), ids,
-                torch.ones((E, blocks[0], blocks[1]), device=device),
-                torch.ones((E, blocks[1], blocks[2]), device=device))
+            run(*zero_inputs(T, H, inter, E, k, p.dtype, True, device))
         except Exception as exc:  # noqa: BLE001 - a shape DeepGEMM cannot build is a failed job, not a crash
             failed[p] = f"{type(exc).__name__}: {exc}"
     if device.type == "cuda":

@@ -92,7 +92,7 @@ class BlockscaleTileLangBackend(Backend):
                 unbuilt[sol.kernelName] = str(exc)
                 continue
             want[(problem.N, problem.K, cfg, problem.otype)] = sol.kernelName
-        failed = tl_impl.precompile(list(want)) if want else {}
+        failed = tl_impl.precompile(list(want), workers=self.precompile_workers) if want else {}
         return unbuilt | {want[job]: why for job, why in failed.items()}
 
 

@@ -9,17 +9,20 @@ Where the C++ extension is built, the runner binds its launches (:mod:`aiter_gem
 of each layout of the operands (strides, device; 16-byte aligned), after Triton's own launch, and later calls launch
 them from C++: a few microseconds of host time instead of Triton's launcher's ~30, so eager calls on a CUDA GPU keep
 the decision (:meth:`BlockscaleTritonBackend.launch_is_cheap`) instead of giving way to torch's block-scaled matmul.
+:meth:`~BlockscaleTritonBackend.precompile` builds the kernels of (problem, solution) jobs in parallel build processes
+into Triton's disk cache (:mod:`aiter_gemm.backends._triton_precompile`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from aiter_gemm import triton_launch
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends._triton_precompile import precompile_triton, run_once
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
@@ -31,7 +34,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
     default_config,
     gemm_a8w8_blockscale_triton,
 )
-from aiter_gemm.kernels.blockscale_format import FP8
+from aiter_gemm.kernels.blockscale_format import FP8, zero_operands
 from aiter_gemm.kernels.common import INTERPRET, splitk_reduce
 
 NAME = "triton"
@@ -197,6 +200,17 @@ class BlockscaleTritonBackend(Backend):
 
     def quick_candidates(self, problem: GemmProblem, device: DeviceIdentity) -> list[Solution]:
         return self._space(problem, device, quick=True)
+
+    def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
+        """Build the jobs' kernels in parallel into Triton's disk cache (each distinct job run once on zero operands,
+        :func:`build_job`); kernelName -> why for those that failed. No GPU: {}."""
+        return precompile_triton(jobs, build_job, workers=self.precompile_workers)
+
+
+def build_job(problem: GemmProblem, solution: Solution) -> None:
+    """Run ``solution`` once on ``problem``'s zero operands on this process's GPU: a build process's job."""
+    p = problem
+    run_once(BACKEND, p, solution, lambda device: (*zero_operands(p.M, p.N, p.K, device), p.otype))
 
 
 BACKEND = BlockscaleTritonBackend()

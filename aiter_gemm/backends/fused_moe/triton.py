@@ -12,17 +12,22 @@ Where the C++ extension is built and Triton compiles, the runner binds its launc
 a split GEMM1's epilogue: :mod:`aiter_gemm.triton_launch`) on the first call of each layout of its tensors, after
 Triton's own launches, and later eager calls launch them from C++, each plan checking the call's tensors; calls
 under CUDA-graph capture run Triton's launches as before (a graph has no per-call host cost to save).
+:meth:`~FusedMoeTritonBackend.precompile` builds the kernels of (problem, solution) jobs in parallel build processes
+into Triton's disk cache (:mod:`aiter_gemm.backends._triton_precompile`; the tuner before timing, :func:`aiter_gemm.
+warmup`), one build per solution and :func:`~aiter_gemm.kernels.fused_moe.zero_block` value of the token counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from aiter_gemm import cudagraph, triton_launch
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
+from aiter_gemm.backends._triton_precompile import precompile_triton, run_once
 from aiter_gemm.backends.a8w8_blockscale.triton import binds
 from aiter_gemm.backends.base import Backend, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import pair_name, stage_names
@@ -231,6 +236,31 @@ class FusedMoeTritonBackend(Backend):
 
     def quick_candidates(self, problem: MoeProblem, device: DeviceIdentity) -> list[Solution]:
         return self._space(problem, device, quick=True)
+
+    def precompile(self, jobs: Sequence[tuple[MoeProblem, Solution]]) -> dict[str, str]:
+        """Build the jobs' kernels in parallel into Triton's disk cache (:func:`~aiter_gemm.backends.
+        _triton_precompile.precompile_triton`: each distinct job run once, :func:`build_job`; token counts with the
+        same :func:`kernel_variant` share kernels); kernelName -> why for those that failed. No GPU: {}."""
+        return precompile_triton(jobs, build_job, kernel_variant, self.precompile_workers)
+
+
+def kernel_variant(problem: MoeProblem, solution: Solution) -> Hashable:
+    """What of ``problem`` the kernels of ``solution`` depend on: everything but the token count, which counts only
+    through :func:`~aiter_gemm.kernels.fused_moe.zero_block` (a name that does not parse: the whole problem)."""
+    try:
+        config1, config2 = configs_of(solution)
+    except ValueError:
+        return problem
+    p = problem
+    return replace(p, token=0), fm.zero_block(p.token, p.expert, p.topk, p.model_dim, p.inter_dim, config1, config2)
+
+
+def build_job(problem: MoeProblem, solution: Solution) -> None:
+    """Run ``solution`` once on ``problem``'s sizes on zero experts (:func:`~aiter_gemm.kernels.fused_moe.
+    zero_inputs`) on this process's GPU, so Triton builds (or loads) what its calls launch: a build process's job."""
+    p = problem
+    run_once(BACKEND, p, solution, lambda device: fm.zero_inputs(p.token, p.model_dim, p.inter_dim, p.expert, p.topk,
+                                                                 p.dtype, p.fp8, device))
 
 
 BACKEND = FusedMoeTritonBackend()
