@@ -153,6 +153,27 @@ def test_bad_ids_contribute_nothing_when_unchecked(monkeypatch):
         assert_close(fused_moe_triton(x, w1, w2, tw, ti, config1=c1, config2=c2), fused_moe_ref(x, w1, w2, tw, ti))
 
 
+@pytest.mark.parametrize("direct, T, H", [(False, 37, 512), (True, 3, 4096)])
+def test_ksum_counters_are_cleared_past_one_chunk(monkeypatch, direct, T, H):
+    """GEMM1 clears GEMM2's KSUM counters in runtime-sized chunks (``ZERO_CHUNK`` per store): with more counters per
+    GEMM1 program than one chunk and stale values in the counters' memory, every token's row is still written."""
+    k, E, inter = 2, 4, 32
+    c1, c2 = MoeConfig(16, 32, 32, direct=direct), MoeConfig(16, 32, 32, direct=direct, ksum=True)
+    pairs = T * k
+    programs = (pairs if direct else padded_bound(pairs, E, 16) // 16) * -(-inter // 32)
+    assert T * (H // 32) > programs * fm.ZERO_CHUNK.value  # more than one chunk per program
+    empty = torch.empty
+
+    def stale(*args, **kw):  # int32 scratch (the counters) comes back holding old arrivals
+        t = empty(*args, **kw)
+        return t.fill_(1) if t.dtype == torch.int32 else t
+
+    x, w1, w2, tw, ti = problem(T, k, E, H, inter)
+    want = fused_moe_ref(x, w1, w2, tw, ti)
+    monkeypatch.setattr(torch, "empty", stale)
+    assert_close(fused_moe_triton(x, w1, w2, tw, ti, config1=c1, config2=c2), want)
+
+
 # ------------------------------------------------------------------------------------------------- variants
 
 #: (GEMM1, GEMM2) configs of the variants: no sorting, the k-sum in GEMM2, both; FP8 adds in-kernel quantization.

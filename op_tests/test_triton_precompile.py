@@ -1,9 +1,10 @@
 """Triton kernels built ahead in parallel (:mod:`aiter_gemm.backends._triton_precompile`) for the ``fused_moe`` and
-``gemm_a8w8_blockscale`` Triton backends: jobs deduplicated (a MoE solution's token counts share kernels unless
-GEMM1's ``ZERO_BLOCK`` differs), grouped per solution and split over the build processes, failures and dead
-processes named per kernel, nothing done without a GPU, the process count from ``AITER_GEMM_PRECOMPILE_WORKERS``.
-The build processes are faked in-process, or real ones run a trivial job (and a caller's ``__main__`` is not run
-again in them); the GPU test checks that a candidate's first launch after ``precompile`` compiles nothing."""
+``gemm_a8w8_blockscale`` Triton backends: jobs deduplicated (a MoE solution's token counts share kernels; each GEMM1
+config also built in the counter-clearing variant the jobs lack), grouped per solution and split over the build
+processes, failures and dead processes named per kernel, nothing done without a GPU, the process count from
+``AITER_GEMM_PRECOMPILE_WORKERS``. The build processes are faked in-process, or real ones run a trivial job (and a
+caller's ``__main__`` is not run again in them); the GPU test checks that a candidate's first launch after
+``precompile`` compiles nothing."""
 
 from __future__ import annotations
 
@@ -63,39 +64,71 @@ def fake_builders(monkeypatch):
 # ---- what is built, where ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("first, second", [(PLAIN, PLAIN), (PLAIN, KSUM), (DIRECT, KSUM)])
 @pytest.mark.parametrize("token", [1, 2, 5, 16, 33, 64])
-def test_zero_block_is_what_the_launch_passes_gemm1(monkeypatch, first, second, token):
-    """:func:`~aiter_gemm.kernels.fused_moe.zero_block`, the token count's one say in the kernels, is the
-    ``ZERO_BLOCK`` the launcher gives GEMM1 (and GEMM2 gets 0)."""
+def test_gemm1_clears_the_ksum_counters_by_a_runtime_count(monkeypatch, first, second, token):
+    """GEMM1's clearing of GEMM2's KSUM counters is a constexpr flag (``ZERO``: where GEMM2 sums the k slots,
+    :func:`~aiter_gemm.kernels.fused_moe.uses_ksum`) and a runtime count per program that covers every counter, so
+    the token count compiles no kernel of its own; GEMM2 clears nothing."""
     got = []
 
     class Recorder:
+        arg_names = fm._fused_moe_kernel.arg_names
+
         def __getitem__(self, grid):
-            return lambda *args, **kw: got.append(kw["ZERO_BLOCK"])
+            return lambda *args, **kw: got.append((kw["ZERO"], kw["zero_per_program"], kw["num_zero"], grid[0]))
 
     monkeypatch.setattr(fm, "_fused_moe_kernel", Recorder())
     c1, c2 = MoeConfig.parse(first), MoeConfig.parse(second)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # moe_align runs: interpreted on CPU
     inputs = fm.zero_inputs(token, 128, 64, 4, 2, torch.bfloat16, False, device)
     fm.launch_fused_moe(*inputs, "silu", c1, c2)
-    assert got == [fm.zero_block(token, 4, 2, 128, 64, c1, c2), 0]
-    assert (got[0] > 0) == (second == KSUM)
+    (zero1, per, count, programs), (zero2, per2, count2, _) = got
+    assert zero1 == fm.uses_ksum(2, 64, c2) == (second == KSUM)
+    assert not zero2 and per2 == count2 == 0
+    if zero1:
+        assert count == token * 4 and (per - 1) * programs < count <= per * programs
+    else:
+        assert per == count == 0
 
 
 def test_moe_jobs_dedupe_token_counts_that_share_kernels(fake_builders, monkeypatch):
-    """One build per solution and ZERO_BLOCK: the plain pair's token counts all share one; the KSUM pair's differ
-    where ZERO_BLOCK does; a duplicate job is built once; each solution is one group, in first-seen order."""
+    """One build per solution whatever the token counts (and of a duplicate job); each solution one group; a pair
+    whose GEMM1 config already has both counter-clearing variants among the jobs adds no build."""
     built = []
     monkeypatch.setattr(moe_triton, "build_job", lambda p, s: built.append((p.token, s.kernelName)))
     plain, ksum = _pair(PLAIN, PLAIN), _pair(PLAIN, KSUM)
     tokens = [1, 2, 4, 8, 16, 32, 64]
     jobs = [(_moe(t), s) for t in tokens for s in (plain, ksum)] + [(_moe(1), plain)]
     assert moe_triton.BACKEND.precompile(jobs) == {}
-    zero = {t: fm.zero_block(t, 4, 2, 128, 64, MoeConfig.parse(PLAIN), MoeConfig.parse(KSUM)) for t in tokens}
-    want_ksum = [t for t in tokens if t == min(u for u in tokens if zero[u] == zero[t])]
-    assert len(set(zero.values())) > 1  # the case tells the two apart
-    assert sorted(built) == sorted([(1, plain.kernelName)] + [(t, ksum.kernelName) for t in want_ksum])
-    (builders,) = fake_builders  # two processes, the longer group dealt first
-    assert [[[s for _, s in g] for g in share] for share in builders.shares] == [[[ksum] * len(want_ksum)], [[plain]]]
+    assert sorted(built) == sorted([(1, plain.kernelName), (1, ksum.kernelName)])
+    (builders,) = fake_builders
+    assert sorted(s.kernelName for g in builders.groups for _, s in g) == sorted([plain.kernelName, ksum.kernelName])
+
+
+def test_each_gemm1_config_is_built_in_both_counter_variants(fake_builders, monkeypatch):
+    """The tuner's per-stage rounds pair every GEMM1 config with the GEMM2 winner, KSUM or not: precompile builds
+    each GEMM1 config of the jobs with a KSUM GEMM2 and with a plain one (:func:`ksum_partners`), and reports
+    failures of the jobs it was given only."""
+    built = []
+
+    def build(p, s):
+        built.append(s.kernelName)
+        if s.kernelName == _pair(DIRECT, PLAIN).kernelName:
+            raise RuntimeError("an extra build failed")
+
+    monkeypatch.setattr(moe_triton, "build_job", build)
+    jobs = [(_moe(1), _pair(DIRECT, PLAIN)), (_moe(1), _pair(PLAIN, KSUM))]
+    extra = moe_triton.ksum_partners(jobs)
+    assert [s.kernelName for _, s in extra] == [_pair(DIRECT, KSUM).kernelName, _pair(PLAIN, PLAIN).kernelName]
+    assert moe_triton.ksum_partners(jobs + extra) == []
+    failed = moe_triton.BACKEND.precompile(jobs)
+    assert sorted(built) == sorted(s.kernelName for _, s in jobs + extra)
+    assert set(failed) == {_pair(DIRECT, PLAIN).kernelName}  # a job given: its failure is reported
+    def extra_fails(p, s):
+        if s.kernelName == _pair(PLAIN, PLAIN).kernelName:
+            raise RuntimeError("an extra build failed")
+
+    monkeypatch.setattr(moe_triton, "build_job", extra_fails)
+    assert moe_triton.BACKEND.precompile(jobs) == {}  # an extra build's failure is not a job's
 
 
 def test_groups_split_over_at_most_the_workers_asked(fake_builders, monkeypatch):

@@ -43,18 +43,20 @@ from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8, per_token_gr
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET, tile_coords
 from aiter_gemm.kernels.fused_moe_config import MoeConfig, config_error, config_space, default_config, usage_error
-from aiter_gemm.kernels.moe_align import moe_align_block_size, padded_bound
+from aiter_gemm.kernels.moe_align import moe_align_block_size
 from aiter_gemm.triton_launch import LaunchSequence
 
 __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "config_space", "default_config",
            "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size", "uses_ksum",
-           "zero_block", "zero_inputs"]
+           "zero_inputs"]
 
 #: The activations of the gate: SiLU, and GELU in torch's default (erf) form.
 ACTIVATIONS = ("silu", "gelu")
 # The quantization rule's constants, as the kernels may read globals (``QA``).
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
+# KSUM counters GEMM1's programs clear per store (their count per program is a runtime argument).
+ZERO_CHUNK = tl.constexpr(32)
 
 
 # ----------------------------------------------------------------------------------------------------- kernels
@@ -71,11 +73,11 @@ def _activate(x, ACTIVATION: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["N", "K", "num_pairs", "num_experts", "k_blocks_per_split", "num_m_blocks",
-                             "num_zero"])
+                             "num_zero", "zero_per_program"])
 def _fused_moe_kernel(
     a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, topk_weight_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, counter_ptr, out_ptr,
-    N, K, num_pairs, num_experts, k_blocks_per_split, num_m_blocks, num_zero,
+    N, K, num_pairs, num_experts, k_blocks_per_split, num_m_blocks, num_zero, zero_per_program,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_om,
     stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
     A_ROW_DIV: tl.constexpr,  # pair -> row of a: k for GEMM1 (a = tokens), 1 for GEMM2 (a = pairs)
@@ -88,7 +90,7 @@ def _fused_moe_kernel(
     DIRECT: tl.constexpr,  # block pid_m is pair pid_m alone; expert_ids_ptr is topk_ids (no sorting)
     KSUM: tl.constexpr,  # GEMM2 into per-pair rows c: the last of a token's TOPK arrivals sums them into out
     TOPK: tl.constexpr,
-    ZERO_BLOCK: tl.constexpr,  # > 0: each program first zeroes this many of counter_ptr's num_zero (for KSUM)
+    ZERO: tl.constexpr,  # each program first zeroes zero_per_program of counter_ptr's num_zero (for KSUM)
     SCALE_GROUP: tl.constexpr,  # rows and K of one weight scale block, K of one activation scale group
     B_SCALAR: tl.constexpr,  # FP8: each b tile lies in one scale block (one scale per K block, not per column)
     SPLIT_K: tl.constexpr,  # > 1: atomically add float32 partials (raw gate / up sums when GATED) into c
@@ -103,10 +105,13 @@ def _fused_moe_kernel(
     padding); its expert from ``expert_ids`` (-1: pairs with a bad id, whose rows get zeros)."""
     pid_m, pid_n = tile_coords(tl.program_id(0), num_m_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     pid_k = tl.program_id(1)
-    if ZERO_BLOCK > 0:  # GEMM1 clears GEMM2's KSUM counters (GEMM2 runs after it on the stream)
-        if pid_k == 0:
-            offs_z = tl.program_id(0) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
-            tl.store(counter_ptr + offs_z, tl.zeros((ZERO_BLOCK,), dtype=tl.int32), mask=offs_z < num_zero)
+    if ZERO:  # GEMM1 clears GEMM2's KSUM counters (GEMM2 runs after it on the stream)
+        if pid_k == 0:  # a runtime count in fixed chunks: the token count compiles no new kernel
+            first = tl.program_id(0) * zero_per_program
+            for z in range(0, zero_per_program, ZERO_CHUNK):
+                offs_z = z + tl.arange(0, ZERO_CHUNK)
+                tl.store(counter_ptr + first + offs_z, tl.zeros((ZERO_CHUNK,), dtype=tl.int32),
+                         mask=(offs_z < zero_per_program) & (first + offs_z < num_zero))
     if DIRECT:
         pair = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs).to(tl.int64)
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
@@ -348,20 +353,6 @@ def uses_ksum(topk: int, inter_dim: int, config2: MoeConfig) -> bool:
     return config2.ksum and topk > 1 and k_splits(inter_dim, config2)[1] == 1
 
 
-def _zero_block(num_zero: int, programs: int) -> int:
-    """GEMM1's ``ZERO_BLOCK``: the counters each of its ``programs`` grid rows clears, a power of two."""
-    return triton.next_power_of_2(triton.cdiv(num_zero, programs))
-
-
-def zero_block(T: int, E: int, topk: int, H: int, inter_dim: int, config1: MoeConfig, config2: MoeConfig) -> int:
-    """GEMM1's ``ZERO_BLOCK`` in a call of these sizes and configs (0: no counters to clear). The only constexpr of
-    a call's kernels the token count T changes (T and the pair and block counts are not specialized on, the strides
-    do not depend on T), so calls whose T give the same value run the same compiled kernels."""
-    if T < 1 or not uses_ksum(topk, inter_dim, config2):
-        return 0
-    pairs = T * topk
-    m_blocks = pairs if config1.direct else triton.cdiv(padded_bound(pairs, E, config1.block_m), config1.block_m)
-    return _zero_block(T * triton.cdiv(H, config2.block_n), m_blocks * triton.cdiv(inter_dim, config1.block_n))
 
 
 def zero_inputs(T: int, H: int, inter_dim: int, E: int, topk: int, dtype: torch.dtype, fp8: bool,
@@ -409,6 +400,7 @@ def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *
     grid = (num_m_blocks * triton.cdiv(n, cfg.block_n), splits)
     args = dict(zip(_fused_moe_kernel.arg_names, (  # the runtime arguments, by name: what a plan packs
         *pointers, n, K, num_pairs, w.shape[0], per_split, num_m_blocks, 0 if zero is None else zero.numel(),
+        0 if zero is None else -(-zero.numel() // grid[0]),
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
         0 if out is None else out.stride(0), *scales)))
     compiled = _fused_moe_kernel[grid](
@@ -416,7 +408,7 @@ def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *
         A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div, GATED=gated, ACTIVATION=activation,
         MUL_ROUTED_WEIGHT=topk_weight is not None, FP8=fp8, QUANT_A=cfg.quant_a, DIRECT=cfg.direct,
         KSUM=ksum is not None, TOPK=topk,
-        ZERO_BLOCK=0 if zero is None else _zero_block(zero.numel(), grid[0]),
+        ZERO=zero is not None,
         SCALE_GROUP=SCALE_BLOCK, B_SCALAR=SCALE_BLOCK % cfg.block_n == 0 and (not gated or n % SCALE_BLOCK == 0),
         SPLIT_K=splits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, EVEN_K=K % cfg.block_k == 0, UPCAST=INTERPRET, num_warps=cfg.num_warps,

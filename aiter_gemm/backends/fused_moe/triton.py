@@ -14,7 +14,7 @@ Triton's own launches, and later eager calls launch them from C++, each plan che
 under CUDA-graph capture run Triton's launches as before (a graph has no per-call host cost to save).
 :meth:`~FusedMoeTritonBackend.precompile` builds the kernels of (problem, solution) jobs in parallel build processes
 into Triton's disk cache (:mod:`aiter_gemm.backends._triton_precompile`; the tuner before timing, :func:`aiter_gemm.
-warmup`), one build per solution and :func:`~aiter_gemm.kernels.fused_moe.zero_block` value of the token counts.
+warmup`), one build per solution for every token count (GEMM1's counter clearing is a runtime count).
 """
 
 from __future__ import annotations
@@ -239,20 +239,46 @@ class FusedMoeTritonBackend(Backend):
 
     def precompile(self, jobs: Sequence[tuple[MoeProblem, Solution]]) -> dict[str, str]:
         """Build the jobs' kernels in parallel into Triton's disk cache (:func:`~aiter_gemm.backends.
-        _triton_precompile.precompile_triton`: each distinct job run once, :func:`build_job`; token counts with the
-        same :func:`kernel_variant` share kernels); kernelName -> why for those that failed. No GPU: {}."""
-        return precompile_triton(jobs, build_job, kernel_variant, self.precompile_workers)
+        _triton_precompile.precompile_triton`: each distinct job run once, :func:`build_job`; the token counts of one
+        :func:`kernel_variant` share kernels), with each GEMM1 config's other counter-clearing variant too
+        (:func:`ksum_partners`: the tuner's per-stage rounds pair every GEMM1 config with the GEMM2 winner);
+        kernelName -> why for the jobs' that failed. No GPU: {}."""
+        names = {sol.kernelName for _, sol in jobs}
+        failed = precompile_triton([*jobs, *ksum_partners(jobs)], build_job, kernel_variant, self.precompile_workers)
+        return {name: why for name, why in failed.items() if name in names}
 
 
 def kernel_variant(problem: MoeProblem, solution: Solution) -> Hashable:
-    """What of ``problem`` the kernels of ``solution`` depend on: everything but the token count, which counts only
-    through :func:`~aiter_gemm.kernels.fused_moe.zero_block` (a name that does not parse: the whole problem)."""
+    """What of ``problem`` the kernels of ``solution`` depend on: everything but the token count, and whether GEMM1
+    clears GEMM2's KSUM counters (:func:`~aiter_gemm.kernels.fused_moe.uses_ksum`; a name that does not parse: the
+    whole problem)."""
     try:
-        config1, config2 = configs_of(solution)
+        _, config2 = configs_of(solution)
     except ValueError:
         return problem
-    p = problem
-    return replace(p, token=0), fm.zero_block(p.token, p.expert, p.topk, p.model_dim, p.inter_dim, config1, config2)
+    return replace(problem, token=0), fm.uses_ksum(problem.topk, problem.inter_dim, config2)
+
+
+def ksum_partners(jobs: Sequence[tuple[MoeProblem, Solution]]) -> list[tuple[MoeProblem, Solution]]:
+    """Jobs that build each GEMM1 config of ``jobs`` (per problem) in the counter-clearing variant it lacks: paired
+    with the first GEMM2 config of that problem's jobs that sums the k slots itself (KSUM), or with the first that
+    does not."""
+    by_problem: dict[MoeProblem, dict[str, tuple[MoeConfig, MoeConfig]]] = {}
+    for problem, sol in jobs:
+        try:
+            by_problem.setdefault(problem, {})[sol.kernelName] = configs_of(sol)
+        except ValueError:
+            continue
+    extra: dict[tuple[MoeProblem, Solution], None] = {}
+    for p, pairs in by_problem.items():
+        ksum = {c2: fm.uses_ksum(p.topk, p.inter_dim, c2) for _, c2 in pairs.values()}
+        partner = {flag: next((c2 for c2, f in ksum.items() if f == flag), None) for flag in (True, False)}
+        have = {(c1, ksum[c2]) for c1, c2 in pairs.values()}
+        for c1, c2 in pairs.values():
+            other = partner[not ksum[c2]]
+            if other is not None and (c1, not ksum[c2]) not in have:
+                extra[(p, solution_of(c1, other))] = None
+    return list(extra)
 
 
 def build_job(problem: MoeProblem, solution: Solution) -> None:
