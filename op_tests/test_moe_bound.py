@@ -8,11 +8,7 @@ of Triton's own launches, bf16 and FP8, T 1, 3 and 37."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import struct
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +23,7 @@ from aiter_gemm.kernels import fused_moe as fm
 from aiter_gemm.kernels import moe_align
 from aiter_gemm.op_entry import EXT
 from aiter_gemm.ops.fused_moe import FUSED_MOE
+from op_tests.sm90_compile import compiled_cases
 
 REPO = Path(__file__).resolve().parents[1]
 FP8 = torch.float8_e4m3fn
@@ -97,36 +94,16 @@ def launches_of(case: str, compiled, tensors: tuple | None = None) -> list[trito
     return seq.launches
 
 
-_COMPILE = """
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import create_function_from_signature
+_CALLS = """
 from op_tests.test_moe_bound import CASES, recording, case_inputs, configs
 from aiter_gemm.kernels import fused_moe as fm
 from aiter_gemm.triton_launch import LaunchSequence
 
-target = GPUTarget("cuda", 90, 32)
-backend = make_backend(target)
-out = {}
-for case in CASES:
+
+def calls_of(case):
     with recording() as calls:
         fm.launch_fused_moe(*case_inputs(case), "silu", *configs(case), LaunchSequence(launches=[]))
-    kernels = []
-    for fn, grid, kwargs in calls:  # as the JIT specializes and compiles the launch
-        bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(**kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
-        try:
-            k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
-        except Exception as exc:  # this Triton cannot compile for sm_90 here: exit 3 (the tests skip)
-            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-            sys.exit(3)
-        meta = {f: getattr(k.metadata, f) for f in k.metadata._fields if f != "target"}
-        kernels.append({"meta": meta, "signature": k.src.signature, "arg_names": k.src.fn.arg_names,
-                        "ptx": k.asm["ptx"]})
-    out[case] = kernels
-json.dump(out, sys.stdout)
+    return calls
 """
 
 
@@ -135,16 +112,7 @@ def compiled_moe():
     """Each case's launches compiled for sm_90 by the installed Triton as its JIT would specialize them (no GPU
     needed), as ``plan_args`` reads a CompiledKernel. In a fresh interpreter: the one these tests run under cannot
     compile."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, cwd=REPO,
-                         timeout=900)
-    if res.returncode == 3:
-        pytest.skip(f"Triton cannot compile for sm_90 here: {res.stderr[-800:]}")
-    assert res.returncode == 0, f"compiling the MoE's launches failed: {res.stderr[-2000:]}"
-    return {case: [SimpleNamespace(metadata=SimpleNamespace(**k["meta"]), asm={"ptx": k["ptx"]},
-                                   src=SimpleNamespace(signature=k["signature"],
-                                                       fn=SimpleNamespace(arg_names=k["arg_names"])))
-                   for k in kernels] for case, kernels in json.loads(res.stdout).items()}
+    return compiled_cases(_CALLS, "compiling the MoE's launches")
 
 
 def _plan_args(launch: triton_launch.Launch) -> triton_launch.PlanArgs:
