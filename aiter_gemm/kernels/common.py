@@ -20,14 +20,16 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
 from aiter_gemm.configs import parse_int, shown
-from aiter_gemm.triton_launch import Launch
+
+if TYPE_CHECKING:  # imported where a launch is kept: a bf16 call's first path does not load the binder
+    from aiter_gemm.triton_launch import Launch
 
 # Whether Triton interprets the kernels, read as this Triton reads TRITON_INTERPRET (its knob, where it has one:
 # "true" and "on" count too), once at import: kernels are specialised on it, and runners must not read the
@@ -115,6 +117,8 @@ def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
     compiled = _splitk_reduce_kernel[grid](**args, NUM_KSPLIT=num_splits, HAS_BIAS=bias is not None,
                                            BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=4)
     if launches is not None:
+        from aiter_gemm.triton_launch import Launch
+
         launches.append(Launch(compiled, grid, args, (ws,) if bias is None else (ws, bias), (out,)))
     return out
 

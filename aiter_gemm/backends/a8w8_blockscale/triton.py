@@ -22,7 +22,6 @@ import torch
 
 from aiter_gemm import triton_launch
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
-from aiter_gemm.backends._triton_precompile import precompile_triton, run_once
 from aiter_gemm.backends.a8w8_blockscale import solution_of
 from aiter_gemm.backends.base import Backend, GemmProblem, Solution
 from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
@@ -204,11 +203,15 @@ class BlockscaleTritonBackend(Backend):
     def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:
         """Build the jobs' kernels in parallel into Triton's disk cache (each distinct job run once on zero operands,
         :func:`build_job`); kernelName -> why for those that failed. No GPU: {}."""
+        from aiter_gemm.backends._triton_precompile import precompile_triton  # the tuner's and warmup's only
+
         return precompile_triton(jobs, build_job, workers=self.precompile_workers)
 
 
 def build_job(problem: GemmProblem, solution: Solution) -> None:
     """Run ``solution`` once on ``problem``'s zero operands on this process's GPU: a build process's job."""
+    from aiter_gemm.backends._triton_precompile import run_once
+
     p = problem
     run_once(BACKEND, p, solution, lambda device: (*zero_operands(p.M, p.N, p.K, device), p.otype))
 

@@ -27,7 +27,6 @@ import torch
 
 from aiter_gemm import cudagraph, triton_launch
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
-from aiter_gemm.backends._triton_precompile import precompile_triton, run_once
 from aiter_gemm.backends.a8w8_blockscale.triton import binds
 from aiter_gemm.backends.base import Backend, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import pair_name, stage_names
@@ -243,6 +242,8 @@ class FusedMoeTritonBackend(Backend):
         :func:`kernel_variant` share kernels), with each GEMM1 config's other counter-clearing variant too
         (:func:`ksum_partners`: the tuner's per-stage rounds pair every GEMM1 config with the GEMM2 winner);
         kernelName -> why for the jobs' that failed. No GPU: {}."""
+        from aiter_gemm.backends._triton_precompile import precompile_triton  # the tuner's and warmup's only
+
         names = {sol.kernelName for _, sol in jobs}
         failed = precompile_triton([*jobs, *ksum_partners(jobs)], build_job, kernel_variant, self.precompile_workers)
         return {name: why for name, why in failed.items() if name in names}
@@ -284,6 +285,8 @@ def ksum_partners(jobs: Sequence[tuple[MoeProblem, Solution]]) -> list[tuple[Moe
 def build_job(problem: MoeProblem, solution: Solution) -> None:
     """Run ``solution`` once on ``problem``'s sizes on zero experts (:func:`~aiter_gemm.kernels.fused_moe.
     zero_inputs`) on this process's GPU, so Triton builds (or loads) what its calls launch: a build process's job."""
+    from aiter_gemm.backends._triton_precompile import run_once
+
     p = problem
     run_once(BACKEND, p, solution, lambda device: fm.zero_inputs(p.token, p.model_dim, p.inter_dim, p.expert, p.topk,
                                                                  p.dtype, p.fp8, device))
