@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# fused_moe on one sm_90 GPU in one call (issue 51): the GPU tests of the kernels and the op; a --quick MoE tune
-# (its candidates include the QA / DIRECT / KSUM variants, the FP8 GEMM2 tiles and, opted in, DeepGEMM's experts) of Qwen3-30B-A3B's experts (bf16,
-# FP8), Mixtral-8x7B's and DeepSeek-V3 EP8's (FP8); then --bench moe with that table: transformers' grouped_mm
-# experts, the op's untuned default, the op (dispatch), DeepGEMM's grouped GEMMs where deep_gemm is installed (FP8
+# fused_moe on one sm_90 GPU in one call (issue 51): the GPU tests of the kernels, the op, its bound eager launches
+# and the parallel Triton precompile; a --quick MoE tune (its candidates include the QA / DIRECT / KSUM variants, the
+# FP8 GEMM2 tiles and, opted in, DeepGEMM's experts) of Qwen3-30B-A3B's experts (bf16, FP8), Mixtral-8x7B's and
+# DeepSeek-V3 EP8's (FP8); then --bench moe with that table: transformers' grouped_mm experts, the op's untuned
+# default, the op (dispatch), DeepGEMM's grouped GEMMs where deep_gemm is installed (FP8
 # sets) and the weight-read floor, CUDA graphs, paired rounds. Run from the repository root:
 #
 #   OUT=/tmp/moe DG_PACK=.scratch/dg_built2.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/moe.sh
@@ -18,19 +19,19 @@ env_header "$LOG"
 TOKENS=${TOKENS:-1,4,16,64,1024,4096}
 BENCH_M=${BENCH_M:-1,4,16,64,1024,4096}
 PROVIDERS=${PROVIDERS:-grouped_mm,default,dispatch,deepgemm,weight_read}
-STEP_LOG="$D/tests.log" step tests "${TESTS_LIMIT_S:-90}" python -m pytest -q -rs -m gpu op_tests/test_moe_kernel.py \
-  op_tests/test_fused_moe.py
+STEP_LOG="$D/tests.log" step tests "${TESTS_LIMIT_S:-150}" python -m pytest -q -rs -m gpu op_tests/test_moe_kernel.py \
+  op_tests/test_fused_moe.py op_tests/test_moe_bound.py op_tests/test_triton_precompile.py
 # One tuned file for every model (rows are keyed by the experts' shape), one step a model.
 T=(python -m gradlib.tune_moe --quick --timeout 120 -o "$D/tuned_fmoe.csv" --vllm_dir "$D/vllm"
    --libtype "${MOE_LIBTYPES:-triton,torch,deepgemm}")
-STEP_LOG="$D/tune.log" step tune_qwen3 "${TUNE_LIMIT_S:-180}" "${T[@]}" -o2 "$D/profile_qwen3.csv" \
+STEP_LOG="$D/tune.log" step tune_qwen3 "${TUNE_LIMIT_S:-150}" "${T[@]}" -o2 "$D/profile_qwen3.csv" \
   --model_dir qwen3_30b_a3b --dtype bf16,fp8 --token "$TOKENS"
 STEP_LOG="$D/tune.log" step tune_mixtral 60 "${T[@]}" -o2 "$D/profile_mixtral.csv" --model_dir mixtral_8x7b \
   --dtype fp8 --token 1,64,1024
 STEP_LOG="$D/tune.log" step tune_dsv3 60 "${T[@]}" -o2 "$D/profile_dsv3.csv" --model_dir deepseek_v3 --ep 8 \
   --dtype fp8 --token 1,64,1024
-STEP_LOG="$D/bench.log" step bench "${BENCH_LIMIT_S:-150}" env "AITER_CONFIG_FMOE=$D/tuned_fmoe.csv" \
+STEP_LOG="$D/bench.log" step bench "${BENCH_LIMIT_S:-120}" env "AITER_CONFIG_FMOE=$D/tuned_fmoe.csv" \
   python -m benchmarks.run --bench moe --set moe_qwen3_30b:bf16,moe_qwen3_30b:fp8,moe_mixtral:fp8,moe_dsv3_ep8:fp8 \
-  --m "$BENCH_M" --providers "$PROVIDERS" --baselines grouped_mm,default,weight_read --pairs 7 --deadline_s 135 \
+  --m "$BENCH_M" --providers "$PROVIDERS" --baselines grouped_mm,default,weight_read --pairs 7 --deadline_s 110 \
   --out "$D" --name moe
 dry || { cat "$LOG"; tail -n 3 "$D/tests.log"; tail -n 25 "$D/tune.log"; }
