@@ -268,7 +268,7 @@ def spawned_job(problem: GemmProblem, solution: Solution) -> None:
         os._exit(3)
     Path(os.environ[MARKS], f"{solution.kernelName}-{problem.M}-{os.getpid()}").write_text(aiter_gemm.__file__)
     if solution.kernelName == "sleeps":
-        time.sleep(600)
+        time.sleep(60)
 
 
 def _marks(where: Path) -> list[list[str]]:
@@ -312,6 +312,8 @@ def test_an_interrupt_kills_real_build_processes(tmp_path, monkeypatch):
         if not done.is_set():
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
+    # Python's own SIGINT handler for the test: an earlier test or library may have left another (or SIG_IGN).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher = threading.Thread(target=interrupt_once_building)
     watcher.start()
     try:
@@ -320,6 +322,7 @@ def test_an_interrupt_kills_real_build_processes(tmp_path, monkeypatch):
     finally:
         done.set()
         watcher.join()
+        signal.signal(signal.SIGINT, previous)
     ((_, pid),) = _marks(tmp_path)
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid), 0)
