@@ -362,8 +362,8 @@ def bind(compiled: Any, grid: Sequence[int], args: Mapping[str, Any], inputs: Se
 def bind_all(launches: Iterable[Launch]) -> tuple | None:
     """The plans of launches made one after another for one call (a GEMM and its split-K reduction), or None where
     any of them cannot be bound (:func:`bind` logs why)."""
-    plans = tuple(bind(*launch) for launch in launches)
-    return None if not plans or any(p is None for p in plans) else plans
+    plans = bind_each(launches)
+    return None if plans is None or any(p is None for p in plans) else plans
 
 
 class LaunchSequence:

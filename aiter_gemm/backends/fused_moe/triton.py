@@ -101,15 +101,15 @@ class BoundRunner:
                  topk_ids: torch.Tensor, w1_scale: torch.Tensor | None = None,
                  w2_scale: torch.Tensor | None = None) -> torch.Tensor:
         tensors = (hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale)
+        if self._capturing():
+            return self._launch(tensors, None)
         last = self._last
-        if last is not None and not self._capturing():  # every eager call after the first
+        if last is not None:  # every eager call after the first
             launches = triton_launch.LaunchSequence(last)
             out = self._launch(tensors, launches)
             if launches.missed:  # another layout (or a hook...): the next call looks its own up
                 self._last = None
             return out
-        if self._capturing():
-            return self._launch(tensors, None)
         key = self.layout(*tensors)
         plans = self._plans.get(key, _UNTRIED)
         if plans is _UNTRIED:
