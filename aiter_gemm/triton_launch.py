@@ -9,7 +9,8 @@ gives tensors of the same dtype, device, sizes and strides (pointers 16-byte ali
 specialized the kernel on it), which the C++ side checks before it allocates the outputs, writes the pointers into the
 packed parameters and launches on torch's current stream. A caller caches plans under a key that fixes every
 integer argument (shapes and strides) and runs Triton's launch where :func:`run` says None; an op that makes several
-launches per call (the fused MoE) binds each and replays them in order through a :class:`LaunchSequence`.
+launches per call (the fused MoE) binds each and replays them in order through a :class:`LaunchSequence`. Runners
+bind only where :data:`BINDS` says launches are usable, and keep their plans per layout in a :class:`PlanCache`.
 
 The parameters follow Triton's kernel ABI: the non-constexpr arguments of the kernel's specialized signature in
 order, then Triton's trailing scratch pointers (global, and profile from Triton 3.5). A host-side tensor descriptor
@@ -31,20 +32,28 @@ import inspect
 import logging
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
+from aiter_gemm.kernels.common import INTERPRET
 from aiter_gemm.op_entry import EXT
 
 log = logging.getLogger("aiter_gemm")
 
-__all__ = ["Launch", "LaunchSequence", "Unsupported", "bind", "bind_all", "bind_each", "hooks_owner", "plan_args",
-           "ptx_params", "run"]
+__all__ = ["BINDS", "UNTRIED", "Launch", "LaunchSequence", "PlanCache", "Unsupported", "bind", "bind_all",
+           "bind_each", "hooks_owner", "plan_args", "ptx_params", "run"]
 
 #: The bound launch: ``run(plan, *inputs)`` -> tuple of outputs, or None (not taken: run Triton's launch).
 run = None if EXT is None else EXT.triton_run
+
+#: What ``PlanCache._plans.get(layout, UNTRIED)`` gives for a layout no call has bound yet.
+UNTRIED = object()
+
+#: Whether runners bind their launches: the C++ extension built and Triton compiling (not interpreting). Read once
+#: at import, as both are, so that no call (nor a first call's decision) runs code here to ask.
+BINDS: bool = run is not None and not INTERPRET
 
 _PTX_SIZES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "f16": 2, "u32": 4, "s32": 4, "b32": 4,
               "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
@@ -370,8 +379,8 @@ class LaunchSequence:
     """The launches of one call of an op that makes several in a fixed order (the fused MoE: token sorting, two
     GEMMs...), each bound or not on its own: the i-th launch runs ``plans[i]`` where that plan takes the call
     (:meth:`run`; ``missed`` is set where one declines), else Triton's launch, which :meth:`made` records when
-    ``launches`` is a list (the call that binds). A caller keeps the plans per layout of the call's tensors, as
-    :func:`bind_all`'s callers do, so that every integer a plan fixed is the call's."""
+    ``launches`` is a list (the call that binds). A caller keeps the plans per layout of the call's tensors (a
+    :class:`PlanCache`), so that every integer a plan fixed is the call's."""
 
     __slots__ = ("index", "launches", "missed", "plans")
 
@@ -401,3 +410,30 @@ def bind_each(launches: Iterable[Launch]) -> tuple | None:
     :class:`LaunchSequence`; None where none binds."""
     plans = tuple(bind(*launch) for launch in launches)
     return None if all(p is None for p in plans) else plans
+
+
+class PlanCache:
+    """A bound runner's plans per layout of its call's tensors, the base of each such runner, which reads the two
+    slots itself on its hot path: ``_plans`` maps a layout to its plans (None: nothing binds, Triton's launch runs;
+    absent, :data:`UNTRIED`: the layout's next aligned call binds), ``_last`` is the plans last bound or run (None
+    before any), which a call tries first. Past :attr:`MAX_LAYOUTS` layouts the plans start over."""
+
+    __slots__ = ("_last", "_plans")
+    MAX_LAYOUTS = 64
+
+    def __init__(self) -> None:
+        self._last: Any = None
+        self._plans: dict[Hashable, Any] = {}
+
+    def _store(self, layout: Hashable, plans: Any) -> None:
+        """Keep what binding ``layout``'s call gave (None: nothing binds), as the last plans too unless None; a full
+        cache starts over first (:meth:`_start_over`)."""
+        if len(self._plans) >= self.MAX_LAYOUTS:
+            self._start_over()
+        self._plans[layout] = plans
+        if plans is not None:
+            self._last = plans
+
+    def _start_over(self) -> None:
+        """Forget every layout's plans (a runner extends it to what it keeps per layout beside them)."""
+        self._plans.clear()

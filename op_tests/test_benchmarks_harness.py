@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
+from aiter_gemm import triton_launch
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import DeviceIdentity
 from benchmarks import legacy, providers, report
@@ -390,7 +390,7 @@ def test_fp8_default_provider_runs_the_ops_call(clean_runtime):
 
     clean_runtime.setattr(torch.nn.functional, "scaled_mm", scaled_mm)
     clean_runtime.setattr(torch_impl, "unavailable_reason", lambda device: None)
-    clean_runtime.setattr(triton_backend, "binds", lambda: False)  # Triton's launcher: eager calls run torch's
+    clean_runtime.setattr(triton_launch, "BINDS", False)  # Triton's launcher: eager calls run torch's
     h200 = DeviceIdentity("sm_90", 132, "cuda", "NVIDIA H200")
     disp = aiter_gemm.get_dispatcher(BLOCKSCALE)
     clean_runtime.setitem(disp._devices, False, h200)  # CPU tensors decided as on an H200

@@ -342,13 +342,12 @@ def test_runner_chains_a_split_configs_reduction(fake_binding):
 
 
 def test_runners_bind_only_compiled_launches_with_the_extension(monkeypatch):
+    """The runner is a BoundRunner exactly where launches bind (``triton_launch.BINDS``: the extension built, Triton
+    compiling; that rule: test_triton_launch.py)."""
     cfg = bs.BlockscaleConfig.from_name(CASES["base_tma_m97"][0])
-    monkeypatch.setattr(triton_backend, "INTERPRET", True)
-    assert not isinstance(triton_backend.make_runner(cfg), triton_backend.BoundRunner)  # the interpreter: never
-    monkeypatch.setattr(triton_backend, "INTERPRET", False)
-    monkeypatch.setattr(triton_launch, "run", None)  # no extension
+    monkeypatch.setattr(triton_launch, "BINDS", False)
     assert not isinstance(triton_backend.make_runner(cfg), triton_backend.BoundRunner)
-    monkeypatch.setattr(triton_launch, "run", lambda plan, *t: None)
+    monkeypatch.setattr(triton_launch, "BINDS", True)
     assert isinstance(triton_backend.make_runner(cfg), triton_backend.BoundRunner)
 
 
@@ -366,7 +365,7 @@ def test_eager_plan_keeps_a_triton_decision_where_its_launch_binds(clean_runtime
     clean_runtime.setattr(torch.nn.functional, "scaled_mm", torch.nn.functional.scaled_mm, raising=False)
     clean_runtime.setattr(fake.torch_impl, "unavailable_reason", fake.torch_impl.unavailable_reason)
     fake.install()
-    clean_runtime.setattr(triton_backend, "binds", lambda: bound)
+    clean_runtime.setattr(triton_launch, "BINDS", bound)
     aiter_gemm.reload_configs()
     disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
     ident = DeviceIdentity("sm_90", 132, kind, H200.name)
@@ -384,7 +383,7 @@ def test_x_scale_layout_of_an_eager_triton_row(clean_runtime, bound):
     from aiter_gemm import cudagraph
     from aiter_gemm.ops.a8w8_blockscale import x_scale_m_major
 
-    clean_runtime.setattr(triton_backend, "binds", lambda: bound)
+    clean_runtime.setattr(triton_launch, "BINDS", bound)
     clean_runtime.setattr(aiter_gemm.get_dispatcher("gemm_a8w8_blockscale"), "device", lambda on_gpu: H200)
     import op_tests.fake_scaled_mm as fake
 
@@ -419,7 +418,7 @@ def _gpu_operands(M: int, N: int, K: int, m_major: bool, seed: int = 0) -> tuple
 @pytest.mark.parametrize("M", [1, 3, 17, 97])
 @pytest.mark.parametrize("m_major", [False, True])
 def test_gpu_bound_gemm_is_bit_identical_to_triton(name, M, m_major):
-    if EXT is None or not triton_backend.binds():
+    if EXT is None or not triton_launch.BINDS:
         pytest.skip("the C++ eager extension is not built")
     cfg = bs.BlockscaleConfig.from_name(name)
     N, K = 2112, 7168
@@ -453,7 +452,7 @@ def test_gpu_bound_gemm_is_bit_identical_to_triton(name, M, m_major):
 def test_gpu_op_eager_calls_of_a_triton_row_take_the_bound_launch(clean_runtime):
     """Through the op's entry: a shipped H200 Triton row keeps its decision eagerly, binds on its first call and
     later eager calls give Triton's bits."""
-    if EXT is None or not triton_backend.binds():
+    if EXT is None or not triton_launch.BINDS:
         pytest.skip("the C++ eager extension is not built")
     from aiter_gemm.ops.a8w8_blockscale import _DISPATCHER, gemm_a8w8_blockscale, get_GEMM_A8W8_BLOCKSCALE_config
 

@@ -336,9 +336,9 @@ def test_h200_decode_tile_is_the_dispatchers_graph_default(clean_runtime, fake_t
     """Through the dispatcher: an untuned decode shape on an H200 runs the measured tile under graphs; eager calls
     still run torch's matmul where Triton's launches are not bound (the Triton launcher's host cost; bound:
     test_blockscale_bound.py), and the H100 keeps torch's path."""
-    from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
+    from aiter_gemm import triton_launch
 
-    clean_runtime.setattr(triton_backend, "binds", lambda: False)
+    clean_runtime.setattr(triton_launch, "BINDS", False)
     clean_runtime.setenv("AITER_GEMM_ARCH", "sm_90")
     clean_runtime.setenv("AITER_GEMM_CU_NUM", "132")
     aiter_gemm.reload_configs()
@@ -374,9 +374,9 @@ def test_eager_calls_of_a_triton_default_run_torch_blockwise(h100_blockscale, mo
     """Where the Triton config stays the graph-mode default (small M on the H100) and its launches are not bound
     (bound: test_blockscale_bound.py), eager calls run torch's matmul: the Triton launcher's host cost (median
     114 us per eager call on the H100 host, torch's 85 us) loses wherever torch's runs."""
-    from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
+    from aiter_gemm import triton_launch
 
-    monkeypatch.setattr(triton_backend, "binds", lambda: False)
+    monkeypatch.setattr(triton_launch, "BINDS", False)
     disp, h100 = h100_blockscale
     small = disp._decide(GemmProblem(16, 4096, 512, False, torch.float8_e4m3fn, torch.bfloat16), h100)
     assert (small.solution.libtype, small.eager_solution.libtype) == ("triton", "torch")

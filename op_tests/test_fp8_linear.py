@@ -256,12 +256,11 @@ def test_x_scale_layout_follows_the_decisions_eager_plan(clean_runtime, tmp_path
     """M-major exactly where the call's runner is torch's block-scaled matmul (which copies row-major scales per
     call), row-major where it is our Triton kernel (tuned that way), per capture mode; a reload forgets it. Triton's
     launches unbound here: eager calls of a Triton decision run torch's (bound: test_blockscale_bound.py)."""
-    from aiter_gemm import cudagraph
-    from aiter_gemm.backends.a8w8_blockscale import triton as triton_backend
+    from aiter_gemm import cudagraph, triton_launch
     from aiter_gemm.device import DeviceIdentity
     from aiter_gemm.ops.a8w8_blockscale import x_scale_m_major
 
-    clean_runtime.setattr(triton_backend, "binds", lambda: False)
+    clean_runtime.setattr(triton_launch, "BINDS", False)
     _block_table(clean_runtime, tmp_path, row)
     disp = aiter_gemm.get_dispatcher("gemm_a8w8_blockscale")
     clean_runtime.setattr(disp, "device", lambda on_gpu: DeviceIdentity("sm_90", 132, "cuda", "H100"))

@@ -314,6 +314,24 @@ def test_runner_falls_back_per_launch_and_binds_another_layout(emulated):
 
 
 @pytest.mark.interpreted
+def test_runner_starts_over_past_its_layouts_with_their_kernel_names(emulated, monkeypatch):
+    """Past MAX_LAYOUTS layouts the runner's plans start over (:class:`~aiter_gemm.triton_launch.PlanCache`), and
+    the kernel names launch_path reads go with them."""
+    monkeypatch.setattr(triton_launch.PlanCache, "MAX_LAYOUTS", 1)
+    case = "bf16_t3"
+    runner = moe_backend.BoundRunner(*configs(case), "silu")
+    x = case_inputs(case)
+    runner(*x)
+    T, H = x[0].shape
+    other = (torch.zeros(T, 2 * H, dtype=x[0].dtype)[:, :H].copy_(x[0]), *x[1:])  # hidden_states' rows strided
+    runner(*other)  # x's GEMM1 plan declines
+    assert torch.equal(runner(*other), _triton(case, x))  # binds its own, starting over
+    assert list(runner._plans) == list(runner._kernels) == [runner.layout(*other)]
+    assert runner.launch_path(*x) == "Triton's launcher (not called yet with this layout)"
+    assert runner.launch_path(*other) == f"bound launches: {ALIGN}, {GEMM}, {GEMM}"
+
+
+@pytest.mark.interpreted
 def test_runner_binds_no_misaligned_tensor_and_tries_an_unbindable_layout_once(emulated):
     case = "bf16_t3"
     runner = moe_backend.BoundRunner(*configs(case), "silu")
@@ -370,9 +388,9 @@ def test_runners_bind_only_compiled_launches_with_the_extension(monkeypatch):
     """The backend's runner is a BoundRunner where launches bind (the block-scale runner's rule: the extension
     built, Triton compiling); elsewhere (CPU tests: the interpreter) Triton's launches, as before."""
     c1, c2 = configs("bf16_t3")
-    monkeypatch.setattr(moe_backend, "binds", lambda: False)
+    monkeypatch.setattr(triton_launch, "BINDS", False)
     assert not isinstance(moe_backend.make_runner(c1, c2, "silu"), moe_backend.BoundRunner)
-    monkeypatch.setattr(moe_backend, "binds", lambda: True)
+    monkeypatch.setattr(triton_launch, "BINDS", True)
     runner = moe_backend.make_runner(c1, c2, "gelu")
     assert isinstance(runner, moe_backend.BoundRunner) and (runner.config1, runner.activation) == (c1, "gelu")
 
@@ -383,7 +401,7 @@ def test_overhead_bench_moe_rows_time_the_runner_against_tritons_launcher(emulat
     runner of the same configs, the note naming the launches bound (here over emulated plans)."""
     from benchmarks import overhead
 
-    monkeypatch.setattr(moe_backend, "binds", lambda: True)
+    monkeypatch.setattr(triton_launch, "BINDS", True)
     timed = []
 
     def measure(ref, ours, n, repeats, sync):
@@ -426,7 +444,7 @@ def test_gpu_bound_moe_is_bit_identical_to_triton(fp8, T, name):
     """Skewed routing (experts without a token); after the binding call, calls with re-allocated tensors (clones,
     then other values) run every launch bound and give Triton's launches' bits (split-K: its atomics order float32
     sums freely, so within a few ulps)."""
-    if not moe_backend.binds():
+    if not triton_launch.BINDS:
         pytest.skip("the C++ eager extension is not built")
     if name == "qa" and not fp8:
         pytest.skip("QA quantizes FP8 experts' activations")
@@ -455,7 +473,7 @@ def test_gpu_bound_moe_is_bit_identical_to_triton(fp8, T, name):
 def test_gpu_op_eager_calls_take_the_bound_launches(clean_runtime):
     """Through the op: the default decision's runner binds on the key's first call; later eager calls run bound
     and give Triton's bits."""
-    if not moe_backend.binds():
+    if not triton_launch.BINDS:
         pytest.skip("the C++ eager extension is not built")
     from aiter_gemm.ops.fused_moe import _DISPATCHER, fused_moe, problem_of
 

@@ -222,6 +222,41 @@ def test_bind_declines_without_a_loaded_kernel(caplog, compiled_quant):
     assert "keeps Triton's launcher" in caplog.text
 
 
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_launches_bind_only_compiled_with_the_extension(interpret):
+    """BINDS (whether runners bind their launches), read at import in a fresh interpreter: never under the Triton
+    interpreter; compiling, exactly where the C++ extension is built."""
+    env = {**os.environ, "TRITON_INTERPRET": interpret}
+    code = "from aiter_gemm import triton_launch as t; print(t.BINDS, t.run is not None)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    binds, built = res.stdout.split()[-2:]
+    assert binds == str(interpret == "0" and built == "True")
+    if interpret == "0":
+        assert built == str(EXT is not None)  # the extension this process loaded: the same answer
+
+
+def test_plan_cache_keeps_plans_per_layout_and_starts_over_past_its_max(monkeypatch):
+    """A layout is UNTRIED until stored; plans stored become the last (a layout that binds nothing is remembered as
+    None and leaves the last); past MAX_LAYOUTS the layouts start over, the last plans kept."""
+    monkeypatch.setattr(triton_launch.PlanCache, "MAX_LAYOUTS", 3)
+    cache = triton_launch.PlanCache()
+    untried = triton_launch.UNTRIED
+    assert cache._last is None and cache._plans.get("a", untried) is untried
+    cache._store("a", ("plan a",))
+    assert cache._plans == {"a": ("plan a",)} and cache._last == ("plan a",)
+    cache._store("b", None)  # nothing binds: tried, Triton's launch from now on
+    assert cache._plans.get("b", untried) is None and cache._last == ("plan a",)
+    cache._store("c", ("plan c",))  # another layout: its plans are the last
+    assert cache._last == ("plan c",) and list(cache._plans) == ["a", "b", "c"]
+    cache._store("d", None)  # full: start over
+    assert cache._plans == {"d": None} and cache._last == ("plan c",)
+    assert cache._plans.get("a", untried) is untried
+    with pytest.raises(AttributeError):
+        cache.other = 1  # __slots__: nothing per call beyond the two slots
+
+
 # ---- GPU: the bound launch gives what Triton's launch gives --------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 3, 17, 97])

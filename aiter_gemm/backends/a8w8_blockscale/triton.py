@@ -35,6 +35,7 @@ from aiter_gemm.kernels.a8w8_blockscale import (
 )
 from aiter_gemm.kernels.blockscale_format import FP8, zero_operands
 from aiter_gemm.kernels.common import INTERPRET, splitk_reduce
+from aiter_gemm.triton_launch import UNTRIED
 
 NAME = "triton"
 
@@ -48,14 +49,10 @@ def _arch(device: DeviceIdentity) -> str:
     return device.gfx if device.is_gpu else REFERENCE_ARCH
 
 
-def binds() -> bool:
-    """Whether runners bind their launches here: the C++ extension built and Triton compiling (not interpreting)."""
-    return triton_launch.run is not None and not INTERPRET
-
-
 def make_runner(cfg: BlockscaleConfig) -> BlockscaleRunner:
-    """The runner of ``cfg``: a :class:`BoundRunner` where launches bind (:func:`binds`), else Triton's launch."""
-    if binds():
+    """The runner of ``cfg``: a :class:`BoundRunner` where launches bind (:data:`~aiter_gemm.triton_launch.BINDS`),
+    else Triton's launch."""
+    if triton_launch.BINDS:
         return BoundRunner(cfg)
 
     def run(XQ, WQ, x_scale, w_scale, dtype):
@@ -65,23 +62,20 @@ def make_runner(cfg: BlockscaleConfig) -> BlockscaleRunner:
     return run
 
 
-_UNTRIED = object()
-
-
-class BoundRunner:
+class BoundRunner(triton_launch.PlanCache):
     """One config's runner with bound launches: per layout of the operands (shapes, strides, device, output dtype)
     the first call runs Triton's launch and binds it (the GEMM, and a split config's reduction); later calls launch
     the plans from C++, the last layout's first. A plan declines what it cannot prove the same launch (other strides,
     a misaligned operand, another current device, a Triton launch hook installed, no driver), and Triton's launch
-    runs; a launch that cannot be bound at all is logged once (:func:`aiter_gemm.triton_launch.bind`)."""
+    runs; a launch that cannot be bound at all is logged once (:func:`aiter_gemm.triton_launch.bind`). A layout's
+    plans are (output dtype, GEMM plan[, reduction plan]), kept in the :class:`~aiter_gemm.triton_launch.PlanCache`
+    this runner is."""
 
-    __slots__ = ("_last", "_plans", "cfg")
-    _MAX_LAYOUTS = 64  # past this many the plans start over
+    __slots__ = ("cfg",)
 
     def __init__(self, cfg: BlockscaleConfig) -> None:
+        super().__init__()
         self.cfg = cfg
-        self._last: tuple | None = None  # (dtype, gemm plan[, reduction plan]) of the last bound call
-        self._plans: dict[tuple, tuple | None] = {}  # layout -> plans, None: not bindable (Triton's launch runs)
 
     def __call__(self, XQ: torch.Tensor, WQ: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                  dtype: torch.dtype) -> torch.Tensor:
@@ -91,24 +85,21 @@ class BoundRunner:
             if got is not None:
                 return got[0] if len(last) == 2 else self._reduce(last, got[0])
         key = (XQ.shape, XQ.stride(), WQ.stride(), x_scale.stride(), w_scale.stride(), XQ.device, dtype)
-        plans = self._plans.get(key, _UNTRIED)
-        if plans is not _UNTRIED and plans is not None:
-            out = self._run((dtype, *plans), XQ, WQ, x_scale, w_scale)
+        plans = self._plans.get(key, UNTRIED)
+        if plans is not UNTRIED and plans is not None:
+            out = self._run(plans, XQ, WQ, x_scale, w_scale)
             if out is not None:
-                self._last = (dtype, *plans)
+                self._last = plans
                 return out
         # A misaligned operand is not bound (Triton's launch also takes pointer loads instead of TMA for it): a later
         # aligned call of the layout binds it.
-        bind = plans is _UNTRIED and XQ.is_cuda and all(t.data_ptr() % 16 == 0 for t in (XQ, WQ, x_scale, w_scale))
+        bind = plans is UNTRIED and XQ.is_cuda and all(t.data_ptr() % 16 == 0 for t in (XQ, WQ, x_scale, w_scale))
         launches: list[triton_launch.Launch] | None = [] if bind else None
         out = torch.empty((XQ.shape[0], WQ.shape[0]), dtype=dtype, device=XQ.device)
         gemm_a8w8_blockscale_triton(XQ, WQ, x_scale, w_scale, self.cfg, out, launches)
         if bind:
-            if len(self._plans) >= self._MAX_LAYOUTS:
-                self._plans.clear()
-            bound = self._plans[key] = triton_launch.bind_all(launches)
-            if bound is not None:
-                self._last = (dtype, *bound)
+            bound = triton_launch.bind_all(launches)
+            self._store(key, None if bound is None else (dtype, *bound))
         return out
 
     @staticmethod
@@ -133,12 +124,12 @@ class BoundRunner:
         """Which launch a call with these operands takes now (benchmarks' notes): ``bound launch``, or Triton's
         launcher and why."""
         key = (XQ.shape, XQ.stride(), WQ.stride(), x_scale.stride(), w_scale.stride(), XQ.device, dtype)
-        plans = self._plans.get(key, _UNTRIED)
-        if plans is _UNTRIED:
+        plans = self._plans.get(key, UNTRIED)
+        if plans is UNTRIED:
             return "Triton's launcher (not called yet with this layout)"
         if plans is None:
             return "Triton's launcher (not bound: the log says why)"
-        if self._run((dtype, *plans), XQ, WQ, x_scale, w_scale) is None:
+        if self._run(plans, XQ, WQ, x_scale, w_scale) is None:
             return "Triton's launcher (the plan declines: a launch hook, another device current, a misaligned view)"
         return "bound launch"
 
@@ -152,9 +143,9 @@ class BlockscaleTritonBackend(Backend):
         return triton_unavailable_reason(f"{NAME} (gemm_a8w8_blockscale)")
 
     def launch_is_cheap(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> bool:
-        """On a CUDA GPU with bound launches (:func:`binds`): a few microseconds of host time, so eager calls keep
-        the decision; elsewhere Triton's launcher's cost (``cheap_launch`` False)."""
-        return device.kind == "cuda" and binds()
+        """On a CUDA GPU with bound launches (:data:`~aiter_gemm.triton_launch.BINDS`): a few microseconds of host
+        time, so eager calls keep the decision; elsewhere Triton's launcher's cost (``cheap_launch`` False)."""
+        return device.kind == "cuda" and triton_launch.BINDS
 
     def why_not(self, problem: GemmProblem, solution: Solution, device: DeviceIdentity) -> str | None:
         if device.kind == "cpu" and not INTERPRET:

@@ -27,7 +27,6 @@ import torch
 
 from aiter_gemm import cudagraph, triton_launch
 from aiter_gemm.backends._triton_common import triton_unavailable_reason
-from aiter_gemm.backends.a8w8_blockscale.triton import binds
 from aiter_gemm.backends.base import Backend, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import pair_name, stage_names
 from aiter_gemm.backends.fused_moe import problem_error as moe_problem_error
@@ -35,6 +34,7 @@ from aiter_gemm.device import REFERENCE_ARCH, DeviceIdentity
 from aiter_gemm.kernels import fused_moe as fm
 from aiter_gemm.kernels.common import INTERPRET
 from aiter_gemm.kernels.fused_moe import MoeConfig
+from aiter_gemm.triton_launch import UNTRIED
 
 NAME = "triton"
 
@@ -58,9 +58,9 @@ def problem_error(p: MoeProblem) -> str | None:
 
 
 def make_runner(config1: MoeConfig, config2: MoeConfig, activation: str):
-    """The runner of one problem's configs: a :class:`BoundRunner` where launches bind (:func:`~aiter_gemm.backends.
-    a8w8_blockscale.triton.binds`), else Triton's launches."""
-    if binds():
+    """The runner of one problem's configs: a :class:`BoundRunner` where launches bind (:data:`~aiter_gemm.
+    triton_launch.BINDS`), else Triton's launches."""
+    if triton_launch.BINDS:
         return BoundRunner(config1, config2, activation)
 
     def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
@@ -71,30 +71,26 @@ def make_runner(config1: MoeConfig, config2: MoeConfig, activation: str):
     return run
 
 
-_UNTRIED = object()
-
-
 def _kernel_name(compiled: Any) -> str:
     return getattr(getattr(compiled, "metadata", None), "name", type(compiled).__name__)
 
 
-class BoundRunner:
+class BoundRunner(triton_launch.PlanCache):
     """One problem's runner with bound launches: per layout of its tensors (dtypes, shapes, strides, device) the
     first call runs Triton's launches and binds each (:func:`~aiter_gemm.triton_launch.bind_each`); later calls run
     the plans of the last layout bound, each launch falling back to Triton's where its plan declines (another
     layout, a misaligned tensor, another current device, a launch hook), after which the next call looks its layout
     up. A launch that cannot be bound is logged once (:func:`~aiter_gemm.triton_launch.bind`) and keeps Triton's
     launch; CUDA-graph capture runs Triton's launches. The problem (token count, sizes, expert count, top-k) is the
-    runner's, so a plan's checks of its tensors cover every integer it fixed."""
+    runner's, so a plan's checks of its tensors cover every integer it fixed. A layout's plans (a tuple, None
+    entries: Triton's launch) are kept in the :class:`~aiter_gemm.triton_launch.PlanCache` this runner is."""
 
-    __slots__ = ("_capturing", "_kernels", "_last", "_plans", "activation", "config1", "config2")
-    _MAX_LAYOUTS = 64  # past this many the plans start over
+    __slots__ = ("_capturing", "_kernels", "activation", "config1", "config2")
 
     def __init__(self, config1: MoeConfig, config2: MoeConfig, activation: str) -> None:
+        super().__init__()
         self.config1, self.config2, self.activation = config1, config2, activation
         self._capturing = cudagraph.probe()
-        self._last: tuple | None = None  # the plans of the last layout bound (None entries: Triton's launch)
-        self._plans: dict[tuple, tuple | None] = {}  # layout -> plans, None: nothing binds (Triton's launches)
         self._kernels: dict[tuple, tuple[str, ...]] = {}  # layout -> the kernel of each launch (launch_path)
 
     def __call__(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
@@ -111,24 +107,26 @@ class BoundRunner:
                 self._last = None
             return out
         key = self.layout(*tensors)
-        plans = self._plans.get(key, _UNTRIED)
-        if plans is _UNTRIED:
+        plans = self._plans.get(key, UNTRIED)
+        if plans is UNTRIED:
             # A misaligned tensor is not bound (Triton specializes the kernels on aligned pointers): a later aligned
             # call of the layout binds it.
             if not hidden_states.is_cuda or any(t.data_ptr() % 16 for t in tensors if t is not None):
                 return self._launch(tensors, None)
             launches = triton_launch.LaunchSequence(launches=[])
             out = self._launch(tensors, launches)
-            if len(self._plans) >= self._MAX_LAYOUTS:
-                self._plans.clear()
-                self._kernels.clear()
-            self._last = self._plans[key] = triton_launch.bind_each(launches.launches)
+            self._store(key, triton_launch.bind_each(launches.launches))  # _last is None here: none bound, it stays
             self._kernels[key] = tuple(_kernel_name(launch.compiled) for launch in launches.launches)
             return out
         if plans is None:
             return self._launch(tensors, None)
         self._last = plans
         return self._launch(tensors, triton_launch.LaunchSequence(plans))
+
+    def _start_over(self) -> None:
+        """Forget the plans and each layout's kernel names with them."""
+        super()._start_over()
+        self._kernels.clear()
 
     def _launch(self, tensors: tuple, launches: triton_launch.LaunchSequence | None) -> torch.Tensor:
         # The op checked this key's inputs at its first call and checks the expert ids per call.
@@ -143,8 +141,8 @@ class BoundRunner:
         """Which launches a call with these tensors takes now (benchmarks' notes): the kernels bound, in launch
         order, and those left to Triton's launcher; or why none is bound. Runs the call once."""
         key = self.layout(*tensors)
-        plans = self._plans.get(key, _UNTRIED)
-        if plans is _UNTRIED:
+        plans = self._plans.get(key, UNTRIED)
+        if plans is UNTRIED:
             return "Triton's launcher (not called yet with this layout)"
         if plans is None:
             return "Triton's launcher (nothing bound: the log says why)"
