@@ -103,10 +103,13 @@ def test_fp8_experts_match_the_reference(clean_runtime, T, k):
     assert_close(fused_moe(*args), ref, rel=0.04)
 
 
-@pytest.mark.parametrize("fp8,T,k", [(False, 3, 2), (False, 37, 8), (True, 3, 2)])
-def test_triton_kernels_through_a_tuned_row(clean_runtime, tmp_path, fp8, T, k):
+@pytest.mark.parametrize("fp8,T,k,fused", [(False, 3, 2, False), (False, 37, 8, False), (True, 3, 2, False),
+                                           (False, 1, 8, True), (True, 3, 2, True)])
+def test_triton_kernels_through_a_tuned_row(clean_runtime, tmp_path, fp8, T, k, fused):
+    """A tuned row's configs run (FUSED: one config for both GEMMs, in one launch)."""
     p = problem(T, k, E=max(4, k), fp8=fp8)
     cfg = FP8_CFG if fp8 else CFG
+    cfg = MoeConfig(16, cfg.block_n, 128, num_stages=2, fused=True) if fused else cfg
     use_table(clean_runtime, tmp_path, HEADER + "\n" + aiter_row(p, cfg.name(), block_m=16) + "\n")
     got = get_fused_moe_config(T, p.model_dim, p.inter_dim, p.expert, k, q_dtype_w=p.q_dtype_w, on_gpu=ON_GPU)
     assert (got["matched"], got["libtype"], got["kernelName"]) == ("exact", "triton", cfg.name())

@@ -20,6 +20,7 @@ from aiter_gemm import cudagraph, triton_launch
 from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, QUANT_NONE, MoeProblem
 from aiter_gemm.backends.fused_moe import triton as moe_backend
 from aiter_gemm.kernels import fused_moe as fm
+from aiter_gemm.kernels import fused_moe_fused as fmf
 from aiter_gemm.kernels import moe_align
 from aiter_gemm.op_entry import EXT
 from aiter_gemm.ops.fused_moe import FUSED_MOE
@@ -27,7 +28,7 @@ from op_tests.sm90_compile import compiled_cases
 
 REPO = Path(__file__).resolve().parents[1]
 FP8 = torch.float8_e4m3fn
-ALIGN, GEMM, ACT = "_moe_align_kernel", "_fused_moe_kernel", "_act_mul_kernel"
+ALIGN, GEMM, ACT, FUSED = "_moe_align_kernel", "_fused_moe_kernel", "_act_mul_kernel", "_fused_moe_one_launch_kernel"
 #: name -> (fp8, T, H, I, E, k, GEMM1's config, GEMM2's config or "" (the same), the kernels launched in order).
 CASES = {
     "bf16_t3": (False, 3, 256, 128, 8, 2, "moe_BM16_BN64_BK64_GM1_SK1_W4_S3", "", (ALIGN, GEMM, GEMM)),
@@ -36,6 +37,8 @@ CASES = {
     "fp8_t1_qa_direct_ksum": (True, 1, 256, 256, 8, 2, "moe_BM16_BN64_BK128_GM1_SK1_W4_S3_QA_DIRECT",
                               "moe_BM16_BN64_BK128_GM1_SK1_W4_S3_QA_DIRECT_KSUM", (GEMM, GEMM)),
     "bf16_t1_split": (False, 1, 512, 256, 8, 2, "moe_BM16_BN64_BK64_GM1_SK2_W4_S3", "", (ALIGN, GEMM, ACT, GEMM)),
+    "fp8_t1_fused": (True, 1, 256, 256, 8, 2, "moe_BM16_BN64_BK128_GM1_SK1_W4_S3_FUSED", "", (FUSED,)),
+    "bf16_t3_fused": (False, 3, 256, 128, 8, 2, "moe_BM16_BN32_BK256_GM1_SK1_W4_S2_FUSED", "", (FUSED,)),
 }
 
 
@@ -75,13 +78,13 @@ class Recorder:
 def recording(compiled=lambda i: None, launch: bool = False):
     """The MoE's JIT kernels replaced by :class:`Recorder`\\ s; yields the recorded (kernel, grid, kwargs) calls."""
     calls: list = []
-    saved = fm._fused_moe_kernel, fm._act_mul_kernel, moe_align._moe_align_kernel
-    fm._fused_moe_kernel, fm._act_mul_kernel, moe_align._moe_align_kernel = (
+    saved = fm._fused_moe_kernel, fm._act_mul_kernel, moe_align._moe_align_kernel, fmf._fused_moe_one_launch_kernel
+    fm._fused_moe_kernel, fm._act_mul_kernel, moe_align._moe_align_kernel, fmf._fused_moe_one_launch_kernel = (
         Recorder(k, calls, compiled, launch) for k in saved)
     try:
         yield calls
     finally:
-        fm._fused_moe_kernel, fm._act_mul_kernel, moe_align._moe_align_kernel = saved
+        fm._fused_moe_kernel, fm._act_mul_kernel, moe_align._moe_align_kernel, fmf._fused_moe_one_launch_kernel = saved
 
 
 def launches_of(case: str, compiled, tensors: tuple | None = None) -> list[triton_launch.Launch]:
@@ -427,6 +430,7 @@ GPU_CONFIGS = {
     "direct_ksum": ("moe_BM16_BN64_BK128_GM1_SK1_W4_S4_DIRECT", "moe_BM16_BN64_BK128_GM1_SK1_W4_S4_DIRECT_KSUM"),
     "qa": ("moe_BM16_BN64_BK128_GM1_SK1_W4_S4_QA", "moe_BM16_BN64_BK128_GM1_SK1_W4_S4_QA_KSUM"),
     "split": ("moe_BM16_BN64_BK128_GM1_SK2_W4_S4", "moe_BM16_BN64_BK128_GM1_SK2_W4_S4"),
+    "fused": ("moe_BM16_BN64_BK128_GM1_SK1_W4_S4_FUSED", "moe_BM16_BN64_BK128_GM1_SK1_W4_S4_FUSED"),
 }
 
 
@@ -442,8 +446,8 @@ def _gpu_case(fp8: bool, T: int, seed: int = 0) -> tuple:
 @pytest.mark.parametrize("name", list(GPU_CONFIGS))
 def test_gpu_bound_moe_is_bit_identical_to_triton(fp8, T, name):
     """Skewed routing (experts without a token); after the binding call, calls with re-allocated tensors (clones,
-    then other values) run every launch bound and give Triton's launches' bits (split-K: its atomics order float32
-    sums freely, so within a few ulps)."""
+    then other values) run every launch bound and give Triton's launches' bits (split-K, FUSED: their atomics order
+    float32 sums freely, so within a few ulps)."""
     if not triton_launch.BINDS:
         pytest.skip("the C++ eager extension is not built")
     if name == "qa" and not fp8:
@@ -462,7 +466,7 @@ def test_gpu_bound_moe_is_bit_identical_to_triton(fp8, T, name):
         got = runner(*tensors)
         want = fm.launch_fused_moe(*tensors, "silu", c1, c2)
         torch.cuda.synchronize()
-        if name == "split":
+        if name in ("split", "fused"):
             torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
         else:
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (name, fp8, T)

@@ -23,6 +23,7 @@ from aiter_gemm.kernels.fused_moe import (
     default_config,
     fused_moe_ref,
     fused_moe_triton,
+    pair_error,
 )
 from aiter_gemm.kernels.moe_align import moe_align_block_size, padded_bound
 
@@ -151,6 +152,8 @@ def test_bad_ids_contribute_nothing_when_unchecked(monkeypatch):
     for direct in (False, True):
         c1, c2 = MoeConfig(16, 32, 32, direct=direct), MoeConfig(16, 32, 32, direct=direct, ksum=True)
         assert_close(fused_moe_triton(x, w1, w2, tw, ti, config1=c1, config2=c2), fused_moe_ref(x, w1, w2, tw, ti))
+    fused = MoeConfig(16, 16, 32, fused=True)  # the bad ids still arrive: every token's row is written
+    assert_close(fused_moe_triton(x, w1, w2, tw, ti, config1=fused), fused_moe_ref(x, w1, w2, tw, ti))
 
 
 @pytest.mark.parametrize("direct, T, H", [(False, 37, 512), (True, 3, 4096)])
@@ -234,6 +237,91 @@ def test_variant_names_and_rules():
     assert config_error(big, fp8=True, stage=2) is None and "registers" in config_error(big, fp8=True, stage=1)
     with pytest.raises(ValueError, match="config1 .*GEMM2 config only"):
         fused_moe_triton(*problem(2, 2, 4, 64, 32), config1=ksum)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("T,k,act", [(1, 8, "silu"), (3, 2, "gelu"), (5, 8, "silu"), (37, 1, "silu"), (1, 1, "gelu")])
+def test_fused_matches_reference(T, k, act, fp8):
+    """FUSED (both GEMMs in one launch) against the reference whose FP8 intermediate enters GEMM2 unquantized, as
+    the kernel takes it; 16 experts, some without a token (3 and 11 for bf16). Up to 40 pairs: the tuner offers FUSED
+    for few."""
+    cfg = MoeConfig(16, 64, 128, num_warps=4, num_stages=2, fused=True)
+    if fp8:
+        x, w1, w2, tw, ti, s1, s2 = fp8_problem(T, k, 16, 256, 128)
+    else:
+        (x, w1, w2, tw, ti), s1, s2 = problem(T, k, 16, 256, 128, absent=(3, 11)), None, None
+    out = fused_moe_triton(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, activation=act, config1=cfg, config2=cfg)
+    ref = partial(fused_moe_ref, x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, activation=act)
+    assert_close(out, ref(quant_inter=False), rel=0.02)
+    if fp8:  # the option matters: the unfused path's quantized intermediate is further off
+        assert (ref(quant_inter=False).float() - ref().float()).abs().max() > 0
+
+
+@pytest.mark.parametrize("fp8,T,k,H,inter,cfg", [
+    (False, 5, 2, 96, 40, MoeConfig(16, 16, 32, fused=True)),  # masked H tails, columns past I wrapped
+    (False, 2, 8, 256, 128, MoeConfig(16, 32, 256, num_warps=8, fused=True)),  # block_k 256
+    (True, 3, 2, 192, 192, MoeConfig(16, 32, 128, num_warps=2, fused=True)),  # ragged groups: up rows' scales vary
+])
+def test_fused_ragged_shapes(fp8, T, k, H, inter, cfg):
+    if fp8:
+        x, w1, w2, tw, ti, s1, s2 = fp8_problem(T, k, 8, H, inter)
+    else:
+        (x, w1, w2, tw, ti), s1, s2 = problem(T, k, 8, H, inter), None, None
+    out = fused_moe_triton(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, config1=cfg)  # config2: config1's
+    assert_close(out, fused_moe_ref(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, quant_inter=False))
+
+
+def test_fused_names_and_rules():
+    """``_FUSED`` in the kernelName (not in vLLM's JSON, which has no key for it); the one rule's messages: its
+    fixed fields, FP8's block_k, spilling tiles, and the same config for both GEMMs."""
+    fused = MoeConfig(16, 64, 128, num_warps=4, num_stages=4, fused=True)
+    assert fused.name() == "moe_BM16_BN64_BK128_GM1_SK1_W4_S4_FUSED" and MoeConfig.parse(fused.name()) == fused
+    assert not fused.plain and "FUSED" not in str(fused.to_vllm())
+    with pytest.raises(ValueError, match="unknown keys"):
+        MoeConfig.from_vllm({**fused.to_vllm(), "FUSED": 1})
+    for bad in (MoeConfig(32, 64, 128, fused=True), MoeConfig(16, 64, 128, split_k=2, fused=True),
+                MoeConfig(16, 64, 128, quant_a=True, fused=True), MoeConfig(16, 64, 128, direct=True, fused=True)):
+        assert "FUSED runs one pair per program" in config_error(bad, fp8=True)
+    assert "needs block_k=128" in config_error(MoeConfig(16, 64, 64, fused=True), fp8=True)
+    assert config_error(MoeConfig(16, 64, 64, fused=True), fp8=False) is None
+    assert "registers" in config_error(MoeConfig(16, 64, 128, num_warps=2, fused=True), fp8=True)
+    for stage in (1, 2, None):
+        assert config_error(fused, fp8=True, stage=stage) is None
+    plain = MoeConfig(16, 64, 128)
+    assert pair_error(fused, fused) is None and pair_error(plain, plain) is None
+    assert "must be the same one" in pair_error(fused, plain) and "must be the same one" in pair_error(plain, fused)
+    args = problem(2, 2, 4, 64, 32)
+    for c1, c2 in ((fused, plain), (plain, fused)):
+        with pytest.raises(ValueError, match="FUSED runs both GEMMs in one launch"):
+            fused_moe_triton(*args, config1=c1, config2=c2)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_space_for_few_pairs(fp8):
+    """The search space offers FUSED configs (a dozen or two, every one valid) up to DIRECT_MAX_PAIRS pairs only."""
+    for quick in (True, False):
+        few = [c for c in config_space(fp8=fp8, quick=quick, tokens=1, topk=8) if c.fused]
+        assert 12 <= len(few) <= 24 and all(config_error(c, fp8=fp8) is None for c in few)
+        assert few == [c for c in config_space(fp8=fp8, quick=quick, tokens=8, topk=8) if c.fused]
+        assert not any(c.fused for c in config_space(fp8=fp8, quick=quick, tokens=9, topk=8))
+        assert not any(c.fused for c in config_space(fp8=fp8, quick=quick))
+
+
+def test_fused_backend_pairs_and_precompile_partners():
+    """The backend offers a FUSED config only as both GEMMs' and refuses it beside another; the precompile's
+    counter-clearing partners never pair one with another config."""
+    p = MoeProblem(1, 256, 128, 16, 8, ACT_TYPES["silu"], torch.bfloat16, FP8, FP8, QUANT_BLOCK)
+    backend = triton_backend.BACKEND
+    pairs = [triton_backend.configs_of(s) for s in backend.quick_candidates(p, current_device_identity(False))]
+    fused = [c1 for c1, _ in pairs if c1.fused]
+    assert fused and all(c1 == c2 for c1, c2 in pairs if c1.fused or c2.fused)
+    plain, ksum = MoeConfig(16, 64, 128), MoeConfig(16, 64, 128, ksum=True)
+    mixed = triton_backend.solution_of(fused[0], plain)
+    assert "must be the same one" in backend.shape_why_not(p, mixed, REFERENCE_ARCH)
+    jobs = [(p, triton_backend.solution_of(fused[0])), (p, triton_backend.solution_of(plain, ksum)),
+            (p, triton_backend.solution_of(plain))]
+    partners = [triton_backend.configs_of(s) for _, s in triton_backend.ksum_partners(jobs)]
+    assert not any(c.fused for pair in partners for c in pair)
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -438,3 +526,35 @@ def test_variants_compiled(T, fp8):
             g.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, first), f"{c1.name()};{c2.name()} differs under graph replay"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_fused_compiled(T, fp8):
+    """FUSED compiled (its atomics and arrival counters on the GPU), k 8 over 16 experts, I 192 (FP8: ragged up
+    scales): against the reference, twice within float32 summation order, and graph-replayed with new routing and a
+    bad id (each token's row still written)."""
+    if fp8:
+        x, w1, w2, tw, ti, s1, s2 = fp8_problem(T, 8, 16, 256, 192)
+    else:
+        (x, w1, w2, tw, ti), s1, s2 = problem(T, 8, 16, 256, 192), None, None
+    for cfg in (MoeConfig(16, 64, 128, num_warps=4, num_stages=4, fused=True),
+                MoeConfig(16, 16, 128, num_warps=2, num_stages=2, fused=True)):
+        run = partial(fused_moe_triton, x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, config1=cfg)
+        ref = partial(fused_moe_ref, x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, quant_inter=False)
+        first = run()
+        assert_close(first, ref())
+        torch.testing.assert_close(run().float(), first.float(), rtol=1e-2, atol=1e-2)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = run()
+        new_w, new_ids = routing(T, 8, 16, seed=1)
+        tw.copy_(new_w)
+        ti.copy_(new_ids)
+        ti[0, 0] = 99
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(out, ref())
+        ti.copy_(new_ids)

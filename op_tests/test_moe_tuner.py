@@ -129,6 +129,21 @@ def test_stage_refine_leaves_out_pairs_a_stage_cannot_run():
     assert vllm_runs(triton_backend.solution_of(plain)) and not vllm_runs(triton_backend.solution_of(direct))
 
 
+def test_stage_refine_keeps_a_fused_config_for_both_gemms():
+    """A FUSED config runs both GEMMs in one launch: the per-stage rounds never pair it with another config, whether
+    it is the fastest pair or one of the others."""
+    from aiter_gemm.backends.fused_moe import triton as triton_backend
+
+    plain, fused = MoeConfig(16, 32, 32), MoeConfig(16, 32, 32, fused=True)
+    p = _problem(2)
+    refine = stage_refine()
+    for ranked in ([triton_backend.solution_of(fused), triton_backend.solution_of(plain)],
+                   [triton_backend.solution_of(plain), triton_backend.solution_of(fused)]):
+        for round_ in (1, 2):
+            names = [s.kernelName for s in refine(p, ranked, round_)]
+            assert names and all(";" not in n or "FUSED" not in n for n in names), names
+
+
 def test_pad_probes_follow_the_moe_padded_token():
     """A row at token 64 serves 33..64 through AITER's padded token (the next power of two): confirmed at 33 and in
     the middle; tokens 1 and 2 serve only themselves."""

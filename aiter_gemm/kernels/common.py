@@ -1,6 +1,6 @@
-"""What every kernel file here shares: the interpreter flag, grouped tile ordering, the deterministic split-K
-reduction, the TMA alignment rule, the bounds every config is checked against, and the ``kernelName`` grammar
-(:class:`KernelName`) each config family spells and parses its names with.
+"""What every kernel file here shares: the interpreter flag, grouped tile ordering, the fused-MoE gate activation, the
+deterministic split-K reduction, the TMA alignment rule, the bounds every config is checked against, and the
+``kernelName`` grammar (:class:`KernelName`) each config family spells and parses its names with.
 
 The grammar: one template both spells a config's name (the tuned CSVs' ``kernelName``) and parses it back, so
 writer and parser cannot drift apart.
@@ -64,6 +64,16 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
     pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
     pid_n = (tile_id % num_pid_in_group) // group_size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def gate_activation(x, ACTIVATION: tl.constexpr):
+    """SiLU or exact (erf) GELU of a float32 tile (``ACTIVATION`` "silu" / "gelu"): the fused-MoE kernels' gate."""
+    if ACTIVATION == "silu":
+        y = x / (1.0 + tl.exp(-x))
+    else:
+        y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    return y
 
 
 def bias_agnostic(*names: str) -> dict[str, list[str]]:

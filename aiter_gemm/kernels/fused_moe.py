@@ -25,7 +25,8 @@ block (a scalar: no per-column scale tile in registers).
 
 The configs (:mod:`~aiter_gemm.kernels.fused_moe_config`) may name variants that save launches: ``QA`` (the
 quantizations done in the GEMMs' activation loads), ``DIRECT`` (no sorting: one block per pair) and ``KSUM`` (the
-k-sum in GEMM2). At T = 1 on FP8 experts all three make the call two launches instead of six.
+k-sum in GEMM2). At T = 1 on FP8 experts all three make the call two launches instead of six; ``FUSED``
+(:mod:`~aiter_gemm.kernels.fused_moe_fused`) makes it one, after a memset.
 
 Under ``TRITON_INTERPRET=1`` the dot operands are upcast to float32 (the interpreter mis-computes 8/16-bit dots) and
 ``QA`` rounds to e4m3 in float32 arithmetic (the interpreter's cast is wrong).
@@ -41,14 +42,22 @@ from aiter_gemm.dtypes import HALF_DTYPES
 from aiter_gemm.kernels.a8w8_blockscale import dequantize_weight_blockscale
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8, per_token_group_quant_fp8_ref, quant_rows
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
-from aiter_gemm.kernels.common import INTERPRET, tile_coords
-from aiter_gemm.kernels.fused_moe_config import MoeConfig, config_error, config_space, default_config, usage_error
+from aiter_gemm.kernels.common import INTERPRET, gate_activation, tile_coords
+from aiter_gemm.kernels.fused_moe_config import (
+    MoeConfig,
+    config_error,
+    config_space,
+    default_config,
+    pair_error,
+    usage_error,
+)
+from aiter_gemm.kernels.fused_moe_fused import launch_fused
 from aiter_gemm.kernels.moe_align import moe_align_block_size
 from aiter_gemm.triton_launch import LaunchSequence
 
 __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "config_space", "default_config",
-           "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size", "uses_ksum",
-           "zero_inputs"]
+           "fused_moe_ref", "fused_moe_triton", "is_capturing", "k_splits", "moe_align_block_size", "pair_error",
+           "uses_ksum", "zero_inputs"]
 
 #: The activations of the gate: SiLU, and GELU in torch's default (erf) form.
 ACTIVATIONS = ("silu", "gelu")
@@ -60,16 +69,6 @@ ZERO_CHUNK = tl.constexpr(32)
 
 
 # ----------------------------------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _activate(x, ACTIVATION: tl.constexpr):
-    """SiLU or exact (erf) GELU of a float32 tile."""
-    if ACTIVATION == "silu":
-        y = x / (1.0 + tl.exp(-x))
-    else:
-        y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
-    return y
 
 
 @triton.jit(do_not_specialize=["N", "K", "num_pairs", "num_experts", "k_blocks_per_split", "num_m_blocks",
@@ -205,7 +204,7 @@ def _fused_moe_kernel(
         if GATED:
             tl.atomic_add(c_ptrs + N * stride_cn, acc_u, mask=c_mask)
     elif GATED:
-        tl.store(c_ptrs, (_activate(acc_g, ACTIVATION) * acc_u).to(c_ptr.dtype.element_ty), mask=c_mask)
+        tl.store(c_ptrs, (gate_activation(acc_g, ACTIVATION) * acc_u).to(c_ptr.dtype.element_ty), mask=c_mask)
     else:
         tl.store(c_ptrs, acc_g.to(c_ptr.dtype.element_ty), mask=c_mask)
         if KSUM:
@@ -251,7 +250,8 @@ def _act_mul_kernel(ws_ptr, out_ptr, N, stride_wm, stride_om, ACTIVATION: tl.con
     mask = cols < N
     g = tl.load(ws_ptr + row * stride_wm + cols, mask=mask, other=0.0)
     u = tl.load(ws_ptr + row * stride_wm + N + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_om + cols, (_activate(g, ACTIVATION) * u).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * stride_om + cols, (gate_activation(g, ACTIVATION) * u).to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------------- launcher
@@ -424,17 +424,20 @@ def fused_moe_triton(
     activation: str = "silu", config1: MoeConfig | None = None, config2: MoeConfig | None = None,
 ) -> torch.Tensor:
     """The fused MoE (module docstring) with ``config1`` for GEMM1 and ``config2`` for GEMM2 (None:
-    :func:`default_config`); returns (T, H) in hidden_states' dtype. Validates its inputs
-    (:func:`check_moe_inputs`); no host sync while a CUDA graph is captured."""
+    :func:`default_config`; ``config1`` where that is ``FUSED``); returns (T, H) in hidden_states' dtype. Validates
+    its inputs (:func:`check_moe_inputs`); no host sync while a CUDA graph is captured."""
     fp8 = check_moe_inputs(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)
     T, H = hidden_states.shape
     E, inter_dim, topk = w1.shape[0], w1.shape[1] // 2, topk_ids.shape[1]
     config1 = config1 or default_config(T, E, topk, inter_dim, H, fp8=fp8)
-    config2 = config2 or default_config(T, E, topk, H, inter_dim, fp8=fp8)
+    config2 = config2 or (config1 if config1.fused else default_config(T, E, topk, H, inter_dim, fp8=fp8))
     for stage, cfg in ((1, config1), (2, config2)):  # bf16 tiles past the register bound spill but run
         problem = (config_error if fp8 else usage_error)(cfg, fp8=fp8, stage=stage)
         if problem:
             raise ValueError(f"fused_moe: config{stage} {cfg.name()}: {problem}")
+    problem = pair_error(config1, config2)
+    if problem:
+        raise ValueError(f"fused_moe: {problem}")
     return launch_fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation, config1,
                             config2)
 
@@ -447,15 +450,18 @@ def launch_fused_moe(
     """:func:`fused_moe_triton` without its checks, for callers that validated this key's inputs and configs already
     (the op's runners: once per key, the expert ids per call). ``launches``
     (:class:`~aiter_gemm.triton_launch.LaunchSequence`): the plans of this call's layout, one per launch in the
-    order made (the sorts, GEMM1, its split-K epilogue, GEMM2), or the record of Triton's launches to bind; the
-    intermediate, outputs and workspaces stay torch allocations made here, given to each plan with the call's
-    tensors (a sort's plan allocates its outputs)."""
+    order made (the sorts, GEMM1, its split-K epilogue, GEMM2; ``FUSED``: its one launch), or the record of Triton's
+    launches to bind; the intermediate, outputs and workspaces stay torch allocations made here, given to each plan
+    with the call's tensors (a sort's plan allocates its outputs)."""
     fp8 = w1_scale is not None
     T, H = hidden_states.shape
     E, inter_dim, topk = w1.shape[0], w1.shape[1] // 2, topk_ids.shape[1]
     dtype, dev = hidden_states.dtype, hidden_states.device
     if T == 0 or topk == 0:
         return torch.zeros((T, H), dtype=dtype, device=dev)
+    if config1.fused:  # config2 is the same (pair_error)
+        return launch_fused(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation, config1,
+                            launches)
     num_pairs = T * topk
     aligned: dict[int, tuple] = {}
 
@@ -514,12 +520,13 @@ def launch_fused_moe(
 def fused_moe_ref(
     hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
     topk_ids: torch.Tensor, *, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-    activation: str = "silu", gemm1_dtype: torch.dtype | None = None,
+    activation: str = "silu", gemm1_dtype: torch.dtype | None = None, quant_inter: bool = True,
 ) -> torch.Tensor:
     """float32 loop over experts, cast to hidden_states' dtype. The intermediate is rounded to that dtype as the
     kernels store it; FP8: weights dequantized, and both GEMMs' activations quantized as the kernels quantize them.
     Pairs with an id outside [0, E) contribute nothing. ``gemm1_dtype``: GEMM1's output rounded to it before the
-    activation, as a library that writes it only so (DeepGEMM: bf16); None keeps it float32, as our kernels do."""
+    activation, as a library that writes it only so (DeepGEMM: bf16); None keeps it float32, as our kernels do.
+    ``quant_inter=False``: FP8's intermediate enters GEMM2 unquantized, as the ``FUSED`` kernel takes it."""
     T, H = hidden_states.shape
     E, inter_dim = w1.shape[0], w1.shape[1] // 2
     fp8 = w1_scale is not None
@@ -544,6 +551,6 @@ def fused_moe_ref(
         if gemm1_dtype is not None:
             h = h.to(gemm1_dtype).float()
         inter = (act(h[:, :inter_dim]) * h[:, inter_dim:]).to(dtype)
-        y = quantized(inter) @ w2e.t()
+        y = (quantized(inter) if quant_inter else inter.float()) @ w2e.t()
         out.index_add_(0, tok, y * topk_weight[tok, slot].float()[:, None])
     return out.to(dtype)

@@ -12,6 +12,10 @@ small T and none the default:
 * ``KSUM``: GEMM2 only, without split-K. The program that writes the last of a token's k rows of an output tile sums
   the k rows in slot order into the output (a per-(token, tile) arrival counter, zeroed by GEMM1), instead of a
   separate sum launch; the result is the unfused path's, deterministic.
+* ``FUSED``: both GEMMs in one launch for few pairs (:mod:`~aiter_gemm.kernels.fused_moe_fused`), after one memset:
+  one program per (pair, ``block_n`` intermediate columns) computes its columns of act(gate) * up and adds their
+  share of GEMM2 atomically into a float32 row per token; the last arrival writes the token's output. The same
+  config names both GEMMs (:func:`pair_error`); ``block_m`` is unused (16), no split-K, no other flag.
 """
 
 from __future__ import annotations
@@ -36,10 +40,10 @@ from aiter_gemm.kernels.common import (
 )
 
 __all__ = ["DIRECT_MAX_PAIRS", "NAME", "PREFILL_TOKENS", "MoeConfig", "config_error", "config_space",
-           "default_config", "usage_error"]
+           "default_config", "pair_error", "usage_error"]
 
 #: The ``kernelName`` grammar of :meth:`MoeConfig.name`.
-NAME = KernelName("moe_BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}[_QA][_DIRECT][_KSUM]",
+NAME = KernelName("moe_BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}[_QA][_DIRECT][_KSUM][_FUSED]",
                   "fused-MoE Triton kernelName", "; e.g. 'moe_BM16_BN64_BK128_GM1_SK1_W4_S4'")
 #: vLLM / SGLang JSON keys -> fields (``SPLIT_K`` optional).
 _VLLM_KEYS = {"BLOCK_SIZE_M": "block_m", "BLOCK_SIZE_N": "block_n", "BLOCK_SIZE_K": "block_k",
@@ -47,8 +51,8 @@ _VLLM_KEYS = {"BLOCK_SIZE_M": "block_m", "BLOCK_SIZE_N": "block_n", "BLOCK_SIZE_
 #: Keys of vLLM's ROCm files: AMD compiler hints with no meaning on NVIDIA, accepted and ignored.
 _ROCM_HINTS = frozenset({"waves_per_eu", "matrix_instr_nonkdim", "kpack"})
 #: The variant flags: field -> kernelName flag (module docstring).
-_FLAGS = {"quant_a": "QA", "direct": "DIRECT", "ksum": "KSUM"}
-#: The search space offers ``DIRECT`` up to this many (token, slot) pairs: one block per pair.
+_FLAGS = {"quant_a": "QA", "direct": "DIRECT", "ksum": "KSUM", "fused": "FUSED"}
+#: The search space offers ``DIRECT`` and ``FUSED`` up to this many (token, slot) pairs: one block per pair.
 DIRECT_MAX_PAIRS = 64
 #: From this many tokens the search space adds the large (prefill) tiles.
 PREFILL_TOKENS = 512
@@ -69,6 +73,7 @@ class MoeConfig:
     quant_a: bool = False
     direct: bool = False
     ksum: bool = False
+    fused: bool = False
 
     def __post_init__(self) -> None:
         for field in ("block_m", "block_n", "block_k"):
@@ -117,15 +122,15 @@ class MoeConfig:
 
     def to_vllm(self) -> dict:
         """The vLLM / SGLang JSON value (``SPLIT_K`` only when > 1, so files stay readable by vLLM); the variant
-        flags have no key there (only :attr:`plain` configs belong in those files)."""
+        flags have no key there (only :attr:`plain` configs belong in those files: the tuner writes no other)."""
         out = {key: getattr(self, field) for key, field in _VLLM_KEYS.items() if key != "SPLIT_K"}
         if self.split_k > 1:
             out["SPLIT_K"] = self.split_k
         return out
 
     def name(self) -> str:
-        """The ``kernelName`` spelling, e.g. ``moe_BM16_BN64_BK128_GM1_SK1_W4_S4`` (``_QA``, ``_DIRECT``, ``_KSUM``
-        appended for the variants)."""
+        """The ``kernelName`` spelling, e.g. ``moe_BM16_BN64_BK128_GM1_SK1_W4_S4`` (``_QA``, ``_DIRECT``, ``_KSUM``,
+        ``_FUSED`` appended for the variants)."""
         return NAME.format({"BM": self.block_m, "BN": self.block_n, "BK": self.block_k, "GM": self.group_m,
                             "SK": self.split_k, "W": self.num_warps, "S": self.num_stages,
                             **{flag: getattr(self, field) for field, flag in _FLAGS.items()}})
@@ -158,6 +163,21 @@ def usage_error(cfg: MoeConfig, *, fp8: bool, stage: int | None = None) -> str |
         return f"QA needs block_k={SCALE_BLOCK}: one K block is one quantization group"
     if cfg.ksum and stage != 2:
         return "KSUM sums GEMM2's k slots: a GEMM2 config only"
+    if cfg.fused:
+        if (cfg.block_m, cfg.group_m, cfg.split_k) != (16, 1, 1) or cfg.quant_a or cfg.direct or cfg.ksum:
+            return ("FUSED runs one pair per program with its own quantization, routing and k-sum: it takes "
+                    "block_m=16 (unused), group_m=1, split_k=1 and no QA, DIRECT or KSUM")
+        if fp8 and cfg.block_k != SCALE_BLOCK:
+            return f"FUSED on FP8 experts needs block_k={SCALE_BLOCK}: one K block is one quantization group"
+    return None
+
+
+def pair_error(config1: MoeConfig, config2: MoeConfig) -> str | None:
+    """Why GEMM1's ``config1`` and GEMM2's ``config2`` cannot run as one call (None: they can): a ``FUSED``
+    config runs both GEMMs in its one launch, so it names both stages or neither."""
+    if (config1.fused or config2.fused) and config1 != config2:
+        return (f"FUSED runs both GEMMs in one launch: GEMM1's and GEMM2's configs must be the same one (got "
+                f"{config1.name()} and {config2.name()})")
     return None
 
 
@@ -167,6 +187,16 @@ def config_error(cfg: MoeConfig, *, fp8: bool, arch: str = REFERENCE_ARCH, stage
     why = usage_error(cfg, fp8=fp8, stage=stage)
     if why is not None:
         return why
+    if cfg.fused:  # one activation row; GEMM1's gate and up weight tiles, as float32 products, bound registers
+        w_bytes = 1 if fp8 else 2
+        smem = cfg.num_stages * cfg.block_k * (2 + 2 * cfg.block_n * w_bytes)
+        regs = 2 * cfg.block_n * cfg.block_k // (32 * cfg.num_warps)
+        if smem > smem_limit(arch) - _EPILOGUE_SMEM:
+            return f"needs {smem} B of shared memory for {cfg.num_stages} stages (budget " \
+                   f"{smem_limit(arch) - _EPILOGUE_SMEM} on {arch})"
+        if regs > _MAX_ACC_REGS:
+            return f"FUSED's gate and up weight tiles need {regs} registers per thread (> {_MAX_ACC_REGS}: spills)"
+        return None
     gated = stage != 2  # GEMM1 (or either): gate and up tiles, two accumulators
     a_bytes = 2 if cfg.quant_a or not fp8 else 1
     b_tiles = 2 if gated else 1
@@ -223,7 +253,17 @@ def config_space(*, fp8: bool, quick: bool = False, stage: int | None = None, to
                 continue
             cfg = MoeConfig(bm, bn, bk, gm, w, st, sk)
             raw += _variants(cfg, fp8=fp8, pairs=pairs) if bm <= 32 else [cfg]
+    if pairs is not None and pairs <= DIRECT_MAX_PAIRS:
+        raw += _fused_space(fp8)
     return [c for c in dict.fromkeys(raw) if config_error(c, fp8=fp8, stage=stage) is None]
+
+
+def _fused_space(fp8: bool) -> list[MoeConfig]:
+    """The ``FUSED`` configs worth timing (for few pairs): narrow column tiles (many programs per pair), 8 warps
+    only on large weight tiles; :func:`config_error` drops those that spill."""
+    return [MoeConfig(16, bn, bk, 1, w, st, fused=True)
+            for bn, bk, w, st in itertools.product((16, 32, 64), (128,) if fp8 else (128, 256), (2, 4, 8), (2, 4))
+            if w < 8 or bn * bk >= 64 * 128]
 
 
 def default_config(tokens: int, num_experts: int, topk: int, n: int, k: int, *, fp8: bool,

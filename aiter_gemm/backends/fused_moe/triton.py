@@ -1,8 +1,9 @@
 """Backend ``triton`` of ``fused_moe``: the Triton fused-MoE kernels of :mod:`aiter_gemm.kernels.fused_moe`.
 
 A solution's ``kernelName`` names the two GEMMs' :class:`~aiter_gemm.kernels.fused_moe.MoeConfig` (``moe_BM16_BN64_
-BK128_GM1_SK1_W4_S4``, with the variants' flags ``_QA`` / ``_DIRECT`` / ``_KSUM``; two joined by ``;`` when they
-differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`), as a tuned row's ``kernelName1`` / ``kernelName2`` do;
+BK128_GM1_SK1_W4_S4``, with the variants' flags ``_QA`` / ``_DIRECT`` / ``_KSUM`` / ``_FUSED``; two joined by ``;``
+when they differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`; a ``FUSED`` config names both GEMMs alone), as a
+tuned row's ``kernelName1`` / ``kernelName2`` do;
 ``splitK`` mirrors GEMM1's split count (AITER's ``ksplit``).
 vLLM's and SGLang's JSON values (one config for both GEMMs) read as such a pair (:meth:`parse_json_entry`).
 :func:`~aiter_gemm.kernels.fused_moe.config_error` is the one rule of what runs, for the tuner and the runtime; the
@@ -181,7 +182,7 @@ class FusedMoeTritonBackend(Backend):
             why = fm.config_error(cfg, fp8=problem.fp8, arch=arch, stage=stage)
             if why is not None:
                 return f"GEMM{stage} {cfg.name()}: {why}"
-        return None
+        return fm.pair_error(*configs)
 
     def prepare(self, problem: MoeProblem, solution: Solution, device: DeviceIdentity):
         if self.why_not(problem, solution, device) is not None:
@@ -215,8 +216,9 @@ class FusedMoeTritonBackend(Backend):
     def _space(self, problem: MoeProblem, device: DeviceIdentity, quick: bool) -> list[Solution]:
         if problem_error(problem) is not None:
             return []
-        # Configs for both GEMMs, then those for one stage only (GEMM2's KSUM, its one-accumulator FP8 tiles) beside
-        # the other stage's default; the per-stage search (gradlib.moe) pairs them with the winners.
+        # Configs for both GEMMs (FUSED ones only so: pair_error), then those for one stage only (GEMM2's KSUM, its
+        # one-accumulator FP8 tiles) beside the other stage's default; the per-stage search (gradlib.moe) pairs them
+        # with the winners.
         space = dict(fp8=problem.fp8, quick=quick, tokens=problem.token, topk=problem.topk)
         both = fm.config_space(**space)
         default1, default2 = self._defaults(problem, device.heuristic_cu)
@@ -261,13 +263,15 @@ def kernel_variant(problem: MoeProblem, solution: Solution) -> Hashable:
 def ksum_partners(jobs: Sequence[tuple[MoeProblem, Solution]]) -> list[tuple[MoeProblem, Solution]]:
     """Jobs that build each GEMM1 config of ``jobs`` (per problem) in the counter-clearing variant it lacks: paired
     with the first GEMM2 config of that problem's jobs that sums the k slots itself (KSUM), or with the first that
-    does not."""
+    does not. ``FUSED`` pairs have one kernel and no partner (:func:`~aiter_gemm.kernels.fused_moe.pair_error`)."""
     by_problem: dict[MoeProblem, dict[str, tuple[MoeConfig, MoeConfig]]] = {}
     for problem, sol in jobs:
         try:
-            by_problem.setdefault(problem, {})[sol.kernelName] = configs_of(sol)
+            configs = configs_of(sol)
         except ValueError:
             continue
+        if not any(c.fused for c in configs):
+            by_problem.setdefault(problem, {})[sol.kernelName] = configs
     extra: dict[tuple[MoeProblem, Solution], None] = {}
     for p, pairs in by_problem.items():
         ksum = {c2: fm.uses_ksum(p.topk, p.inter_dim, c2) for _, c2 in pairs.values()}

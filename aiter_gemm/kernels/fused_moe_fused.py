@@ -1,0 +1,170 @@
+"""The ``FUSED`` variant of the fused MoE (:mod:`aiter_gemm.kernels.fused_moe`): both GEMMs in one launch after one
+memset, for few (token, slot) pairs, where the unfused call's launches cost more than streaming the experts' weights.
+
+One program per (pair p, ``block_n`` intermediate columns [n0, n0 + block_n)), its expert read from ``topk_ids`` (no
+sort). GEMM1 for the pair's one activation row (float32 products summed along K with ``tl.sum``: no ``tl.dot``, so
+no padding to 16 rows) gives its columns of ``act(gate) * up``, rounded to hidden_states' dtype as the unfused path
+stores its intermediate; GEMM2 multiplies them by the same columns of ``w2[e]`` over all of H and adds the routing-
+weighted partials atomically into a float32 row per token. Each program then counts its arrival on its token's
+counter (a barrier, then an acq_rel atomic, as the ``KSUM`` variant does); the one bringing it to k * cdiv(I, block_n)
+writes the token's row into the output. Rows and counters are one zeroed workspace (one memset). The float32 sums'
+order is not fixed (atomics): results may differ in the last float32 bit between runs, before the final rounding.
+
+FP8 (block scales): GEMM1's activations are quantized in the kernel per 128-wide group (``block_k`` = 128) by the
+quantizer's rule, as ``QA`` does; GEMM2's input is not quantized (a program holds block_n columns of a 128 group):
+the rounded intermediate times the dequantized ``w2``, more accurate than the unfused path (its reference:
+:func:`~aiter_gemm.kernels.fused_moe.fused_moe_ref` with ``quant_inter=False``). Expert ids outside [0, E)
+(unchecked only under graph capture) read no weight and add nothing, but still arrive.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from aiter_gemm.kernels.act_quant import quant_rows
+from aiter_gemm.kernels.blockscale_format import FP8_MAX, MIN_SCALE, SCALE_BLOCK
+from aiter_gemm.kernels.common import INTERPRET, gate_activation
+from aiter_gemm.kernels.fused_moe_config import MoeConfig
+from aiter_gemm.triton_launch import LaunchSequence
+
+__all__ = ["launch_fused"]
+
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_MIN_SCALE = tl.constexpr(MIN_SCALE)
+
+
+@triton.jit
+def _fused_moe_one_launch_kernel(
+    x_ptr, w1_ptr, w2_ptr, w1_scale_ptr, w2_scale_ptr, topk_weight_ptr, topk_ids_ptr, acc_ptr, counter_ptr, out_ptr,
+    H, inter_dim, num_experts,
+    stride_xm, stride_w1e, stride_w1n, stride_w2e, stride_w2h, stride_s1e, stride_s1n, stride_s1k,
+    stride_s2e, stride_s2h, stride_s2n, stride_om,
+    ACTIVATION: tl.constexpr,
+    FP8: tl.constexpr,
+    TOPK: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,  # rows and K of one weight scale block, K of one activation scale group
+    UP_SCALAR: tl.constexpr,  # FP8: I % SCALE_GROUP == 0: a tile's up rows share one scale (as its gate rows do)
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # H % BLOCK_K == 0: no mask on the last block of H (both GEMMs step over H)
+    NUM_STAGES: tl.constexpr,
+    OUT_BLOCK: tl.constexpr,  # columns per step of the last arrival's conversion of a token's row
+    EMULATE: tl.constexpr,  # the interpreter: fp8 rounding in float32 arithmetic
+):
+    """Pair ``pid // n_tiles``, intermediate columns tile ``pid % n_tiles``: GEMM1, GEMM2's share, the arrival."""
+    n_tiles = tl.cdiv(inter_dim, BLOCK_N)
+    pid = tl.program_id(0)
+    pair = pid // n_tiles
+    pid_n = pid % n_tiles
+    token = (pair // TOPK).to(tl.int64)
+    expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    good = (expert >= 0) & (expert < num_experts)
+    expert = tl.where(good, expert, 0)
+    k_blocks = tl.where(good, tl.cdiv(H, BLOCK_K), 0)  # a bad id runs no block of either GEMM
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % inter_dim  # columns past I wrap around (no load mask); their intermediate is zeroed below
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # GEMM1: gate rows n and up rows I + n of w1[e] times the token's row.
+    x_ptrs = x_ptr + token * stride_xm + offs_k
+    g_ptrs = w1_ptr + expert * stride_w1e + offs_bn[:, None] * stride_w1n + offs_k[None, :]
+    u_ptrs = g_ptrs + inter_dim * stride_w1n
+    if FP8:  # a tile of block_n (dividing 128) gate rows lies in one scale block
+        s1_base = w1_scale_ptr + expert * stride_s1e
+        sg_ptr = s1_base + (pid_n * BLOCK_N // SCALE_GROUP) * stride_s1n
+        if UP_SCALAR:
+            su_ptr = s1_base + ((pid_n * BLOCK_N + inter_dim) // SCALE_GROUP) * stride_s1n
+        else:
+            su_ptr = s1_base + ((offs_bn + inter_dim) // SCALE_GROUP) * stride_s1n
+    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for kb in tl.range(0, k_blocks, num_stages=NUM_STAGES):
+        k0 = kb * BLOCK_K
+        if EVEN_K:
+            x = tl.load(x_ptrs + k0).to(tl.float32)
+            wg = tl.load(g_ptrs + k0)
+            wu = tl.load(u_ptrs + k0)
+        else:  # zeros past H: the partial last block adds nothing (nor to its group's amax)
+            in_k = offs_k < H - k0
+            x = tl.load(x_ptrs + k0, mask=in_k, other=0.0).to(tl.float32)
+            wg = tl.load(g_ptrs + k0, mask=in_k[None, :], other=0.0)
+            wu = tl.load(u_ptrs + k0, mask=in_k[None, :], other=0.0)
+        if FP8:  # one K block is one quantization group of the row
+            xq, xs = quant_rows(x[None, :], _FP8_MAX, _MIN_SCALE, EMULATE)
+            xq = xq.to(tl.float32)
+            a_s = tl.sum(xs, axis=0)
+            acc_g += tl.sum(wg.to(tl.float32) * xq, axis=1) * (a_s * tl.load(sg_ptr + kb * stride_s1k))
+            acc_u += tl.sum(wu.to(tl.float32) * xq, axis=1) * (a_s * tl.load(su_ptr + kb * stride_s1k))
+        else:
+            acc_g += tl.sum(wg.to(tl.float32) * x[None, :], axis=1)
+            acc_u += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+    # The intermediate rounded as the unfused path stores it; wrapped columns contribute nothing to GEMM2.
+    inter = (gate_activation(acc_g, ACTIVATION) * acc_u).to(out_ptr.dtype.element_ty).to(tl.float32)
+    inter = tl.where(offs_n < inter_dim, inter, 0.0)
+
+    # GEMM2's share: w2[e][h, n-tile] @ inter over all of H, routing-weighted, added into the token's float32 row.
+    weight = tl.load(topk_weight_ptr + pair).to(tl.float32)
+    acc_row = acc_ptr + token * H
+    w2_ptrs = w2_ptr + expert * stride_w2e + offs_k[:, None] * stride_w2h + offs_bn[None, :]
+    if FP8:
+        s2_ptr = w2_scale_ptr + expert * stride_s2e + (pid_n * BLOCK_N // SCALE_GROUP) * stride_s2n
+    for hb in tl.range(0, k_blocks, num_stages=NUM_STAGES):
+        h0 = hb * BLOCK_K
+        if EVEN_K:
+            w = tl.load(w2_ptrs + h0 * stride_w2h)
+        else:
+            w = tl.load(w2_ptrs + h0 * stride_w2h, mask=(offs_k < H - h0)[:, None], other=0.0)
+        y = tl.sum(w.to(tl.float32) * inter[None, :], axis=1)
+        if FP8:  # block_k = 128: block hb of H is scale row hb
+            y = y * (tl.load(s2_ptr + hb * stride_s2h) * weight)
+        else:
+            y = y * weight
+        if EVEN_K:
+            tl.atomic_add(acc_row + h0 + offs_k, y, sem="relaxed")
+        else:
+            tl.atomic_add(acc_row + h0 + offs_k, y, mask=offs_k < H - h0, sem="relaxed")
+
+    # Arrival: every thread's adds before the counter's release; the last of the token's programs writes its row.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + token, 1, sem="acq_rel")
+    tl.debug_barrier()
+    if arrived == TOPK * n_tiles - 1:
+        for o in range(0, H, OUT_BLOCK):
+            offs = o + tl.arange(0, OUT_BLOCK)
+            row = tl.load(acc_row + offs, mask=offs < H, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + token * stride_om + offs, row.to(out_ptr.dtype.element_ty), mask=offs < H)
+
+
+def launch_fused(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
+                 topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
+                 activation: str, cfg: MoeConfig, launches: LaunchSequence | None = None) -> torch.Tensor:
+    """The call on a ``FUSED`` config (module docstring; inputs checked by the caller, T and k > 0): the workspace's
+    memset and one launch, through ``launches`` (:func:`~aiter_gemm.kernels.fused_moe.launch_fused_moe`)."""
+    T, H = hidden_states.shape
+    E, inter_dim, topk = w1.shape[0], w1.shape[1] // 2, topk_ids.shape[1]
+    dev = hidden_states.device
+    # One zeroed workspace: the int32 counters, padded to 16 bytes so the float32 rows after them stay aligned.
+    n_count = -(-T // 4) * 4
+    ws = torch.zeros(n_count + T * H, dtype=torch.float32, device=dev)
+    counters, acc = ws[:n_count].view(torch.int32), ws[n_count:]
+    out = torch.empty((T, H), dtype=hidden_states.dtype, device=dev)
+    fp8 = w1_scale is not None
+    pointers = (hidden_states, w1, w2, w1_scale if fp8 else w1, w2_scale if fp8 else w2, topk_weight, topk_ids, acc,
+                counters, out)
+    if launches is not None and launches.run(*pointers) is not None:
+        return out
+    grid = (T * topk * -(-inter_dim // cfg.block_n),)
+    scales = (*w1_scale.stride(), *w2_scale.stride()) if fp8 else (0,) * 6
+    args = dict(zip(_fused_moe_one_launch_kernel.arg_names, (
+        *pointers, H, inter_dim, E, hidden_states.stride(0), w1.stride(0), w1.stride(1), w2.stride(0), w2.stride(1),
+        *scales, out.stride(0))))
+    compiled = _fused_moe_one_launch_kernel[grid](
+        **args, ACTIVATION=activation, FP8=fp8, TOPK=topk, SCALE_GROUP=SCALE_BLOCK,
+        UP_SCALAR=inter_dim % SCALE_BLOCK == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=H % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages, OUT_BLOCK=min(1024, triton.next_power_of_2(H)), EMULATE=INTERPRET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if launches is not None:
+        launches.made(compiled, grid, args, pointers)
+    return out
