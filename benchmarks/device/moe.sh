@@ -8,14 +8,22 @@
 #
 #   OUT=/tmp/moe DG_PACK=.scratch/dg_built2.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/moe.sh
 #
-# Writes under $OUT/moe: env.txt (each step's rc and wall time), tests.log, tune.log, tuned_fmoe.csv, profile_*.csv,
-# vllm/ (the tuner's vLLM-format files), bench.log, moe_<GPU>.csv (+ _env.json). STEPS picks steps (tests
-# tune_qwen3 tune_mixtral tune_dsv3 bench); TOKENS, BENCH_M, PROVIDERS override the lists below; limits sum to 540 s.
+# Writes under $OUT/moe: env.txt (each step's rc and wall time), build.log (the C++ eager path, which the bound-launch
+# tests and eager timing need), tests.log, tune.log, tuned_fmoe.csv, profile_*.csv, vllm/ (the tuner's vLLM-format
+# files), bench.log, moe_<GPU>.csv (+ _env.json). STEPS picks steps (tests tune_qwen3 tune_mixtral tune_dsv3 bench);
+# TOKENS, BENCH_M, PROVIDERS override the lists below; TESTS_LIMIT_S / TUNE_LIMIT_S / TUNE_MODEL_LIMIT_S (Mixtral's
+# and DeepSeek-V3's each) / BENCH_LIMIT_S (150 / 150 / 60 / 120, summing to 540 s); SEED_FMOE=<csv> starts the
+# tuned table from that file's rows (the tuner skips the shapes it holds). MOE_LIBTYPES (default triton,torch: the
+# tune of DeepGEMM's experts JIT-compiles per shape and did not fit the call on the H200; add deepgemm to time it).
 set -u
 . benchmarks/device/common.sh
 out_folder moe
 need_deepgemm "${DG_PACK:-dg_built.tar.xz}"
+build_ext "$D/build.log" >> "$LOG"
 env_header "$LOG"
+if [ -n "${SEED_FMOE:-}" ] && ! dry; then
+  cp "$SEED_FMOE" "$D/tuned_fmoe.csv" && echo "tuned_fmoe.csv seeded from $SEED_FMOE" >> "$LOG"
+fi
 TOKENS=${TOKENS:-1,4,16,64,1024,4096}
 BENCH_M=${BENCH_M:-1,4,16,64,1024,4096}
 PROVIDERS=${PROVIDERS:-grouped_mm,default,dispatch,deepgemm,weight_read}
@@ -23,12 +31,12 @@ STEP_LOG="$D/tests.log" step tests "${TESTS_LIMIT_S:-150}" python -m pytest -q -
   op_tests/test_fused_moe.py op_tests/test_moe_bound.py op_tests/test_triton_precompile.py
 # One tuned file for every model (rows are keyed by the experts' shape), one step a model.
 T=(python -m gradlib.tune_moe --quick --timeout 120 -o "$D/tuned_fmoe.csv" --vllm_dir "$D/vllm"
-   --libtype "${MOE_LIBTYPES:-triton,torch,deepgemm}")
+   --libtype "${MOE_LIBTYPES:-triton,torch}")
 STEP_LOG="$D/tune.log" step tune_qwen3 "${TUNE_LIMIT_S:-150}" "${T[@]}" -o2 "$D/profile_qwen3.csv" \
   --model_dir qwen3_30b_a3b --dtype bf16,fp8 --token "$TOKENS"
-STEP_LOG="$D/tune.log" step tune_mixtral 60 "${T[@]}" -o2 "$D/profile_mixtral.csv" --model_dir mixtral_8x7b \
+STEP_LOG="$D/tune.log" step tune_mixtral "${TUNE_MODEL_LIMIT_S:-60}" "${T[@]}" -o2 "$D/profile_mixtral.csv" --model_dir mixtral_8x7b \
   --dtype fp8 --token 1,64,1024
-STEP_LOG="$D/tune.log" step tune_dsv3 60 "${T[@]}" -o2 "$D/profile_dsv3.csv" --model_dir deepseek_v3 --ep 8 \
+STEP_LOG="$D/tune.log" step tune_dsv3 "${TUNE_MODEL_LIMIT_S:-60}" "${T[@]}" -o2 "$D/profile_dsv3.csv" --model_dir deepseek_v3 --ep 8 \
   --dtype fp8 --token 1,64,1024
 STEP_LOG="$D/bench.log" step bench "${BENCH_LIMIT_S:-120}" env "AITER_CONFIG_FMOE=$D/tuned_fmoe.csv" \
   python -m benchmarks.run --bench moe --set moe_qwen3_30b:bf16,moe_qwen3_30b:fp8,moe_mixtral:fp8,moe_dsv3_ep8:fp8 \
