@@ -62,7 +62,8 @@ class WorkerRuntime:
     identity: DeviceIdentity
     cache: int
     _data: Inputs | None = field(default=None, repr=False)
-    _own_ref: tuple | None = field(default=None, repr=False)  # ((inputs key, libtype), a backend's own reference)
+    #: (inputs key, libtype, reference variant) -> a backend's own reference (None: the op's) of the current inputs
+    _own_refs: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, plugins: Sequence[str] = ()) -> "WorkerRuntime":
@@ -95,7 +96,8 @@ class WorkerRuntime:
             where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
             healthy = self.healthy()
             if not healthy:
-                self._data = self._own_ref = None
+                self._data = None
+                self._own_refs = {}
             return ItemResult.failed(task, index, f"{type(exc).__name__}: {exc}{where}"[:500], restart=not healthy)
 
     def healthy(self) -> bool:
@@ -161,12 +163,14 @@ class WorkerRuntime:
                           solutions=(ran,) if ran is not task.items[index] else (), rel_err=rel)
 
     def _reference(self, task: Task, sol: Solution, data: Inputs) -> torch.Tensor:
-        """Set 0's reference for ``sol``: its backend's own (:meth:`~aiter_gemm.backends.base.Backend.reference`,
-        kept while the inputs are), else the op's."""
-        key = (data.key, sol.libtype)
-        if self._own_ref is None or self._own_ref[0] != key:
-            self._own_ref = (key, backend_of(task.op, sol.libtype).reference(task.problem, data.sets[0]))
-        own = self._own_ref[1]
+        """Set 0's reference for ``sol``: its backend's own for its arithmetic (:meth:`~aiter_gemm.backends.base.
+        Backend.reference` of its :meth:`~aiter_gemm.backends.base.Backend.reference_variant`, kept while the
+        inputs are), else the op's."""
+        backend = backend_of(task.op, sol.libtype)
+        key = (data.key, sol.libtype, backend.reference_variant(task.problem, sol))
+        if key not in self._own_refs:
+            self._own_refs[key] = backend.reference(task.problem, data.sets[0], key[2])
+        own = self._own_refs[key]
         return data.ref if own is None else own
 
     def _inputs(self, task: Task) -> Inputs:
@@ -174,7 +178,8 @@ class WorkerRuntime:
         key = (task.op, task.problem, task.seed, task.options)
         if self._data is not None and self._data.key == key:
             return self._data
-        self._data = self._own_ref = None
+        self._data = None
+        self._own_refs = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         p = task.problem

@@ -39,6 +39,8 @@ CASES = {
     "bf16_t1_split": (False, 1, 512, 256, 8, 2, "moe_BM16_BN64_BK64_GM1_SK2_W4_S3", "", (ALIGN, GEMM, ACT, GEMM)),
     "fp8_t1_fused": (True, 1, 256, 256, 8, 2, "moe_BM16_BN64_BK128_GM1_SK1_W4_S3_FUSED", "", (FUSED,)),
     "bf16_t3_fused": (False, 3, 256, 128, 8, 2, "moe_BM16_BN32_BK256_GM1_SK1_W4_S2_FUSED", "", (FUSED,)),
+    "fp8_t1_fused_bk512": (True, 1, 512, 256, 8, 2, "moe_BM16_BN16_BK512_GM1_SK1_W8_S3_FUSED", "", (FUSED,)),
+    "fp8_t3_fused_bk256_ragged": (True, 3, 384, 192, 8, 2, "moe_BM16_BN32_BK256_GM1_SK1_W4_S4_FUSED", "", (FUSED,)),
 }
 
 

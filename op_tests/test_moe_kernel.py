@@ -261,6 +261,9 @@ def test_fused_matches_reference(T, k, act, fp8):
     (False, 5, 2, 96, 40, MoeConfig(16, 16, 32, fused=True)),  # masked H tails, columns past I wrapped
     (False, 2, 8, 256, 128, MoeConfig(16, 32, 256, num_warps=8, fused=True)),  # block_k 256
     (True, 3, 2, 192, 192, MoeConfig(16, 32, 128, num_warps=2, fused=True)),  # ragged groups: up rows' scales vary
+    (True, 3, 2, 320, 192, MoeConfig(16, 32, 256, num_warps=4, fused=True)),  # 2 groups a step, H's last one partial
+    (True, 2, 4, 512, 256, MoeConfig(16, 16, 512, num_warps=8, fused=True)),  # 4 groups a step, whole
+    (False, 2, 4, 640, 64, MoeConfig(16, 16, 512, num_warps=8, fused=True)),  # bf16 block_k 512, masked tail
 ])
 def test_fused_ragged_shapes(fp8, T, k, H, inter, cfg):
     if fp8:
@@ -269,6 +272,33 @@ def test_fused_ragged_shapes(fp8, T, k, H, inter, cfg):
         (x, w1, w2, tw, ti), s1, s2 = problem(T, k, 8, H, inter), None, None
     out = fused_moe_triton(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, config1=cfg)  # config2: config1's
     assert_close(out, fused_moe_ref(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, quant_inter=False))
+
+
+#: FUSED FP8's relative Frobenius distance from the op's reference (whose intermediate is quantized as the unfused
+#: kernels quantize it); the tuner checks FUSED FP8 against its own reference (the backend's reference variant).
+FUSED_FP8_MAX_REL_ERR = 5e-2
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("T,cfg", [(4, MoeConfig(16, 32, 128, num_warps=2, fused=True)),
+                                   (2, MoeConfig(16, 32, 256, num_warps=8, fused=True))])
+def test_fused_fp8_stays_near_the_ops_reference(T, cfg):
+    """On the tuner's inputs FUSED FP8 lies within FUSED_FP8_MAX_REL_ERR / 2 of the op's reference, and nearer the
+    reference of its own arithmetic (backend's :meth:`reference`) than the op's."""
+    from aiter_gemm.ops.fused_moe import FUSED_MOE
+
+    p = MoeProblem(T, 256, 128, 8, 4, ACT_TYPES["silu"], torch.bfloat16, FP8, FP8, QUANT_BLOCK)
+    inputs = FUSED_MOE.make_inputs(p, 0, torch.device("cpu"), 0, {}).sets[0]
+    out = fused_moe_triton(*inputs[:5], w1_scale=inputs[5], w2_scale=inputs[6], config1=cfg).float()
+    ops = fused_moe_ref(*inputs[:5], w1_scale=inputs[5], w2_scale=inputs[6]).float()
+    backend = triton_backend.BACKEND
+    own = backend.reference(p, inputs, backend.reference_variant(p, triton_backend.solution_of(cfg)))
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return ((a - b).norm() / b.norm()).item()
+
+    assert rel(out, ops) < FUSED_FP8_MAX_REL_ERR / 2
+    assert rel(out, own) < rel(out, ops) / 2
 
 
 def test_fused_names_and_rules():
@@ -282,7 +312,10 @@ def test_fused_names_and_rules():
     for bad in (MoeConfig(32, 64, 128, fused=True), MoeConfig(16, 64, 128, split_k=2, fused=True),
                 MoeConfig(16, 64, 128, quant_a=True, fused=True), MoeConfig(16, 64, 128, direct=True, fused=True)):
         assert "FUSED runs one pair per program" in config_error(bad, fp8=True)
-    assert "needs block_k=128" in config_error(MoeConfig(16, 64, 64, fused=True), fp8=True)
+    for bk in (32, 64):
+        assert "needs block_k a multiple of 128" in config_error(MoeConfig(16, 64, bk, fused=True), fp8=True)
+    for bk in (256, 512):  # whole groups a K step
+        assert config_error(MoeConfig(16, 16, bk, num_warps=8, fused=True), fp8=True) is None
     assert config_error(MoeConfig(16, 64, 64, fused=True), fp8=False) is None
     assert "registers" in config_error(MoeConfig(16, 64, 128, num_warps=2, fused=True), fp8=True)
     for stage in (1, 2, None):

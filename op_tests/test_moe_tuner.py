@@ -306,3 +306,36 @@ def test_untuned_csv_last_shape_and_aiters_block_scale_spelling(tmp_path, capsys
     assert main(["-i", str(src), "--print_shapes"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
 
+
+
+def test_fp8_fused_candidates_are_checked_against_their_own_reference(monkeypatch):
+    """A FUSED solution of FP8 experts is checked against the reference whose intermediate enters GEMM2 unquantized,
+    as its kernel takes it (the backend's reference variant); a non-FUSED one against the op's; each reference is
+    made once per inputs, whatever order the candidates come in."""
+    import torch
+
+    from aiter_gemm.backends.base import QUANT_BLOCK
+    from aiter_gemm.backends.fused_moe import triton as triton_backend
+    from aiter_gemm.kernels.fused_moe import fused_moe_ref
+    from aiter_gemm.ops.fused_moe import FUSED_MOE
+    from gradlib import records, tasks
+
+    fp8 = torch.float8_e4m3fn
+    p = MoeProblem(4, 256, 128, 8, 2, ACT_TYPES["silu"], torch.bfloat16, fp8, fp8, QUANT_BLOCK)
+    fused = triton_backend.solution_of(MoeConfig(16, 32, 256, num_warps=8, fused=True))
+    plain = triton_backend.solution_of(MoeConfig(16, 64, 128))
+    made = []
+    reference = triton_backend.BACKEND.reference
+    monkeypatch.setattr(triton_backend.BACKEND, "reference", lambda *a: made.append(a[2]) or reference(*a))
+    rt = tasks.WorkerRuntime.create()
+    task = records.Task(0, 0, records.TIME, p, (fused, plain), op=FUSED_MOE.name)
+    data = rt._inputs(task)
+    x, w1, w2, tw, ti, s1, s2 = data.sets[0]
+    unquantized = fused_moe_ref(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, quant_inter=False).float()
+    assert not torch.equal(unquantized, data.ref)  # the two references differ here
+    for sol in (fused, plain, fused, plain):
+        want = unquantized if sol is fused else data.ref
+        assert torch.equal(rt._reference(task, sol, data), want), sol.kernelName
+    assert made == [triton_backend.UNQUANTIZED_INTER, None]
+    bf16 = MoeProblem(4, 256, 128, 8, 2, ACT_TYPES["silu"])  # no quantized intermediate: the op's reference
+    assert triton_backend.BACKEND.reference_variant(bf16, fused) is None

@@ -9,7 +9,7 @@ dependencies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
@@ -362,11 +362,17 @@ class Backend:
         """A short list for quick tuning runs (default: every candidate)."""
         return self.candidates(problem, device)
 
-    def reference(self, problem: GemmProblem, inputs: tuple) -> torch.Tensor | None:
-        """The float32 reference of this backend's own arithmetic on one input set of the op, where it differs from
-        the op's reference by design (a library that writes an intermediate in bf16 only); the tuner checks this
-        backend's candidates against it (``err_ratio``, ``rel_err``). Its distance to the op's reference is the
-        backend's tests' to bound. Default None: the op's reference."""
+    def reference_variant(self, problem: GemmProblem, solution: Solution) -> Hashable:
+        """Which arithmetic of this backend ``solution`` computes ``problem`` by, where its solutions differ in it by
+        design (:meth:`reference`'s ``variant``; solutions of one variant share one reference). Default None."""
+        return None
+
+    def reference(self, problem: GemmProblem, inputs: tuple, variant: Hashable = None) -> torch.Tensor | None:
+        """The float32 reference of this backend's own arithmetic (of solutions of :meth:`reference_variant`
+        ``variant``) on one input set of the op, where it differs from the op's reference by design (a library that
+        writes an intermediate in bf16 only); the tuner checks those candidates against it (``err_ratio``,
+        ``rel_err``). Its distance to the op's reference is the backend's tests' to bound. Default None: the op's
+        reference."""
         return None
 
     def precompile(self, jobs: Sequence[tuple[GemmProblem, Solution]]) -> dict[str, str]:

@@ -154,8 +154,9 @@ _MAX_ACC_REGS = 128
 
 def usage_error(cfg: MoeConfig, *, fp8: bool, stage: int | None = None) -> str | None:
     """Why ``cfg`` cannot compute GEMM ``stage`` (1 or 2; None: either) of bf16/fp16 or FP8 experts at all,
-    whatever the device; None if it can. FP8 needs ``block_k`` to divide the 128-wide scale group."""
-    if fp8 and SCALE_BLOCK % cfg.block_k:
+    whatever the device; None if it can. FP8 needs ``block_k`` to divide the 128-wide scale group (``FUSED``: a
+    multiple of it)."""
+    if fp8 and not cfg.fused and SCALE_BLOCK % cfg.block_k:
         return f"block_k={cfg.block_k} must divide the FP8 scale block {SCALE_BLOCK}"
     if cfg.quant_a and not fp8:
         return "QA quantizes the activations of FP8 experts; these experts are not FP8"
@@ -167,8 +168,9 @@ def usage_error(cfg: MoeConfig, *, fp8: bool, stage: int | None = None) -> str |
         if (cfg.block_m, cfg.group_m, cfg.split_k) != (16, 1, 1) or cfg.quant_a or cfg.direct or cfg.ksum:
             return ("FUSED runs one pair per program with its own quantization, routing and k-sum: it takes "
                     "block_m=16 (unused), group_m=1, split_k=1 and no QA, DIRECT or KSUM")
-        if fp8 and cfg.block_k != SCALE_BLOCK:
-            return f"FUSED on FP8 experts needs block_k={SCALE_BLOCK}: one K block is one quantization group"
+        if fp8 and cfg.block_k % SCALE_BLOCK:
+            return (f"FUSED on FP8 experts needs block_k a multiple of {SCALE_BLOCK} (got {cfg.block_k}): a K block "
+                    f"is whole quantization groups")
     return None
 
 
@@ -259,11 +261,14 @@ def config_space(*, fp8: bool, quick: bool = False, stage: int | None = None, to
 
 
 def _fused_space(fp8: bool) -> list[MoeConfig]:
-    """The ``FUSED`` configs worth timing (for few pairs): narrow column tiles (many programs per pair), 8 warps
-    only on large weight tiles; :func:`config_error` drops those that spill."""
+    """The ``FUSED`` configs worth timing (for few pairs): narrow column tiles (many programs per pair), K steps of
+    one to four 128-wide groups (fewer dependent steps), 3 or 4 stages; each thread holds 32 to 64 weight elements of
+    a step (fewer leaves warps idle, more spills: :func:`config_error` drops those) and a K step spans at most 64
+    columns per warp."""
+    del fp8  # the same space for both: FP8's block_k covers whole scale groups
     return [MoeConfig(16, bn, bk, 1, w, st, fused=True)
-            for bn, bk, w, st in itertools.product((16, 32, 64), (128,) if fp8 else (128, 256), (2, 4, 8), (2, 4))
-            if w < 8 or bn * bk >= 64 * 128]
+            for bn, bk, w, st in itertools.product((16, 32, 64), (128, 256, 512), (2, 4, 8), (3, 4))
+            if bn * bk >= 1024 * w and bk <= 64 * w]
 
 
 def default_config(tokens: int, num_experts: int, topk: int, n: int, k: int, *, fp8: bool,

@@ -10,11 +10,13 @@ counter (a barrier, then an acq_rel atomic, as the ``KSUM`` variant does); the o
 writes the token's row into the output. Rows and counters are one zeroed workspace (one memset). The float32 sums'
 order is not fixed (atomics): results may differ in the last float32 bit between runs, before the final rounding.
 
-FP8 (block scales): GEMM1's activations are quantized in the kernel per 128-wide group (``block_k`` = 128) by the
-quantizer's rule, as ``QA`` does; GEMM2's input is not quantized (a program holds block_n columns of a 128 group):
-the rounded intermediate times the dequantized ``w2``, more accurate than the unfused path (its reference:
-:func:`~aiter_gemm.kernels.fused_moe.fused_moe_ref` with ``quant_inter=False``). Expert ids outside [0, E)
-(unchecked only under graph capture) read no weight and add nothing, but still arrive.
+FP8 (block scales): a K block covers one or more whole 128-wide quantization groups (``block_k`` a multiple of 128,
+loaded as (groups, 128)); GEMM1's activations are quantized in the kernel per group by the quantizer's rule, as
+``QA`` does, and each group's products scaled by its activation and weight scales. GEMM2's input is not quantized
+(a program holds block_n columns of a 128 group): the rounded intermediate times the dequantized ``w2``, more
+accurate than the unfused path (its reference: :func:`~aiter_gemm.kernels.fused_moe.fused_moe_ref` with
+``quant_inter=False``, the tuner's for these candidates). Expert ids outside [0, E) (unchecked only under graph
+capture) read no weight and add nothing, but still arrive.
 """
 
 from __future__ import annotations
@@ -66,17 +68,28 @@ def _fused_moe_one_launch_kernel(
     offs_bn = offs_n % inter_dim  # columns past I wrap around (no load mask); their intermediate is zeroed below
     offs_k = tl.arange(0, BLOCK_K)
 
-    # GEMM1: gate rows n and up rows I + n of w1[e] times the token's row.
-    x_ptrs = x_ptr + token * stride_xm + offs_k
-    g_ptrs = w1_ptr + expert * stride_w1e + offs_bn[:, None] * stride_w1n + offs_k[None, :]
-    u_ptrs = g_ptrs + inter_dim * stride_w1n
+    # GEMM1: gate rows n and up rows I + n of w1[e] times the token's row. FP8 loads a K block as its G groups,
+    # (G, 128) of the row and (block_n, G, 128) of the weights: each group quantized and scaled alone, no reshape.
     if FP8:  # a tile of block_n (dividing 128) gate rows lies in one scale block
+        G: tl.constexpr = BLOCK_K // SCALE_GROUP
+        offs_g = tl.arange(0, G)
+        offs_kk = offs_g[:, None] * SCALE_GROUP + tl.arange(0, SCALE_GROUP)[None, :]
+        w_offs = offs_bn[:, None, None] * stride_w1n + offs_kk[None, :, :]
+        n_groups = tl.cdiv(H, SCALE_GROUP)
         s1_base = w1_scale_ptr + expert * stride_s1e
-        sg_ptr = s1_base + (pid_n * BLOCK_N // SCALE_GROUP) * stride_s1n
+        sg_ptr = s1_base + (pid_n * BLOCK_N // SCALE_GROUP) * stride_s1n + offs_g * stride_s1k
         if UP_SCALAR:
-            su_ptr = s1_base + ((pid_n * BLOCK_N + inter_dim) // SCALE_GROUP) * stride_s1n
+            su_ptr = (s1_base + ((pid_n * BLOCK_N + inter_dim) // SCALE_GROUP) * stride_s1n + offs_g * stride_s1k)[
+                None, :]
         else:
-            su_ptr = s1_base + ((offs_bn + inter_dim) // SCALE_GROUP) * stride_s1n
+            su_ptr = s1_base + ((offs_bn + inter_dim) // SCALE_GROUP)[:, None] * stride_s1n + \
+                offs_g[None, :] * stride_s1k
+    else:
+        offs_kk = offs_k
+        w_offs = offs_bn[:, None] * stride_w1n + offs_kk[None, :]
+    x_ptrs = x_ptr + token * stride_xm + offs_kk
+    g_ptrs = w1_ptr + expert * stride_w1e + w_offs
+    u_ptrs = g_ptrs + inter_dim * stride_w1n
     acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for kb in tl.range(0, k_blocks, num_stages=NUM_STAGES):
@@ -85,17 +98,25 @@ def _fused_moe_one_launch_kernel(
             x = tl.load(x_ptrs + k0).to(tl.float32)
             wg = tl.load(g_ptrs + k0)
             wu = tl.load(u_ptrs + k0)
-        else:  # zeros past H: the partial last block adds nothing (nor to its group's amax)
-            in_k = offs_k < H - k0
+        else:  # zeros past H: the partial last block adds nothing (nor to its groups' amax)
+            in_k = offs_kk < H - k0
             x = tl.load(x_ptrs + k0, mask=in_k, other=0.0).to(tl.float32)
-            wg = tl.load(g_ptrs + k0, mask=in_k[None, :], other=0.0)
-            wu = tl.load(u_ptrs + k0, mask=in_k[None, :], other=0.0)
-        if FP8:  # one K block is one quantization group of the row
-            xq, xs = quant_rows(x[None, :], _FP8_MAX, _MIN_SCALE, EMULATE)
+            wg = tl.load(g_ptrs + k0, mask=tl.expand_dims(in_k, 0), other=0.0)
+            wu = tl.load(u_ptrs + k0, mask=tl.expand_dims(in_k, 0), other=0.0)
+        if FP8:  # the row's G groups quantized by the quantizer's rule; each group's products times its scales
+            xq, xs = quant_rows(x, _FP8_MAX, _MIN_SCALE, EMULATE)
             xq = xq.to(tl.float32)
-            a_s = tl.sum(xs, axis=0)
-            acc_g += tl.sum(wg.to(tl.float32) * xq, axis=1) * (a_s * tl.load(sg_ptr + kb * stride_s1k))
-            acc_u += tl.sum(wu.to(tl.float32) * xq, axis=1) * (a_s * tl.load(su_ptr + kb * stride_s1k))
+            if EVEN_K:
+                s_g = tl.load(sg_ptr + kb * G * stride_s1k)
+                s_u = tl.load(su_ptr + kb * G * stride_s1k)
+            else:  # groups past H: no scale (their products are zero)
+                in_g = kb * G + offs_g < n_groups
+                s_g = tl.load(sg_ptr + kb * G * stride_s1k, mask=in_g, other=0.0)
+                s_u = tl.load(su_ptr + kb * G * stride_s1k, mask=in_g[None, :], other=0.0)
+            pg = tl.sum(wg.to(tl.float32) * xq[None, :, :], axis=2)  # (block_n, G)
+            pu = tl.sum(wu.to(tl.float32) * xq[None, :, :], axis=2)
+            acc_g += tl.sum(pg * (xs * s_g)[None, :], axis=1)
+            acc_u += tl.sum(pu * (xs[None, :] * s_u), axis=1)
         else:
             acc_g += tl.sum(wg.to(tl.float32) * x[None, :], axis=1)
             acc_u += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
@@ -116,8 +137,12 @@ def _fused_moe_one_launch_kernel(
         else:
             w = tl.load(w2_ptrs + h0 * stride_w2h, mask=(offs_k < H - h0)[:, None], other=0.0)
         y = tl.sum(w.to(tl.float32) * inter[None, :], axis=1)
-        if FP8:  # block_k = 128: block hb of H is scale row hb
-            y = y * (tl.load(s2_ptr + hb * stride_s2h) * weight)
+        if FP8:  # row h of H takes scale row h // 128 (a block of H spans G of them)
+            s2_rows = s2_ptr + ((h0 + offs_k) // SCALE_GROUP) * stride_s2h
+            if EVEN_K:
+                y = y * (tl.load(s2_rows) * weight)
+            else:
+                y = y * (tl.load(s2_rows, mask=offs_k < H - h0, other=0.0) * weight)
         else:
             y = y * weight
         if EVEN_K:

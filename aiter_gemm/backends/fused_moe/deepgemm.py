@@ -11,6 +11,7 @@ its candidate against DeepGEMM's arithmetic (:meth:`~FusedMoeDeepGemmBackend.ref
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ class FusedMoeDeepGemmBackend(LibraryCallBackend):
     def describe(self, solution: Solution) -> dict[str, Any]:
         return {"kernelName1": solution.kernelName, "kernelName2": solution.kernelName}
 
-    def reference(self, problem: MoeProblem, inputs: tuple) -> torch.Tensor:
+    def reference(self, problem: MoeProblem, inputs: tuple, variant: Hashable = None) -> torch.Tensor:
         """:func:`~aiter_gemm.kernels.fused_moe_deepgemm.fused_moe_deepgemm_ref`: GEMM1's output rounded to bf16, as
         DeepGEMM writes it (the op's reference keeps it float32, which moves a few requantized values a whole FP8
         step: within :data:`~aiter_gemm.kernels.fused_moe_deepgemm.MAX_REL_ERR` of it, not within err_ratio's

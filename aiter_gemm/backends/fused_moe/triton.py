@@ -38,6 +38,8 @@ from aiter_gemm.kernels.fused_moe import MoeConfig
 from aiter_gemm.triton_launch import UNTRIED
 
 NAME = "triton"
+#: :meth:`FusedMoeTritonBackend.reference_variant` of a ``FUSED`` solution of FP8 experts.
+UNQUANTIZED_INTER = "unquantized intermediate"
 
 
 def solution_of(config1: MoeConfig, config2: MoeConfig | None = None) -> Solution:
@@ -235,6 +237,25 @@ class FusedMoeTritonBackend(Backend):
 
     def quick_candidates(self, problem: MoeProblem, device: DeviceIdentity) -> list[Solution]:
         return self._space(problem, device, quick=True)
+
+    def reference_variant(self, problem: MoeProblem, solution: Solution) -> Hashable:
+        """:data:`UNQUANTIZED_INTER` for a ``FUSED`` solution of FP8 experts (its GEMM2 takes the intermediate
+        unquantized), else None (the op's reference); a name that does not parse: None."""
+        try:
+            fused = configs_of(solution)[0].fused
+        except ValueError:
+            return None
+        return UNQUANTIZED_INTER if fused and problem.fp8 else None
+
+    def reference(self, problem: MoeProblem, inputs: tuple, variant: Hashable = None) -> torch.Tensor | None:
+        """:data:`UNQUANTIZED_INTER`: :func:`~aiter_gemm.kernels.fused_moe.fused_moe_ref` with ``quant_inter=False``
+        (closer to exact math than the op's reference, which quantizes the intermediate as the unfused kernels
+        do; their distance is bounded in test_moe_kernel)."""
+        if variant != UNQUANTIZED_INTER:
+            return None
+        x, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale = inputs
+        return fm.fused_moe_ref(x, w1, w2, topk_weight, topk_ids, w1_scale=w1_scale, w2_scale=w2_scale,
+                                activation=problem.activation, quant_inter=False).float()
 
     def precompile(self, jobs: Sequence[tuple[MoeProblem, Solution]]) -> dict[str, str]:
         """Build the jobs' kernels in parallel into Triton's disk cache (:func:`~aiter_gemm.backends.
