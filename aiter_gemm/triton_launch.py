@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from aiter_gemm.kernels.common import INTERPRET
+from aiter_gemm.kernels.common import INTERPRET, Launch
 from aiter_gemm.op_entry import EXT
 
 log = logging.getLogger("aiter_gemm")
@@ -85,17 +85,6 @@ class PlanArgs(NamedTuple):
     outputs: tuple
     tensor_maps: tuple = ()  # (param, input, dtype, dims, strides, box, element strides, interleave, swizzle, l2,
     # oob fill, keep): cuTensorMapEncodeTiled's arguments but the address, innermost dimension first
-
-
-class Launch(NamedTuple):
-    """One Triton launch as :func:`bind` takes it: what ``kernel[grid](**args)`` returned, and which tensors of
-    ``args`` a later call gives (``inputs``) or the plan allocates (``outputs``)."""
-
-    compiled: Any
-    grid: tuple
-    args: Mapping[str, Any]
-    inputs: tuple
-    outputs: tuple
 
 
 def ptx_params(ptx: str, name: str) -> list[str]:

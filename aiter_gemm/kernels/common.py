@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import triton
@@ -28,15 +28,25 @@ import triton.language as tl
 
 from aiter_gemm.configs import parse_int, shown
 
-if TYPE_CHECKING:  # imported where a launch is kept: a bf16 call's first path does not load the binder
-    from aiter_gemm.triton_launch import Launch
-
 # Whether Triton interprets the kernels, read as this Triton reads TRITON_INTERPRET (its knob, where it has one:
 # "true" and "on" count too), once at import: kernels are specialised on it, and runners must not read the
 # environment per call. Interpreted (CPU tests), Triton 3.9 returns garbage for tl.dot on 8/16-bit float operands, so
 # every kernel upcasts its dot operands to float32 when this is set.
 INTERPRET: bool = (bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs")
                    else os.environ.get("TRITON_INTERPRET") == "1")
+
+
+class Launch(NamedTuple):
+    """One Triton launch as a launcher records it for :func:`aiter_gemm.triton_launch.bind`: what
+    ``kernel[grid](**args)`` returned, and which tensors of ``args`` a later call gives (``inputs``) or the plan
+    allocates (``outputs``). Here, beside the kernels that record it, so that they need not load the binder."""
+
+    compiled: Any
+    grid: tuple
+    args: Mapping[str, Any]
+    inputs: tuple
+    outputs: tuple
+
 
 # Bounds every Triton config here is checked against where it is parsed (its class's validity check, so a kernelName
 # or JSON entry past them is malformed, a miss, rather than a kernel that fails to compile on every call; issue 47).
@@ -127,8 +137,6 @@ def splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
     compiled = _splitk_reduce_kernel[grid](**args, NUM_KSPLIT=num_splits, HAS_BIAS=bias is not None,
                                            BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=4)
     if launches is not None:
-        from aiter_gemm.triton_launch import Launch
-
         launches.append(Launch(compiled, grid, args, (ws,) if bias is None else (ws, bias), (out,)))
     return out
 
