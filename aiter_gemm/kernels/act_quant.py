@@ -22,8 +22,12 @@ from aiter_gemm.dtypes import OUT_DTYPES
 from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET
 
-__all__ = ["FP8", "GROUP", "TABLES", "clear_plans", "per_token_group_quant_fp8", "per_token_group_quant_fp8_ref",
-           "quant_rows", "quant_triton"]
+#: The quantization rule's constants as kernels read them from globals (``quant_rows``' arguments).
+FP8_MAX_TL = tl.constexpr(FP8_MAX)
+MIN_SCALE_TL = tl.constexpr(MIN_SCALE)
+
+__all__ = ["FP8", "FP8_MAX_TL", "GROUP", "MIN_SCALE_TL", "TABLES", "clear_plans", "per_token_group_quant_fp8",
+           "per_token_group_quant_fp8_ref", "quant_rows", "quant_triton"]
 
 GROUP = SCALE_BLOCK
 

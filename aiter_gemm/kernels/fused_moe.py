@@ -40,8 +40,14 @@ import triton.language as tl
 
 from aiter_gemm.dtypes import HALF_DTYPES
 from aiter_gemm.kernels.a8w8_blockscale import dequantize_weight_blockscale
-from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8, per_token_group_quant_fp8_ref, quant_rows
-from aiter_gemm.kernels.blockscale_format import FP8, FP8_MAX, MIN_SCALE, SCALE_BLOCK
+from aiter_gemm.kernels.act_quant import (
+    FP8_MAX_TL,
+    MIN_SCALE_TL,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_ref,
+    quant_rows,
+)
+from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET, gate_activation, tile_coords
 from aiter_gemm.kernels.fused_moe_config import (
     MoeConfig,
@@ -61,9 +67,6 @@ __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "conf
 
 #: The activations of the gate: SiLU, and GELU in torch's default (erf) form.
 ACTIVATIONS = ("silu", "gelu")
-# The quantization rule's constants, as the kernels may read globals (``QA``).
-_FP8_MAX = tl.constexpr(FP8_MAX)
-_MIN_SCALE = tl.constexpr(MIN_SCALE)
 # KSUM counters GEMM1's programs clear per store (their count per program is a runtime argument).
 ZERO_CHUNK = tl.constexpr(32)
 
@@ -167,7 +170,7 @@ def _fused_moe_kernel(
             a = tl.load(a_ptrs + k0 * stride_ak, mask=offs_k[None, :] < K - k0, other=0.0)
             bg = tl.load(bg_ptrs + k0 * stride_bk, mask=offs_k[:, None] < K - k0, other=0.0)
         if QUANT_A:
-            a, a_s = quant_rows(a.to(tl.float32), _FP8_MAX, _MIN_SCALE, UPCAST)
+            a, a_s = quant_rows(a.to(tl.float32), FP8_MAX_TL, MIN_SCALE_TL, UPCAST)
         elif UPCAST:
             a = a.to(tl.float32)
         if UPCAST:

@@ -256,16 +256,15 @@ def config_space(*, fp8: bool, quick: bool = False, stage: int | None = None, to
             cfg = MoeConfig(bm, bn, bk, gm, w, st, sk)
             raw += _variants(cfg, fp8=fp8, pairs=pairs) if bm <= 32 else [cfg]
     if pairs is not None and pairs <= DIRECT_MAX_PAIRS:
-        raw += _fused_space(fp8)
+        raw += _fused_space()
     return [c for c in dict.fromkeys(raw) if config_error(c, fp8=fp8, stage=stage) is None]
 
 
-def _fused_space(fp8: bool) -> list[MoeConfig]:
+def _fused_space() -> list[MoeConfig]:
     """The ``FUSED`` configs worth timing (for few pairs): narrow column tiles (many programs per pair), K steps of
     one to four 128-wide groups (fewer dependent steps), 3 or 4 stages; each thread holds 32 to 64 weight elements of
     a step (fewer leaves warps idle, more spills: :func:`config_error` drops those) and a K step spans at most 64
-    columns per warp."""
-    del fp8  # the same space for both: FP8's block_k covers whole scale groups
+    columns per warp; the same for bf16 and FP8 (whose block_k covers whole scale groups)."""
     return [MoeConfig(16, bn, bk, 1, w, st, fused=True)
             for bn, bk, w, st in itertools.product((16, 32, 64), (128, 256, 512), (2, 4, 8), (3, 4))
             if bn * bk >= 1024 * w and bk <= 64 * w]

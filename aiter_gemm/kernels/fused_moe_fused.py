@@ -25,16 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from aiter_gemm.kernels.act_quant import quant_rows
-from aiter_gemm.kernels.blockscale_format import FP8_MAX, MIN_SCALE, SCALE_BLOCK
+from aiter_gemm.kernels.act_quant import FP8_MAX_TL, MIN_SCALE_TL, quant_rows
+from aiter_gemm.kernels.blockscale_format import SCALE_BLOCK
 from aiter_gemm.kernels.common import INTERPRET, gate_activation
 from aiter_gemm.kernels.fused_moe_config import MoeConfig
 from aiter_gemm.triton_launch import LaunchSequence
 
 __all__ = ["launch_fused"]
-
-_FP8_MAX = tl.constexpr(FP8_MAX)
-_MIN_SCALE = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
@@ -104,7 +101,7 @@ def _fused_moe_one_launch_kernel(
             wg = tl.load(g_ptrs + k0, mask=tl.expand_dims(in_k, 0), other=0.0)
             wu = tl.load(u_ptrs + k0, mask=tl.expand_dims(in_k, 0), other=0.0)
         if FP8:  # the row's G groups quantized by the quantizer's rule; each group's products times its scales
-            xq, xs = quant_rows(x, _FP8_MAX, _MIN_SCALE, EMULATE)
+            xq, xs = quant_rows(x, FP8_MAX_TL, MIN_SCALE_TL, EMULATE)
             xq = xq.to(tl.float32)
             if EVEN_K:
                 s_g = tl.load(sg_ptr + kb * G * stride_s1k)
