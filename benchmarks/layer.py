@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 import aiter_gemm
 from aiter_gemm.accuracy import rel_error
-from benchmarks.measure import MAX_REL_ERR, Timer, ratio_stats
+from benchmarks.measure import Timer, ratio_stats
+from benchmarks.providers import MAX_REL_ERR
 from gradlib.models import load_arch, projections
 
 GEMMS = {"flinear": F.linear, "dispatch": aiter_gemm.gemm_a16w16}

@@ -1,12 +1,12 @@
 """Timing providers on shapes: the project's method, and the rows a GEMM benchmark writes.
 
 Per shape, every provider is built on the same rotating input sets (the tuner's, spanning twice the last-level
-cache, :mod:`aiter_gemm.timing`), checked against the op's float32 reference (a provider off by more than
-:data:`MAX_REL_ERR` is not timed), then timed in paired rounds: ``graph`` mode by
-:func:`aiter_gemm.timing.time_paired` (one CUDA-graph replay per provider per round, order alternating, a fresh
-capture every round), ``eager`` mode by :func:`eager_paired` (one loop of back-to-back calls per provider per round,
-host and launch cost included), ``host`` mode by :func:`aiter_gemm.timing.host_and_gpu_us` (host time to submit a
-call, beside its GPU time).
+cache, :mod:`aiter_gemm.timing`), checked against the op's float32 reference (a provider off by more than its
+bound, :func:`~benchmarks.providers.op_tolerance` unless it has its own, is not timed), then timed in paired
+rounds: ``graph`` mode by :func:`aiter_gemm.timing.time_paired` (one CUDA-graph replay per provider per round, order
+alternating, a fresh capture every round), ``eager`` mode by :func:`eager_paired` (one loop of back-to-back calls
+per provider per round, host and launch cost included), ``host`` mode by :func:`aiter_gemm.timing.host_and_gpu_us`
+(host time to submit a call, beside its GPU time).
 A ratio is the median over rounds of ``baseline / provider`` from the same round: timings taken whole runs apart
 drift by a few percent on the H100, samples of one round do not (BENCHMARKS.md, "Method").
 
@@ -32,7 +32,7 @@ from aiter_gemm.device import DeviceIdentity
 from aiter_gemm.fileio import atomic_write_text, render_csv
 from aiter_gemm.registry import op_spec
 from aiter_gemm.timing import TimingConfig, cache_bytes, host_and_gpu_us, time_paired
-from benchmarks.providers import A16W16, BLOCKSCALE, MAX_REL_ERR, MOE, Context, Unavailable, resolve
+from benchmarks.providers import A16W16, BLOCKSCALE, MOE, Context, Unavailable, op_tolerance, resolve
 from gradlib.results import fp8_peak_for, roofline_for
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class GemmBench:
                 log.warning("%s on %s: %s: %s", s, p.label(), type(exc).__name__, exc)
                 self.rows.append({**base, "provider": s, "note": f"error: {type(exc).__name__}: {exc}"[:300]})
                 continue
-            bound = provider.max_rel_err(p) if provider.max_rel_err is not None else MAX_REL_ERR
+            bound = (provider.max_rel_err or op_tolerance)(p)
             if not provider.floor and not err <= bound:
                 self.rows.append({**base, "provider": s, "rel_err": f"{err:.2e}", "note": "wrong result: not timed"})
                 continue

@@ -82,7 +82,7 @@ class Provider:
     floor: bool = False
     #: ``(op, arg) -> why no shape can use arg`` (None: it may), asked by :func:`resolve`; None: any arg.
     check: Callable[[str, str], str | None] | None = None
-    #: The largest ||out - ref|| / ||ref|| its output may have on a problem (None: the benchmark's own bound).
+    #: The largest ||out - ref|| / ||ref|| its output may have on a problem (None: :func:`op_tolerance`).
     max_rel_err: Callable[[Problem], float] | None = None
 
 
@@ -331,6 +331,15 @@ def _grouped_mm_tolerance(p: Problem) -> float:
     """bf16 experts match the reference as the op does; dequantized FP8 experts on unquantized activations differ
     from the FP8 reference (which quantizes both GEMMs' activations) by that quantization, ~4% on unit inputs."""
     return 0.1 if isinstance(p, MoeProblem) and p.fp8 else MAX_REL_ERR
+
+
+def op_tolerance(p: Problem) -> float:
+    """The bound of a provider without its own ``max_rel_err`` (the op's paths): :data:`MAX_REL_ERR`, and for FP8
+    experts one fp8 rounding more (:data:`~aiter_gemm.kernels.blockscale_format.FP8_ROUNDING`): their GEMM2 may take
+    the intermediate quantized, as the reference does, or not (``FUSED``)."""
+    from aiter_gemm.kernels.blockscale_format import FP8_ROUNDING
+
+    return MAX_REL_ERR + FP8_ROUNDING if isinstance(p, MoeProblem) and p.fp8 else MAX_REL_ERR
 
 
 #: The benchmark's bound on ||out - ref|| / ||ref|| against the float32 reference (bf16 rounding is ~2e-3).

@@ -15,6 +15,7 @@ import torch
 from aiter_gemm import triton_launch
 from aiter_gemm.backends.base import GemmProblem
 from aiter_gemm.device import DeviceIdentity
+from aiter_gemm.kernels.blockscale_format import FP8_ROUNDING
 from benchmarks import legacy, providers, report
 from benchmarks.providers import A16W16, BLOCKSCALE, Provider
 from benchmarks.run import main
@@ -177,6 +178,32 @@ def test_moe_bench_pairs_the_op_with_grouped_mm_its_default_and_the_floor(tmp_pa
     assert all(r["rel_err"] == "" for r in rows if r["provider"] == "weight_read")
     disp = [r for r in rows if r["provider"] == "dispatch"]
     assert {(r["matched"], r["libtype"]) for r in disp} == {("default", "torch")}  # no table: CPU's default
+
+
+def test_fp8_experts_may_keep_the_intermediate_unquantized_but_not_be_wrong(tmp_path, clean_runtime):
+    """FP8 experts against the op's reference (intermediate quantized): a path keeping the intermediate unquantized
+    (``FUSED``'s arithmetic, one fp8 rounding off) is timed; one a further rounding off is not."""
+    from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, MoeProblem
+    from aiter_gemm.kernels.blockscale_format import FP8
+    from aiter_gemm.kernels.fused_moe import fused_moe_ref
+    from benchmarks.measure import GemmBench
+    from benchmarks.providers import MOE
+
+    def unquantized(scale):
+        def build(ctx, arg):
+            x, w1, w2, tw, ti, s1, s2 = ctx.sets[0]
+            out = fused_moe_ref(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, quant_inter=False)
+            return lambda i: out * scale
+        return build
+
+    for name, scale in (("inter", 1.0), ("off", 1.0 + 2 * FP8_ROUNDING)):
+        clean_runtime.setitem(providers._REGISTRY, (MOE, name), Provider(name, MOE, "", unquantized(scale)))
+    p = MoeProblem(2, 256, 256, 4, 2, ACT_TYPES["silu"], torch.bfloat16, FP8, FP8, QUANT_BLOCK)
+    bench = GemmBench("moe", MOE, [("fp8", ("fp8", p))], ["inter", "off"], ["inter"], ["graph"],
+                      torch.device("cpu"), H100, FakeTimer({}), str(tmp_path / "moe.csv"))
+    rows = {r["provider"]: r for r in bench.run()}
+    assert rows["inter"]["us"] and float(rows["inter"]["rel_err"]) > providers.MAX_REL_ERR, rows["inter"]
+    assert rows["off"]["note"] == "wrong result: not timed"
 
 
 def test_moe_sets_and_the_floors_bytes():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FP8", "FP8_MAX", "MIN_SCALE", "SCALE_BLOCK", "zero_operands"]
+__all__ = ["FP8", "FP8_MAX", "FP8_ROUNDING", "MIN_SCALE", "SCALE_BLOCK", "zero_operands"]
 
 #: Quantization block: the K groups of x_scale and both sides of w_scale's blocks. Fixed by the data format.
 SCALE_BLOCK = 128
@@ -20,6 +20,9 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)
 #: Smallest scale: an all-zero group quantizes to zeros instead of dividing by zero.
 MIN_SCALE = 1e-12
+#: Relative rounding of :data:`FP8` (3 mantissa bits): quantizing moves a value by at most 2^-4 of itself, the
+#: most two arithmetics that differ by one such rounding (an FP8 MoE's intermediate quantized or not) stand apart.
+FP8_ROUNDING = 2.0 ** -4
 
 
 def zero_operands(M: int, N: int, K: int, device: torch.device
