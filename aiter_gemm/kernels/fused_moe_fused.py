@@ -12,7 +12,8 @@ order is not fixed (atomics): results may differ in the last float32 bit between
 
 FP8 (block scales): a K block covers one or more whole 128-wide quantization groups (``block_k`` a multiple of 128,
 loaded as (groups, 128)); GEMM1's activations are quantized in the kernel per group by the quantizer's rule, as
-``QA`` does, and each group's products scaled by its activation and weight scales. GEMM2's input is not quantized
+``QA`` does, and scaled back by its activation and weight scales before the products (one sum along K, as bf16's).
+GEMM2's input is not quantized
 (a program holds block_n columns of a 128 group): the rounded intermediate times the dequantized ``w2``, more
 accurate than the unfused path (its reference: :func:`~aiter_gemm.kernels.fused_moe.fused_moe_ref` with
 ``quant_inter=False``, the tuner's for these candidates). Expert ids outside [0, E) (unchecked only under graph
@@ -65,26 +66,26 @@ def _fused_moe_one_launch_kernel(
     offs_bn = offs_n % inter_dim  # columns past I wrap around (no load mask); their intermediate is zeroed below
     offs_k = tl.arange(0, BLOCK_K)
 
-    # GEMM1: gate rows n and up rows I + n of w1[e] times the token's row. FP8 loads a K block as its G groups,
-    # (G, 128) of the row and (block_n, G, 128) of the weights: each group quantized and scaled alone, no reshape.
-    if FP8:  # a tile of block_n (dividing 128) gate rows lies in one scale block
+    # GEMM1: gate rows n and up rows I + n of w1[e] times the token's row, as (block_n, block_k) tiles. FP8 loads the
+    # row's K block as its G groups (G, 128), quantizes each and folds its activation and weight scales into the
+    # dequantized row (a tile's gate rows share one scale block; so do its up rows when I % 128 == 0, else each up
+    # element takes its row's scale): the products then sum along K as bf16's do.
+    w_offs = offs_bn[:, None] * stride_w1n + offs_k[None, :]
+    if FP8:
         G: tl.constexpr = BLOCK_K // SCALE_GROUP
         offs_g = tl.arange(0, G)
-        offs_kk = offs_g[:, None] * SCALE_GROUP + tl.arange(0, SCALE_GROUP)[None, :]
-        w_offs = offs_bn[:, None, None] * stride_w1n + offs_kk[None, :, :]
+        offs_x = offs_g[:, None] * SCALE_GROUP + tl.arange(0, SCALE_GROUP)[None, :]
         n_groups = tl.cdiv(H, SCALE_GROUP)
         s1_base = w1_scale_ptr + expert * stride_s1e
         sg_ptr = s1_base + (pid_n * BLOCK_N // SCALE_GROUP) * stride_s1n + offs_g * stride_s1k
         if UP_SCALAR:
-            su_ptr = (s1_base + ((pid_n * BLOCK_N + inter_dim) // SCALE_GROUP) * stride_s1n + offs_g * stride_s1k)[
-                None, :]
+            su_ptr = s1_base + ((pid_n * BLOCK_N + inter_dim) // SCALE_GROUP) * stride_s1n + offs_g * stride_s1k
         else:
             su_ptr = s1_base + ((offs_bn + inter_dim) // SCALE_GROUP)[:, None] * stride_s1n + \
-                offs_g[None, :] * stride_s1k
+                (offs_k // SCALE_GROUP)[None, :] * stride_s1k
     else:
-        offs_kk = offs_k
-        w_offs = offs_bn[:, None] * stride_w1n + offs_kk[None, :]
-    x_ptrs = x_ptr + token * stride_xm + offs_kk
+        offs_x = offs_k
+    x_ptrs = x_ptr + token * stride_xm + offs_x
     g_ptrs = w1_ptr + expert * stride_w1e + w_offs
     u_ptrs = g_ptrs + inter_dim * stride_w1n
     acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -93,30 +94,37 @@ def _fused_moe_one_launch_kernel(
         k0 = kb * BLOCK_K
         if EVEN_K:
             x = tl.load(x_ptrs + k0).to(tl.float32)
-            wg = tl.load(g_ptrs + k0)
-            wu = tl.load(u_ptrs + k0)
+            wg = tl.load(g_ptrs + k0).to(tl.float32)
+            wu = tl.load(u_ptrs + k0).to(tl.float32)
         else:  # zeros past H: the partial last block adds nothing (nor to its groups' amax)
-            in_k = offs_kk < H - k0
-            x = tl.load(x_ptrs + k0, mask=in_k, other=0.0).to(tl.float32)
-            wg = tl.load(g_ptrs + k0, mask=tl.expand_dims(in_k, 0), other=0.0)
-            wu = tl.load(u_ptrs + k0, mask=tl.expand_dims(in_k, 0), other=0.0)
-        if FP8:  # the row's G groups quantized by the quantizer's rule; each group's products times its scales
+            in_k = offs_k < H - k0
+            x = tl.load(x_ptrs + k0, mask=offs_x < H - k0, other=0.0).to(tl.float32)
+            wg = tl.load(g_ptrs + k0, mask=in_k[None, :], other=0.0).to(tl.float32)
+            wu = tl.load(u_ptrs + k0, mask=in_k[None, :], other=0.0).to(tl.float32)
+        if FP8:  # the row's G groups quantized by the quantizer's rule, then scaled back with each group's scales
             xq, xs = quant_rows(x, FP8_MAX_TL, MIN_SCALE_TL, EMULATE)
             xq = xq.to(tl.float32)
             if EVEN_K:
                 s_g = tl.load(sg_ptr + kb * G * stride_s1k)
-                s_u = tl.load(su_ptr + kb * G * stride_s1k)
             else:  # groups past H: no scale (their products are zero)
-                in_g = kb * G + offs_g < n_groups
-                s_g = tl.load(sg_ptr + kb * G * stride_s1k, mask=in_g, other=0.0)
-                s_u = tl.load(su_ptr + kb * G * stride_s1k, mask=in_g[None, :], other=0.0)
-            pg = tl.sum(wg.to(tl.float32) * xq[None, :, :], axis=2)  # (block_n, G)
-            pu = tl.sum(wu.to(tl.float32) * xq[None, :, :], axis=2)
-            acc_g += tl.sum(pg * (xs * s_g)[None, :], axis=1)
-            acc_u += tl.sum(pu * (xs[None, :] * s_u), axis=1)
+                s_g = tl.load(sg_ptr + kb * G * stride_s1k, mask=kb * G + offs_g < n_groups, other=0.0)
+            xg = tl.reshape(xq * (xs * s_g)[:, None], (BLOCK_K,))
+            if UP_SCALAR:
+                if EVEN_K:
+                    s_u = tl.load(su_ptr + kb * G * stride_s1k)
+                else:
+                    s_u = tl.load(su_ptr + kb * G * stride_s1k, mask=kb * G + offs_g < n_groups, other=0.0)
+                xu = tl.reshape(xq * (xs * s_u)[:, None], (BLOCK_K,))
+            else:
+                s_u = tl.load(su_ptr + kb * G * stride_s1k, mask=(kb * G + offs_k // SCALE_GROUP < n_groups)[None, :],
+                              other=0.0)
+                wu = wu * s_u
+                xu = tl.reshape(xq * xs[:, None], (BLOCK_K,))
+            acc_g += tl.sum(wg * xg[None, :], axis=1)
+            acc_u += tl.sum(wu * xu[None, :], axis=1)
         else:
-            acc_g += tl.sum(wg.to(tl.float32) * x[None, :], axis=1)
-            acc_u += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+            acc_g += tl.sum(wg * x[None, :], axis=1)
+            acc_u += tl.sum(wu * x[None, :], axis=1)
     # The intermediate rounded as the unfused path stores it; wrapped columns contribute nothing to GEMM2.
     inter = (gate_activation(acc_g, ACTIVATION) * acc_u).to(out_ptr.dtype.element_ty).to(tl.float32)
     inter = tl.where(offs_n < inter_dim, inter, 0.0)
