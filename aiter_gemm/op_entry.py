@@ -1,7 +1,8 @@
 """An op's eager entry, declared once (:class:`OpEntry`): its arguments (:class:`Arg`), the function that validates
 and decides a new key, and what runs a cached one. From the declaration come
 
-- the Python entry: the key (per tensor argument its shape, dtype and device, per value argument the value), one
+- the Python entry: the key (per tensor argument its shape, dtype and device, and its strides where declared, per
+  value argument the value), one
   lookup in the op's per-call cache (``DecisionCache.calls``) and the miss path, compiled into one function with
   the op's signature (as ``dataclasses`` compile ``__init__``), so the key costs what a hand-written one did;
 - where the C++ extension is built (:mod:`aiter_gemm.eager_ext`), the op's C entry: ``csrc/eager_fast.cpp`` keys a
@@ -55,13 +56,15 @@ class Arg:
     and ints, or with ``choices`` only those values) or :data:`BYPASS` (a call where it is not its default, by
     identity, skips the cache: :attr:`OpEntry.bypass` runs it). ``marks``: attributes of a tensor argument that key
     the call apart (``getattr(t, mark, False) is True``, e.g. ``is_shuffled``); the C++ entry leaves a tensor carrying
-    one as an instance attribute to the Python entry."""
+    one as an instance attribute to the Python entry. ``strides``: the tensor's strides are key fields too, for an
+    op whose ``decide`` checks its layout (contiguity), so a call of another layout is checked as a first call."""
 
     name: str
     kind: str = TENSOR
     default: Any = REQUIRED
     choices: tuple | None = None
     marks: tuple[str, ...] = ()
+    strides: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -70,8 +73,8 @@ class Arg:
         if not n.isidentifier() or keyword.iskeyword(n) or n in _RESERVED or n.startswith("_"):
             raise ValueError(f"Arg {self.name!r}: not an identifier, or a name the entry uses ({sorted(_RESERVED)}, "
                              "and names starting with _)")
-        if self.marks and self.kind not in (TENSOR, OPTIONAL_TENSOR):
-            raise ValueError(f"Arg {self.name!r}: only tensor arguments carry marks")
+        if (self.marks or self.strides) and self.kind not in (TENSOR, OPTIONAL_TENSOR):
+            raise ValueError(f"Arg {self.name!r}: only tensor arguments carry marks or key strides")
         if self.kind == BYPASS and self.default is REQUIRED:
             raise ValueError(f"Arg {self.name!r}: a bypass argument needs a default")
 
@@ -82,8 +85,8 @@ class Arg:
             return None
         if self.kind == VALUE:
             return n
-        fields = f"{n}.shape, {n}.dtype, {n}.device" + "".join(f", getattr({n}, {m!r}, False) is True"
-                                                               for m in self.marks)
+        fields = f"{n}.shape, {n}.dtype, {n}.device" + (f", {n}.stride()" if self.strides else "") + "".join(
+            f", getattr({n}, {m!r}, False) is True" for m in self.marks)
         return fields if self.kind == TENSOR else f"None if {n} is None else ({fields})"
 
 
@@ -192,7 +195,7 @@ class OpEntry:
         """(Re-)register the op with the C++ extension, ``fallback`` running every call it does not serve (the
         Python entry; a spy in tests); its entry function (the same object each time)."""
         params = tuple((a.name, KINDS[a.kind], a.default is not REQUIRED, None if a.default is REQUIRED else a.default,
-                        a.choices, a.marks or None) for a in self.args)
+                        a.choices, a.marks or None, a.strides) for a in self.args)
         signature = ", ".join(a.name if a.default is REQUIRED else f"{a.name}={a.default!r}" for a in self.args)
         summary = (self.doc.strip().splitlines() or [""])[0]
         return EXT.register_op(self.name, self.module, params, self.runner_args, self.cache, fallback,

@@ -2,8 +2,8 @@
 no tokens; bf16 and FP8; torch's grouped_mm and loop, the Triton kernels through a tuned row), torch.compile with the
 fake, the problem vocabulary it shares with the GEMMs (AITER's padded token), AITER's fmoe table (padded lookup,
 colon merge, AITER's own kernels and malformed rows as misses), vLLM/SGLang JSON files (nearest M, malformed files
-warned), shape capture into AITER's untuned fmoe columns, the tuner's inputs, and bad inputs named. Shapes are tiny:
-on CPU the Triton kernels are interpreted."""
+warned), shape capture into AITER's untuned fmoe columns, the tuner's inputs, and bad inputs named (a later call's
+tensor of another layout too). Shapes are tiny: on CPU the Triton kernels are interpreted."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from aiter_gemm.kernels import fused_moe_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import gemm_a8w8_blockscale_ref
 from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.fused_moe import MoeConfig, fused_moe_ref
+from aiter_gemm.op_entry import EXT
 from aiter_gemm.ops import fused_moe as op
 from aiter_gemm.ops.fused_moe import FMOE_UNTUNED_COLUMNS, FUSED_MOE, fused_moe, get_fused_moe_config
 from aiter_gemm.testbed import DEFAULT, inputs_memory, prepare_runner
@@ -396,6 +397,58 @@ def test_mismatched_inputs_are_named(clean_runtime):
             fused_moe(*args)
     with pytest.raises(ValueError, match="activation 'relu'"):
         fused_moe(x, w1, w2, tw, ti, activation="relu")
+
+
+#: A later call's tensor of another layout, with the shapes, dtypes and devices of the key's first call: the
+#: argument's index and the tensor made from the first call's (the last layout is one the kernels take).
+LAYOUTS = {
+    "topk_ids_column_major": (4, lambda t: t.t().contiguous().t()),
+    "topk_weight_column_major": (3, lambda t: t.t().contiguous().t()),
+    "w1_k_major": (1, lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
+    "hidden_states_column_major": (0, lambda t: t.t().contiguous().t()),
+    "topk_ids_expanded": (4, lambda t: t[:1].expand(t.shape)),
+    "hidden_states_rows_strided": (0, lambda t: torch.zeros(t.shape[0], 3 * t.shape[1], dtype=t.dtype,
+                                                            device=t.device)[:, t.shape[1]:2 * t.shape[1]].copy_(t)),
+}
+ARG_NAMES = ("hidden_states", "w1", "w2", "topk_weight", "topk_ids")
+#: A tuned row's kernelName per backend the layouts run through: the Triton kernels' three kinds, torch's.
+LAYOUT_KERNELS = {"fused": MoeConfig(16, 32, 128, num_stages=2, fused=True).name(),
+                  "direct": MoeConfig(16, 32, 64, num_stages=2, direct=True).name(), "sorted": CFG.name(),
+                  "torch": torch_impl.GROUPED}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kernel", list(LAYOUT_KERNELS))
+def test_a_later_call_of_another_layout_is_checked_as_a_first_call(clean_runtime, tmp_path, kernel, layout):
+    """The key holds the strides the first call's checks read: a later call with the same shapes but a tensor of
+    another layout gets what a first call of it gets, through the C++ entry and the Python one: the check's error
+    naming the tensor (shape, dtype, stride), or (a layout the kernels take) the reference's result."""
+    p = problem(5, 2, E=4)
+    name = LAYOUT_KERNELS[kernel]
+    row = aiter_row(p, name, block_m=0 if kernel == "torch" else 16)
+    use_table(clean_runtime, tmp_path, HEADER + "\n" + row + "\n")
+    assert get_fused_moe_config(5, H, INTER, 4, 2, on_gpu=ON_GPU)["kernelName"] == name
+    args, ref = inputs(p)
+    assert_close(fused_moe(*args), ref)
+    assert EXT is None or EXT.cached(fused_moe) == 1  # the C++ entry serves the key from now on
+    index, relayout = LAYOUTS[layout]
+    other = list(args)
+    t = other[index] = relayout(args[index])
+    assert (t.shape, t.dtype, t.device) == (args[index].shape, args[index].dtype, args[index].device)
+    try:
+        op.problem_of(*other)
+        want = None
+    except ValueError as exc:
+        want = str(exc)
+        assert f"{ARG_NAMES[index]} (shape {tuple(t.shape)}, dtype {t.dtype}, stride {t.stride()}" in want
+    for entry in (fused_moe, op.fused_moe_python):
+        if want is None:
+            assert_close(entry(*other), fused_moe_ref(*other[:5]))
+            continue
+        with pytest.raises(ValueError) as got:
+            entry(*other)
+        assert str(got.value) == want
+    assert want is not None or layout == "hidden_states_rows_strided"
 
 
 def test_fp8_scale_layouts_are_named(clean_runtime):

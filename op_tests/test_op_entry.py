@@ -125,10 +125,66 @@ def test_python_entry_from_the_declaration():
     assert None not in toy.calls
 
 
+STRIDED = """
+    import torch
+    from aiter_gemm import op_entry
+    from aiter_gemm.dispatch import DecisionCache
+    from aiter_gemm.op_entry import Arg, Decided, OpEntry
+
+    decided, fallback = [], []
+
+    def decide(x, w):
+        decided.append(x.stride())
+        if x.stride(-1) != 1:
+            raise ValueError(f"toy: x (stride {x.stride()}) must have contiguous rows")
+        return Decided(torch.matmul, torch.matmul)
+
+    toy = OpEntry("toy_strided", (Arg("x", strides=True), Arg("w")), DecisionCache(), decide, module="toy",
+                  doc="A toy op whose decide checks x's layout.")
+    op, ext = toy.entry, op_entry.EXT
+    if ext is not None:
+        def spy(*args):
+            fallback.append(1)
+            return toy.python(*args)
+        assert toy.install(spy) is op
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    assert torch.equal(op(x, w), x @ w) and torch.equal(op(x, w), x @ w)
+    for entry in (op, toy.python):                                         # another layout: checked, not served
+        try:
+            entry(x.t().contiguous().t(), w)
+        except ValueError as exc:
+            assert "stride (1, 4)" in str(exc)
+        else:
+            raise AssertionError("a column-major x served from the row-major key")
+    wide = torch.randn(4, 8)[:, :4]                                        # another layout decide accepts: its key
+    assert wide.is_contiguous() is False and torch.equal(op(wide, w), wide @ w)
+    print("counts", len(decided), len(fallback), -1 if ext is None else ext.cached(op))
+"""
+
+
+@pytest.mark.parametrize("impl", ["cpp", "python"])
+def test_declared_strides_key_the_call(impl, request):
+    """An argument declared with strides keys them, in the C++ entry and the Python one: a call of another layout
+    goes to decide (whose check names it) instead of the first layout's value."""
+    env = {}
+    if impl == "cpp":
+        request.getfixturevalue("built")
+    else:
+        env["AITER_GEMM_EAGER_EXT"] = "off"
+    out = run(STRIDED, **env).strip()
+    # decisions (row-major, column-major twice, wide rows), calls the C++ entry handed to Python (all but the
+    # repeat), keys in its map
+    assert out == ("counts 4 3 2" if impl == "cpp" else "counts 4 0 -1")
+    toy = _toy([], args=(Arg("x", strides=True), Arg("flag", VALUE, None), Arg("mode", BYPASS, "a")))
+    x = torch.zeros(2, 3)
+    assert toy.key(x) == (x.shape, x.dtype, x.device, (3, 1), None)
+
+
 @pytest.mark.parametrize(("declare", "needle"), [
     (lambda: Arg("x", kind="tensor!"), "kind must be one of"),
     (lambda: Arg("value"), "a name the entry uses"),
     (lambda: Arg("f", VALUE, None, marks=("m",)), "only tensor arguments carry marks"),
+    (lambda: Arg("f", VALUE, None, strides=True), "only tensor arguments carry marks or key strides"),
     (lambda: Arg("config", BYPASS), "a bypass argument needs a default"),
     (lambda: _toy([], args=(Arg("x", OPTIONAL_TENSOR, None), Arg("y"))), "without a default follows"),
     (lambda: _toy([], args=(Arg("x"), Arg("c", BYPASS, None), Arg("y", TENSOR, None)), runner_args=3),

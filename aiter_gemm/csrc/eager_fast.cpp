@@ -7,16 +7,16 @@
 //
 // An op registers its parameters (register_op: name, kind, default; per kind: a tensor, a tensor or None, a value,
 // or a bypass argument) and gets a builtin function with its signature. A call binds its arguments (positional and
-// keyword), builds the key from them (per tensor: dims, sizes, dtype, device, or None; per value: None, a dtype, a
-// bool, an int, or its index among the op's declared choices), looks it up in the op's map and calls what the
-// Python path stored there (remember) for that key: a runner with the op's leading arguments, or, for the runner
-// torch.nn.functional.linear, at::linear directly. Everything else goes to the op's Python entry, unchanged: a key
-// not stored, a tensor subclass, a tensor carrying a declared mark such as is_shuffled, a value it does not key, a
-// bypass argument not at its default, an active TorchFunctionMode where at::linear would run, a CUDA graph being
-// captured for a decision whose runner differs there. The Python runtime stays the source of truth: it decides
-// every new key and calls remember() for the keys its op allows. A map is dropped when its op's DecisionCache
-// ``generation`` changes (reload_configs): the only attribute of the package's objects read here, with the public
-// capture counter (aiter_gemm.cudagraph.capture_state.depth).
+// keyword), builds the key from them (per tensor: dims, sizes, dtype, device, and strides where declared, or None;
+// per value: None, a dtype, a bool, an int, or its index among the op's declared choices), looks it up in the op's
+// map and calls what the Python path stored there (remember) for that key: a runner with the op's leading
+// arguments, or, for the runner torch.nn.functional.linear, at::linear directly. Everything else goes to the op's
+// Python entry, unchanged: a key not stored, a tensor subclass, a tensor carrying a declared mark such as
+// is_shuffled, a value it does not key, a bypass argument not at its default, an active TorchFunctionMode where
+// at::linear would run, a CUDA graph being captured for a decision whose runner differs there. The Python runtime
+// stays the source of truth: it decides every new key and calls remember() for the keys its op allows. A map is
+// dropped when its op's DecisionCache ``generation`` changes (reload_configs): the only attribute of the package's
+// objects read here, with the public capture counter (aiter_gemm.cudagraph.capture_state.depth).
 //
 // The module call entry (module_call.cpp, the same extension) serves nn.Linear-like modules through one of these
 // ops (eager_fast.h: what it uses of this file).
@@ -52,8 +52,8 @@ inline int64_t device_code(const at::Tensor& t) {
 
 // The key of one call: a mask of the parameters that are None (optional tensors and values without choices), then
 // the words of the others in parameter order. A tensor: (1 << 56 | ndim << 32 | device << 8 | dtype), then its
-// sizes; a value: one word by its type (two for an int). Each parameter's kind is fixed, so the words of two
-// different calls differ.
+// sizes, then its strides where the parameter declares them; a value: one word by its type (two for an int). Each
+// parameter's kind (and whether it keys strides) is fixed, so the words of two different calls differ.
 struct Key {
   int len = 0;
   std::array<int64_t, kMaxWords> w;  // only the first len words are set (and read)
@@ -105,6 +105,7 @@ struct Param {
   PyObject* dflt = nullptr;     // strong; null: required
   PyObject* choices = nullptr;  // a value's keyed values, a tuple (strong), or null
   PyObject* marks = nullptr;    // a tensor's mark attributes, a tuple of interned str (strong), or null
+  bool strides = false;         // a tensor's strides are key words too (an op checking its layout)
 };
 
 // One registered op: its declaration, its entry function and its map, valid for one ``generation`` of its
@@ -346,13 +347,18 @@ int encode(const Op& op, PyObject* const* bound, size_t from, size_t to, int64_t
     const at::Tensor& t = THPVariable_Unpack(obj);
     const c10::IntArrayRef sizes = t.sizes();
     const int64_t nd = static_cast<int64_t>(sizes.size());
-    if (len + 1 + nd > kMaxWords) {
+    if (len + 1 + (p.strides ? 2 : 1) * nd > kMaxWords) {
       return 0;
     }
     w[len++] = (int64_t{1} << 56) | (nd << 32) | (device_code(t) << 8) |
                static_cast<int64_t>(static_cast<uint8_t>(t.scalar_type()));
     for (const int64_t s : sizes) {
       w[len++] = s;
+    }
+    if (p.strides) {
+      for (const int64_t s : t.strides()) {
+        w[len++] = s;
+      }
     }
   }
   return 1;
@@ -508,18 +514,19 @@ PyObject* remember(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
 
 bool parse_param(PyObject* spec, Param& p) {
   PyObject *name, *choices, *marks, *dflt;
-  int kind, has_default;
+  int kind, has_default, strides;
   if (!PyTuple_Check(spec) ||
-      !PyArg_ParseTuple(spec, "UipOOO", &name, &kind, &has_default, &dflt, &choices, &marks)) {
+      !PyArg_ParseTuple(spec, "UipOOOp", &name, &kind, &has_default, &dflt, &choices, &marks, &strides)) {
     if (!PyErr_Occurred()) {
       PyErr_SetString(PyExc_TypeError, "aiter_gemm eager_fast.register_op: a parameter is a tuple");
     }
     return false;
   }
   if (kind < kTensor || kind > kBypass || (choices != Py_None && !PyTuple_Check(choices)) ||
-      (marks != Py_None && !PyTuple_Check(marks)) || (kind == kBypass && !has_default)) {
-    PyErr_Format(PyExc_ValueError, "aiter_gemm eager_fast.register_op: parameter %R: bad kind, choices or marks",
-                 name);
+      (marks != Py_None && !PyTuple_Check(marks)) || (kind == kBypass && !has_default) ||
+      (strides && kind != kTensor && kind != kOptionalTensor)) {
+    PyErr_Format(PyExc_ValueError,
+                 "aiter_gemm eager_fast.register_op: parameter %R: bad kind, choices, marks or strides", name);
     return false;
   }
   Py_INCREF(name);
@@ -528,6 +535,7 @@ bool parse_param(PyObject* spec, Param& p) {
   p.kind = kind;
   p.dflt = has_default ? (Py_INCREF(dflt), dflt) : nullptr;
   p.choices = choices == Py_None ? nullptr : (Py_INCREF(choices), choices);
+  p.strides = strides != 0;
   p.marks = nullptr;
   if (marks != Py_None && PyTuple_GET_SIZE(marks) > 0) {
     const Py_ssize_t n = PyTuple_GET_SIZE(marks);
@@ -560,7 +568,7 @@ void release(std::vector<Param>& params) {
 }
 
 // register_op(name, module, params, runner_args, cache, fallback, doc) -> the op's entry function. ``params``: per
-// parameter in signature order (name, kind, has_default, default, choices, marks); ``cache``: the op's
+// parameter in signature order (name, kind, has_default, default, choices, marks, strides); ``cache``: the op's
 // DecisionCache (its ``generation`` validates the map); ``fallback``: the op's Python entry. Registering a name
 // again replaces that op's declaration, cache and fallback (its map dropped) and returns the same function.
 PyObject* register_op(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {

@@ -258,12 +258,13 @@ def _compiled(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_sc
     return torch.ops.aiter_gemm.fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)
 
 
-#: The op's eager entry (:mod:`aiter_gemm.op_entry`): the key holds the seven tensors' shapes, dtypes and devices
-#: and the activation, what :func:`problem_of` decides on (the kernels' stride rules are checked by the kernels);
-#: the C++ entry serves every decision. Calls with ``config`` bypass the cache.
+#: The op's eager entry (:mod:`aiter_gemm.op_entry`): the key holds what :func:`problem_of` checks but the expert
+#: ids (checked per call): the seven tensors' shapes, dtypes and devices, the activation, and the strides of the
+#: five whose layout it checks (hidden_states' rows contiguous, the other four contiguous), so a call of another
+#: layout is checked as a first call; the C++ entry serves every decision. Calls with ``config`` bypass the cache.
 FUSED_MOE_ENTRY = OpEntry(
     "fused_moe",
-    (Arg("hidden_states"), Arg("w1"), Arg("w2"), Arg("topk_weight"), Arg("topk_ids"),
+    (*(Arg(name, strides=True) for name in ("hidden_states", "w1", "w2", "topk_weight", "topk_ids")),
      Arg("w1_scale", OPTIONAL_TENSOR, None), Arg("w2_scale", OPTIONAL_TENSOR, None),
      Arg("activation", VALUE, "silu", choices=tuple(ACT_TYPES)), Arg("config", BYPASS, None)),
     _DISPATCHER.cache, _decide, module=__name__, runner_args=7, compiled=_compiled, bypass=_with_config,

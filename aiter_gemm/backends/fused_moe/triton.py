@@ -67,7 +67,7 @@ def make_runner(config1: MoeConfig, config2: MoeConfig, activation: str):
         return BoundRunner(config1, config2, activation)
 
     def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
-        # The op checked this key's inputs at its first call and checks the expert ids per call.
+        # The op checked this key's inputs (its strides included) at its first call, the expert ids per call.
         return fm.launch_fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation,
                                    config1, config2)
 
@@ -132,7 +132,7 @@ class BoundRunner(triton_launch.PlanCache):
         self._kernels.clear()
 
     def _launch(self, tensors: tuple, launches: triton_launch.LaunchSequence | None) -> torch.Tensor:
-        # The op checked this key's inputs at its first call and checks the expert ids per call.
+        # The op checked this key's inputs (its strides included) at its first call, the expert ids per call.
         return fm.launch_fused_moe(*tensors, self.activation, self.config1, self.config2, launches)
 
     @staticmethod
