@@ -105,7 +105,8 @@ def test_fp8_experts_match_the_reference(clean_runtime, T, k):
 
 
 @pytest.mark.parametrize("fp8,T,k,fused", [(False, 3, 2, False), (False, 37, 8, False), (True, 3, 2, False),
-                                           (False, 1, 8, True), (True, 3, 2, True)])
+                                           (True, 129, 2, False), (True, 37, 8, False), (False, 1, 8, True),
+                                           (True, 3, 2, True)])
 def test_triton_kernels_through_a_tuned_row(clean_runtime, tmp_path, fp8, T, k, fused):
     """A tuned row's configs run (FUSED: one config for both GEMMs, in one launch)."""
     p = problem(T, k, E=max(4, k), fp8=fp8)
