@@ -41,6 +41,10 @@ CASES = {
     "bf16_t3_fused": (False, 3, 256, 128, 8, 2, "moe_BM16_BN32_BK256_GM1_SK1_W4_S2_FUSED", "", (FUSED,)),
     "fp8_t1_fused_bk512": (True, 1, 512, 256, 8, 2, "moe_BM16_BN16_BK512_GM1_SK1_W8_S3_FUSED", "", (FUSED,)),
     "fp8_t3_fused_bk256_ragged": (True, 3, 384, 192, 8, 2, "moe_BM16_BN32_BK256_GM1_SK1_W4_S4_FUSED", "", (FUSED,)),
+    "fp8_t1_swap_qa_direct_ksum": (True, 1, 256, 256, 8, 2, "moe_BM8_BN64_BK128_GM1_SK1_W4_S3_QA_DIRECT_SWAP",
+                                   "moe_BM8_BN64_BK128_GM1_SK1_W4_S3_QA_DIRECT_KSUM_SWAP", (GEMM, GEMM)),
+    "bf16_t3_swap_gemm1": (False, 3, 256, 128, 8, 2, "moe_BM8_BN64_BK64_GM1_SK1_W4_S3_SWAP",
+                           "moe_BM16_BN64_BK64_GM1_SK1_W4_S3", (ALIGN, GEMM, ALIGN, GEMM)),
 }
 
 
@@ -151,6 +155,17 @@ def test_moe_plan_args_match_the_ptx_entry(compiled_moe, case):
             (got,) = struct.unpack_from(_INT[ty], pa.blob, off)
             assert got == (value or 0), (case, launch.compiled.metadata.name, i, ty, value)
         assert len(pointers) == sum(isinstance(v, torch.Tensor) for v in want)
+
+
+@pytest.mark.parametrize("case, swapped", [("bf16_t3_swap_gemm1", [True, False]),
+                                           ("fp8_t1_swap_qa_direct_ksum", [True, True]),
+                                           ("fp8_t1_qa_direct_ksum", [False, False])])
+def test_swapped_gemms_lower_to_wgmma(compiled_moe, case, swapped):
+    """A SWAP config's dots put its 64 weight rows on the MMA's M side: Triton lowers them to Hopper's wgmma on
+    sm_90, where an unswapped 16-row block (M below wgmma's 64) gets mma.sync."""
+    gemms = [k.asm["ptx"] for k in compiled_moe[case] if k.metadata.name == GEMM]
+    assert ["wgmma.mma_async" in ptx for ptx in gemms] == swapped
+    assert ["mma.sync" in ptx for ptx in gemms] == [not s for s in swapped]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # FP8: the interpreter quantizes GEMM1's unwritten output

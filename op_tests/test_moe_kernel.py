@@ -48,8 +48,8 @@ def problem(T: int, k: int, E: int, H: int, inter: int, dtype=torch.bfloat16, se
     return (x, w1, w2, *routing(T, k, E, seed, absent))
 
 
-def fp8_problem(T: int, k: int, E: int, H: int, inter: int, seed: int = 0):
-    x, w1, w2, tw, ti = problem(T, k, E, H, inter, torch.float32, seed)
+def fp8_problem(T: int, k: int, E: int, H: int, inter: int, seed: int = 0, absent=()):
+    x, w1, w2, tw, ti = problem(T, k, E, H, inter, torch.float32, seed, absent)
     q1 = [quantize_weight_blockscale(w) for w in w1]
     q2 = [quantize_weight_blockscale(w) for w in w2]
     return (x.to(torch.bfloat16), torch.stack([q for q, _ in q1]), torch.stack([q for q, _ in q2]), tw, ti,

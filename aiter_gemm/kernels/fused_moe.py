@@ -26,7 +26,9 @@ block (a scalar: no per-column scale tile in registers).
 The configs (:mod:`~aiter_gemm.kernels.fused_moe_config`) may name variants that save launches: ``QA`` (the
 quantizations done in the GEMMs' activation loads), ``DIRECT`` (no sorting: one block per pair) and ``KSUM`` (the
 k-sum in GEMM2). At T = 1 on FP8 experts all three make the call two launches instead of six; ``FUSED``
-(:mod:`~aiter_gemm.kernels.fused_moe_fused`) makes it one, after a memset.
+(:mod:`~aiter_gemm.kernels.fused_moe_fused`) makes it one, after a memset. ``SWAP`` computes each tile transposed
+(weights @ rows^T, the scales along the swapped axes) so that the weight rows, not a block's few rows, fill the MMA's
+M side (on Hopper: wgmma, which needs M >= 64, instead of mma.sync), and transposes the accumulator for the epilogue.
 
 Under ``TRITON_INTERPRET=1`` the dot operands are upcast to float32 (the interpreter mis-computes 8/16-bit dots) and
 ``QA`` rounds to e4m3 in float32 arithmetic (the interpreter's cast is wrong).
@@ -90,6 +92,7 @@ def _fused_moe_kernel(
     FP8: tl.constexpr,
     QUANT_A: tl.constexpr,  # FP8: a is bf16/fp16, quantized here per row and K block (BLOCK_K = SCALE_GROUP)
     DIRECT: tl.constexpr,  # block pid_m is pair pid_m alone; expert_ids_ptr is topk_ids (no sorting)
+    SWAP: tl.constexpr,  # tiles computed transposed: weight rows on the MMA's M side, the block's pairs on its N side
     KSUM: tl.constexpr,  # GEMM2 into per-pair rows c: the last of a token's TOPK arrivals sums them into out
     TOPK: tl.constexpr,
     ZERO: tl.constexpr,  # each program first zeroes zero_per_program of counter_ptr's num_zero (for KSUM)
@@ -135,12 +138,16 @@ def _fused_moe_kernel(
     a_rows = tl.where(pair_mask, pair // A_ROW_DIV, 0)
     offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
+    if SWAP:  # weight tiles (BLOCK_N, BLOCK_K), the MMA's left operand
+        b_k, b_n = offs_k[None, :], offs_bn[:, None]
+    else:  # (BLOCK_K, BLOCK_N)
+        b_k, b_n = offs_k[:, None], offs_bn[None, :]
     kb_start = pid_k * k_blocks_per_split
     kb_end = tl.where(good, tl.minimum(kb_start + k_blocks_per_split, tl.cdiv(K, BLOCK_K)), kb_start)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_base = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk
-    bg_ptrs = b_base + offs_bn[None, :] * stride_bn
-    bu_ptrs = b_base + (offs_bn + N)[None, :] * stride_bn
+    b_base = b_ptr + expert * stride_be + b_k * stride_bk
+    bg_ptrs = b_base + b_n * stride_bn
+    bu_ptrs = b_base + (b_n + N) * stride_bn
     if FP8:  # one scale per row (and 128-wide K group) of a, per (128, 128) block of b
         as_ptrs = a_scale_ptr + a_rows * stride_asm
         bs_base = b_scale_ptr + expert * stride_bse
@@ -159,8 +166,11 @@ def _fused_moe_kernel(
         if GATED:
             bu_s = tl.load(bus_ptrs + g0 * stride_bsk)
 
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:  # acc^T: the epilogue transposes it back
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros_like(acc_g)
     for kb in range(kb_start, kb_end):
         k0 = kb * BLOCK_K
         if EVEN_K:
@@ -168,7 +178,7 @@ def _fused_moe_kernel(
             bg = tl.load(bg_ptrs + k0 * stride_bk)
         else:  # zeros past K: the partial last block adds nothing (nor to a quantized group's amax)
             a = tl.load(a_ptrs + k0 * stride_ak, mask=offs_k[None, :] < K - k0, other=0.0)
-            bg = tl.load(bg_ptrs + k0 * stride_bk, mask=offs_k[:, None] < K - k0, other=0.0)
+            bg = tl.load(bg_ptrs + k0 * stride_bk, mask=b_k < K - k0, other=0.0)
         if QUANT_A:
             a, a_s = quant_rows(a.to(tl.float32), FP8_MAX_TL, MIN_SCALE_TL, UPCAST)
         elif UPCAST:
@@ -180,26 +190,29 @@ def _fused_moe_kernel(
             if not QUANT_A:
                 a_s_next = tl.load(as_ptrs + g_next * stride_ask)
             bg_s_next = tl.load(bgs_ptrs + g_next * stride_bsk)
-            acc_g += _scaled(tl.dot(a, bg), a_s, bg_s, B_SCALAR)
+            acc_g += _scaled(_mma(a, bg, None, SWAP), a_s, bg_s, B_SCALAR, SWAP)
             bg_s = bg_s_next
         else:
-            acc_g = tl.dot(a, bg, acc_g)
+            acc_g = _mma(a, bg, acc_g, SWAP)
         if GATED:
             if EVEN_K:
                 bu = tl.load(bu_ptrs + k0 * stride_bk)
             else:
-                bu = tl.load(bu_ptrs + k0 * stride_bk, mask=offs_k[:, None] < K - k0, other=0.0)
+                bu = tl.load(bu_ptrs + k0 * stride_bk, mask=b_k < K - k0, other=0.0)
             if UPCAST:
                 bu = bu.to(tl.float32)
             if FP8:
                 bu_s_next = tl.load(bus_ptrs + g_next * stride_bsk)
-                acc_u += _scaled(tl.dot(a, bu), a_s, bu_s, B_SCALAR)
+                acc_u += _scaled(_mma(a, bu, None, SWAP), a_s, bu_s, B_SCALAR, SWAP)
                 bu_s = bu_s_next
             else:
-                acc_u = tl.dot(a, bu, acc_u)
+                acc_u = _mma(a, bu, acc_u, SWAP)
         if FP8 and not QUANT_A:
             a_s = a_s_next
 
+    if SWAP:  # a layout change (the store converts the MMA's layout anyway)
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     if MUL_ROUTED_WEIGHT:
         acc_g *= tl.load(topk_weight_ptr + pair, mask=pair_mask, other=0.0).to(tl.float32)[:, None]
     if SPLIT_K > 1:
@@ -216,10 +229,27 @@ def _fused_moe_kernel(
 
 
 @triton.jit
-def _scaled(p, a_s, b_s, B_SCALAR: tl.constexpr):
-    """One K block's product times its row scales and its column scales (one scale when ``B_SCALAR``): one
-    multiply per element with a scalar, as the block-scale GEMM's ``_apply_scales`` does."""
-    if B_SCALAR:
+def _mma(a, b, acc, SWAP: tl.constexpr):
+    """``acc`` (None: zeros) plus one K block's product of the rows ``a`` (BLOCK_M, BLOCK_K) and the weight tile
+    ``b``: a @ b, or with ``SWAP`` its transpose b @ a^T (``b`` is then (BLOCK_N, BLOCK_K))."""
+    if SWAP:
+        out = tl.dot(b, tl.trans(a), acc)
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _scaled(p, a_s, b_s, B_SCALAR: tl.constexpr, SWAP: tl.constexpr):
+    """One K block's product times its row scales ``a_s`` and its column scales ``b_s`` (one scale when
+    ``B_SCALAR``): one multiply per element with a scalar, as the block-scale GEMM's ``_apply_scales`` does. With
+    ``SWAP`` the product is transposed: rows' scales go along its columns, weight scales along its rows."""
+    if SWAP:
+        if B_SCALAR:
+            out = p * (a_s * b_s)[None, :]
+        else:
+            out = p * (b_s[:, None] * a_s[None, :])
+    elif B_SCALAR:
         out = p * (a_s * b_s)[:, None]
     else:
         out = p * (a_s[:, None] * b_s[None, :])
@@ -409,7 +439,7 @@ def _moe_gemm(a, a_scale, w, w_scale, c, topk_weight, rows, n, cfg: MoeConfig, *
     compiled = _fused_moe_kernel[grid](
         **args,
         A_ROW_DIV=a_row_div, C_ROW_DIV=c_row_div, GATED=gated, ACTIVATION=activation,
-        MUL_ROUTED_WEIGHT=topk_weight is not None, FP8=fp8, QUANT_A=cfg.quant_a, DIRECT=cfg.direct,
+        MUL_ROUTED_WEIGHT=topk_weight is not None, FP8=fp8, QUANT_A=cfg.quant_a, DIRECT=cfg.direct, SWAP=cfg.swap,
         KSUM=ksum is not None, TOPK=topk,
         ZERO=zero is not None,
         SCALE_GROUP=SCALE_BLOCK, B_SCALAR=SCALE_BLOCK % cfg.block_n == 0 and (not gated or n % SCALE_BLOCK == 0),

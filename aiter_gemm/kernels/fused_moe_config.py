@@ -16,6 +16,11 @@ small T and none the default:
   one program per (pair, ``block_n`` intermediate columns) computes its columns of act(gate) * up and adds their
   share of GEMM2 atomically into a float32 row per token; the last arrival writes the token's output. The same
   config names both GEMMs (:func:`pair_error`); ``block_m`` is unused (16), no split-K, no other flag.
+* ``SWAP``: each tile computed transposed, acc^T = W_tile @ X_tile^T, and stored transposed, so the ``block_n``
+  weight rows fill the MMA's M side (Hopper's wgmma needs M >= 64) and the block's few pairs its N side (``block_m``
+  down to 8, which only ``SWAP`` allows). Internal to a tile: the intermediate is the same, so a ``SWAP`` GEMM pairs
+  with any other; it composes with the flags above but ``FUSED``. Offered where an expert's block is mostly padding
+  (:func:`expected_rows` <= :data:`SWAP_MAX_ROWS`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 
@@ -39,11 +44,11 @@ from aiter_gemm.kernels.common import (
     KernelName,
 )
 
-__all__ = ["DIRECT_MAX_PAIRS", "NAME", "PREFILL_TOKENS", "MoeConfig", "config_error", "config_space",
-           "default_config", "pair_error", "usage_error"]
+__all__ = ["DIRECT_MAX_PAIRS", "NAME", "PREFILL_TOKENS", "SWAP_MAX_ROWS", "MoeConfig", "active_experts",
+           "config_error", "config_space", "default_config", "expected_rows", "pair_error", "usage_error"]
 
 #: The ``kernelName`` grammar of :meth:`MoeConfig.name`.
-NAME = KernelName("moe_BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}[_QA][_DIRECT][_KSUM][_FUSED]",
+NAME = KernelName("moe_BM{BM}_BN{BN}_BK{BK}_GM{GM}_SK{SK}_W{W}_S{S}[_QA][_DIRECT][_KSUM][_FUSED][_SWAP]",
                   "fused-MoE Triton kernelName", "; e.g. 'moe_BM16_BN64_BK128_GM1_SK1_W4_S4'")
 #: vLLM / SGLang JSON keys -> fields (``SPLIT_K`` optional).
 _VLLM_KEYS = {"BLOCK_SIZE_M": "block_m", "BLOCK_SIZE_N": "block_n", "BLOCK_SIZE_K": "block_k",
@@ -51,11 +56,14 @@ _VLLM_KEYS = {"BLOCK_SIZE_M": "block_m", "BLOCK_SIZE_N": "block_n", "BLOCK_SIZE_
 #: Keys of vLLM's ROCm files: AMD compiler hints with no meaning on NVIDIA, accepted and ignored.
 _ROCM_HINTS = frozenset({"waves_per_eu", "matrix_instr_nonkdim", "kpack"})
 #: The variant flags: field -> kernelName flag (module docstring).
-_FLAGS = {"quant_a": "QA", "direct": "DIRECT", "ksum": "KSUM", "fused": "FUSED"}
+_FLAGS = {"quant_a": "QA", "direct": "DIRECT", "ksum": "KSUM", "fused": "FUSED", "swap": "SWAP"}
 #: The search space offers ``DIRECT`` and ``FUSED`` up to this many (token, slot) pairs: one block per pair.
 DIRECT_MAX_PAIRS = 64
 #: From this many tokens the search space adds the large (prefill) tiles.
 PREFILL_TOKENS = 512
+#: The search space offers ``SWAP`` up to this many expected rows per active expert (:func:`expected_rows`): where
+#: the default's block has 16 rows, an unswapped MMA's M of 16, below wgmma's 64, and mostly padding under 8 rows.
+SWAP_MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -74,12 +82,15 @@ class MoeConfig:
     direct: bool = False
     ksum: bool = False
     fused: bool = False
+    swap: bool = False
 
     def __post_init__(self) -> None:
         for field in ("block_m", "block_n", "block_k"):
             v = getattr(self, field)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"MoeConfig {field}={v!r} must be a power of two >= 16 (tl.dot's minimum)")
+            least = 8 if field == "block_m" and self.swap else 16
+            if isinstance(v, bool) or not isinstance(v, int) or v < least or v & (v - 1):
+                raise ValueError(f"MoeConfig {field}={v!r} must be a power of two >= {least}" + (
+                    " (8 only with SWAP, where the rows are the MMA's N side)" if field == "block_m" else ""))
         if max(self.block_m, self.block_n) * self.block_k > MAX_TILE_NUMEL:
             raise ValueError(f"MoeConfig block_k={self.block_k}: an operand tile of {max(self.block_m, self.block_n)}"
                              f"x{self.block_k} is above Triton's {MAX_TILE_NUMEL} elements")
@@ -130,7 +141,7 @@ class MoeConfig:
 
     def name(self) -> str:
         """The ``kernelName`` spelling, e.g. ``moe_BM16_BN64_BK128_GM1_SK1_W4_S4`` (``_QA``, ``_DIRECT``, ``_KSUM``,
-        ``_FUSED`` appended for the variants)."""
+        ``_FUSED``, ``_SWAP`` appended for the variants)."""
         return NAME.format({"BM": self.block_m, "BN": self.block_n, "BK": self.block_k, "GM": self.group_m,
                             "SK": self.split_k, "W": self.num_warps, "S": self.num_stages,
                             **{flag: getattr(self, field) for field, flag in _FLAGS.items()}})
@@ -165,9 +176,9 @@ def usage_error(cfg: MoeConfig, *, fp8: bool, stage: int | None = None) -> str |
     if cfg.ksum and stage != 2:
         return "KSUM sums GEMM2's k slots: a GEMM2 config only"
     if cfg.fused:
-        if (cfg.block_m, cfg.group_m, cfg.split_k) != (16, 1, 1) or cfg.quant_a or cfg.direct or cfg.ksum:
+        if (cfg.block_m, cfg.group_m, cfg.split_k) != (16, 1, 1) or cfg.quant_a or cfg.direct or cfg.ksum or cfg.swap:
             return ("FUSED runs one pair per program with its own quantization, routing and k-sum: it takes "
-                    "block_m=16 (unused), group_m=1, split_k=1 and no QA, DIRECT or KSUM")
+                    "block_m=16 (unused), group_m=1, split_k=1 and no QA, DIRECT, KSUM or SWAP")
         if fp8 and cfg.block_k % SCALE_BLOCK:
             return (f"FUSED on FP8 experts needs block_k a multiple of {SCALE_BLOCK} (got {cfg.block_k}): a K block "
                     f"is whole quantization groups")
@@ -218,18 +229,18 @@ def _variants(cfg: MoeConfig, *, fp8: bool, pairs: int | None) -> list[MoeConfig
     if pairs is None:
         return [cfg]
     qa = (False, True) if fp8 and cfg.block_k == SCALE_BLOCK else (False,)
-    direct = (False, True) if pairs <= DIRECT_MAX_PAIRS and cfg.block_m == 16 else (False,)
+    direct = (False, True) if pairs <= DIRECT_MAX_PAIRS and cfg.block_m <= 16 else (False,)
     ksum = (False, True) if cfg.split_k == 1 else (False,)
-    return [MoeConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.split_k,
-                      q, d, s) for q, d, s in itertools.product(qa, direct, ksum)]
+    return [replace(cfg, quant_a=q, direct=d, ksum=s) for q, d, s in itertools.product(qa, direct, ksum)]
 
 
 def config_space(*, fp8: bool, quick: bool = False, stage: int | None = None, tokens: int | None = None,
-                 topk: int = 1) -> list[MoeConfig]:
+                 topk: int = 1, experts: int | None = None) -> list[MoeConfig]:
     """The tuner's search space, every config valid for GEMM ``stage`` (None: for both; :func:`config_error`).
     ``quick``: a short list for decode and prefill; full: tiles x group x warps x stages x splits (splits only with
-    small token blocks). With ``tokens`` (and ``topk``): the variants of the decode tiles, and from
-    :data:`PREFILL_TOKENS` the large tiles (FP8's with one accumulator fit GEMM2 only)."""
+    small token blocks). With ``tokens`` (and ``topk``): the variants of the decode tiles, from
+    :data:`PREFILL_TOKENS` the large tiles (FP8's with one accumulator fit GEMM2 only), and the ``SWAP`` tiles up to
+    :data:`SWAP_MAX_ROWS` rows per expert (:func:`expected_rows` over ``experts``; without them: every pair on one)."""
     bks = (64, 128) if fp8 else (64, 128, 256)
     pairs = None if tokens is None else tokens * topk
     if quick:
@@ -257,6 +268,9 @@ def config_space(*, fp8: bool, quick: bool = False, stage: int | None = None, to
             raw += _variants(cfg, fp8=fp8, pairs=pairs) if bm <= 32 else [cfg]
     if pairs is not None and pairs <= DIRECT_MAX_PAIRS:
         raw += _fused_space()
+    rows = None if tokens is None else expected_rows(tokens, experts, topk) if experts else pairs
+    if rows is not None and rows <= SWAP_MAX_ROWS:
+        raw += _swap_space(fp8=fp8, quick=quick, pairs=pairs)
     return [c for c in dict.fromkeys(raw) if config_error(c, fp8=fp8, stage=stage) is None]
 
 
@@ -270,6 +284,31 @@ def _fused_space() -> list[MoeConfig]:
             if bn * bk >= 1024 * w and bk <= 64 * w]
 
 
+def _swap_space(*, fp8: bool, quick: bool, pairs: int) -> list[MoeConfig]:
+    """The ``SWAP`` configs worth timing at ``pairs`` pairs: 64 or 128 weight rows (a wgmma's M of 64, 4 warps: one
+    warp group) by 8 to 32 pairs. Quick: five tiles (one split in two; bf16's block_k 64, so that GEMM1's gate and up
+    tiles of 128 rows fit 4 stages), FP8's quantizing in the kernel (``QA``, a launch fewer), ``DIRECT`` for 8 rows
+    and few pairs; full: 3 or 4 stages, one or two splits, with :func:`_variants`."""
+    if quick:
+        tiles = [MoeConfig(bm, bn, 128 if fp8 else 64, 1, 4, 4, sk, quant_a=fp8, swap=True)
+                 for bm, bn, sk in ((8, 64, 1), (8, 64, 2), (8, 128, 1), (16, 64, 1), (16, 128, 1))]
+        return tiles + [replace(c, direct=True) for c in tiles if c.block_m == 8 and pairs <= DIRECT_MAX_PAIRS]
+    return [v for bm, bn, bk, st, sk in itertools.product((8, 16, 32), (64, 128), (128,) if fp8 else (64, 128),
+                                                          (3, 4), (1, 2))
+            for v in _variants(MoeConfig(bm, bn, bk, 1, 4, st, sk, swap=True), fp8=fp8, pairs=pairs)]
+
+
+def active_experts(tokens: int, num_experts: int, topk: int) -> float:
+    """Experts expected to get at least one of ``tokens`` tokens' ``topk`` slots under uniform routing."""
+    return num_experts * (1.0 - (1.0 - min(topk, num_experts) / num_experts) ** max(tokens, 1))
+
+
+def expected_rows(tokens: int, num_experts: int, topk: int) -> float:
+    """Rows (token, slot pairs) expected per expert that gets any, under uniform routing: what one expert's sorted
+    block holds before padding."""
+    return max(tokens, 1) * topk / max(active_experts(tokens, num_experts, topk), 1.0)
+
+
 def default_config(tokens: int, num_experts: int, topk: int, n: int, k: int, *, fp8: bool,
                    num_sms: int = REFERENCE_CU) -> MoeConfig:
     """The built-in config of one GEMM of ``n`` output columns over ``k`` (GEMM1: n = I, k = H; GEMM2: n = H, k = I)
@@ -277,8 +316,8 @@ def default_config(tokens: int, num_experts: int, topk: int, n: int, k: int, *, 
     under uniform routing (16 for decode); split-K doubles while the active experts' tiles, doubled, still fit one
     wave of ``num_sms`` programs and each split keeps >= 8 K blocks."""
     pairs = max(tokens, 1) * topk
-    active = num_experts * (1.0 - (1.0 - min(topk, num_experts) / num_experts) ** max(tokens, 1))
-    per_expert = pairs / max(active, 1.0)
+    active = active_experts(tokens, num_experts, topk)
+    per_expert = expected_rows(tokens, num_experts, topk)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64 if per_expert <= 128 else 128
     bk = 128 if fp8 or bm <= 32 else 64
     if bm <= 32:

@@ -1,10 +1,11 @@
 """Backend ``triton`` of ``fused_moe``: the Triton fused-MoE kernels of :mod:`aiter_gemm.kernels.fused_moe`.
 
 A solution's ``kernelName`` names the two GEMMs' :class:`~aiter_gemm.kernels.fused_moe.MoeConfig` (``moe_BM16_BN64_
-BK128_GM1_SK1_W4_S4``, with the variants' flags ``_QA`` / ``_DIRECT`` / ``_KSUM`` / ``_FUSED``; two joined by ``;``
-when they differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`; a ``FUSED`` config names both GEMMs alone), as a
-tuned row's ``kernelName1`` / ``kernelName2`` do;
-``splitK`` mirrors GEMM1's split count (AITER's ``ksplit``).
+BK128_GM1_SK1_W4_S4``, with the variants' flags ``_QA`` / ``_DIRECT`` / ``_KSUM`` / ``_FUSED`` / ``_SWAP``; two
+joined by ``;`` when they differ: :func:`~aiter_gemm.backends.fused_moe.pair_name`; a ``FUSED`` config names both
+GEMMs alone), as a tuned row's ``kernelName1`` / ``kernelName2`` do; ``splitK`` mirrors GEMM1's split count
+(AITER's ``ksplit``). ``SWAP`` configs are offered at small T only (:data:`~aiter_gemm.kernels.fused_moe_config.
+SWAP_MAX_ROWS`, over the problem's expert count).
 vLLM's and SGLang's JSON values (one config for both GEMMs) read as such a pair (:meth:`parse_json_entry`).
 :func:`~aiter_gemm.kernels.fused_moe.config_error` is the one rule of what runs, for the tuner and the runtime; the
 default on a GPU (no row, no JSON bucket) is :func:`~aiter_gemm.kernels.fused_moe.default_config` of each GEMM.
@@ -221,7 +222,7 @@ class FusedMoeTritonBackend(Backend):
         # Configs for both GEMMs (FUSED ones only so: pair_error), then those for one stage only (GEMM2's KSUM, its
         # one-accumulator FP8 tiles) beside the other stage's default; the per-stage search (gradlib.moe) pairs them
         # with the winners.
-        space = dict(fp8=problem.fp8, quick=quick, tokens=problem.token, topk=problem.topk)
+        space = dict(fp8=problem.fp8, quick=quick, tokens=problem.token, topk=problem.topk, experts=problem.expert)
         both = fm.config_space(**space)
         default1, default2 = self._defaults(problem, device.heuristic_cu)
         pairs = [(c, c) for c in both]
