@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fused_moe on one sm_90 GPU in one call (issue 51): the GPU tests of the kernels, the op, its bound eager launches
-# and the parallel Triton precompile; a --quick MoE tune (its candidates include the QA / DIRECT / KSUM variants, the
-# FP8 GEMM2 tiles and, opted in, DeepGEMM's experts) of Qwen3-30B-A3B's experts (bf16, FP8), Mixtral-8x7B's and
+# and the parallel Triton precompile; a --quick MoE tune (its candidates include the QA / DIRECT / KSUM / SWAP /
+# FUSED variants, the FP8 GEMM2 tiles and, opted in, DeepGEMM's experts) of Qwen3-30B-A3B's experts (bf16, FP8), Mixtral-8x7B's and
 # DeepSeek-V3 EP8's (bf16, FP8); then --bench moe with that table: transformers' grouped_mm experts, the op's untuned
 # default, the op (dispatch), DeepGEMM's grouped GEMMs where deep_gemm is installed (FP8
 # sets) and the weight-read floor, CUDA graphs, paired rounds. Run from the repository root:
@@ -32,7 +32,7 @@ MODEL_TOKENS=${MODEL_TOKENS:-1,64,1024}
 MODEL_DTYPES=${MODEL_DTYPES:-bf16,fp8}
 SETS=${SETS:-moe_qwen3_30b:bf16,moe_qwen3_30b:fp8,moe_mixtral:bf16,moe_mixtral:fp8,moe_dsv3_ep8:bf16,moe_dsv3_ep8:fp8}
 STEP_LOG="$D/tests.log" step tests "${TESTS_LIMIT_S:-150}" python -m pytest -q -rs -m gpu op_tests/test_moe_kernel.py \
-  op_tests/test_fused_moe.py op_tests/test_moe_bound.py op_tests/test_triton_precompile.py
+  op_tests/test_fused_moe.py op_tests/test_moe_swap.py op_tests/test_moe_bound.py op_tests/test_triton_precompile.py
 # One tuned file for every model (rows are keyed by the experts' shape), one step a model.
 T=(python -m gradlib.tune_moe --quick --timeout 120 -o "$D/tuned_fmoe.csv" --vllm_dir "$D/vllm"
    --libtype "${MOE_LIBTYPES:-triton,torch}")
