@@ -44,6 +44,8 @@ AITER_BUCKETS: dict[str, int | None] = {"any": None}
 #: Also the three named categories of the block-scale configs: M <= 256, M <= 2048, any M.
 NAMED_BUCKETS: dict[str, int | None] = {"small_M": 256, "medium_M": 2048, "large_M": None, "any": None}
 _LEQ_RE = re.compile(r"M_LEQ_(.*)", re.DOTALL)
+#: A key of vLLM's and SGLang's M-keyed files: a token count, no sign, blank or leading zero.
+M_KEY = re.compile(r"[1-9][0-9]*")
 #: What parsing a file's text or an entry can raise: every one is that file's problem (a JSONConfigError naming it),
 #: never the caller's (issue 47: an integer of thousands of digits, an entry's value int() cannot convert).
 PARSE_ERRORS = (ValueError, TypeError, ArithmeticError, RecursionError)
@@ -134,24 +136,31 @@ def load_object(path: str | os.PathLike, what: str = "M buckets") -> dict[str, A
 
 
 def merge_m_file(path: Path, entries: Mapping[int, Mapping[str, Any]], read_whole: Callable[[Path], object],
-                 check_entry: Callable[[dict], object]) -> Path:
+                 check_entry: Callable[[dict], object],
+                 header: Callable[[Mapping[str, Any] | None, bool], Mapping[str, Any]] | None = None) -> Path:
     """Write ``entries`` (M -> config object) into the M-keyed JSON file ``path`` under its lock, atomically: the
-    file's other M keys kept as written, keys sorted by M (as vLLM and SGLang write them). A file that does not read
-    (``read_whole``) or a new entry ``check_entry`` refuses raises, the file untouched (JSONConfigError naming it and
-    the key): a user's configs are never dropped."""
+    file's other M keys kept as written, keys sorted by M (as vLLM and SGLang write them), its keys that are not M
+    values (vLLM's ``triton_version``, which ``read_whole`` accepts) first, as ``header(old, covered)`` gives them
+    (``old``: the file's, None for a new file; ``covered``: whether ``entries`` replace every M key the file had;
+    default: ``old`` as written). A file that does not read (``read_whole``) or a new entry ``check_entry`` refuses
+    raises, the file untouched (JSONConfigError naming it and the key): a user's configs are never dropped."""
 
     def merged(current: Path | None) -> str:
         old: dict[str, Any] = {}
         if current is not None:
             read_whole(current)  # the whole file must read before any of it is rewritten
             old = load_object(current, "M values")
-        out = {**old, **{str(m): dict(v) for m, v in entries.items()}}
+        old_meta = {k: v for k, v in old.items() if not M_KEY.fullmatch(k)}
+        ms = {k: v for k, v in old.items() if M_KEY.fullmatch(k)}
+        covered = set(ms) <= {str(m) for m in entries}
+        meta = dict(old_meta) if header is None else dict(header(None if current is None else old_meta, covered))
+        out = {**ms, **{str(m): dict(v) for m, v in entries.items()}}
         for key in entries:
             try:
                 check_entry(out[str(key)])
             except PARSE_ERRORS as exc:
                 raise JSONConfigError(path, str(key), str(exc)) from None
-        return json.dumps({k: out[k] for k in sorted(out, key=int)}, indent=4) + "\n"
+        return json.dumps({**meta, **{k: out[k] for k in sorted(out, key=int)}}, indent=4) + "\n"
 
     update_text(path, merged)
     return path

@@ -32,6 +32,7 @@ from aiter_gemm.configs import parse_int
 from aiter_gemm.fileio import gc_paused, read_text
 from aiter_gemm.jsonconfigs import (
     FP8_FILE_DTYPE,
+    M_KEY,
     PARSE_ERRORS,
     Buckets,
     JSONConfigError,
@@ -50,7 +51,6 @@ DTYPE = FP8_FILE_DTYPE
 BLOCK_SHAPE = (SCALE_BLOCK, SCALE_BLOCK)
 _SUFFIX = f",dtype={DTYPE},block_shape=[{BLOCK_SHAPE[0]}, {BLOCK_SHAPE[1]}].json"
 _FILE_RE = re.compile(r"N=([0-9]+),K=([0-9]+),device_name=(.+)" + re.escape(_SUFFIX))
-_M_KEY = re.compile(r"[1-9][0-9]*")
 _SHORT_M_KEY = re.compile(r"[1-9][0-9]{0,17}")  # configs.MAX_DIGITS: a longer key is left to the checks saying why
 #: SGLang's value keys by type (``swizzle``: ours, the L2 panel; SGLang ignores keys it does not read).
 _INTS = ("block_M", "block_N", "block_K", "num_stages", "threads", "split_k", "swizzle")
@@ -105,7 +105,7 @@ def read_file(path: str | os.PathLike) -> Buckets:
     ms: list[int] = []
     solutions: dict[int, Solution] = {}
     for key, entry in data.items():
-        if not _M_KEY.fullmatch(key):
+        if not M_KEY.fullmatch(key):
             raise JSONConfigError(path, key, "SGLang's keys are M values (positive integers without sign, blanks "
                                              "or leading zeros)")
         if not isinstance(entry, dict):

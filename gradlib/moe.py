@@ -12,7 +12,9 @@ tuner searches each stage on its own. A tuned row's ``us`` is the whole call's; 
 
 vLLM files (``--vllm_dir``): per tuned token count, the fastest config vLLM's kernel runs (one config for both
 GEMMs, no split-K: :func:`vllm_runs`), the winner when it is one, else the fastest such candidate the search timed;
-merged into ``E=..,N=..,device_name=..[,dtype=fp8_w8a8][,block_shape=[128,128]].json`` (other M keys kept).
+merged into ``E=..,N=..,device_name=..[,dtype=fp8_w8a8][,block_shape=[128,128]].json`` (other M keys kept; its
+``triton_version`` this run's Triton where every M key is this run's, else the file's: :func:`aiter_gemm.moe_json.
+version_header`).
 """
 
 from __future__ import annotations

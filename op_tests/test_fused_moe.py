@@ -303,6 +303,55 @@ def test_a_malformed_vllm_file_is_skipped_with_a_warning(clean_runtime, tmp_path
     assert f"E=8,N={INTER},device_name=NVIDIA_H200.json" in caplog.text and needle in caplog.text
 
 
+def test_a_vllm_file_with_its_triton_version_is_read(clean_runtime, tmp_path, caplog):
+    """vLLM's benchmark_moe.py writes ``triton_version`` beside the M keys: the file is read (a version other than
+    this Triton's logged once, not refused); a version that is not a string, or no M key, skips it naming why."""
+    from aiter_gemm import moe_json
+
+    clean_runtime.setattr(moe_json, "triton_version", lambda: "3.9.0", raising=False)
+    name = f"E=8,N={INTER},device_name=NVIDIA_H200.json"
+    folder = json_folder(clean_runtime, tmp_path, {name: {"triton_version": "3.4.0", "1": VLLM,
+                                                          "16": dict(VLLM, BLOCK_SIZE_N=64)}})
+    with caplog.at_level(logging.WARNING):
+        got = [get_fused_moe_config(T, H, INTER, 8, 2, on_gpu=ON_GPU) for T in (3, 3, 12)]
+    assert [(c["matched"], c["source"].rsplit("#", 1)[1]) for c in got] == [("json", "1"), ("json", "1"),
+                                                                           ("json", "16")]
+    assert caplog.text.count("tuned with Triton 3.4.0, this is Triton 3.9.0") == 1 and name in caplog.text
+    caplog.clear()
+    (folder / name).write_text(json.dumps({"triton_version": "3.9.0", "1": VLLM}))
+    aiter_gemm.reload_configs()
+    with caplog.at_level(logging.WARNING):
+        assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "json"
+    assert caplog.text == ""
+    for text, needle in ((json.dumps({"triton_version": 3.4, "1": VLLM}), "key 'triton_version'"),
+                         (json.dumps({"triton_version": "3.4.0"}), "holds no M key")):
+        (folder / name).write_text(text)
+        aiter_gemm.reload_configs()
+        with caplog.at_level(logging.WARNING):
+            assert get_fused_moe_config(3, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "default"
+        assert name in caplog.text and needle in caplog.text
+
+
+def test_a_merge_keeps_the_files_triton_version_and_writes_its_own(tmp_path, clean_runtime, caplog):
+    """A new file gets this Triton's version first; a merge into a file tuned with another keeps the file's (its
+    other M keys were tuned with it; logged), unless the merge replaces all its M keys."""
+    from aiter_gemm import moe_json
+
+    clean_runtime.setattr(moe_json, "triton_version", lambda: "3.9.0", raising=False)
+    p = problem(3, 2)
+    path = moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {16: VLLM}, MoeConfig.from_vllm)
+    assert path.read_text().startswith('{\n    "triton_version": "3.9.0",')
+    path.write_text(json.dumps({"triton_version": "3.4.0", "64": VLLM, "1": VLLM}))
+    with caplog.at_level(logging.WARNING):
+        moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {16: dict(VLLM, BLOCK_SIZE_N=64)}, MoeConfig.from_vllm)
+    data = json.loads(path.read_text())
+    assert list(data) == ["triton_version", "1", "16", "64"] and data["triton_version"] == "3.4.0"
+    assert data["64"] == VLLM and data["16"]["BLOCK_SIZE_N"] == 64
+    assert "keeps triton_version 3.4.0" in caplog.text and str(path) in caplog.text
+    moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {m: VLLM for m in (1, 16, 64)}, MoeConfig.from_vllm)
+    assert list(json.loads(path.read_text()).items())[0] == ("triton_version", "3.9.0")
+
+
 # ------------------------------------------------------------------------------------------------ capture, inputs
 
 
@@ -346,7 +395,7 @@ def test_vllm_files_are_merged_keeping_their_other_keys(tmp_path):
     path = moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {16: VLLM}, MoeConfig.from_vllm)
     assert path.name == f"E=8,N={INTER8},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {1: dict(VLLM, BLOCK_SIZE_N=64)}, MoeConfig.from_vllm)
-    assert list(json.loads(path.read_text())) == ["1", "16"]
+    assert list(json.loads(path.read_text())) == ["triton_version", "1", "16"]  # vLLM's keys, its order
     before = path.read_text()
     with pytest.raises(JSONConfigError, match="key '2'"):
         moe_json.merge_file(tmp_path, "NVIDIA_H200", p, {2: dict(VLLM, num_warps=3)}, MoeConfig.from_vllm)

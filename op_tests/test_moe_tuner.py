@@ -177,7 +177,10 @@ def test_real_kernels_rows_and_vllm_files_the_op_replays(tmp_path, tiny_model, c
     (vfile,) = vdir.iterdir()
     assert vfile.name == "E=4,N=64,device_name=cpu.json"
     body = json.loads(vfile.read_text())
-    assert list(body) == ["2", "8"] and all(MoeConfig.from_vllm(v).name() == SHARED for v in body.values())
+    import triton
+
+    assert list(body) == ["triton_version", "2", "8"] and body.pop("triton_version") == triton.__version__  # vLLM's
+    assert all(MoeConfig.from_vllm(v).name() == SHARED for v in body.values())
 
     clean_runtime.setenv("AITER_CONFIG_FMOE", str(tuned))
     clean_runtime.setenv("AITER_GEMM_FUSED_MOE_CONFIGS", str(vdir))
@@ -226,6 +229,29 @@ def test_an_unreadable_vllm_file_is_left_alone(tmp_path, caplog):
     sidecar.add(ShapeOutcome(0, _problem(2), win, None, [], [], 0.0))
     sidecar.flush()
     assert bad.read_text() == '{"1": {"BLOCK_SIZE_M": "sixteen"}}' and str(bad) in caplog.text
+
+
+def test_a_vllm_file_keeps_its_triton_version_and_other_keys(tmp_path, monkeypatch):
+    """A file of vLLM's benchmark_moe.py (``triton_version`` first) takes this run's token counts; its version and
+    its other M keys stay as written."""
+    from aiter_gemm import moe_json
+    from aiter_gemm.device import DeviceIdentity
+
+    monkeypatch.setattr(moe_json, "triton_version", lambda: "3.9.0", raising=False)
+    vdir = tmp_path / "vllm"
+    vdir.mkdir()
+    theirs = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 4,
+              "num_stages": 3}
+    path = vdir / "E=4,N=64,device_name=cpu.json"
+    path.write_text(json.dumps({"triton_version": "3.4.0", "1": theirs, "64": theirs}, indent=4))
+    sidecar = VllmSidecar(DeviceIdentity("cpu", 4, "cpu", "cpu"), tmp_path / "tuned.csv", [], vdir)
+    win = Candidate(Solution("triton", -1, 0, SHARED), "confirm", ItemResult(0, 0, True, us=5.0, err_ratio=0.0), True)
+    sidecar.add(ShapeOutcome(0, _problem(2), win, None, [], [], 0.0))
+    sidecar.flush()
+    data = json.loads(path.read_text())
+    assert list(data) == ["triton_version", "1", "2", "64"] and data["triton_version"] == "3.4.0"
+    assert data["1"] == data["64"] == theirs and MoeConfig.from_vllm(data["2"]).name() == SHARED
+    assert sidecar.written == {path}
 
 
 # ---- crashes, hangs, SIGKILL ----------------------------------------------------------------------------------------
