@@ -126,9 +126,14 @@ def _dispatch(ctx: Context, arg: str) -> Call:
         # As model code calls it: no otype where it is the input's (the C++ eager entry serves only such calls).
         otype = None if p.otype == p.dtype else p.otype
         return lambda i: aiter_gemm.gemm_a16w16(sets[i][0], sets[i][1], sets[i][2], otype, sets[i][3], sets[i][4])
-    if ctx.op == MOE:  # as model code calls it: the scales only for FP8 experts, the problem's activation
+    if ctx.op == MOE:  # as model code calls it, in AITER's order: the problem's activation, scales for FP8 experts
         act = p.activation
-        return lambda i: aiter_gemm.fused_moe(*sets[i], activation=act)
+
+        def moe(i: int):
+            x, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale = sets[i]
+            return aiter_gemm.fused_moe(x, w1, w2, topk_weight, topk_ids, None, act, None, False, w1_scale, w2_scale)
+
+        return moe
     from aiter_gemm.ops.a8w8_blockscale import gemm_a8w8_blockscale
 
     return lambda i: gemm_a8w8_blockscale(*sets[i], p.otype)

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 
-from aiter_gemm.backends.base import QUANT_BLOCK, MoeProblem, Solution
+from aiter_gemm.backends.base import QUANT_ALIASES, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import stage_names
 from aiter_gemm.backends.fused_moe import triton as triton_backend
 from aiter_gemm.configs import load_untuned
@@ -76,8 +76,6 @@ OP_LIBTYPES = (triton_backend.NAME, torch_impl.LIBTYPE)
 #: experts write GEMM1's output in bf16 before requantizing it, so they are checked against their own reference
 #: (``Backend.reference``), not the op's: a user opts into that arithmetic, the tuner never picks it unasked.
 OPTIONAL_LIBTYPES = (deepgemm_impl.LIBTYPE,)
-#: AITER spells (128, 128) block scales per_128x128 in some files; the op keys them as per_1x128.
-Q_TYPE_ALIASES = {"QuantType.per_128x128": QUANT_BLOCK}
 log = logging.getLogger("gradlib")
 
 DESCRIPTION = ("Tune the fused-MoE op per problem: write AITER's tuned fmoe rows (and vLLM/SGLang fused-MoE JSON "
@@ -96,7 +94,7 @@ def read_untuned(path: str) -> list[MoeProblem]:
     if not os.path.isfile(path):
         raise UsageError(f"-i {path}: file not found")
     problems = [MoeProblem(*key) for key in load_untuned(path, KIND)]
-    return list(dict.fromkeys(replace(p, q_type=Q_TYPE_ALIASES.get(p.q_type, p.q_type)) for p in problems))
+    return list(dict.fromkeys(replace(p, q_type=QUANT_ALIASES.get(p.q_type, p.q_type)) for p in problems))
 
 
 def load_problems(untuned: str | None, model_dir: str | None, tp: int, ep: int, tokens: Sequence[int],

@@ -107,6 +107,15 @@ def sigkill_after_rows(cmd: list[str], env: dict, cwd, path, rows: int, timeout:
             hold.unlink(missing_ok=True)  # the killed run's held workers go on, find no driver and exit
 
 
+def moe_call(inputs, **kw):
+    """``aiter_gemm.fused_moe`` on one set of its ``make_inputs`` (hidden_states, w1, w2, topk_weight, topk_ids,
+    w1_scale, w2_scale): the scales by name, since AITER's sixth positional argument is ``expert_mask``."""
+    from aiter_gemm.ops.fused_moe import fused_moe
+
+    x, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale = inputs
+    return fused_moe(x, w1, w2, topk_weight, topk_ids, w1_scale=w1_scale, w2_scale=w2_scale, **kw)
+
+
 def repo_env(**extra: str) -> dict[str, str]:
     """This process's environment with the repository first on PYTHONPATH, plus ``extra``: for tuner subprocesses."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **extra}

@@ -25,6 +25,7 @@ from aiter_gemm.op_entry import EXT
 from aiter_gemm.ops import fused_moe as op
 from aiter_gemm.ops.fused_moe import FMOE_UNTUNED_COLUMNS, FUSED_MOE, fused_moe, get_fused_moe_config
 from aiter_gemm.testbed import DEFAULT, inputs_memory, prepare_runner
+from op_tests.runtime_helpers import moe_call
 
 ON_GPU = torch.cuda.is_available()
 DEV = torch.device("cuda" if ON_GPU else "cpu")  # on CPU the Triton kernels are interpreted
@@ -84,11 +85,11 @@ def use_table(mp, tmp_path, *texts: str) -> list:
 def test_torch_experts_match_the_reference(clean_runtime, T, k, name):
     p = problem(T, k)
     args, ref = inputs(p, seed=T * 10 + k)
-    out = fused_moe(*args, config=Solution("torch", -1, 0, name))
+    out = moe_call(args, config=Solution("torch", -1, 0, name))
     assert_close(out, ref)
     if name == torch_impl.GROUPED:  # the default on CPU: the same through the cached entry, twice
-        assert_close(fused_moe(*args), ref)
-        assert torch.equal(fused_moe(*args), fused_moe(*args))
+        assert_close(moe_call(args), ref)
+        assert torch.equal(moe_call(args), moe_call(args))
 
 
 @pytest.mark.parametrize("T", [1, 3, 37, 129])
@@ -101,7 +102,7 @@ def test_fp8_experts_match_the_reference(clean_runtime, T, k):
     got = get_fused_moe_config(T, H8, INTER8, p.expert, k, q_dtype_w=FP8, on_gpu=ON_GPU)
     want = ("triton",) if ON_GPU else ("torch", "loop")
     assert (got["libtype"], got["kernelName"])[:len(want)] == want
-    assert_close(fused_moe(*args), ref, rel=0.04)
+    assert_close(moe_call(args), ref, rel=0.04)
 
 
 @pytest.mark.parametrize("fp8,T,k,fused", [(False, 3, 2, False), (False, 37, 8, False), (True, 3, 2, False),
@@ -116,7 +117,7 @@ def test_triton_kernels_through_a_tuned_row(clean_runtime, tmp_path, fp8, T, k, 
     got = get_fused_moe_config(T, p.model_dim, p.inter_dim, p.expert, k, q_dtype_w=p.q_dtype_w, on_gpu=ON_GPU)
     assert (got["matched"], got["libtype"], got["kernelName"]) == ("exact", "triton", cfg.name())
     args, ref = inputs(p, seed=5)
-    assert_close(fused_moe(*args), ref, rel=0.04 if fp8 else 0.02)
+    assert_close(moe_call(args), ref, rel=0.04 if fp8 else 0.02)
 
 
 def test_experts_without_tokens_cost_nothing(clean_runtime):
@@ -134,7 +135,7 @@ def test_experts_without_tokens_cost_nothing(clean_runtime):
     assert_close(out, fused_moe_ref(x, w1, w2, tw, ids, w1_scale=s1, w2_scale=s2), rel=0.04)
     assert sorted(set(calls)) == sorted({w1[0].data_ptr(), w1[2].data_ptr(), w2[0].data_ptr(), w2[2].data_ptr()})
     assert len(calls) == 4
-    assert_close(fused_moe(x, w1, w2, tw, ids, s1, s2), fused_moe_ref(x, w1, w2, tw, ids, w1_scale=s1, w2_scale=s2),
+    assert_close(moe_call((x, w1, w2, tw, ids, s1, s2)), fused_moe_ref(x, w1, w2, tw, ids, w1_scale=s1, w2_scale=s2),
                  rel=0.04)
 
 
@@ -182,10 +183,10 @@ def test_cuda_graph_capture_and_replay(clean_runtime, fp8, libtype, name):
     made = FUSED_MOE.make_inputs(p, 0, torch.device("cuda"), 0, {})
     args = made.sets[0]
     config = None if libtype is None else Solution(libtype, -1, 0, name)
-    fused_moe(*args, config=config)
+    moe_call(args, config=config)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = fused_moe(*args, config=config)
+        got = moe_call(args, config=config)
     graph.replay()
     torch.cuda.synchronize()
     assert_close(got.cpu(), made.ref.to(torch.bfloat16).cpu(), rel=0.04 if fp8 else 0.02)
@@ -224,7 +225,7 @@ def test_aiter_table_is_looked_up_at_the_padded_token_and_merged(clean_runtime, 
         assert get_fused_moe_config(65, H, INTER, 8, 2, on_gpu=ON_GPU)["matched"] == "default"
     assert "[fused_moe] shape is token:65" in caplog.text and "will use default config!" in caplog.text
     args, ref = inputs(problem(37, 2))
-    assert_close(fused_moe(*args), ref)
+    assert_close(moe_call(args), ref)
 
 
 def test_aiters_own_kernels_and_malformed_rows_are_misses_said_once(clean_runtime, tmp_path, caplog):
@@ -287,7 +288,7 @@ def test_vllm_files_give_the_config_of_the_nearest_m(clean_runtime, tmp_path):
     assert "block_shape=[128,128]" in get_fused_moe_config(3, H8, INTER8, 8, 2, q_dtype_w=FP8, on_gpu=ON_GPU)["source"]
     assert get_fused_moe_config(3, H, INTER, 2, 2, on_gpu=ON_GPU)["matched"] == "default"
     args, ref = inputs(problem(3, 2))
-    assert_close(fused_moe(*args), ref)  # the JSON config, interpreted
+    assert_close(moe_call(args), ref)  # the JSON config, interpreted
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -360,7 +361,7 @@ def test_calls_are_captured_in_aiters_untuned_fmoe_columns(clean_runtime, tmp_pa
     clean_runtime.setenv("AITER_UNTUNED_GEMM_FILE", str(tmp_path / "bf16_untuned_gemm.csv"))
     aiter_gemm.reload_configs()
     for T in (3, 3, 5):
-        fused_moe(*inputs(problem(T, 2, E=4))[0])
+        moe_call(inputs(problem(T, 2, E=4))[0])
     aiter_gemm.get_dispatcher("fused_moe").flush_capture()
     path = tmp_path / "untuned_fmoe.csv"
     header, rows = read_csv_rows(str(path))
@@ -504,8 +505,8 @@ def test_a_later_call_of_another_layout_is_checked_as_a_first_call(clean_runtime
 def test_fp8_scale_layouts_are_named(clean_runtime):
     (x, w1, w2, tw, ti, s1, s2), _ = inputs(problem(4, 2, E=4, fp8=True))
     with pytest.raises(ValueError, match=r"w1_scale \(shape \(4, 1, 1\).* must be float32 \(4, 2, 1\)"):
-        fused_moe(x, w1, w2, tw, ti, s1[:, :1], s2)
+        fused_moe(x, w1, w2, tw, ti, w1_scale=s1[:, :1], w2_scale=s2)
     with pytest.raises(ValueError, match="w1_scale and w2_scale are required"):
         fused_moe(x, w1, w2, tw, ti)
     with pytest.raises(ValueError, match="cannot run"):
-        fused_moe(x, w1, w2, tw, ti, s1, s2, config=Solution("torch", -1, 0, "grouped_mm"))
+        fused_moe(x, w1, w2, tw, ti, w1_scale=s1, w2_scale=s2, config=Solution("torch", -1, 0, "grouped_mm"))

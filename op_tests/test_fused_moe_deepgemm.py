@@ -23,9 +23,10 @@ from aiter_gemm.kernels import fused_moe_deepgemm as impl
 from aiter_gemm.kernels.act_quant import per_token_group_quant_fp8_ref
 from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.fused_moe import fused_moe_ref
-from aiter_gemm.ops.fused_moe import FUSED_MOE, fused_moe, get_fused_moe_config
+from aiter_gemm.ops.fused_moe import FUSED_MOE, get_fused_moe_config
 from aiter_gemm.registry import get_backend
 from gradlib import tune_moe
+from op_tests.runtime_helpers import moe_call
 from op_tests.test_fused_moe import HEADER, aiter_row, use_table
 
 NAME = impl.NAME
@@ -173,7 +174,7 @@ def test_a_row_naming_deepgemm_dispatches_to_it(tmp_path, clean_runtime, fake_dg
     got = get_fused_moe_config(3, H, INTER, 4, 2, q_dtype_w=FP8, on_gpu=False)
     assert (got["matched"], got["libtype"], got["kernelName"], got["kernelName1"], got["kernelName2"]) == \
         ("exact", "deepgemm", NAME, NAME, NAME)
-    out = fused_moe(*args)
+    out = moe_call(args)
     assert len(fake.CALLS) == 2 and _rel(out, impl.fused_moe_deepgemm_ref(*args)) < BF16_TOL
 
 
@@ -284,7 +285,7 @@ def test_gpu_deep_gemm_matches_the_references(clean_runtime, T, k, E, H_, I_, ac
     out = BACKEND.prepare(p, SOLUTION, aiter_gemm.current_device_identity(True))(*args)
     assert _rel(out, BACKEND.reference(p, args)) < BF16_TOL
     assert _rel(out, ref) < impl.MAX_REL_ERR / 2
-    assert torch.equal(fused_moe(*args, activation=act, config=SOLUTION), out)  # the op with the config
+    assert torch.equal(moe_call(args, activation=act, config=SOLUTION), out)  # the op with the config
 
 
 @pytest.mark.gpu
@@ -296,14 +297,14 @@ def test_gpu_warm_then_graph_capture_through_a_row(clean_runtime, tmp_path):
     assert impl.warm([p]) == {}
     use_table(clean_runtime, tmp_path, HEADER + ",libtype\n" + aiter_row(p, NAME) + ",deepgemm\n")
     assert get_fused_moe_config(97, 2048, 768, 128, 8, q_dtype_w=FP8)["libtype"] == "deepgemm"
-    want = fused_moe(*args)
+    want = moe_call(args)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        got = fused_moe(*args)
+        got = moe_call(args)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(got, want)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda *a: fused_moe(*a), fullgraph=True)
+    compiled = torch.compile(lambda *a: moe_call(a), fullgraph=True)
     assert torch.equal(compiled(*args), want)
     torch._dynamo.reset()

@@ -496,10 +496,11 @@ def test_gpu_op_eager_calls_take_the_bound_launches(clean_runtime):
     and give Triton's bits."""
     if not triton_launch.BINDS:
         pytest.skip("the C++ eager extension is not built")
-    from aiter_gemm.ops.fused_moe import _DISPATCHER, fused_moe, problem_of
+    from aiter_gemm.ops.fused_moe import _DISPATCHER, problem_of
+    from op_tests.runtime_helpers import moe_call
 
     x = _gpu_case(True, 3)
-    outs = [fused_moe(*x) for _ in range(3)]
+    outs = [moe_call(x) for _ in range(3)]
     runner = _DISPATCHER.decide(problem_of(*x), True).runner
     if not isinstance(runner, moe_backend.BoundRunner):
         pytest.skip(f"this GPU's decision is {_DISPATCHER.decide(problem_of(*x), True).as_config()['libtype']}")

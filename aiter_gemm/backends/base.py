@@ -130,6 +130,8 @@ ACT_TYPES: dict[str, str] = {"silu": "ActivationType.Silu", "gelu": "ActivationT
 #: per_1x128: activations per token and 128-wide group).
 QUANT_NONE = "QuantType.No"
 QUANT_BLOCK = "QuantType.per_1x128"
+#: AITER's other spellings of these (its ``quant_remap``: per_128x128 runs as per_1x128).
+QUANT_ALIASES: dict[str, str] = {"QuantType.per_128x128": QUANT_BLOCK}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
 
 namespace aiter_eager {
 
-constexpr int kMaxParams = 16;
+constexpr int kMaxParams = 32;  // an op's parameters (AITER's fused_moe has 22); the None mask holds 64
 
 struct Op;  // a registered op (eager_fast.cpp)
 

@@ -61,6 +61,7 @@ from aiter_gemm.kernels.fused_moe_config import (
 )
 from aiter_gemm.kernels.fused_moe_fused import launch_fused
 from aiter_gemm.kernels.moe_align import moe_align_block_size
+from aiter_gemm.kernels.moe_expert_mask import check_mask_tensor, check_masked_ids
 from aiter_gemm.triton_launch import LaunchSequence
 
 __all__ = ["ACTIVATIONS", "MoeConfig", "check_moe_inputs", "config_error", "config_space", "default_config",
@@ -302,11 +303,12 @@ def _describe(name: str, t: torch.Tensor) -> str:
 def check_moe_inputs(
     hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
     topk_ids: torch.Tensor, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-    activation: str = "silu",
+    activation: str = "silu", expert_mask: torch.Tensor | None = None,
 ) -> bool:
-    """Validate the fused-MoE arguments (shapes, dtypes, devices, contiguity, scale layouts; ValueError naming the
-    tensor with its shape, dtype, stride and device); True for the FP8 block-scale variant. Expert ids outside
-    [0, E) raise too, unless a CUDA graph is being captured (the check syncs with the host; the kernels give such
+    """Validate the fused-MoE arguments (shapes, dtypes, devices, contiguity, scale layouts, AITER's
+    ``expert_mask``; ValueError naming the tensor with its shape, dtype, stride and device); True for the FP8
+    block-scale variant. Expert ids outside [0, E) (with a mask: outside it, or a mask marking other than E local
+    experts) raise too, unless a CUDA graph is being captured (the check syncs with the host; the kernels give such
     pairs a zero contribution instead)."""
     named = {"hidden_states": hidden_states, "w1": w1, "w2": w2, "topk_weight": topk_weight, "topk_ids": topk_ids}
     if w1_scale is not None:
@@ -320,6 +322,8 @@ def check_moe_inputs(
     for name, t in named.items():
         if t.device != dev:
             raise ValueError(f"fused_moe: {_describe(name, t)} is not on hidden_states' device {dev}")
+    if expert_mask is not None:
+        check_mask_tensor(expert_mask, dev)
     if activation not in ACTIVATIONS:
         raise ValueError(f"fused_moe: activation {activation!r} is not one of {list(ACTIVATIONS)}")
     if hidden_states.dim() != 2 or hidden_states.dtype not in HALF_DTYPES or hidden_states.stride(-1) != 1:
@@ -358,14 +362,17 @@ def check_moe_inputs(
         if not t.is_contiguous():
             raise ValueError(f"fused_moe: {_describe(name, t)} must be contiguous")
     if not is_capturing(topk_ids):
-        check_expert_ids(topk_ids, E)
+        check_expert_ids(topk_ids, E, expert_mask)
     return fp8
 
 
-def check_expert_ids(topk_ids: torch.Tensor, experts: int) -> None:
-    """ValueError naming ``topk_ids`` when one of its ids is outside [0, ``experts``): one reduction and one host
-    sync (skipped in CUDA-graph capture, where the kernels give such pairs no weight instead)."""
-    if topk_ids.numel():
+def check_expert_ids(topk_ids: torch.Tensor, experts: int, expert_mask: torch.Tensor | None = None) -> None:
+    """ValueError naming ``topk_ids`` when one of its ids is outside [0, ``experts``) (with ``expert_mask``:
+    :func:`~aiter_gemm.kernels.moe_expert_mask.check_masked_ids`): one reduction and one host sync (skipped in
+    CUDA-graph capture, where the kernels give such pairs no weight instead)."""
+    if expert_mask is not None:
+        check_masked_ids(topk_ids, experts, expert_mask)
+    elif topk_ids.numel():
         lo, hi = (int(v) for v in torch.aminmax(topk_ids))
         if lo < 0 or hi >= experts:
             raise ValueError(f"fused_moe: {_describe('topk_ids', topk_ids)} holds expert ids in [{lo}, {hi}], "

@@ -21,7 +21,10 @@ doweight_stage1``). Which backend runs it is decided once per problem, in the di
 3. the default: the Triton kernels' default configs on a GPU, else torch's grouped_mm where it runs, else its loop.
 
 Files are read at first use and again after :func:`aiter_gemm.reload_configs`; the per-call path does one dict
-lookup, plus the expert-id check (a host sync) outside CUDA-graph capture.
+lookup, plus the expert-id check (a host sync) outside CUDA-graph capture. The entry takes AITER's signature
+(``aiter.fused_moe.fused_moe``: ``expert_mask``, ``activation``, ``quant_type``, ``doweight_stage1`` after
+``topk_ids``, then the scales; :data:`FUSED_MOE_ENTRY`): its expert mask is honoured (:mod:`aiter_gemm.kernels.
+moe_expert_mask`), the options it does not run are refused naming them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Optional
 import torch
 
 from aiter_gemm import cudagraph, moe_json
-from aiter_gemm.backends.base import ACT_TYPES, QUANT_BLOCK, QUANT_NONE, MoeProblem, Solution
+from aiter_gemm.backends.base import ACT_TYPES, QUANT_ALIASES, QUANT_BLOCK, QUANT_NONE, MoeProblem, Solution
 from aiter_gemm.backends.fused_moe import pair_name
 from aiter_gemm.configs import ConfigError, TunedRow
 from aiter_gemm.dispatch import dispatcher_for
@@ -44,6 +47,7 @@ from aiter_gemm.kernels import fused_moe_torch as torch_impl
 from aiter_gemm.kernels.a8w8_blockscale import quantize_weight_blockscale
 from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.fused_moe import MoeConfig, check_expert_ids, check_moe_inputs, fused_moe_ref
+from aiter_gemm.kernels.moe_expert_mask import local_expert_ids
 from aiter_gemm.op_entry import BYPASS, OPTIONAL_TENSOR, VALUE, Arg, Decided, OpEntry
 from aiter_gemm.opspec import OpSpec
 from aiter_gemm.registry import register_op
@@ -51,9 +55,10 @@ from aiter_gemm.testbed import Inputs, cloned_sets, free_memory
 from aiter_gemm.timing import rotating_sets
 
 __all__ = [
-    "AITER_LIBTYPE", "FMOE_UNTUNED_COLUMNS", "FUSED_MOE", "FUSED_MOE_ENTRY", "KIND", "ROUTINGS", "UNTUNED_FILE",
-    "call_key", "call_runner", "check_expert_ids", "fused_moe", "get_fused_moe_config", "make_inputs", "problem_of",
-    "routing",
+    "ACTIVATION_NAMES", "AITER_LIBTYPE", "FMOE_UNTUNED_COLUMNS", "FUSED_MOE", "FUSED_MOE_ENTRY", "KIND",
+    "QUANT_FP8", "ROUTINGS", "UNSUPPORTED", "UNTUNED_FILE", "activation_name", "call_key", "call_runner",
+    "check_expert_ids", "check_options", "fused_moe", "get_fused_moe_config", "make_inputs", "problem_of",
+    "refuse_unsupported", "routing",
 ]
 
 KIND = "FMOE"
@@ -179,104 +184,238 @@ FUSED_MOE = register_op(OpSpec(
 
 _DISPATCHER = dispatcher_for(FUSED_MOE)
 
+#: The activations the op runs by each spelling it takes: ours (``silu``) and AITER's (``str()`` of its
+#: ActivationType member, ``ActivationType.Silu``; the member itself is read as that).
+ACTIVATION_NAMES: dict[str, str] = {**{name: name for name in ACT_TYPES}, **{t: name for name, t in ACT_TYPES.items()}}
+#: AITER's quant types the op runs, each with whether it names FP8 experts ((128, 128) block scales, activations
+#: quantized per token and 128-wide group inside the op); any other is refused naming ``quant_type``.
+QUANT_FP8: dict[str, bool] = {QUANT_NONE: False, QUANT_BLOCK: True}
+QUANT_FP8.update({alias: QUANT_FP8[target] for alias, target in QUANT_ALIASES.items()})
+#: AITER's arguments the op cannot honour, with what each asks for (at its default, None or 0, it is accepted).
+UNSUPPORTED = {
+    "a1_scale": "given activation scales (the op quantizes the activations per token and 128-wide group itself)",
+    "a2_scale": "given activation scales (the op quantizes the activations per token and 128-wide group itself)",
+    "block_size_M": "a forced tile M (the dispatch picks the kernels: the FMOE table, JSON files; config= names one)",
+    "num_local_tokens": "a device count of valid rows (pass those rows and their routing)",
+    "hidden_pad": "padded weights", "intermediate_pad": "padded weights", "bias1": "expert biases",
+    "bias2": "expert biases",
+}
+
+
+def _spelled(value: object, enum: str) -> object:
+    """``value`` as ``str()`` of AITER's ``enum`` member spells it (``ActivationType.Silu``) when it is one (AITER's
+    pybind enums, or an Enum of that name), else ``value``."""
+    name = getattr(value, "name", None)
+    return f"{enum}.{name}" if type(value).__name__ == enum and isinstance(name, str) else value
+
+
+def activation_name(activation: object) -> str:
+    """The op's name (``silu``, ``gelu``) of ``activation`` in any of its spellings (:data:`ACTIVATION_NAMES`, AITER's
+    ActivationType member); ValueError naming ``activation`` otherwise."""
+    spelled = _spelled(activation, "ActivationType")
+    name = ACTIVATION_NAMES.get(spelled) if isinstance(spelled, str) else None
+    if name is None and isinstance(activation, torch.Tensor):  # a scale in AITER's activation slot
+        raise ValueError(f"fused_moe: activation (a tensor of shape {tuple(activation.shape)}) is not one of "
+                         f"{list(ACTIVATION_NAMES)} (AITER's order: expert_mask, activation, quant_type, "
+                         "doweight_stage1, w1_scale, w2_scale follow topk_ids; pass the scales by name)")
+    if name is None:
+        raise ValueError(f"fused_moe: activation {spelled!r} is not one of {list(ACTIVATION_NAMES)}")
+    return name
+
+
+def check_options(hidden_states: torch.Tensor, w1: torch.Tensor, quant_type: object = None,
+                  doweight_stage1: object = False, dtype: torch.dtype | None = None) -> None:
+    """AITER's options the op takes as it runs them: ``quant_type`` None (read off w1) or the one w1's dtype runs
+    (:data:`QUANT_FP8`), ``doweight_stage1`` False, ``dtype`` None or hidden_states'; ValueError naming the
+    argument otherwise."""
+    if quant_type is not None:
+        spelled = _spelled(quant_type, "QuantType")
+        fp8 = QUANT_FP8.get(spelled) if isinstance(spelled, str) else None
+        if fp8 is None:
+            raise ValueError(f"fused_moe: quant_type {spelled!r} is not supported: the op runs {QUANT_NONE} (bf16/"
+                             f"fp16 experts) and {QUANT_BLOCK} (FP8 experts with (128, 128) block scales, AITER's "
+                             "per_128x128 too); None reads it off w1")
+        if fp8 != (w1.dtype == FP8):
+            raise ValueError(f"fused_moe: quant_type {spelled} does not match w1's dtype {w1.dtype}: {QUANT_BLOCK} "
+                             f"for {FP8} experts, {QUANT_NONE} for hidden_states' dtype")
+    if doweight_stage1:
+        raise ValueError("fused_moe: doweight_stage1=True (the routing weight applied in the first GEMM) is not "
+                         "supported: the op applies it after the second")
+    if dtype is not None and dtype != hidden_states.dtype:
+        raise ValueError(f"fused_moe: dtype {dtype} is not supported: the output has hidden_states' dtype "
+                         f"{hidden_states.dtype}")
+
+
+def refuse_unsupported(**given: Any) -> None:
+    """ValueError naming the first of AITER's :data:`UNSUPPORTED` arguments set (``block_size_M`` 0 or -1 is
+    AITER's unset)."""
+    for name, value in given.items():
+        unset = value is None or (not isinstance(value, (bool, torch.Tensor)) and (
+            value in (0, -1) if name == "block_size_M" else name.endswith("_pad") and value == 0))
+        if not unset:
+            shown = (f"{name} (a tensor of shape {tuple(value.shape)})" if isinstance(value, torch.Tensor)
+                     else f"{name}={value!r}")
+            raise ValueError(f"fused_moe: {shown} is not supported: AITER's {UNSUPPORTED[name]}")
+
 
 def problem_of(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
                topk_ids: torch.Tensor, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-               activation: str = "silu") -> MoeProblem:
+               activation: object = "silu", expert_mask: torch.Tensor | None = None) -> MoeProblem:
     """The problem of a call, its inputs checked (:func:`~aiter_gemm.kernels.fused_moe.check_moe_inputs`:
-    ValueError naming the tensor with its shape, dtype, stride and device; expert ids outside [0, E) too, outside
-    CUDA-graph capture)."""
-    fp8 = check_moe_inputs(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)
+    ValueError naming the tensor with its shape, dtype, stride and device; expert ids outside [0, E), or outside
+    ``expert_mask``, too, outside CUDA-graph capture). E is w1's: the local experts under a mask."""
+    name = activation_name(activation)
+    fp8 = check_moe_inputs(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, name, expert_mask)
     T, H = hidden_states.shape
     q_dtype = FP8 if fp8 else hidden_states.dtype
-    return MoeProblem(T, H, w2.shape[2], w1.shape[0], topk_ids.shape[1], ACT_TYPES[activation], hidden_states.dtype,
+    return MoeProblem(T, H, w2.shape[2], w1.shape[0], topk_ids.shape[1], ACT_TYPES[name], hidden_states.dtype,
                       q_dtype, q_dtype, QUANT_BLOCK if fp8 else QUANT_NONE)
 
 
-def _checked(runner, experts: int):
-    """``runner`` with the expert-id check first, outside CUDA-graph capture (:mod:`aiter_gemm.cudagraph`)."""
+def _runner(runner, experts: int, masked: bool):
+    """``runner`` with the entry's leading arguments (AITER's, through ``w2_scale``), behind the expert-id check
+    outside CUDA-graph capture (:mod:`aiter_gemm.cudagraph`); ``masked``: the global ids made local first
+    (:func:`~aiter_gemm.kernels.moe_expert_mask.local_expert_ids`). The key holds whether there is a mask, so the
+    unmasked call pays no test for it."""
     capturing = cudagraph.probe()
 
-    def run(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
+    def run(hidden_states, w1, w2, topk_weight, topk_ids, expert_mask=None, activation=None, quant_type=None,
+            doweight_stage1=None, w1_scale=None, w2_scale=None):
         if not capturing():
             check_expert_ids(topk_ids, experts)
         return runner(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale)
 
-    return run
+    def run_masked(hidden_states, w1, w2, topk_weight, topk_ids, expert_mask=None, activation=None, quant_type=None,
+                   doweight_stage1=None, w1_scale=None, w2_scale=None):
+        if not capturing():
+            check_expert_ids(topk_ids, experts, expert_mask)
+        return runner(hidden_states, w1, w2, topk_weight, local_expert_ids(topk_ids, expert_mask), w1_scale, w2_scale)
+
+    return run_masked if masked else run
 
 
-def _empty(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None):
+def _empty(hidden_states, *_args):
     """No token, or no expert per token: zeros (T, H)."""
     return hidden_states.new_zeros(hidden_states.shape)
 
 
-def _decide(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None, activation="silu",
-            config=None) -> Decided:
-    """Validate a key's first call and decide it: the decision's runner behind the expert-id check, cached in
-    Python and served by the C++ entry too."""
-    p = problem_of(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)
+def _decide(hidden_states, w1, w2, topk_weight, topk_ids, expert_mask, activation, quant_type, doweight_stage1,
+            w1_scale, w2_scale, a1_scale, a2_scale, block_size_M, num_local_tokens, moe_sorting_dispatch_policy,
+            dtype, *_defaults) -> Decided:
+    """Validate a key's first call and decide it (the rarer AITER arguments are at their defaults here, or the
+    call went to :func:`_special`): the decision's runner behind the expert-id check, cached in Python and served
+    by the C++ entry too."""
+    p = problem_of(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation, expert_mask)
+    check_options(hidden_states, w1, quant_type, doweight_stage1, dtype)
     if p.token == 0 or p.topk == 0:
         return Decided(_empty, _empty)
-    run = _checked(_DISPATCHER.decide(p, hidden_states.is_cuda).call_runner, p.expert)
+    run = _runner(_DISPATCHER.decide(p, hidden_states.is_cuda).call_runner, p.expert, expert_mask is not None)
     return Decided(run, run)
 
 
-def _with_config(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None, activation="silu",
-                 config=None) -> torch.Tensor:
+def _with_config(config, hidden_states, w1, w2, topk_weight, topk_ids, expert_mask=None, activation="silu",
+                 quant_type=None, doweight_stage1=False, w1_scale=None, w2_scale=None,
+                 dtype=None) -> torch.Tensor:
     """A call with ``config`` (a :class:`~aiter_gemm.backends.base.Solution`): that solution, bypassing the
     dispatch (the tuner); ValueError when it cannot run."""
-    p = problem_of(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)
+    p = problem_of(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation, expert_mask)
+    check_options(hidden_states, w1, quant_type, doweight_stage1, dtype)
+    args = (hidden_states, w1, w2, topk_weight, topk_ids, expert_mask, activation, quant_type, doweight_stage1,
+            w1_scale, w2_scale)
     if p.token == 0 or p.topk == 0:
-        return _empty(hidden_states, w1, w2, topk_weight, topk_ids)
+        return _empty(*args)
     if not isinstance(config, Solution):
         raise TypeError(f"fused_moe: config must be a Solution (libtype, kernelName), got {type(config).__name__}")
     runner, why = _DISPATCHER.runner_for(p, config, _DISPATCHER.device(hidden_states.is_cuda))
     if runner is None:
         raise ValueError(f"fused_moe: {config.libtype} {config.kernelName!r} cannot run {p.label()} on "
                          f"{hidden_states.device}: {why}")
-    return _checked(runner, p.expert)(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale)
+    return _runner(runner, p.expert, expert_mask is not None)(*args)
+
+
+def _special(hidden_states, w1, w2, topk_weight, topk_ids, expert_mask=None, activation="silu", quant_type=None,
+             doweight_stage1=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, block_size_M=None,
+             num_local_tokens=None, moe_sorting_dispatch_policy=0, dtype=None, hidden_pad=0, intermediate_pad=0,
+             bias1=None, bias2=None, splitk=0, config=None) -> torch.Tensor:
+    """A call with one of AITER's rarer arguments off its default, or the tuner's ``config``: ValueError naming an
+    :data:`UNSUPPORTED` one; AITER's knobs of its own sorting kernel and split-K (``moe_sorting_dispatch_policy``,
+    ``splitk``, which AITER itself ignores) and an unset ``block_size_M`` have no effect."""
+    refuse_unsupported(a1_scale=a1_scale, a2_scale=a2_scale, block_size_M=block_size_M,
+                       num_local_tokens=num_local_tokens, hidden_pad=hidden_pad, intermediate_pad=intermediate_pad,
+                       bias1=bias1, bias2=bias2)
+    args = (hidden_states, w1, w2, topk_weight, topk_ids, expert_mask, activation, quant_type, doweight_stage1,
+            w1_scale, w2_scale)
+    if config is None:
+        return fused_moe(*args, dtype=dtype)
+    return _with_config(config, *args, dtype=dtype)
 
 
 # ---- the custom op (torch.compile / export) ------------------------------------------------------------------
 @torch.library.custom_op("aiter_gemm::fused_moe", mutates_args=())
 def _fused_moe_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
                   topk_ids: torch.Tensor, w1_scale: Optional[torch.Tensor] = None,
-                  w2_scale: Optional[torch.Tensor] = None, activation: str = "silu") -> torch.Tensor:
-    return fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)  # not compiling
+                  w2_scale: Optional[torch.Tensor] = None, activation: str = "silu",
+                  expert_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, expert_mask, activation, None, False, w1_scale,
+                     w2_scale)  # not compiling
 
 
 @_fused_moe_op.register_fake
-def _fused_moe_fake(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None, activation="silu"):
+def _fused_moe_fake(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None, activation="silu",
+                    expert_mask=None):
     return hidden_states.new_empty(hidden_states.shape)
 
 
-def _compiled(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale=None, w2_scale=None, activation="silu",
-              config=None) -> torch.Tensor:
-    """What ``torch.compile`` traces: the custom op (a ``config`` is the tuner's, not a compiled model's)."""
+def _compiled(hidden_states, w1, w2, topk_weight, topk_ids, expert_mask=None, activation="silu", quant_type=None,
+              doweight_stage1=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, block_size_M=None,
+              num_local_tokens=None, moe_sorting_dispatch_policy=0, dtype=None, hidden_pad=0, intermediate_pad=0,
+              bias1=None, bias2=None, splitk=0, config=None) -> torch.Tensor:
+    """What ``torch.compile`` traces: AITER's options checked while tracing, then the custom op (a ``config`` is
+    the tuner's, not a compiled model's)."""
     if config is not None:
         raise ValueError("fused_moe: config= bypasses the dispatch eagerly; it is not traced by torch.compile")
-    return torch.ops.aiter_gemm.fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale, activation)
+    refuse_unsupported(a1_scale=a1_scale, a2_scale=a2_scale, block_size_M=block_size_M,
+                       num_local_tokens=num_local_tokens, hidden_pad=hidden_pad, intermediate_pad=intermediate_pad,
+                       bias1=bias1, bias2=bias2)
+    check_options(hidden_states, w1, quant_type, doweight_stage1, dtype)
+    return torch.ops.aiter_gemm.fused_moe(hidden_states, w1, w2, topk_weight, topk_ids, w1_scale, w2_scale,
+                                          activation_name(activation), expert_mask)
 
 
-#: The op's eager entry (:mod:`aiter_gemm.op_entry`): the key holds what :func:`problem_of` checks but the expert
-#: ids (checked per call): the seven tensors' shapes, dtypes and devices, the activation, and the strides of the
-#: five whose layout it checks (hidden_states' rows contiguous, the other four contiguous), so a call of another
-#: layout is checked as a first call; the C++ entry serves every decision. Calls with ``config`` bypass the cache.
+#: The op's eager entry (:mod:`aiter_gemm.op_entry`) in AITER's signature (``aiter.fused_moe.fused_moe``), then
+#: ``config``: the key holds the tensors' shapes, dtypes and devices, ``expert_mask``'s too (or None), the strides
+#: of the five whose layout :func:`problem_of` checks (hidden_states' rows contiguous, the other four contiguous: a
+#: call of another layout is checked as a first call) and the values ``activation``, ``quant_type``,
+#: ``doweight_stage1``, ``dtype``, what the decision depends on; AITER's rarer arguments and ``config`` are bypass
+#: arguments: at their defaults they cost an identity test, otherwise :func:`_special` takes the call. The C++ entry
+#: serves every decision (AITER's enum members key in Python only).
 FUSED_MOE_ENTRY = OpEntry(
     "fused_moe",
     (*(Arg(name, strides=True) for name in ("hidden_states", "w1", "w2", "topk_weight", "topk_ids")),
+     Arg("expert_mask", OPTIONAL_TENSOR, None), Arg("activation", VALUE, "silu", choices=tuple(ACTIVATION_NAMES)),
+     Arg("quant_type", VALUE, None, choices=(None, *QUANT_FP8)), Arg("doweight_stage1", VALUE, False),
      Arg("w1_scale", OPTIONAL_TENSOR, None), Arg("w2_scale", OPTIONAL_TENSOR, None),
-     Arg("activation", VALUE, "silu", choices=tuple(ACT_TYPES)), Arg("config", BYPASS, None)),
-    _DISPATCHER.cache, _decide, module=__name__, runner_args=7, compiled=_compiled, bypass=_with_config,
-    doc="""AITER's ``fused_moe``: out (T, H) = sum over each token's k experts of ``topk_weight`` x
-    ``w2[e] @ (act(gate) * up)``, with ``hidden_states`` (T, H) bf16/fp16, ``w1`` (E, 2I, H) gate rows then up
-    rows, ``w2`` (E, H, I), ``topk_weight`` (T, k) float32 (or hidden_states' dtype), ``topk_ids`` (T, k)
-    int32/int64, ``activation`` ``silu`` or ``gelu``. FP8 experts: ``w1``/``w2`` float8_e4m3fn with (128, 128)
-    block scales ``w1_scale`` (E, 2I/128, H/128) and ``w2_scale`` (E, H/128, I/128) float32; the activations are
-    quantized per token and 128-wide group inside the op. Decided once per key (the FMOE table, vLLM/SGLang JSON
-    files, the default); an expert id outside [0, E) raises naming topk_ids (checked per call outside CUDA-graph
-    capture: a host sync). ``config`` (a Solution) bypasses the dispatch, for the tuner. ``torch.compile`` traces
-    the ``aiter_gemm::fused_moe`` custom op.""")
+     *(Arg(name, BYPASS, None) for name in ("a1_scale", "a2_scale", "block_size_M", "num_local_tokens")),
+     Arg("moe_sorting_dispatch_policy", BYPASS, 0), Arg("dtype", VALUE, None),
+     Arg("hidden_pad", BYPASS, 0), Arg("intermediate_pad", BYPASS, 0), Arg("bias1", BYPASS, None),
+     Arg("bias2", BYPASS, None), Arg("splitk", BYPASS, 0), Arg("config", BYPASS, None)),
+    _DISPATCHER.cache, _decide, module=__name__, runner_args=11, compiled=_compiled, bypass=_special,
+    doc="""AITER's ``fused_moe`` (its signature, ``aiter.fused_moe.fused_moe``): out (T, H) = sum over each token's k
+    experts of ``topk_weight`` x ``w2[e] @ (act(gate) * up)``, with ``hidden_states`` (T, H) bf16/fp16, ``w1``
+    (E, 2I, H) gate rows then up rows, ``w2`` (E, H, I), ``topk_weight`` (T, k) float32 (or hidden_states' dtype),
+    ``topk_ids`` (T, k) int32/int64. ``expert_mask`` (expert parallelism): a 0/1 mask over the global experts,
+    ``w1``/``w2`` holding the mask's ones in order and ``topk_ids`` global ids; pairs of masked experts add nothing.
+    ``activation`` ``silu``/``gelu`` or AITER's ``ActivationType.Silu``/``Gelu`` (its member too). FP8 experts:
+    ``w1``/``w2`` float8_e4m3fn with (128, 128) block scales ``w1_scale`` (E, 2I/128, H/128) and ``w2_scale``
+    (E, H/128, I/128) float32, pass them by name or in AITER's positions; the activations are quantized per token
+    and 128-wide group inside the op. ``quant_type`` None (read off w1) or what w1 runs: ``QuantType.No``,
+    ``QuantType.per_1x128`` (``per_128x128``). ``doweight_stage1=True``, ``a1_scale``/``a2_scale``,
+    ``block_size_M``, ``num_local_tokens``, ``hidden_pad``/``intermediate_pad``, ``bias1``/``bias2`` and a
+    ``dtype`` other than hidden_states' raise naming the argument; ``moe_sorting_dispatch_policy`` and ``splitk``
+    have no effect. Decided once per key (the FMOE table, vLLM/SGLang JSON files, the default); an expert id
+    outside [0, E) (or the mask) raises naming topk_ids (checked per call outside CUDA-graph capture: a host
+    sync). ``config`` (a Solution) bypasses the dispatch, for the tuner. ``torch.compile`` traces the
+    ``aiter_gemm::fused_moe`` custom op.""")
 fused_moe_python = FUSED_MOE_ENTRY.python
 fused_moe = FUSED_MOE_ENTRY.entry
 #: The op's per-call key of a call's arguments (:attr:`aiter_gemm.op_entry.OpEntry.key`).
@@ -297,8 +436,10 @@ def get_fused_moe_config(token: int, model_dim: int, inter_dim: int, expert: int
     qw = parse_dtype(q_dtype_w) if q_dtype_w is not None else dt
     qa = parse_dtype(q_dtype_a) if q_dtype_a is not None else qw
     qt = q_type if q_type is not None else QUANT_BLOCK if qw == FP8 else QUANT_NONE
-    qt = QUANT_BLOCK if qt == "QuantType.per_128x128" else qt
+    qt = QUANT_ALIASES.get(qt, qt)
+    act = _spelled(act_type, "ActivationType")
     p = MoeProblem(int(token), int(model_dim), int(inter_dim), int(expert), int(topk),
-                   ACT_TYPES.get(act_type, act_type), dt, qa, qw, qt, bool(use_g1u1), bool(doweight_stage1))
+                   ACT_TYPES.get(ACTIVATION_NAMES.get(act, act), act), dt, qa, qw, qt, bool(use_g1u1),
+                   bool(doweight_stage1))
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     return _DISPATCHER.decide(p, on_gpu).as_config()
