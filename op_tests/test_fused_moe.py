@@ -480,24 +480,24 @@ def test_a_later_call_of_another_layout_is_checked_as_a_first_call(clean_runtime
     use_table(clean_runtime, tmp_path, HEADER + "\n" + row + "\n")
     assert get_fused_moe_config(5, H, INTER, 4, 2, on_gpu=ON_GPU)["kernelName"] == name
     args, ref = inputs(p)
-    assert_close(fused_moe(*args), ref)
+    assert_close(moe_call(args), ref)
     assert EXT is None or EXT.cached(fused_moe) == 1  # the C++ entry serves the key from now on
     index, relayout = LAYOUTS[layout]
     other = list(args)
     t = other[index] = relayout(args[index])
     assert (t.shape, t.dtype, t.device) == (args[index].shape, args[index].dtype, args[index].device)
     try:
-        op.problem_of(*other)
+        op.problem_of(*other)  # the scales are its sixth and seventh arguments
         want = None
     except ValueError as exc:
         want = str(exc)
         assert f"{ARG_NAMES[index]} (shape {tuple(t.shape)}, dtype {t.dtype}, stride {t.stride()}" in want
     for entry in (fused_moe, op.fused_moe_python):
         if want is None:
-            assert_close(entry(*other), fused_moe_ref(*other[:5]))
+            assert_close(entry(*other[:5], w1_scale=other[5], w2_scale=other[6]), fused_moe_ref(*other[:5]))
             continue
         with pytest.raises(ValueError) as got:
-            entry(*other)
+            entry(*other[:5], w1_scale=other[5], w2_scale=other[6])
         assert str(got.value) == want
     assert want is not None or layout == "hidden_states_rows_strided"
 
