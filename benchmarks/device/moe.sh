@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # fused_moe on one sm_90 GPU in one call (issue 51): the GPU tests of the kernels, the op, its bound eager launches
 # and the parallel Triton precompile; a --quick MoE tune (its candidates include the QA / DIRECT / KSUM / SWAP /
-# FUSED variants, the FP8 GEMM2 tiles and, opted in, DeepGEMM's experts) of Qwen3-30B-A3B's experts (bf16, FP8), Mixtral-8x7B's and
-# DeepSeek-V3 EP8's (bf16, FP8); then --bench moe with that table: transformers' grouped_mm experts, the op's untuned
-# default, the op (dispatch), DeepGEMM's grouped GEMMs where deep_gemm is installed (FP8
-# sets) and the weight-read floor, CUDA graphs, paired rounds. Run from the repository root:
+# FUSED variants, the FP8 GEMM2 tiles and, opted in, DeepGEMM's experts) of Qwen3-30B-A3B's, Mixtral-8x7B's and
+# DeepSeek-V3 EP8's experts (bf16, FP8); then --bench moe with that table: transformers' grouped_mm experts, the op's
+# untuned default, the op (dispatch), DeepGEMM's grouped GEMMs where deep_gemm is installed (FP8 sets) and the
+# weight-read floor, CUDA graphs, paired rounds. Run from the repository root:
 #
 #   OUT=/tmp/moe DG_PACK=.scratch/dg_built2.tar.xz COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device/moe.sh
 #
 # Writes under $OUT/moe: env.txt (each step's rc and wall time), build.log (the C++ eager path, which the bound-launch
 # tests and eager timing need), tests.log, tune.log, tuned_fmoe.csv, profile_*.csv, vllm/ (the tuner's vLLM-format
 # files), bench.log, moe_<GPU>.csv (+ _env.json). STEPS picks steps (tests tune_qwen3 tune_mixtral tune_dsv3 bench);
-# TOKENS (Qwen3's tune), MODEL_TOKENS and MODEL_DTYPES (Mixtral's and DeepSeek-V3's), SETS, BENCH_M, PROVIDERS override
-# the lists below; TESTS_LIMIT_S / TUNE_LIMIT_S / TUNE_MODEL_LIMIT_S (Mixtral's
-# and DeepSeek-V3's each) / BENCH_LIMIT_S (150 / 150 / 60 / 120, summing to 540 s); SEED_FMOE=<csv> starts the
-# tuned table from that file's rows (the tuner skips the shapes it holds). MOE_LIBTYPES (default triton,torch: the
-# tune of DeepGEMM's experts JIT-compiles per shape and did not fit the call on the H200; add deepgemm to time it).
+# TOKENS (Qwen3's tune), MODEL_TOKENS and MODEL_DTYPES (Mixtral's and DeepSeek-V3's), SETS, BENCH_M, PROVIDERS
+# override the lists below; TESTS_LIMIT_S / TUNE_LIMIT_S / TUNE_MODEL_LIMIT_S (Mixtral's and DeepSeek-V3's each) /
+# BENCH_LIMIT_S (150 / 150 / 60 / 120, summing to 540 s); SEED_FMOE=<csv> starts the tuned table from that file's
+# rows (the tuner skips the shapes it holds; a prefill token count such as 4096 can take a model's whole limit).
+# MOE_LIBTYPES (default triton,torch: the tune of DeepGEMM's experts JIT-compiles per shape and
+# did not fit the call on the H200; add deepgemm to time it).
 set -u
 . benchmarks/device/common.sh
 out_folder moe
