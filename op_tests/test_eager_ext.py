@@ -162,21 +162,27 @@ def test_entry_matches_f_linear_and_caches_plain_calls(built):
     assert cached == calls  # every distinct plain call remembered once
 
 
-SPY = """
-    import torch, torch.nn.functional as F
-    from aiter_gemm.ops import a16w16 as ops
-    from aiter_gemm import cudagraph, gemm_a16w16
-    ext = ops.EAGER_EXT
+def python_path_spy(entry: str, fallback: str, public: str) -> str:
+    """Script lines (indented as the scripts :func:`run` dedents) installing a spy as ``entry``'s Python path,
+    around ``fallback``, and ``python_calls(fn)``: (calls of fn that reached the Python path, fn's result)."""
+    return f"""
     calls = []
     def spy(*args, **kwargs):
         calls.append(1)
-        return ops.gemm_a16w16_python(*args, **kwargs)
-    assert ops.GEMM_A16W16_ENTRY.install(spy) is gemm_a16w16          # count Python-path calls
+        return {fallback}(*args, **kwargs)
+    assert {entry}.install(spy) is {public}          # count Python-path calls
     def python_calls(fn):
         calls.clear()
         out = fn()
         return len(calls), out
 """
+
+
+SPY = """
+    import torch, torch.nn.functional as F
+    from aiter_gemm.ops import a16w16 as ops
+    from aiter_gemm import cudagraph, gemm_a16w16
+    ext = ops.EAGER_EXT""" + python_path_spy("ops.GEMM_A16W16_ENTRY", "ops.gemm_a16w16_python", "gemm_a16w16")
 
 
 def test_what_goes_to_the_python_path(built):

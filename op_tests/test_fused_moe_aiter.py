@@ -15,7 +15,7 @@ from aiter_gemm.kernels.blockscale_format import FP8
 from aiter_gemm.kernels.fused_moe import MoeConfig, fused_moe_ref
 from aiter_gemm.ops.fused_moe import fused_moe
 from op_tests.runtime_helpers import moe_call
-from op_tests.test_eager_ext import built, run  # noqa: F401 (the fixture is requested by name)
+from op_tests.test_eager_ext import built, python_path_spy, run  # noqa: F401 (the fixture is requested by name)
 from op_tests.test_fused_moe import DEV, assert_close, inputs, problem
 
 
@@ -183,17 +183,8 @@ SPY = """
     import torch
     from aiter_gemm.ops import fused_moe as ops
     from aiter_gemm.ops.fused_moe import FUSED_MOE, fused_moe
-    from aiter_gemm.backends.base import ACT_TYPES, MoeProblem
-
-    calls = []
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return ops.fused_moe_python(*args, **kwargs)
-    assert ops.FUSED_MOE_ENTRY.install(spy) is fused_moe               # count Python-path calls
-    def python_calls(fn):
-        calls.clear()
-        out = fn()
-        return len(calls), out
+    from aiter_gemm.backends.base import ACT_TYPES, MoeProblem""" + python_path_spy(
+    "ops.FUSED_MOE_ENTRY", "ops.fused_moe_python", "fused_moe") + """
     class ActivationType(enum.Enum):
         Silu = 0
     x, w1, w2, tw, ti, _, _ = FUSED_MOE.make_inputs(MoeProblem(3, 128, 64, 4, 2, ACT_TYPES["silu"]), 0,
