@@ -1,6 +1,7 @@
-"""What every kernel file here shares: the interpreter flag, grouped tile ordering, the fused-MoE gate activation, the
-deterministic split-K reduction, the TMA alignment rule, the bounds every config is checked against, and the
-``kernelName`` grammar (:class:`KernelName`) each config family spells and parses its names with.
+"""What every kernel file here shares: the interpreter flag, how input checks name a tensor, grouped tile ordering,
+the fused-MoE gate activation, the deterministic split-K reduction, the TMA alignment rule, the bounds every config
+is checked against, and the ``kernelName`` grammar (:class:`KernelName`) each config family spells and parses its
+names with.
 
 The grammar: one template both spells a config's name (the tuned CSVs' ``kernelName``) and parses it back, so
 writer and parser cannot drift apart.
@@ -149,6 +150,11 @@ def bias_stride_of(bias: torch.Tensor | None) -> int:
     once per output tile (N values, against the K-long operand streams), so its loads are not what the unit-stride
     specialization sped up."""
     return 1 if bias is None else bias.stride(0)
+
+
+def describe_tensor(name: str, t: torch.Tensor) -> str:
+    """How the kernels' input checks name a tensor in an error: its name, shape, dtype, stride and device."""
+    return f"{name} (shape {tuple(t.shape)}, dtype {t.dtype}, stride {t.stride()}, device {t.device})"
 
 
 def tma_usable(t: torch.Tensor) -> bool:

@@ -50,7 +50,7 @@ from aiter_gemm.kernels.act_quant import (
     quant_rows,
 )
 from aiter_gemm.kernels.blockscale_format import FP8, SCALE_BLOCK
-from aiter_gemm.kernels.common import INTERPRET, gate_activation, tile_coords
+from aiter_gemm.kernels.common import INTERPRET, describe_tensor, gate_activation, tile_coords
 from aiter_gemm.kernels.fused_moe_config import (
     MoeConfig,
     config_error,
@@ -296,9 +296,6 @@ def is_capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _describe(name: str, t: torch.Tensor) -> str:
-    return f"{name} (shape {tuple(t.shape)}, dtype {t.dtype}, stride {t.stride()}, device {t.device})"
-
 
 def check_moe_inputs(
     hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight: torch.Tensor,
@@ -321,28 +318,28 @@ def check_moe_inputs(
     dev = hidden_states.device
     for name, t in named.items():
         if t.device != dev:
-            raise ValueError(f"fused_moe: {_describe(name, t)} is not on hidden_states' device {dev}")
+            raise ValueError(f"fused_moe: {describe_tensor(name, t)} is not on hidden_states' device {dev}")
     if expert_mask is not None:
         check_mask_tensor(expert_mask, dev)
     if activation not in ACTIVATIONS:
         raise ValueError(f"fused_moe: activation {activation!r} is not one of {list(ACTIVATIONS)}")
     if hidden_states.dim() != 2 or hidden_states.dtype not in HALF_DTYPES or hidden_states.stride(-1) != 1:
-        raise ValueError(f"fused_moe: {_describe('hidden_states', hidden_states)} must be (T, H) bf16/fp16 with "
+        raise ValueError(f"fused_moe: {describe_tensor('hidden_states', hidden_states)} must be (T, H) bf16/fp16 with "
                          "contiguous rows")
     T, H = hidden_states.shape
     if w1.dim() != 3 or w1.shape[2] != H or w1.shape[1] % 2 or w1.shape[1] == 0:
-        raise ValueError(f"fused_moe: {_describe('w1', w1)} must be (E, 2I, H={H}) (gate rows then up rows)")
+        raise ValueError(f"fused_moe: {describe_tensor('w1', w1)} must be (E, 2I, H={H}) (gate rows then up rows)")
     E, inter_dim = w1.shape[0], w1.shape[1] // 2
     if w2.dim() != 3 or tuple(w2.shape) != (E, H, inter_dim):
-        raise ValueError(f"fused_moe: {_describe('w2', w2)} must be (E, H, I) = ({E}, {H}, {inter_dim}) to match "
+        raise ValueError(f"fused_moe: {describe_tensor('w2', w2)} must be (E, H, I) = ({E}, {H}, {inter_dim}) to match "
                          "w1")
     fp8 = w1.dtype == FP8
     if w1.dtype not in (hidden_states.dtype, FP8) or w2.dtype != w1.dtype:
-        raise ValueError(f"fused_moe: {_describe('w1', w1)} and {_describe('w2', w2)} must both have "
+        raise ValueError(f"fused_moe: {describe_tensor('w1', w1)} and {describe_tensor('w2', w2)} must both have "
                          f"hidden_states' dtype {hidden_states.dtype} or both be {FP8}")
     for name, t in (("w1", w1), ("w2", w2)):
         if not t.is_contiguous():
-            raise ValueError(f"fused_moe: {_describe(name, t)} must be contiguous")
+            raise ValueError(f"fused_moe: {describe_tensor(name, t)} must be contiguous")
     if fp8 != (w1_scale is not None) or fp8 != (w2_scale is not None):
         raise ValueError(f"fused_moe: w1_scale and w2_scale are {'required for' if fp8 else 'only for'} FP8 weights "
                          f"(w1 is {w1.dtype})")
@@ -350,17 +347,17 @@ def check_moe_inputs(
         for name, t, rows, cols in (("w1_scale", w1_scale, 2 * inter_dim, H), ("w2_scale", w2_scale, H, inter_dim)):
             want = (E, triton.cdiv(rows, SCALE_BLOCK), triton.cdiv(cols, SCALE_BLOCK))
             if tuple(t.shape) != want or t.dtype != torch.float32:
-                raise ValueError(f"fused_moe: {_describe(name, t)} must be float32 {want}: one scale per "
+                raise ValueError(f"fused_moe: {describe_tensor(name, t)} must be float32 {want}: one scale per "
                                  f"({SCALE_BLOCK}, {SCALE_BLOCK}) block")
     if topk_ids.dim() != 2 or topk_ids.shape[0] != T or topk_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"fused_moe: {_describe('topk_ids', topk_ids)} must be int32/int64 (T={T}, k)")
+        raise ValueError(f"fused_moe: {describe_tensor('topk_ids', topk_ids)} must be int32/int64 (T={T}, k)")
     if tuple(topk_weight.shape) != tuple(topk_ids.shape) or topk_weight.dtype not in (torch.float32,
                                                                                       hidden_states.dtype):
-        raise ValueError(f"fused_moe: {_describe('topk_weight', topk_weight)} must be float32 or "
+        raise ValueError(f"fused_moe: {describe_tensor('topk_weight', topk_weight)} must be float32 or "
                          f"{hidden_states.dtype} with topk_ids' shape {tuple(topk_ids.shape)}")
     for name, t in (("topk_weight", topk_weight), ("topk_ids", topk_ids)):
         if not t.is_contiguous():
-            raise ValueError(f"fused_moe: {_describe(name, t)} must be contiguous")
+            raise ValueError(f"fused_moe: {describe_tensor(name, t)} must be contiguous")
     if not is_capturing(topk_ids):
         check_expert_ids(topk_ids, E, expert_mask)
     return fp8
@@ -375,7 +372,7 @@ def check_expert_ids(topk_ids: torch.Tensor, experts: int, expert_mask: torch.Te
     elif topk_ids.numel():
         lo, hi = (int(v) for v in torch.aminmax(topk_ids))
         if lo < 0 or hi >= experts:
-            raise ValueError(f"fused_moe: {_describe('topk_ids', topk_ids)} holds expert ids in [{lo}, {hi}], "
+            raise ValueError(f"fused_moe: {describe_tensor('topk_ids', topk_ids)} holds expert ids in [{lo}, {hi}], "
                              f"outside [0, {experts})")
 
 

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from aiter_gemm.kernels.common import describe_tensor
+
 __all__ = ["MASK_DTYPES", "check_mask_tensor", "check_masked_ids", "local_expert_ids"]
 
 #: The mask's dtypes: AITER's int32, or bool, int64, uint8.
 MASK_DTYPES = (torch.int32, torch.int64, torch.uint8, torch.bool)
-
-
-def _describe(name: str, t: torch.Tensor) -> str:
-    return f"{name} (shape {tuple(t.shape)}, dtype {t.dtype}, stride {t.stride()}, device {t.device})"
 
 
 def check_mask_tensor(expert_mask: object, device: torch.device) -> None:
@@ -29,11 +27,11 @@ def check_mask_tensor(expert_mask: object, device: torch.device) -> None:
     if not isinstance(expert_mask, torch.Tensor):
         raise ValueError(f"fused_moe: expert_mask must be a tensor or None, got {type(expert_mask).__name__}")
     if expert_mask.dim() != 1 or expert_mask.numel() == 0 or expert_mask.dtype not in MASK_DTYPES:
-        raise ValueError(f"fused_moe: {_describe('expert_mask', expert_mask)} must be a 1-D 0/1 mask over the global "
-                         f"experts, one of {[str(d) for d in MASK_DTYPES]} (AITER's order: expert_mask is the 6th "
-                         "argument; pass w1_scale= and w2_scale= by name)")
+        raise ValueError(f"fused_moe: {describe_tensor('expert_mask', expert_mask)} must be a 1-D 0/1 mask over "
+                         f"the global experts, one of {[str(d) for d in MASK_DTYPES]} (AITER's order: expert_mask is "
+                         "the 6th argument; pass w1_scale= and w2_scale= by name)")
     if expert_mask.device != device:
-        raise ValueError(f"fused_moe: {_describe('expert_mask', expert_mask)} is not on hidden_states' device "
+        raise ValueError(f"fused_moe: {describe_tensor('expert_mask', expert_mask)} is not on hidden_states' device "
                          f"{device}")
 
 
@@ -47,14 +45,14 @@ def check_masked_ids(topk_ids: torch.Tensor, experts: int, expert_mask: torch.Te
         stats += list(torch.aminmax(topk_ids.to(torch.int64)))
     lo_mask, hi_mask, local, *ids = torch.stack(stats).tolist()
     if lo_mask < 0 or hi_mask > 1:
-        raise ValueError(f"fused_moe: {_describe('expert_mask', expert_mask)} holds values in [{lo_mask}, {hi_mask}]; "
-                         "it must be 0 or 1 per global expert")
+        raise ValueError(f"fused_moe: {describe_tensor('expert_mask', expert_mask)} holds values in [{lo_mask}, "
+                         f"{hi_mask}]; it must be 0 or 1 per global expert")
     if local != experts:
-        raise ValueError(f"fused_moe: {_describe('expert_mask', expert_mask)} marks {local} local experts, but w1 "
-                         f"and w2 hold {experts}")
+        raise ValueError(f"fused_moe: {describe_tensor('expert_mask', expert_mask)} marks {local} local experts, "
+                         f"but w1 and w2 hold {experts}")
     if ids and (ids[0] < 0 or ids[1] >= expert_mask.numel()):
-        raise ValueError(f"fused_moe: {_describe('topk_ids', topk_ids)} holds expert ids in [{ids[0]}, {ids[1]}], "
-                         f"outside [0, {expert_mask.numel()}) (expert_mask's global experts)")
+        raise ValueError(f"fused_moe: {describe_tensor('topk_ids', topk_ids)} holds expert ids in [{ids[0]}, "
+                         f"{ids[1]}], outside [0, {expert_mask.numel()}) (expert_mask's global experts)")
 
 
 def local_expert_ids(topk_ids: torch.Tensor, expert_mask: torch.Tensor) -> torch.Tensor:
